@@ -1,0 +1,156 @@
+"""The command line. The one place where errors become messages and exit codes."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import sys
+import traceback
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from .errors import BatchinferError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Offline batch inference: Parquet/JSONL shards in, Parquet results out, resumable.")
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+SetOption = typer.Option(None, "--set", help="Override a job key, e.g. --set batching.max_tokens=8192 (repeatable).")
+DebugOption = typer.Option(False, "--debug", help="Show the full traceback of an error.")
+
+
+@contextmanager
+def reported(debug: bool):
+    """Turn errors into one message and an exit code; a traceback only with --debug."""
+    try:
+        yield
+    except BatchinferError as exc:
+        if debug:
+            traceback.print_exc()
+        err.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+        if exc.hint:
+            err.print(f"[yellow]fix:[/] {exc.hint}", highlight=False)
+        raise typer.Exit(exc.exit_code)
+    except (typer.Exit, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: say what broke, hide the stack
+        if debug:
+            traceback.print_exc()
+        err.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        err.print("[yellow]fix:[/] rerun with --debug for the traceback, and report it if the input looks fine", highlight=False)
+        raise typer.Exit(1)
+
+
+@app.command()
+def run(
+    job: Path = typer.Argument(..., help="The job file (YAML)."),
+    set_: Optional[List[str]] = SetOption,
+    restart: bool = typer.Option(False, "--restart", help="Discard the output folder's earlier results and start over."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this folder instead of output.path."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    debug: bool = DebugOption,
+):
+    """Run a job, or resume it where it stopped."""
+    from .config import load_job
+    from .engine import Interrupted, StopFlag, run_job
+    from .progress import RunProgress, summary_table
+
+    with reported(debug):
+        overrides = list(set_ or []) + ([f"output.path={output}"] if output else [])
+        config = load_job(job, overrides)
+        stop = StopFlag()
+        progress = None if quiet else RunProgress(err)
+        previous = {s: signal.signal(s, lambda signum, _: stop.set(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            command = resume_command(job, set_ or [], output)
+            report = run_job(config, restart=restart, progress=progress, stop=stop, command=command)
+        except Interrupted as exc:
+            name = signal.Signals(exc.signum).name
+            err.print(f"[yellow]stopped on {name}[/]: finished chunks are saved in {config.output.path}.")
+            err.print(f"resume with: {command}", highlight=False)
+            raise typer.Exit(128 + exc.signum)
+        finally:
+            if progress:
+                progress.stop()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        err.print(summary_table(report))
+
+
+@app.command()
+def validate(job: Path = typer.Argument(..., help="The job file (YAML)."), set_: Optional[List[str]] = SetOption,
+             debug: bool = DebugOption):
+    """Check a job file, its input and its model folder, without loading the model."""
+    from .config import load_job
+    from .models import check_model_folder, resolve_model_path
+    from .plan import plan_chunks
+    from .sources import discover_shards
+
+    with reported(debug):
+        config = load_job(job, set_ or [])
+        shards = discover_shards(config.input)
+        model_path = resolve_model_path(config.model.path)
+        check_model_folder(model_path)
+        chunks = plan_chunks([s.num_rows for s in shards], config.batching.chunk_rows)
+        rows = sum(s.num_rows for s in shards)
+        out.print(f"[green]ok[/]: {job} — {len(shards)} shard(s), {rows:,} rows, {len(chunks)} chunk(s); "
+                  f"model {model_path}", highlight=False)
+
+
+@app.command()
+def schema():
+    """Print the job file's JSON schema."""
+    from .config import JobConfig
+
+    print(json.dumps(JobConfig.model_json_schema(), indent=2))
+
+
+@app.command()
+def status(folder: Path = typer.Argument(..., help="A job's output folder."), debug: bool = DebugOption):
+    """Show how far a job's output folder is: chunks, rows, errors, the run holding it."""
+    from .errors import OutputError
+    from .sink import MANIFEST, REPORT, OutputDir
+
+    with reported(debug):
+        sink = OutputDir(folder)
+        done = sink.read_manifest() if folder.is_dir() else None
+        if done is None:
+            raise OutputError(f"{folder} holds no batchinfer run (no {MANIFEST})", "give the output.path of a job")
+        report = json.loads((folder / REPORT).read_text()) if (folder / REPORT).exists() else {}
+        errors: dict[str, int] = {}
+        for record in done.values():
+            for reason, count in record["errors"].items():
+                errors[reason] = errors.get(reason, 0) + count
+        updated = datetime.fromtimestamp((folder / MANIFEST).stat().st_mtime).isoformat(timespec="seconds")
+        holder = sink.holder()
+        total = report.get("chunks_total", "?")
+        out.print(f"chunks  {len(done)}/{total} done" + (" (complete)" if (folder / "_SUCCESS").exists() else ""))
+        out.print(f"rows    {sum(r['rows'] for r in done.values()):,} done, "
+                  f"{sum(r['ok'] for r in done.values()):,} ok")
+        out.print(f"errors  {', '.join(f'{k} {v:,}' for k, v in sorted(errors.items())) or 'none'}")
+        out.print(f"updated {updated}")
+        out.print(f"active  {'yes, pid ' + str(holder) if holder else 'no'}")
+        if not (folder / "_SUCCESS").exists() and not holder:
+            out.print(f"resume  {sink.command or 'batchinfer run JOB.yaml (the same job file and --set options)'}", highlight=False)
+
+
+def resume_command(job: Path, overrides: list[str], output: str | None) -> str:
+    words = ["batchinfer", "run", str(job)] + [w for o in overrides for w in ("--set", o)]
+    if output:
+        words += ["--output", output]
+    return shlex.join(words)
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

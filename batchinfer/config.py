@@ -1,0 +1,275 @@
+"""The job file: typed, documented, strict. Every field's description is the reference in the README."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import string
+from pathlib import Path
+from typing import Any, Literal, Union, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+# Columns every output row gets; user columns (id, keep) must not collide with them.
+KEY_COLUMNS = ("source", "row")
+TASK_COLUMNS = {
+    "embed": ("embedding", "truncated"),
+    "classify": ("label", "label_id", "score", "scores", "truncated"),
+}
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class InputConfig(Section):
+    path: str = Field(
+        description="A file, a folder or a glob of shards: .parquet, .jsonl, .jsonl.gz, or a folder saved by "
+        "`datasets.Dataset.save_to_disk`. Relative paths are taken from the current directory."
+    )
+    text: str = Field(
+        description='The text to run: a column name, or a template over columns such as "{title}. {body}". '
+        "Write {{ and }} for literal braces."
+    )
+    id: str | None = Field(
+        default=None,
+        description="Optional id column copied to the output. Every row also gets the stable key (source, row).",
+    )
+    keep: Union[list[str], dict[str, str]] = Field(
+        default_factory=list,
+        description="Columns copied unchanged to the output: a list, or a mapping {input column: output name} "
+        "to rename one that clashes with a result column, e.g. {label: gold_label}.",
+    )
+    format: Literal["auto", "parquet", "jsonl", "hf"] = Field(
+        default="auto", description="Shard format; auto decides by file extension (a folder with dataset_info.json is hf)."
+    )
+
+    @field_validator("text")
+    @classmethod
+    def _template_parses(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must name a column or be a template such as '{title}. {body}'")
+        template_fields(value)
+        return value
+
+    @property
+    def columns(self) -> list[str]:
+        """Every input column the job reads, in a stable order."""
+        wanted = template_fields(self.text) + ([self.id] if self.id else []) + list(self.kept)
+        return list(dict.fromkeys(wanted))
+
+    @property
+    def kept(self) -> dict[str, str]:
+        """Kept columns as {input name: output name}."""
+        return dict(self.keep) if isinstance(self.keep, dict) else {name: name for name in self.keep}
+
+
+class ModelConfig(Section):
+    path: str = Field(
+        description="A local model folder, a hub id (when online), or pkg:<module> for a model shipped inside an "
+        "installed Python package (the package's get_model_path(), or its model/ folder)."
+    )
+    task: Literal["classify", "embed"] = Field(
+        description="classify: label, label_id and score per row. embed: one embedding vector per row."
+    )
+    max_length: int = Field(default=256, ge=2, description="Tokens per row, special tokens included.")
+    truncation: Union[bool, Literal["error"]] = Field(
+        default=True,
+        description="true: cut rows longer than max_length and flag them in the `truncated` column. "
+        "error: send them to _errors/ with reason too_long instead.",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="auto: float32 on CPU, bfloat16 on a GPU that supports it, else float16."
+    )
+    device: str = Field(default="auto", description="auto (a GPU when there is one), cpu, cuda or cuda:N.")
+    trust_remote_code: bool = Field(
+        default=False, description="Run Python code shipped with the model. Only for models you trust."
+    )
+
+    @field_validator("truncation")
+    @classmethod
+    def _truncation_value(cls, value):
+        if value is False:
+            raise ValueError("write true (cut and flag long rows) or error (send them to _errors/)")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", value):
+            raise ValueError(f"'{value}' is not a device; write auto, cpu, cuda or cuda:N")
+        return value
+
+
+class BatchingConfig(Section):
+    max_tokens: int = Field(
+        default=16384, ge=1, description="Padded tokens per batch (rows x longest row in the batch)."
+    )
+    max_rows: int = Field(default=256, ge=1, description="Rows per batch, whatever their length.")
+    chunk_rows: int = Field(
+        default=4096,
+        ge=1,
+        description="Rows per chunk: the unit of sorting, checkpointing and output files. Larger chunks sort "
+        "better; smaller ones lose less work to a crash. Changing it means starting over.",
+    )
+
+
+class OutputConfig(Section):
+    path: str = Field(description="The output folder: part files, _manifest.jsonl, _errors/, _report.json.")
+    scores: bool = Field(default=False, description="classify: add `scores`, every class probability.")
+    compression: Literal["zstd", "snappy", "gzip", "none"] = Field(
+        default="zstd", description="Parquet compression codec of the part files."
+    )
+
+
+class JobConfig(Section):
+    input: InputConfig = Field(description="Where the rows come from.")
+    model: ModelConfig = Field(description="Which model runs, and how.")
+    batching: BatchingConfig = Field(default_factory=BatchingConfig, description="How rows are grouped.")
+    output: OutputConfig = Field(description="Where results go.")
+
+    @model_validator(mode="after")
+    def _no_column_clash(self) -> "JobConfig":
+        reserved = set(KEY_COLUMNS) | set(TASK_COLUMNS[self.model.task])
+        for key, names in (("input.id", [self.input.id] if self.input.id else []),
+                           ("input.keep", self.input.kept.values())):
+            for name in names:
+                if name in reserved:
+                    raise ValueError(
+                        f"{key}: column '{name}' clashes with a result column of task {self.model.task} "
+                        f"({', '.join(sorted(reserved))}); keep it under another name: keep: {{{name}: {name}_in}}"
+                    )
+        return self
+
+
+def template_fields(text: str) -> list[str]:
+    """Column names a text spec reads: the column itself, or each {field} of a template."""
+    if "{" not in text and "}" not in text:
+        return [text]
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise ValueError(f"template '{text}' does not parse ({exc}); write {{{{ and }}}} for literal braces")
+    fields = []
+    for _, field, spec, conversion in parsed:
+        if field is None:
+            continue
+        if not field or spec or conversion:
+            raise ValueError(f"template '{text}': write each field as {{column}}, without format specs")
+        fields.append(field)
+    if not fields:
+        raise ValueError(f"template '{text}' names no column; write e.g. '{{title}}. {{body}}'")
+    return list(dict.fromkeys(fields))
+
+
+def template_parts(text: str) -> list[tuple[str, str | None]]:
+    """A text spec as (literal, field) pairs; a plain column name is [('', name)]."""
+    if "{" not in text and "}" not in text:
+        return [("", text)]
+    return [(literal, field) for literal, field, _, _ in string.Formatter().parse(text)]
+
+
+# --- loading -------------------------------------------------------------------------------------------------
+
+
+def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
+    """Read a job file, apply `--set key=value` overrides, validate. Raises ConfigError with one line per problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"job file {path} does not exist", "give the path of a YAML job file, e.g. jobs/quickstart.yaml")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}", "fix the YAML syntax at the line shown")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text", "save the job file as UTF-8")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must be a mapping with input, model, batching and output sections")
+    for item in overrides or []:
+        apply_override(data, item)
+    return validate_job(data, str(path))
+
+
+def apply_override(data: dict, item: str) -> None:
+    """Set `a.b.c=value` in a nested dict; the value is parsed as YAML (so 8192 is an int, true a bool)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r} is not key=value", "write e.g. --set batching.max_tokens=8192")
+    parts = key.strip().split(".")
+    node = data
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: {'.'.join(parts[: depth + 1])} is not a section")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError:
+        node[parts[-1]] = raw
+
+
+def validate_job(data: dict, origin: str = "job") -> JobConfig:
+    try:
+        return JobConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [format_error(err) for err in exc.errors()]
+        raise ConfigError(f"{origin} is not a valid job:\n" + "\n".join(f"  {line}" for line in lines),
+                          "see `batchinfer schema` or the README's job-file reference")
+
+
+def format_error(err: dict) -> str:
+    """One pydantic error as `key: what is wrong; what to write instead`."""
+    loc = [str(part) for part in err["loc"] if not str(part).startswith(("function-after", "literal"))]
+    key = ".".join(loc) or "job"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        allowed = list(_section_fields(loc[:-1]))
+        close = difflib.get_close_matches(loc[-1], allowed, n=1)
+        suggestion = f"did you mean '{close[0]}'? " if close else ""
+        return f"{key}: unknown key; {suggestion}valid keys here: {', '.join(allowed)}"
+    if kind == "missing":
+        return f"{key}: required; {_describe(loc)}"
+    message = err["msg"].removeprefix("Value error, ")
+    if kind == "value_error" and not loc:
+        return message
+    got = err.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    return f"{key}: {message}{shown}"
+
+
+def _section_fields(loc: list[str]) -> dict[str, Any]:
+    model: type[BaseModel] = JobConfig
+    for part in loc:
+        annotation = model.model_fields[part].annotation
+        model = next(a for a in (annotation, *get_args(annotation)) if isinstance(a, type) and issubclass(a, BaseModel))
+    return model.model_fields
+
+
+def _describe(loc: list[str]) -> str:
+    try:
+        field = _section_fields(loc[:-1])[loc[-1]]
+    except (KeyError, StopIteration):
+        return "add it"
+    return field.description or "add it"
+
+
+def reference_markdown() -> str:
+    """The job-file reference for the README, generated from the models so the two cannot drift."""
+    out = []
+    for section, field in JobConfig.model_fields.items():
+        model = field.annotation
+        out.append(f"### `{section}` — {field.description}\n")
+        out.append("| key | default | meaning |\n|---|---|---|")
+        for name, sub in model.model_fields.items():
+            default = "required" if sub.is_required() else _yaml_value(sub.get_default(call_default_factory=True))
+            out.append(f"| `{section}.{name}` | {default} | {sub.description} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _yaml_value(value: Any) -> str:
+    return f"`{yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}`"
+

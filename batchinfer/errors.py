@@ -1,0 +1,34 @@
+"""Typed errors. Each carries a hint that tells the user what to do; only cli.py prints them."""
+
+
+class BatchinferError(Exception):
+    """A problem the user can fix. `hint` says how."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class ConfigError(BatchinferError):
+    """The job file or a --set override is wrong."""
+
+    exit_code = 2
+
+
+class InputError(BatchinferError):
+    """The input path, a shard or a column is missing or unreadable."""
+
+
+class ModelError(BatchinferError):
+    """The model cannot be found, loaded, or does not fit the task."""
+
+
+class OutputError(BatchinferError):
+    """The output folder is unusable: not writable, locked, or holds another job."""
+
+
+class ResumeError(OutputError):
+    """The output folder holds a run of a different job."""

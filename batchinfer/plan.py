@@ -1,0 +1,63 @@
+"""Shards → chunks, and the job fingerprint that decides whether a folder's chunks can be reused.
+
+Chunk boundaries depend on the shards' row counts and chunk_rows alone, so a resumed run plans
+exactly the chunks the interrupted one did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import JobConfig
+
+
+@dataclass(frozen=True)
+class Chunk:
+    shard: int
+    index: int
+    start: int
+    stop: int
+
+    @property
+    def name(self) -> str:
+        # Zero-padded so that lexical order of part files is input order.
+        return f"{self.shard:05d}-{self.index:05d}"
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def plan_chunks(row_counts: list[int], chunk_rows: int) -> list[Chunk]:
+    chunks = []
+    for shard, count in enumerate(row_counts):
+        for index, start in enumerate(range(0, count, chunk_rows)):
+            chunks.append(Chunk(shard, index, start, min(start + chunk_rows, count)))
+    return chunks
+
+
+def fingerprint(job: JobConfig, model_id: str, shards: list[tuple[str, int]]) -> dict:
+    """Everything that changes which rows there are or what a row's result is.
+
+    Batching limits and the device are left out on purpose: results do not depend on them, and
+    a user must be able to resume with a smaller max_tokens after running out of memory.
+    """
+    return {
+        "input.path": job.input.path,
+        "input.shards": [f"{name}:{rows}" for name, rows in shards],
+        "input.text": job.input.text,
+        "input.id": job.input.id,
+        "input.keep": job.input.kept,
+        "model.path": job.model.path,
+        "model.hash": model_id,
+        "model.task": job.model.task,
+        "model.max_length": job.model.max_length,
+        "model.truncation": job.model.truncation,
+        "model.dtype": job.model.dtype,
+        "batching.chunk_rows": job.batching.chunk_rows,
+        "output.scores": job.output.scores,
+    }
+
+
+def changed_keys(old: dict, new: dict) -> list[str]:
+    return [key for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]

@@ -1,0 +1,68 @@
+"""The rich progress bar and the final summary. Nothing else in the package prints."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+
+class _Rate(ProgressColumn):
+    """rows/s and tokens/s over this run, not counting rows done by an earlier run."""
+
+    def __init__(self, bar: "RunProgress"):
+        super().__init__()
+        self.bar = bar
+
+    def render(self, task) -> Text:
+        elapsed = max(time.perf_counter() - self.bar.t0, 1e-9)
+        return Text(f"{self.bar.rows / elapsed:,.0f} rows/s  {self.bar.tokens / elapsed:,.0f} tok/s", style="cyan")
+
+
+class RunProgress:
+    """Rows done out of total, rates and ETA. On resume the bar starts at the rows already done."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.rows = self.tokens = 0
+        self.t0 = time.perf_counter()
+        self._bar = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), _Rate(self),
+            TimeRemainingColumn(), console=console, transient=False,
+        )
+        self._task = None
+
+    def start(self, total_rows: int, done_rows: int) -> None:
+        self.t0 = time.perf_counter()
+        self._task = self._bar.add_task("rows", total=total_rows, completed=done_rows)
+        self._bar.start()
+
+    def advance(self, rows: int, tokens: int) -> None:
+        self.rows += rows
+        self.tokens += tokens
+        self._bar.update(self._task, advance=rows)
+
+    def stop(self) -> None:
+        self._bar.stop()
+
+
+def summary_table(report: dict) -> Table:
+    table = Table(title=f"batchinfer {report['task']} → {report['output']}", show_header=False, box=None)
+    run = report["run"]
+    errors = ", ".join(f"{k} {v:,}" for k, v in report["errors_by_reason"].items()) or "none"
+    rows = [
+        ("status", "complete" if report["complete"] else f"{report['chunks_done']}/{report['chunks_total']} chunks"),
+        ("rows", f"{report['rows']:,} ({report['rows_ok']:,} ok, {report['rows_error']:,} errors)"),
+        ("errors", errors),
+        ("truncated", f"{report['truncated']:,}"),
+        ("this run", f"{run['rows']:,} rows in {run['seconds']:.1f} s on {report['device']}"),
+        ("throughput", f"{run['rows_per_s']:,.1f} rows/s, {run['tokens_per_s']:,.0f} tokens/s"),
+        ("padding efficiency", f"{report['padding_efficiency']:.3f} (real / padded tokens)"),
+        ("model busy", f"{run['model_busy']:.0%} of the processing loop"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table

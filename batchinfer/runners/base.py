@@ -1,0 +1,74 @@
+"""What classify and embed share: fast batch tokenization and padded forward passes of an encoder."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+
+@dataclass
+class Tokens:
+    ids: list[list[int]]
+    lengths: np.ndarray  # [n] int64, special tokens included
+    truncated: np.ndarray  # [n] bool
+
+
+class EncoderRunner:
+    """Subclasses define `head(hidden or logits) -> [b, width] float32` and `columns(results)`."""
+
+    def __init__(self, tokenizer, model, device: torch.device, max_length: int):
+        self.model = model
+        self.device = device
+        self.max_length = min(max_length, _position_limit(model.config))
+        # The Rust tokenizer, truncating but never padding: padding happens per batch, after sorting.
+        self.tokenizer = copy.deepcopy(tokenizer.backend_tokenizer)
+        self.tokenizer.enable_truncation(self.max_length)
+        self.tokenizer.no_padding()
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def tokenize(self, texts: list[str]) -> Tokens:
+        encodings = self.tokenizer.encode_batch(texts)
+        ids = [e.ids for e in encodings]
+        lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
+        truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(ids))
+        return Tokens(ids, lengths, truncated)
+
+    @torch.inference_mode()
+    def run(self, ids: list[list[int]]) -> np.ndarray:
+        """One padded batch → [b, width] float32 results in the same row order."""
+        input_ids, mask = self.collate(ids)
+        return self.head(input_ids, mask).float().cpu().numpy()
+
+    def collate(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        longest = max(len(row) for row in ids)
+        input_ids = np.full((len(ids), longest), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(ids), longest), dtype=np.int64)
+        for i, row in enumerate(ids):
+            input_ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        return torch.from_numpy(input_ids).to(self.device), torch.from_numpy(mask).to(self.device)
+
+    def head(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def columns(self, results: np.ndarray) -> dict[str, pa.Array]:
+        raise NotImplementedError
+
+
+def _position_limit(config) -> int:
+    """Longest input the model's position embeddings allow."""
+    limit = getattr(config, "max_position_embeddings", None) or 1 << 30
+    # RoBERTa-family models offset positions by padding_idx + 1.
+    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        limit -= 2
+    return limit
+
+
+def fixed_size_list(values: np.ndarray) -> pa.FixedSizeListArray:
+    """[n, d] float32 → fixed_size_list<float32>[d] without a per-row loop."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])

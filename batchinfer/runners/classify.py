@@ -1,0 +1,35 @@
+"""task: classify — label, label_id and score per row (scores: every class probability)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from .base import EncoderRunner, fixed_size_list
+
+
+class ClassifyRunner(EncoderRunner):
+    def __init__(self, tokenizer, model, device, max_length: int, scores: bool = False):
+        super().__init__(tokenizer, model, device, max_length)
+        config = model.config
+        self.width = config.num_labels
+        self.labels = pa.array([str(config.id2label.get(i, f"LABEL_{i}")) for i in range(self.width)])
+        # As transformers' text-classification pipeline: sigmoid for multi-label or single-logit heads.
+        self.sigmoid = config.problem_type == "multi_label_classification" or self.width == 1
+        self.scores = scores
+
+    def head(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=input_ids, attention_mask=mask).logits.float()  # [b, num_labels]
+        return logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)
+
+    def columns(self, results: np.ndarray) -> dict[str, pa.Array]:
+        label_id = results.argmax(axis=1).astype(np.int32)
+        columns = {
+            "label": self.labels.take(pa.array(label_id)),
+            "label_id": pa.array(label_id),
+            "score": pa.array(results.max(axis=1).astype(np.float32)),
+        }
+        if self.scores:
+            columns["scores"] = fixed_size_list(results)
+        return columns

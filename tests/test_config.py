@@ -1,0 +1,95 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from batchinfer.config import JobConfig, load_job, reference_markdown, template_fields, validate_job
+from batchinfer.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+GOOD = {"input": {"path": "d", "text": "text"}, "model": {"path": "m", "task": "embed"}, "output": {"path": "o"}}
+
+
+def _error(data) -> str:
+    with pytest.raises(ConfigError) as info:
+        validate_job(data)
+    return info.value.message
+
+
+@pytest.mark.parametrize("job", sorted((ROOT / "jobs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_job_validates(job):
+    load_job(job)
+
+
+def test_readme_reference_is_generated_from_the_models():
+    assert reference_markdown() in (ROOT / "README.md").read_text()
+
+
+def test_unknown_key_names_key_and_suggests():
+    message = _error({**GOOD, "input": {"path": "d", "text": "t", "colum": "x"}})
+    assert "input.colum: unknown key" in message
+    assert "valid keys here: path, text, id, keep, format" in message
+
+
+def test_unknown_section_suggests():
+    message = _error({**GOOD, "batchng": {}})
+    assert "batchng: unknown key; did you mean 'batching'?" in message
+
+
+def test_wrong_type_and_bad_value():
+    message = _error({**GOOD, "batching": {"max_tokens": "lots"}, "model": {"path": "m", "task": "embedd"}})
+    assert "batching.max_tokens: Input should be a valid integer" in message and "'lots'" in message
+    assert "model.task: Input should be 'classify' or 'embed' (got 'embedd')" in message
+
+
+def test_missing_key_says_what_to_write():
+    message = _error({"input": {"path": "d"}, "model": {"path": "m", "task": "embed"}, "output": {"path": "o"}})
+    assert "input.text: required; The text to run" in message
+
+
+def test_bad_device_and_limits():
+    assert "model.device: Value error" not in _error({**GOOD, "model": {**GOOD["model"], "device": "gpu"}})
+    assert "write auto, cpu, cuda or cuda:N" in _error({**GOOD, "model": {**GOOD["model"], "device": "gpu"}})
+    assert "batching.max_rows: Input should be greater than or equal to 1" in _error({**GOOD, "batching": {"max_rows": 0}})
+
+
+def test_keep_column_clashing_with_output_is_refused():
+    message = _error({**GOOD, "input": {"path": "d", "text": "t", "keep": ["embedding"]}})
+    assert "input.keep: column 'embedding' clashes" in message and "keep: {embedding: embedding_in}" in message
+    renamed = {**GOOD, "input": {"path": "d", "text": "t", "keep": {"embedding": "old_embedding"}}}
+    assert validate_job(renamed).input.kept == {"embedding": "old_embedding"}
+
+
+def test_templates():
+    assert template_fields("text") == ["text"]
+    assert template_fields("{title}. {body} {title}") == ["title", "body"]
+    assert template_fields("{{literal}} {x}") == ["x"]
+    assert "does not parse" in _error({**GOOD, "input": {"path": "d", "text": "{title"}})
+    assert "names no column" in _error({**GOOD, "input": {"path": "d", "text": "{{just braces}}"}})
+    assert JobConfig.model_validate({**GOOD, "input": {"path": "d", "text": "{a}: {b}", "keep": ["a"]}}).input.columns == ["a", "b"]
+
+
+def test_set_overrides_parse_yaml_values(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(GOOD))
+    config = load_job(job, ["batching.max_tokens=8192", "output.scores=true", "input.keep=[a, b]"])
+    assert config.batching.max_tokens == 8192 and config.output.scores is True and config.input.keep == ["a", "b"]
+    with pytest.raises(ConfigError, match="batching.max_tokns: unknown key; did you mean 'max_tokens'"):
+        load_job(job, ["batching.max_tokns=1"])
+    with pytest.raises(ConfigError, match="is not key=value"):
+        load_job(job, ["batching.max_tokens"])
+
+
+def test_job_file_problems(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_job(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("input: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_job(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_job(bad)
+    bad.write_text("!!python/object/apply:os.system ['echo unsafe']\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_job(bad)  # safe_load refuses to run code

