@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Protocol
 import numpy as np
 import pyarrow as pa
 
-from .batching import padding_stats, plan_batches
+from .batching import OVERHEAD_TOKENS, padding_stats, plan_batches
 from .config import JobConfig, template_fields
 from .models import load_model, model_identity, resolve_model_path
 from .plan import Chunk, fingerprint, plan_chunks
@@ -73,6 +73,8 @@ class Loaded:
     table: pa.Table
     prepared: Prepared
     tokens: Tokens
+    index: np.ndarray  # positions in `tokens` that go to the model (the rest became errors)
+    batches: list[np.ndarray]  # positions in `index`, as the model will see them
     seconds: float
 
 
@@ -114,6 +116,7 @@ def run_job(job: JobConfig, *, restart: bool = False, progress: Progress | None 
 def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Chunk], runner: EncoderRunner) -> Iterator[Loaded]:
     """Yield loaded chunks in order, loading the next one while the caller computes."""
     text_columns = template_fields(job.input.text)
+    overhead = OVERHEAD_TOKENS.get(runner.device.type, OVERHEAD_TOKENS["cuda"])
     readers: dict[int, ShardReader] = {}
 
     def load(chunk: Chunk) -> Loaded:
@@ -127,7 +130,14 @@ def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Chunk], runner: En
         block = readers[chunk.shard].read(chunk.start, chunk.stop)
         prepared = prepare_texts(block.table, job.input.text, block.bad_rows)
         tokens = runner.tokenize(prepared.texts)
-        return Loaded(chunk, shard, block.table, prepared, tokens, time.perf_counter() - t0)
+        keep = np.ones(len(tokens.ids), dtype=bool)
+        if job.model.truncation == "error":
+            for i in np.flatnonzero(tokens.truncated).tolist():
+                prepared.errors[int(prepared.rows[i])] = ("too_long", f"text is longer than max_length={runner.max_length} tokens")
+            keep &= ~tokens.truncated
+        index = np.flatnonzero(keep)
+        batches = plan_batches(tokens.lengths[index], job.batching.max_tokens, job.batching.max_rows, overhead)
+        return Loaded(chunk, shard, block.table, prepared, tokens, index, batches, time.perf_counter() - t0)
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchinfer-load")
     try:
@@ -147,24 +157,16 @@ def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Chunk], runner: En
 def _process(job: JobConfig, loaded: Loaded, runner: EncoderRunner, out: OutputDir, stop: StopFlag) -> dict:
     """Run one loaded chunk through the model, write its part file and commit it."""
     t0 = time.perf_counter()
-    prepared, tokens = loaded.prepared, loaded.tokens
-    keep = np.ones(len(prepared.rows), dtype=bool)
-    if job.model.truncation == "error":
-        for i in np.flatnonzero(tokens.truncated).tolist():
-            prepared.errors[int(prepared.rows[i])] = ("too_long", f"text is longer than max_length={runner.max_length} tokens")
-        keep &= ~tokens.truncated
-    index = np.flatnonzero(keep)  # positions in `tokens` that go to the model
-    lengths = tokens.lengths[index]
+    prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
     results = np.empty((len(index), runner.width), dtype=np.float32)
-    batches = plan_batches(lengths, job.batching.max_tokens, job.batching.max_rows)
     model_seconds = 0.0
-    for batch in batches:
+    for batch in loaded.batches:
         stop.check()
         b0 = time.perf_counter()
         results[batch] = runner.run([tokens.ids[index[i]] for i in batch.tolist()])
         model_seconds += time.perf_counter() - b0
     stop.check()
-    real, padded = padding_stats(lengths, batches)
+    real, padded = padding_stats(tokens.lengths[index], loaded.batches)
     rows = prepared.rows[index]
     table = _result_table(job, loaded, rows, runner.columns(results), tokens.truncated[index])
     errors = _error_table(job, loaded)

@@ -26,9 +26,22 @@ def test_every_row_once_budget_respected_sorted(lengths, max_tokens, max_rows):
         previous_min = lengths[batch].min()
 
 
-def test_equal_lengths_keep_input_order_and_fill_budget():
+def test_equal_lengths_keep_input_order_in_fewest_batches():
     batches = plan_batches(np.full(10, 4), max_tokens=16, max_rows=100)
-    assert [b.tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert len(batches) == 3 and np.concatenate(batches).tolist() == list(range(10))
+
+
+def test_cuts_where_lengths_drop_instead_of_padding():
+    lengths = np.array([100] * 3 + [10] * 50)
+    batches = plan_batches(lengths, max_tokens=16384, max_rows=256)
+    assert [sorted(set(lengths[b].tolist())) for b in batches] == [[100], [10]]  # greedy would pad 50 rows to 100
+
+
+def test_mixed_text_is_nearly_padding_free():
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(3.3, 1.0, 4096).astype(int), 3, 256)  # short phrases to truncated articles
+    real, padded = padding_stats(lengths, plan_batches(lengths, 16384, 256, overhead=64))
+    assert real / padded >= 0.97
 
 
 def test_padding_stats():

@@ -1,0 +1,61 @@
+"""A benchmark mix of real English texts from ../shared/data: short, medium and long rows together.
+
+| set | share | what | length |
+|---|---|---|---|
+| sst2 | 30% | movie review phrases and sentences | 4-270 chars, median 41 |
+| mpqa | 15% | opinion phrases | median 14 chars |
+| tweeteval | 25% | tweets | median ~90 chars |
+| ag_news | 20% | news title + description | median ~231 chars |
+| bbc_news | 10% | full news articles (truncated by max_length) | median ~2,080 chars |
+
+Rows are drawn with a fixed seed (with replacement past a set's size), so every run and every
+peer sees the same rows in the same order.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SHARES = {"sst2": 0.30, "mpqa": 0.15, "tweeteval": 0.25, "ag_news": 0.20, "bbc_news": 0.10}
+
+
+def _lines(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def load_sets(data: Path) -> dict[str, list[str]]:
+    with open(data / "sst2" / "train.tsv", encoding="utf-8") as f:
+        sst2 = [row[0].strip() for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)][1:]
+    with open(data / "ag_news" / "test.csv", encoding="utf-8") as f:
+        ag = [f"{title}. {body}".replace("\\", " ") for _, title, body in csv.reader(f)]
+    with open(data / "bbc_news" / "bbc_news.jsonl", encoding="utf-8") as f:
+        bbc = [json.loads(line)["text"] for line in f]
+    tweets = [t for task in ("emoji", "hate", "offensive") for t in _lines(data / "tweeteval" / task / "train_text.txt")]
+    mpqa = _lines(data / "mpqa" / "mpqa.pos") + _lines(data / "mpqa" / "mpqa.neg")
+    return {"sst2": sst2, "mpqa": mpqa, "tweeteval": tweets, "ag_news": ag, "bbc_news": bbc}
+
+
+def build_mix(data: Path, rows: int, seed: int = 0) -> pa.Table:
+    sets = load_sets(data)
+    rng = np.random.default_rng(seed)
+    names = list(SHARES)
+    picks = rng.choice(len(names), size=rows, p=[SHARES[n] for n in names])
+    texts, origin = [], []
+    for k in picks.tolist():
+        pool = sets[names[k]]
+        texts.append(pool[int(rng.integers(len(pool)))])
+        origin.append(names[k])
+    return pa.table({"id": pa.array(np.arange(rows)), "set": origin, "text": texts})
+
+
+def write_shards(table: pa.Table, folder: Path, shard_rows: int = 5000) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for k, start in enumerate(range(0, table.num_rows, shard_rows)):
+        pq.write_table(table.slice(start, shard_rows), folder / f"mix-{k:05d}.parquet")
+    return folder
