@@ -7,6 +7,8 @@ import shlex
 import signal
 import sys
 import traceback
+import warnings
+from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +31,7 @@ DebugOption = typer.Option(False, "--debug", help="Show the full traceback of an
 @contextmanager
 def reported(debug: bool):
     """Turn errors into one message and an exit code; a traceback only with --debug."""
+    warnings.showwarning = lambda message, *_: err.print(f"[yellow]warning:[/] {message}", highlight=False)
     try:
         yield
     except BatchinferError as exc:
@@ -53,6 +56,8 @@ def run(
     job: Path = typer.Argument(..., help="The job file (YAML)."),
     set_: Optional[List[str]] = SetOption,
     restart: bool = typer.Option(False, "--restart", help="Discard the output folder's earlier results and start over."),
+    retry_errors: bool = typer.Option(False, "--retry-errors", help="Run the rows in _errors/ again, e.g. after "
+                                      "raising model.max_length; only max_length, truncation and dtype may change."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this folder instead of output.path."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     debug: bool = DebugOption,
@@ -69,8 +74,9 @@ def run(
         progress = None if quiet else RunProgress(err)
         previous = {s: signal.signal(s, lambda signum, _: stop.set(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            command = resume_command(job, set_ or [], output)
-            report = run_job(config, restart=restart, progress=progress, stop=stop, command=command)
+            command = resume_command(job, set_ or [], output) + (" --retry-errors" if retry_errors else "")
+            report = run_job(config, restart=restart, retry_errors=retry_errors, progress=progress, stop=stop,
+                             command=command)
         except Interrupted as exc:
             name = signal.Signals(exc.signum).name
             err.print(f"[yellow]stopped on {name}[/]: finished chunks are saved in {config.output.path}.")
@@ -95,11 +101,13 @@ def validate(job: Path = typer.Argument(..., help="The job file (YAML)."), set_:
 
     with reported(debug):
         config = load_job(job, set_ or [])
-        shards = discover_shards(config.input)
+        shards, bad = discover_shards(config.input)
         model_path = resolve_model_path(config.model.path)
-        check_model_folder(model_path)
+        check_model_folder(model_path, config.model.allow_pickle)
         chunks = plan_chunks([s.num_rows for s in shards], config.batching.chunk_rows)
         rows = sum(s.num_rows for s in shards)
+        for shard in bad:
+            out.print(f"[yellow]skipped[/] (input.on_bad_shard: skip): {shard.message}", highlight=False)
         out.print(f"[green]ok[/]: {job} — {len(shards)} shard(s), {rows:,} rows, {len(chunks)} chunk(s); "
                   f"model {model_path}", highlight=False)
 
@@ -116,7 +124,7 @@ def schema():
 def status(folder: Path = typer.Argument(..., help="A job's output folder."), debug: bool = DebugOption):
     """Show how far a job's output folder is: chunks, rows, errors, the run holding it."""
     from .errors import OutputError
-    from .sink import MANIFEST, REPORT, OutputDir
+    from .sink import MANIFEST, REPORT, OutputDir, current_errors
 
     with reported(debug):
         sink = OutputDir(folder)
@@ -124,16 +132,15 @@ def status(folder: Path = typer.Argument(..., help="A job's output folder."), de
         if done is None:
             raise OutputError(f"{folder} holds no batchinfer run (no {MANIFEST})", "give the output.path of a job")
         report = json.loads((folder / REPORT).read_text()) if (folder / REPORT).exists() else {}
-        errors: dict[str, int] = {}
-        for record in done.values():
-            for reason, count in record["errors"].items():
-                errors[reason] = errors.get(reason, 0) + count
+        errors: Counter = Counter()
+        for name in current_errors(done).values():
+            errors.update(done[name]["errors"])
+        chunks = [r for r in done.values() if "retry_of" not in r]
         updated = datetime.fromtimestamp((folder / MANIFEST).stat().st_mtime).isoformat(timespec="seconds")
         holder = sink.holder()
         total = report.get("chunks_total", "?")
-        out.print(f"chunks  {len(done)}/{total} done" + (" (complete)" if (folder / "_SUCCESS").exists() else ""))
-        out.print(f"rows    {sum(r['rows'] for r in done.values()):,} done, "
-                  f"{sum(r['ok'] for r in done.values()):,} ok")
+        out.print(f"chunks  {len(chunks)}/{total} done" + (" (complete)" if (folder / "_SUCCESS").exists() else ""))
+        out.print(f"rows    {sum(r['rows'] for r in chunks):,} done, {sum(r['ok'] for r in done.values()):,} ok")
         out.print(f"errors  {', '.join(f'{k} {v:,}' for k, v in sorted(errors.items())) or 'none'}")
         out.print(f"updated {updated}")
         out.print(f"active  {'yes, pid ' + str(holder) if holder else 'no'}")

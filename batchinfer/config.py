@@ -43,6 +43,11 @@ class InputConfig(Section):
         description="Columns copied unchanged to the output: a list, or a mapping {input column: output name} "
         "to rename one that clashes with a result column, e.g. {label: gold_label}.",
     )
+    on_bad_shard: Literal["fail", "skip"] = Field(
+        default="fail",
+        description="A shard that cannot be read (truncated, corrupt, another schema): fail names it and stops; "
+        "skip leaves it out, lists it in _report.json and _errors/ (reason bad_shard) and goes on.",
+    )
     format: Literal["auto", "parquet", "jsonl", "hf"] = Field(
         default="auto", description="Shard format; auto decides by file extension (a folder with dataset_info.json is hf)."
     )
@@ -87,6 +92,11 @@ class ModelConfig(Section):
     device: str = Field(default="auto", description="auto (a GPU when there is one), cpu, cuda or cuda:N.")
     trust_remote_code: bool = Field(
         default=False, description="Run Python code shipped with the model. Only for models you trust."
+    )
+    allow_pickle: bool = Field(
+        default=False,
+        description="Load pickle weights (pytorch_model.bin) when a model has no safetensors. Unpickling can run "
+        "code: only for models you trust.",
     )
 
     @field_validator("truncation")

@@ -19,17 +19,20 @@ import pyarrow as pa
 from .batching import OVERHEAD_TOKENS, padding_stats, plan_batches
 from .config import JobConfig, template_fields
 from .models import load_model, model_identity, resolve_model_path
-from .plan import Chunk, fingerprint, plan_chunks
+from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
 from .prepare import Prepared, prepare_texts
 from .runners import make_runner
 from .runners.base import EncoderRunner, Tokens
-from .sink import ERROR_SCHEMA, OutputDir
-from .sources import Shard, ShardReader, discover_shards
+from .sink import ERROR_SCHEMA, OutputDir, current_errors
+from .errors import InputError, ModelError
+from .recovery import run_resilient
+from .sources import READ_ERRORS, RowBlock, Shard, ShardReader, describe_read_error, discover_shards
 
 
 class Progress(Protocol):
     def start(self, total_rows: int, done_rows: int) -> None: ...
     def advance(self, rows: int, tokens: int) -> None: ...
+    def log(self, message: str) -> None: ...
 
 
 class _Quiet:
@@ -38,6 +41,17 @@ class _Quiet:
 
     def advance(self, rows: int, tokens: int) -> None:
         pass
+
+    def log(self, message: str) -> None:
+        pass
+
+
+@dataclass
+class Budget:
+    """The token budget, lowered for the rest of the run when a batch runs out of memory."""
+
+    max_tokens: int
+    lowered: list[str] = field(default_factory=list)
 
 
 class Interrupted(Exception):
@@ -68,9 +82,10 @@ class StopFlag:
 class Loaded:
     """A chunk read, prepared and tokenized: everything up to the model."""
 
-    chunk: Chunk
+    work: Work
     shard: Shard
     table: pa.Table
+    row_ids: np.ndarray  # [table rows] each row's index in its shard
     prepared: Prepared
     tokens: Tokens
     index: np.ndarray  # positions in `tokens` that go to the model (the rest became errors)
@@ -78,56 +93,105 @@ class Loaded:
     seconds: float
 
 
-def run_job(job: JobConfig, *, restart: bool = False, progress: Progress | None = None,
-            stop: StopFlag | None = None, command: str = "", on_runner: Callable[[EncoderRunner], EncoderRunner] | None = None) -> dict:
-    """Run (or resume) a job to the end. Returns the report also saved as _report.json."""
+# What --retry-errors may change: the settings that decide whether a row fits, not what a row means.
+RETRY_MAY_CHANGE = frozenset({"model.max_length", "model.truncation", "model.dtype"})
+
+
+def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False, progress: Progress | None = None,
+            stop: StopFlag | None = None, command: str = "",
+            on_runner: Callable[[EncoderRunner], EncoderRunner] | None = None) -> dict:
+    """Run (or resume) a job to the end. Returns the report also saved as _report.json.
+
+    retry_errors: afterwards, run the rows listed in _errors/ again (say, after raising max_length);
+    those that now succeed move to a part file of their own, the rest stay in _errors/."""
     progress = progress or _Quiet()
     stop = stop or StopFlag()
     started = time.perf_counter()
-    shards = discover_shards(job.input)
+    shards, bad_shards = discover_shards(job.input)
     model_path = resolve_model_path(job.model.path)
     chunks = plan_chunks([s.num_rows for s in shards], job.batching.chunk_rows)
     out = OutputDir(job.output.path, job.output.compression)
-    done = out.open(fingerprint(job, model_identity(model_path), [(s.name, s.num_rows) for s in shards]), restart, command)
+    done = out.open(fingerprint(job, model_identity(model_path), [(s.name, s.num_rows) for s in shards]), restart,
+                    command, RETRY_MAY_CHANGE if retry_errors else frozenset())
     try:
-        todo = [c for c in chunks if c.name not in done]
+        out.write_skipped_shards([(b.name, b.message) for b in bad_shards])
+        for bad in bad_shards:
+            progress.log(f"skipped shard {bad.name}: {bad.message}")
+        todo = [Work(c, c.name) for c in chunks if c.name not in done]
+        if retry_errors:
+            todo += _retries(chunks, done, out)
         device = "none"
         run_stats = Counter()
+        budget = Budget(job.batching.max_tokens)
         if todo:
             tokenizer, model, device = load_model(job.model, model_path)
             runner = make_runner(job, tokenizer, model, device, model_path)
             if on_runner:
                 runner = on_runner(runner)
-            progress.start(sum(s.num_rows for s in shards), sum(r["rows"] for r in done.values()))
+            progress.start(sum(s.num_rows for s in shards) + sum(w.rows for w in todo if w.retry_of),
+                           sum(r["rows"] for r in done.values()))
             loop_started = time.perf_counter()
-            for loaded in _prefetch(job, shards, todo, runner):
-                record = _process(job, loaded, runner, out, stop)
+            for loaded in _prefetch(job, shards, todo, runner, budget):
+                replaced = current_errors(done).get(loaded.work.retry_of) if loaded.work.retry_of else None
+                record = _process(job, loaded, runner, out, stop, budget, progress)
                 done[record["chunk"]] = record
+                if replaced:  # after the commit: a crash before this line is mended on the next open
+                    out.drop_errors(replaced)
                 run_stats.update(rows=record["rows"], tokens=record["tokens"], busy=record["model_seconds"])
                 progress.advance(record["rows"], record["tokens"])
             run_stats["loop"] = time.perf_counter() - loop_started
         report = build_report(job, chunks, done, run_stats, time.perf_counter() - started, str(device))
-        out.write_report(report, success=len(done) == len(chunks))
+        report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
+        if budget.lowered:
+            report["max_tokens_lowered"] = budget.lowered
+        out.write_report(report, success=report["complete"])
         return report
     finally:
         out.unlock()
 
 
-def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Chunk], runner: EncoderRunner) -> Iterator[Loaded]:
+def _retries(chunks: list[Chunk], done: dict[str, dict], out: OutputDir) -> list[Work]:
+    """A retry pass for every chunk whose current error file lists rows."""
+    by_name = {c.name: c for c in chunks}
+    work = []
+    for chunk_name, latest in current_errors(done).items():
+        errors = out.error_rows(latest)
+        if errors is None or chunk_name not in by_name:
+            continue
+        chunk = by_name[chunk_name]
+        offsets = sorted(r - chunk.start for r in errors.column("row").to_pylist() if r is not None)
+        generation = sum(1 for r in done.values() if r.get("retry_of") == chunk_name) + 1
+        if offsets:
+            work.append(Work(chunk, retry_name(chunk_name, generation), offsets, retry_of=chunk_name))
+    return work
+
+
+def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Work], runner: EncoderRunner,
+              budget: Budget) -> Iterator[Loaded]:
     """Yield loaded chunks in order, loading the next one while the caller computes."""
     text_columns = template_fields(job.input.text)
     overhead = OVERHEAD_TOKENS.get(runner.device.type, OVERHEAD_TOKENS["cuda"])
     readers: dict[int, ShardReader] = {}
 
-    def load(chunk: Chunk) -> Loaded:
+    def load(work: Work) -> Loaded:
         t0 = time.perf_counter()
+        chunk = work.chunk
         shard = shards[chunk.shard]
         if chunk.shard not in readers:
             for old in readers.values():
                 old.close()
             readers.clear()
             readers[chunk.shard] = ShardReader(shard, job.input.columns, text_columns)
-        block = readers[chunk.shard].read(chunk.start, chunk.stop)
+        try:
+            block = readers[chunk.shard].read(chunk.start, chunk.stop)
+        except READ_ERRORS as exc:
+            readers.pop(chunk.shard).close()
+            block = _unreadable(job, shard, chunk, exc)
+        row_ids = np.arange(chunk.start, chunk.stop)
+        if work.offsets is not None:
+            block = RowBlock(block.table.take(pa.array(work.offsets, pa.int64())),
+                             {i: block.bad_rows[o] for i, o in enumerate(work.offsets) if o in block.bad_rows})
+            row_ids = row_ids[work.offsets]
         prepared = prepare_texts(block.table, job.input.text, block.bad_rows)
         tokens = runner.tokenize(prepared.texts)
         keep = np.ones(len(tokens.ids), dtype=bool)
@@ -136,8 +200,8 @@ def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Chunk], runner: En
                 prepared.errors[int(prepared.rows[i])] = ("too_long", f"text is longer than max_length={runner.max_length} tokens")
             keep &= ~tokens.truncated
         index = np.flatnonzero(keep)
-        batches = plan_batches(tokens.lengths[index], job.batching.max_tokens, job.batching.max_rows, overhead)
-        return Loaded(chunk, shard, block.table, prepared, tokens, index, batches, time.perf_counter() - t0)
+        batches = plan_batches(tokens.lengths[index], budget.max_tokens, job.batching.max_rows, overhead)
+        return Loaded(work, shard, block.table, row_ids, prepared, tokens, index, batches, time.perf_counter() - t0)
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchinfer-load")
     try:
@@ -154,29 +218,57 @@ def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Chunk], runner: En
             reader.close()
 
 
-def _process(job: JobConfig, loaded: Loaded, runner: EncoderRunner, out: OutputDir, stop: StopFlag) -> dict:
+def _unreadable(job: JobConfig, shard: Shard, chunk: Chunk, exc: BaseException) -> RowBlock:
+    """A chunk whose rows cannot be read: stop (on_bad_shard: fail) or account every row as bad_shard."""
+    message = f"rows {chunk.start}-{chunk.stop - 1} of {shard.name} cannot be read: {describe_read_error(exc)}"
+    if job.input.on_bad_shard == "fail":
+        raise InputError(message, "replace the file and rerun to resume, or set input.on_bad_shard: skip") from exc
+    table = pa.table({c: pa.nulls(chunk.rows, pa.string()) for c in job.input.columns})
+    return RowBlock(table, {offset: ("bad_shard", message) for offset in range(chunk.rows)})
+
+
+def _process(job: JobConfig, loaded: Loaded, runner: EncoderRunner, out: OutputDir, stop: StopFlag,
+             budget: Budget, progress: Progress) -> dict:
     """Run one loaded chunk through the model, write its part file and commit it."""
     t0 = time.perf_counter()
     prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
     results = np.empty((len(index), runner.width), dtype=np.float32)
+    ok = np.ones(len(index), dtype=bool)
     model_seconds = 0.0
     for batch in loaded.batches:
         stop.check()
         b0 = time.perf_counter()
-        results[batch] = runner.run([tokens.ids[index[i]] for i in batch.tolist()])
+        outcome = run_resilient(runner.run, [tokens.ids[index[i]] for i in batch.tolist()], runner.width)
         model_seconds += time.perf_counter() - b0
+        results[batch] = outcome.results
+        for position, problem in outcome.failed.items():
+            ok[batch[position]] = False
+            prepared.errors[int(prepared.rows[index[batch[position]]])] = problem
+        if outcome.oom_tokens and outcome.oom_tokens // 2 < budget.max_tokens:
+            lowered = max(1, outcome.oom_tokens // 2)
+            note = f"out of memory at {outcome.oom_tokens} padded tokens: max_tokens {budget.max_tokens} -> {lowered}"
+            budget.max_tokens = lowered
+            budget.lowered.append(note)
+            progress.log(note + " for the rest of the run")
     stop.check()
+    model_errors = [prepared.errors[int(prepared.rows[i])][1] for i in index[~ok]
+                    if prepared.errors[int(prepared.rows[i])][0] == "model_error"]
+    if len(index) > 1 and len(model_errors) == len(index):
+        raise ModelError(f"the model failed on every row of chunk {loaded.work.name}: {model_errors[0]}",
+                         "this is no problem of single rows; check model.device, model.dtype and the model folder")
     real, padded = padding_stats(tokens.lengths[index], loaded.batches)
+    index, results = index[ok], results[ok]
     rows = prepared.rows[index]
     table = _result_table(job, loaded, rows, runner.columns(results), tokens.truncated[index])
     errors = _error_table(job, loaded)
-    out.write_chunk(loaded.chunk.name, table, errors)
+    out.write_chunk(loaded.work.name, table, errors)
     record = {
-        "chunk": loaded.chunk.name,
-        "rows": loaded.chunk.rows,
+        "chunk": loaded.work.name,
+        **({"retry_of": loaded.work.retry_of} if loaded.work.retry_of else {}),
+        "rows": loaded.work.rows,
         "ok": table.num_rows,
         "errors": dict(Counter(reason for reason, _ in prepared.errors.values())),
-        "truncated": int(tokens.truncated[index].sum()),
+        "truncated": int(tokens.truncated[index].sum()) if job.model.truncation is True else 0,
         "tokens": real,
         "padded_tokens": padded,
         "model_seconds": round(model_seconds, 4),
@@ -190,7 +282,7 @@ def _result_table(job: JobConfig, loaded: Loaded, rows: np.ndarray, task_columns
     take = pa.array(rows, pa.int64())
     columns = {
         "source": pa.repeat(pa.scalar(loaded.shard.name), len(rows)),
-        "row": pa.array(rows + loaded.chunk.start, pa.int64()),
+        "row": pa.array(loaded.row_ids[rows], pa.int64()),
     }
     if job.input.id:
         columns[job.input.id] = loaded.table.column(job.input.id).take(take)
@@ -214,7 +306,7 @@ def _error_table(job: JobConfig, loaded: Loaded) -> pa.Table | None:
         {
             "id": ids if ids is not None else pa.nulls(len(offsets), pa.string()),
             "source": pa.repeat(pa.scalar(loaded.shard.name), len(offsets)),
-            "row": pa.array([o + loaded.chunk.start for o in offsets], pa.int64()),
+            "row": pa.array(loaded.row_ids[offsets], pa.int64()),
             "reason": pa.array([errors[o][0] for o in offsets], pa.string()),
             "message": pa.array([errors[o][1] for o in offsets], pa.string()),
         },
@@ -223,11 +315,12 @@ def _error_table(job: JobConfig, loaded: Loaded) -> pa.Table | None:
 
 
 def build_report(job: JobConfig, chunks: list[Chunk], done: dict[str, dict], run: Counter, seconds: float, device: str) -> dict:
-    """Totals over every finished chunk; rates over the chunks this run processed."""
+    """Totals over every finished chunk and retry; rates over what this run processed."""
     records = list(done.values())
+    chunk_records = [r for r in records if "retry_of" not in r]
     errors = Counter()
-    for r in records:
-        errors.update(r["errors"])
+    for name in current_errors(done).values():
+        errors.update(done[name]["errors"])
     tokens = sum(r["tokens"] for r in records)
     padded = sum(r["padded_tokens"] for r in records)
     loop = run.get("loop", 0.0)
@@ -236,10 +329,10 @@ def build_report(job: JobConfig, chunks: list[Chunk], done: dict[str, dict], run
         "task": job.model.task,
         "model": job.model.path,
         "device": device,
-        "complete": len(done) == len(chunks),
-        "chunks_done": len(done),
+        "complete": len(chunk_records) == len(chunks),
+        "chunks_done": len(chunk_records),
         "chunks_total": len(chunks),
-        "rows": sum(r["rows"] for r in records),
+        "rows": sum(r["rows"] for r in chunk_records),
         "rows_ok": sum(r["ok"] for r in records),
         "rows_error": sum(errors.values()),
         "errors_by_reason": dict(sorted(errors.items())),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,14 +67,22 @@ def _hub_snapshot(repo_id: str) -> Path:
         ) from exc
 
 
-def check_model_folder(path: Path) -> None:
+def check_model_folder(path: Path, allow_pickle: bool = False) -> None:
     """Name what is missing and list what is there, before transformers gives a less helpful error."""
     present = sorted(p.name for p in path.iterdir())
     missing = []
     if not (path / "config.json").exists():
         missing.append("config.json")
+    pickles = sorted(p.name for p in path.glob("*.bin") if "model" in p.name)
     if not any(path.glob("*.safetensors")):
-        missing.append("*.safetensors weights")
+        if pickles and not allow_pickle:
+            raise ModelError(
+                f"model folder {path} has only pickle weights ({', '.join(pickles)}), and unpickling can run code",
+                "convert them to safetensors (model.save_pretrained(dir)), or set model.allow_pickle: true if you "
+                "trust where the model came from",
+            )
+        if not pickles:
+            missing.append("*.safetensors weights")
     if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
         missing.append("tokenizer files (tokenizer.json)")
     if missing:
@@ -93,7 +102,7 @@ def model_identity(path: Path) -> str:
     for name in ("config.json", "modules.json", "1_Pooling/config.json"):
         if (path / name).exists():
             digest.update(name.encode() + (path / name).read_bytes())
-    for weights in sorted(path.glob("*.safetensors")):
+    for weights in sorted([*path.glob("*.safetensors"), *path.glob("*model*.bin")]):
         size = weights.stat().st_size
         digest.update(f"{weights.name}:{size}".encode())
         with open(weights, "rb") as f:
@@ -151,7 +160,11 @@ def load_model(cfg: ModelConfig, path: Path):
 
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
-    check_model_folder(path)
+    check_model_folder(path, cfg.allow_pickle)
+    use_safetensors = any(path.glob("*.safetensors"))
+    if not use_safetensors:
+        warnings.warn(f"loading pickle weights from {path} (model.allow_pickle: true): unpickling can run code "
+                      "from the file; convert the model to safetensors when you can", stacklevel=2)
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
     config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
@@ -167,7 +180,7 @@ def load_model(cfg: ModelConfig, path: Path):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
         model = loader.from_pretrained(
-            path, dtype=dtype, attn_implementation="sdpa", use_safetensors=True,
+            path, dtype=dtype, attn_implementation="sdpa", use_safetensors=use_safetensors,
             trust_remote_code=cfg.trust_remote_code,
         )
     except (OSError, ValueError) as exc:

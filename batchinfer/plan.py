@@ -28,6 +28,24 @@ class Chunk:
         return self.stop - self.start
 
 
+@dataclass
+class Work:
+    """What one pass through the pipeline processes: a whole chunk, or some of its rows again."""
+
+    chunk: Chunk
+    name: str  # the part file's name: the chunk's, or "<chunk>-r<generation>" for a retry
+    offsets: list[int] | None = None  # rows of the chunk to run, counted from its start; None: all
+    retry_of: str | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.chunk.rows if self.offsets is None else len(self.offsets)
+
+
+def retry_name(chunk: str, generation: int) -> str:
+    return f"{chunk}-r{generation}"
+
+
 def plan_chunks(row_counts: list[int], chunk_rows: int) -> list[Chunk]:
     chunks = []
     for shard, count in enumerate(row_counts):

@@ -45,6 +45,9 @@ class RunProgress:
         self.tokens += tokens
         self._bar.update(self._task, advance=rows)
 
+    def log(self, message: str) -> None:
+        self._bar.console.print(f"[yellow]note:[/] {message}", highlight=False)
+
     def stop(self) -> None:
         self._bar.stop()
 

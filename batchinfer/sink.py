@@ -24,6 +24,7 @@ ERRORS = "_errors"
 REPORT = "_report.json"
 SUCCESS = "_SUCCESS"
 LOCK = "_lock"
+SKIPPED = "skipped-shards.parquet"
 ERROR_SCHEMA = pa.schema(
     [("id", pa.string()), ("source", pa.string()), ("row", pa.int64()), ("reason", pa.string()), ("message", pa.string())]
 )
@@ -38,8 +39,11 @@ class OutputDir:
 
     # --- opening ---------------------------------------------------------------------------------------------
 
-    def open(self, fingerprint: dict, restart: bool, command: str = "") -> dict[str, dict]:
-        """Lock the folder, check it holds this job (or nothing), clear leftovers; return finished chunks."""
+    def open(self, fingerprint: dict, restart: bool, command: str = "", may_change: frozenset = frozenset()) -> dict[str, dict]:
+        """Lock the folder, check it holds this job (or nothing), clear leftovers; return finished chunks.
+
+        Keys in `may_change` may differ from the recorded job (--retry-errors after raising max_length);
+        the new values are recorded for the runs that follow."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -56,13 +60,16 @@ class OutputDir:
         else:
             old = self.fingerprint()
             changed = changed_keys(old, fingerprint)
-            if changed:
+            if changed and set(changed) <= may_change:
+                self._append({"fingerprint": fingerprint})
+                self._fingerprint = fingerprint
+            elif changed:
                 lines = "; ".join(f"{k}: {old.get(k)!r} -> {fingerprint.get(k)!r}" for k in changed)
                 raise ResumeError(
                     f"{self.path} holds results of a different job ({lines})",
                     "rerun with --restart to discard them and start over, or --output NEW_FOLDER to keep them",
                 )
-        self._remove_leftovers(set(done))
+        self._remove_leftovers(done)
         return done
 
     def read_manifest(self) -> dict[str, dict] | None:
@@ -87,7 +94,7 @@ class OutputDir:
                 f.truncate(min(good_bytes, len(raw)))
         if not records or "fingerprint" not in records[0]:
             return None
-        self._fingerprint = records[0]["fingerprint"]
+        self._fingerprint = [r for r in records if "fingerprint" in r][-1]["fingerprint"]
         self.command = records[0].get("command", "")
         return {r["chunk"]: r for r in records[1:] if "chunk" in r}
 
@@ -107,15 +114,25 @@ class OutputDir:
             if _ours(p.name):
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
 
-    def _remove_leftovers(self, done: set[str]) -> None:
-        """Delete temporary files and the files of chunks the manifest does not list."""
+    def _remove_leftovers(self, done: dict[str, dict]) -> None:
+        """Delete temporary files, files of chunks the manifest does not list, and error files a retry replaced."""
+        current = current_errors(done)
         for folder in (self.path, self.path / ERRORS):
             if not folder.is_dir():
                 continue
             for p in folder.iterdir():
-                if p.name.startswith(".tmp-") or (p.name.startswith("part-") and _chunk_of(p.name) not in done):
+                name = _chunk_of(p.name)
+                replaced = folder.name == ERRORS and name in done and current.get(done[name].get("retry_of", name)) != name
+                if p.name.startswith(".tmp-") or (p.name.startswith("part-") and (name not in done or replaced)):
                     p.unlink()
         (self.path / SUCCESS).unlink(missing_ok=True)
+
+    def error_rows(self, name: str) -> pa.Table | None:
+        path = self.path / ERRORS / f"part-{name}.parquet"
+        return pq.read_table(path) if path.exists() else None
+
+    def drop_errors(self, name: str) -> None:
+        (self.path / ERRORS / f"part-{name}.parquet").unlink(missing_ok=True)
 
     # --- lock ------------------------------------------------------------------------------------------------
 
@@ -157,7 +174,21 @@ class OutputDir:
         if errors is not None and errors.num_rows:
             (self.path / ERRORS).mkdir(exist_ok=True)
             self._write_atomic(errors, self.path / ERRORS / name)
-        self._write_atomic(results, self.path / name)
+        if results.num_rows:  # a chunk of error rows only has no part file; the manifest records it
+            self._write_atomic(results, self.path / name)
+
+    def write_skipped_shards(self, skipped: list[tuple[str, str]]) -> None:
+        """One error row per shard left out (input.on_bad_shard: skip); its rows were never read."""
+        target = self.path / ERRORS / SKIPPED
+        if not skipped:
+            target.unlink(missing_ok=True)
+            return
+        target.parent.mkdir(exist_ok=True)
+        names, messages = zip(*skipped)
+        table = pa.table({"id": pa.nulls(len(names), pa.string()), "source": list(names),
+                          "row": pa.nulls(len(names), pa.int64()), "reason": ["bad_shard"] * len(names),
+                          "message": list(messages)}, schema=ERROR_SCHEMA)
+        self._write_atomic(table, target)
 
     def commit(self, record: dict) -> None:
         self._append(record)
@@ -191,6 +222,14 @@ class OutputDir:
                 os.fsync(f.fileno())
         except OSError as exc:
             raise _write_error(self.path, exc) from exc
+
+
+def current_errors(done: dict[str, dict]) -> dict[str, str]:
+    """For each chunk, the name of the pass whose error file is current: the chunk's, or its latest retry."""
+    current = {}
+    for name, record in done.items():  # manifest order: a retry comes after what it retries
+        current[record.get("retry_of", name)] = name
+    return current
 
 
 def _write_error(path: Path, exc: OSError) -> OutputError:

@@ -10,6 +10,7 @@ import glob
 import gzip
 import json
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -49,17 +50,38 @@ def shard_format(path: Path, declared: str = "auto") -> str | None:
     return next((fmt for suffix, fmt in SUFFIXES.items() if name.endswith(suffix)), None)
 
 
-def discover_shards(cfg: InputConfig) -> list[Shard]:
-    """Expand input.path into shards in a stable order, with their row counts."""
+@dataclass(frozen=True)
+class BadShard:
+    name: str
+    message: str
+
+
+def discover_shards(cfg: InputConfig) -> tuple[list[Shard], list[BadShard]]:
+    """Expand input.path into shards in a stable order, with their row counts.
+
+    Every shard is opened and checked for the needed columns here, so a corrupt or foreign file
+    stops the job before any work (on_bad_shard: fail) or is left out and reported (skip).
+    """
     paths = _expand(cfg.path, cfg.format)
-    shards = []
     root = _common_root(paths)
+    shards, bad = [], []
     for path in paths:
         fmt = shard_format(path, cfg.format)
         name = os.path.relpath(path, root) if root else path.name
-        shards.append(Shard(str(path.resolve()), name, fmt, _count_rows(path, fmt)))
-    check_columns(shards[0], cfg.columns)
-    return shards
+        try:
+            shard = Shard(str(path.resolve()), name, fmt, _count_rows(path, fmt))
+            check_columns(shard, cfg.columns)
+        except InputError as exc:
+            if cfg.on_bad_shard == "fail":
+                raise InputError(exc.message, exc.hint + ("; or set input.on_bad_shard: skip to leave it out"
+                                                          if len(paths) > 1 else ""))
+            bad.append(BadShard(name, exc.message))
+            continue
+        shards.append(shard)
+    if not shards:
+        raise InputError(f"no readable shard: {bad[0].message}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
+                         "fix the input files or input.text / input.id / input.keep")
+    return shards, bad
 
 
 def _expand(pattern: str, declared: str) -> list[Path]:
@@ -98,8 +120,18 @@ def _count_rows(path: Path, fmt: str) -> int:
             return len(_load_hf(path))
         with _open_lines(path) as stream:
             return sum(1 for _ in _jsonl_lines(stream))
-    except (OSError, EOFError, pa.ArrowException) as exc:
-        raise InputError(f"shard {path} cannot be read: {exc}", "replace or remove the file") from exc
+    except READ_ERRORS as exc:
+        raise InputError(f"shard {path} cannot be read: {describe_read_error(exc)}", "replace or remove the file") from exc
+
+
+# What a truncated, corrupt or foreign file raises from pyarrow, gzip, zlib or datasets.
+READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowException, ValueError, KeyError)
+
+
+def describe_read_error(exc: BaseException) -> str:
+    if isinstance(exc, EOFError):
+        return "the file ends early (truncated gzip)"
+    return f"{type(exc).__name__}: {exc}".strip()
 
 
 def check_columns(shard: Shard, columns: list[str]) -> None:
@@ -111,7 +143,7 @@ def check_columns(shard: Shard, columns: list[str]) -> None:
     if missing:
         raise InputError(
             f"column {', '.join(repr(c) for c in missing)} not found in {shard.name}; it has: {', '.join(present)}",
-            "fix input.text, input.id or input.keep to name existing columns",
+            "fix input.text, input.id or input.keep to name existing columns, or remove the shard of another schema",
         )
 
 
@@ -188,6 +220,8 @@ def _parse_line(line: bytes) -> tuple[dict, tuple[str, str] | None]:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
         return {}, ("bad_utf8", f"line is not UTF-8: {exc.reason} at byte {exc.start}")
+    if not text.strip():
+        return {}, ("bad_json", "line is empty")
     try:
         record = json.loads(text)
     except ValueError as exc:
@@ -226,8 +260,10 @@ def _open_lines(path: Path) -> IO[bytes]:
 
 
 def _jsonl_lines(stream: IO[bytes]):
-    """Every line is a row; a final newline does not start another."""
-    for line in stream:
+    """Every line is a row; a final newline does not start another. A UTF-8 byte-order mark is dropped."""
+    for number, line in enumerate(stream):
+        if number == 0 and line.startswith(b"\xef\xbb\xbf"):
+            line = line[3:]
         yield line.rstrip(b"\r\n")
 
 

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pyarrow.dataset as ds
+import pytest
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
@@ -79,7 +80,8 @@ def test_folder_in_use_is_refused_and_stale_lock_taken_over(tmp_path, sms_parque
     assert not (tmp_path / "out" / "_lock").exists()
 
 
-def test_sigint_stops_cleanly_and_the_same_command_resumes(tmp_path, sms_parquet, tiny_embed):
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_stops_cleanly_and_the_same_command_resumes(tmp_path, sms_parquet, tiny_embed, signum, code):
     job = _job(tmp_path, sms_parquet, tiny_embed)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "batchinfer", "run", str(job), "--set", "batching.max_rows=1"]
@@ -88,10 +90,10 @@ def test_sigint_stops_cleanly_and_the_same_command_resumes(tmp_path, sms_parquet
     deadline = time.time() + 120
     while time.time() < deadline and (not manifest.exists() or len(manifest.read_text().splitlines()) < 2):
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, output
-    assert "stopped on SIGINT" in output and "resume with: batchinfer run" in output
+    assert proc.returncode == code, output
+    assert f"stopped on {signal.Signals(signum).name}" in output and "resume with: batchinfer run" in output
     done = len(manifest.read_text().splitlines()) - 1
     assert 1 <= done < 6
     result = subprocess.run(command[:5], capture_output=True, text=True, env=env)

@@ -86,7 +86,7 @@ def test_embeddings_agree_with_sentence_transformers(sms_table, tmp_path, reques
     assert cosine.min() >= 0.9999
 
 
-class Crash(Exception):
+class Crash(BaseException):  # not an Exception: nothing may catch it, as nothing catches a kill
     pass
 
 
@@ -174,3 +174,41 @@ def test_truncation_flag_and_error_mode(tmp_path, tiny_embed):
     base["model"]["truncation"] = "error"
     report = run_job(validate_job({**base, "output": {"path": str(tmp_path / "err")}}))
     assert _read(tmp_path / "err").num_rows == 1 and report["errors_by_reason"] == {"too_long": 1}
+
+
+def test_retry_errors_after_raising_max_length(sms_parquet, sms_table, tiny_embed, tiny_embed_cls, tmp_path):
+    short = _job(sms_parquet, tiny_embed, tmp_path / "out", model__max_length=24, model__truncation="error")
+    first = run_job(short)
+    too_long = first["errors_by_reason"]["too_long"]
+    assert 0 < too_long < 600 and first["rows_ok"] == 600 - too_long
+    with pytest.raises(ResumeError, match="model.hash"):  # only what decides whether a row fits may change
+        run_job(_job(sms_parquet, tiny_embed_cls, tmp_path / "out", model__max_length=128), retry_errors=True)
+    retried = run_job(_job(sms_parquet, tiny_embed, tmp_path / "out", model__max_length=128,
+                           model__truncation="error"), retry_errors=True)
+    assert retried["rows_ok"] == 600 and retried["errors_by_reason"] == {} and retried["rows"] == 600
+    assert not list((tmp_path / "out" / "_errors").glob("*.parquet"))
+    table = _read(tmp_path / "out")
+    assert sorted(table.column("sms_id").to_pylist()) == sorted(sms_table.column("sms_id").to_pylist()[:600])
+    assert list((tmp_path / "out").glob("part-00000-00000-r1.parquet"))
+    # Nothing left to retry: a second retry changes nothing.
+    assert run_job(_job(sms_parquet, tiny_embed, tmp_path / "out", model__max_length=128,
+                        model__truncation="error"), retry_errors=True)["run"]["rows"] == 0
+
+
+def test_retry_keeps_rows_that_fail_again_and_survives_a_crash(tmp_path, tiny_embed):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["fine", None, "word " * 100, "also fine"]}), tmp_path / "t.parquet")
+    job = {"input": {"path": str(tmp_path / "t.parquet"), "text": "text"},
+           "model": {"path": str(tiny_embed), "task": "embed", "max_length": 16, "truncation": "error"},
+           "output": {"path": str(tmp_path / "out")}}
+    assert run_job(validate_job(job))["errors_by_reason"] == {"null_text": 1, "too_long": 1}
+    job["model"]["max_length"] = 256
+    with pytest.raises(Crash):
+        run_job(validate_job(job), retry_errors=True, on_runner=_crash_after(0))
+    report = run_job(validate_job(job), retry_errors=True)
+    assert report["errors_by_reason"] == {"null_text": 1} and report["rows_ok"] == 3
+    errors = ds.dataset(str(tmp_path / "out" / "_errors"), format="parquet").to_table().to_pylist()
+    assert [(e["row"], e["reason"]) for e in errors] == [(1, "null_text")]
+    assert sorted(_read(tmp_path / "out").column("row").to_pylist()) == [0, 2, 3]

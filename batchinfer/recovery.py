@@ -1,0 +1,57 @@
+"""Running a batch so that one bad batch never fails the job.
+
+On out-of-memory the batch is split in two and each half retried, down to single rows; a row that
+still does not fit is reported as `oom`. Any other model failure is isolated the same way and
+reported as `model_error`, so one poisonous row costs that row alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+@dataclass
+class BatchOutcome:
+    results: np.ndarray  # [n, width]; rows listed in `failed` hold garbage
+    failed: dict[int, tuple[str, str]] = field(default_factory=dict)  # position -> (reason, message)
+    oom_tokens: int | None = None  # smallest padded size that ran out of memory
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    # CPU allocators raise a plain RuntimeError.
+    return isinstance(exc, (RuntimeError, MemoryError)) and (
+        isinstance(exc, MemoryError) or "out of memory" in text or "can't allocate memory" in text
+    )
+
+
+def run_resilient(run: Callable[[list[list[int]]], np.ndarray], rows: list[list[int]], width: int) -> BatchOutcome:
+    outcome = BatchOutcome(np.zeros((len(rows), width), dtype=np.float32))
+
+    def attempt(lo: int, hi: int) -> None:
+        try:
+            outcome.results[lo:hi] = run(rows[lo:hi])
+            return
+        except Exception as exc:  # noqa: BLE001 - any failure is narrowed down to the rows that cause it
+            oom = is_oom(exc)
+            if oom:
+                padded = (hi - lo) * max(len(r) for r in rows[lo:hi])
+                outcome.oom_tokens = min(outcome.oom_tokens or padded, padded)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            if hi - lo == 1:
+                reason = "oom" if oom else "model_error"
+                outcome.failed[lo] = (reason, f"{type(exc).__name__}: {str(exc)[:300]}")
+                return
+        mid = (lo + hi) // 2
+        attempt(lo, mid)
+        attempt(mid, hi)
+
+    attempt(0, len(rows))
+    return outcome

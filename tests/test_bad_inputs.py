@@ -1,0 +1,120 @@
+"""Every kind of bad input in tests/data/bad/: the job goes on, and every input row ends in exactly
+one place, a part file or _errors/. Shards that cannot be read at all are skipped and listed, or
+stop the job with a message naming them."""
+
+import shutil
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from batchinfer.config import validate_job
+from batchinfer.engine import run_job
+from batchinfer.errors import InputError
+
+BAD = Path(__file__).resolve().parent / "data" / "bad"
+
+# file -> (rows in the file, rows that succeed, error rows by reason)
+ROW_KINDS = {
+    "null_text.jsonl": (3, 2, {"null_text": 1}),
+    "empty_text.jsonl": (3, 2, {"empty_text": 1}),
+    "whitespace_text.jsonl": (3, 2, {"empty_text": 1}),
+    "number_text.jsonl": (3, 2, {"not_text": 1}),
+    "list_text.jsonl": (3, 2, {"not_text": 1}),
+    "dict_text.jsonl": (3, 2, {"not_text": 1}),
+    "missing_key.jsonl": (3, 2, {"null_text": 1}),
+    "malformed_json.jsonl": (3, 2, {"bad_json": 1}),
+    "not_an_object.jsonl": (3, 2, {"bad_json": 1}),
+    "bad_utf8.jsonl": (3, 2, {"bad_utf8": 1}),
+    "blank_line.jsonl": (3, 2, {"bad_json": 1}),
+    "too_long.jsonl": (3, 2, {"too_long": 1}),
+    "crlf_and_bom.jsonl": (2, 2, {}),
+    "null_and_empty.parquet": (4, 2, {"null_text": 1, "empty_text": 1}),
+    "int_text_column.parquet": (2, 0, {"not_text": 2}),
+    "empty_file.jsonl": (0, 0, {}),
+}
+SHARD_KINDS = {
+    "other_schema.parquet": "column 'text' not found in other_schema.parquet; it has: id, body",
+    "truncated.parquet": "cannot be read",
+    "not_parquet.parquet": "cannot be read",
+    "truncated.jsonl.gz": "the file ends early (truncated gzip)",
+    "not_gzip.jsonl.gz": "BadGzipFile",
+}
+
+
+def _job(folder: Path, out: Path, model: Path, **input_extra):
+    return validate_job({
+        "input": {"path": str(folder), "text": "text", "id": "id", **input_extra},
+        "model": {"path": str(model), "task": "embed", "max_length": 64, "truncation": "error"},
+        "output": {"path": str(out)},
+    })
+
+
+def _count_errors(out: Path) -> dict:
+    if not (out / "_errors").exists():
+        return {}
+    errors = ds.dataset(str(out / "_errors"), format="parquet").to_table()
+    counts = {}
+    for reason in errors.column("reason").to_pylist():
+        counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
+def test_there_are_at_least_15_kinds():
+    assert len(ROW_KINDS) + len(SHARD_KINDS) >= 15
+    assert {p.name for p in BAD.iterdir() if p.name != "make_bad_inputs.py"} == set(ROW_KINDS) | set(SHARD_KINDS)
+
+
+@pytest.mark.parametrize("name", sorted(ROW_KINDS))
+def test_bad_rows_go_to_errors_and_every_row_is_accounted_for(tmp_path, tiny_embed, name):
+    rows, ok, reasons = ROW_KINDS[name]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(BAD / name, folder / name)
+    report = run_job(_job(folder, tmp_path / "out", tiny_embed))
+    parts = list((tmp_path / "out").glob("part-*.parquet"))
+    written = sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
+    errors = _count_errors(tmp_path / "out")
+    assert (written, errors) == (ok, reasons)
+    assert written + sum(errors.values()) == rows == report["rows"]
+    assert report["errors_by_reason"] == reasons and report["complete"]
+
+
+@pytest.mark.parametrize("name", sorted(SHARD_KINDS))
+def test_unreadable_shard_fails_with_its_name_or_is_skipped_and_listed(tmp_path, tiny_embed, name):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(BAD / name, folder / name)
+    shutil.copy(BAD / "crlf_and_bom.jsonl", folder / "good.jsonl")
+    with pytest.raises(InputError) as info:
+        run_job(_job(folder, tmp_path / "out", tiny_embed))
+    assert name in info.value.message and SHARD_KINDS[name] in info.value.message
+    assert "on_bad_shard: skip" in info.value.hint
+    report = run_job(_job(folder, tmp_path / "out", tiny_embed, on_bad_shard="skip"))
+    assert report["rows_ok"] == 2 and report["complete"]
+    assert [s["source"] for s in report["skipped_shards"]] == [name]
+    skipped = pq.read_table(tmp_path / "out" / "_errors" / "skipped-shards.parquet").to_pylist()
+    assert [(s["source"], s["reason"]) for s in skipped] == [(name, "bad_shard")]
+
+
+def test_shard_that_breaks_mid_read_accounts_every_row(tmp_path, tiny_embed, monkeypatch):
+    """A shard whose metadata reads but whose rows do not: fail names the rows, skip records each of them."""
+    import batchinfer.sources as sources
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(BAD / "crlf_and_bom.jsonl", folder / "good.jsonl")
+    shutil.copy(BAD / "null_and_empty.parquet", folder / "breaks.parquet")
+    real_read = sources._read_parquet_rows
+
+    def corrupt(path, *args):
+        if path.endswith("breaks.parquet"):
+            raise OSError("Corrupt snappy compressed data.")
+        return real_read(path, *args)
+
+    monkeypatch.setattr(sources, "_read_parquet_rows", corrupt)
+    with pytest.raises(InputError, match=r"rows 0-3 of breaks.parquet cannot be read: OSError: Corrupt snappy"):
+        run_job(_job(folder, tmp_path / "out", tiny_embed))
+    report = run_job(_job(folder, tmp_path / "out", tiny_embed, on_bad_shard="skip"))
+    assert report["rows"] == 6 and report["rows_ok"] == 2 and report["errors_by_reason"] == {"bad_shard": 4}

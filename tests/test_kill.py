@@ -1,0 +1,63 @@
+"""kill -9 at random moments, then the same command: the output equals an uninterrupted run."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from batchinfer.config import load_job
+from batchinfer.engine import run_job
+from conftest import write_job
+
+KILLS = 5
+
+
+def _wait_for_chunks(manifest, count, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if manifest.exists() and len(manifest.read_text().splitlines()) - 1 >= count:
+            return
+        time.sleep(0.01)
+
+
+def _visible_files_are_whole(out):
+    for part in out.glob("part-*.parquet"):
+        pq.read_metadata(part)  # raises on a half-written file
+    lines = (out / "_manifest.jsonl").read_text().splitlines() if (out / "_manifest.jsonl").exists() else []
+    for line in lines[:-1]:
+        json.loads(line)
+
+
+def test_kill_9_at_random_points_then_resume(tmp_path, sms_parquet, tiny_embed):
+    job = write_job(tmp_path, input={"path": str(sms_parquet), "text": "text", "id": "sms_id"},
+                    model={"path": str(tiny_embed), "task": "embed", "max_length": 64},
+                    batching={"chunk_rows": 40, "max_rows": 2}, output={"path": str(tmp_path / "out")})
+    reference = load_job(job, [f"output.path={tmp_path / 'reference'}"])
+    run_job(reference)
+    rng = random.Random(20261129)
+    command = [sys.executable, "-m", "batchinfer", "run", str(job), "-q"]
+    manifest = tmp_path / "out" / "_manifest.jsonl"
+    for _ in range(KILLS):
+        done = len(manifest.read_text().splitlines()) - 1 if manifest.exists() else 0
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for_chunks(manifest, done + rng.randint(0, 2), proc)
+        time.sleep(rng.uniform(0, 0.05))  # somewhere inside a chunk: mid-batch, mid-write or mid-commit
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        _visible_files_are_whole(tmp_path / "out")
+        assert not (tmp_path / "out" / "_SUCCESS").exists() or proc.returncode == 0
+    finished = subprocess.run(command, capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
+    resumed = ds.dataset(str(tmp_path / "out"), format="parquet").to_table()
+    whole = ds.dataset(str(tmp_path / "reference"), format="parquet").to_table()
+    assert resumed.column("sms_id").to_pylist() == whole.column("sms_id").to_pylist()  # same ids, order, no duplicate
+    assert np.array_equal(np.array(resumed.column("embedding").to_pylist()),
+                          np.array(whole.column("embedding").to_pylist()))
+    assert not list((tmp_path / "out").glob(".tmp-*")) and not (tmp_path / "out" / "_lock").exists()

@@ -1,0 +1,78 @@
+"""Out of memory and model failures: split, retry, lower the budget, and lose no row."""
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+import torch
+
+from batchinfer.config import validate_job
+from batchinfer.engine import run_job
+from batchinfer.errors import ModelError
+from batchinfer.recovery import is_oom, run_resilient
+
+
+def _fail_above(tokens: int, error=torch.OutOfMemoryError):
+    """A runner wrapper that raises for batches of more than `tokens` padded tokens, as a small GPU would."""
+    def wrap(runner):
+        original = runner.run
+
+        def run(ids):
+            if len(ids) * max(len(r) for r in ids) > tokens:
+                raise error("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return original(ids)
+        runner.run = run
+        return runner
+    return wrap
+
+
+def _job(data, model, out, **batching):
+    return validate_job({"input": {"path": str(data), "text": "text", "id": "sms_id"},
+                         "model": {"path": str(model), "task": "embed", "max_length": 128},
+                         "batching": {"chunk_rows": 200, **batching}, "output": {"path": str(out)}})
+
+
+def _embeddings(out):
+    table = ds.dataset(str(out), format="parquet").to_table()
+    return table.column("sms_id").to_pylist(), np.array(table.column("embedding").to_pylist())
+
+
+def test_oom_splits_lowers_budget_and_keeps_every_row(sms_parquet, tiny_embed, tmp_path):
+    run_job(_job(sms_parquet, tiny_embed, tmp_path / "normal"))
+    report = run_job(_job(sms_parquet, tiny_embed, tmp_path / "small"), on_runner=_fail_above(600))
+    ids, values = _embeddings(tmp_path / "small")
+    normal_ids, normal = _embeddings(tmp_path / "normal")
+    assert ids == normal_ids and len(ids) == 600
+    assert np.abs(values - normal).max() < 1e-4
+    assert report["max_tokens_lowered"][0].startswith("out of memory at ")
+    assert "max_tokens 16384 -> " in report["max_tokens_lowered"][0]
+    assert report["rows_error"] == 0
+
+
+def test_a_row_that_never_fits_goes_to_errors_as_oom(sms_parquet, tiny_embed, tmp_path):
+    report = run_job(_job(sms_parquet, tiny_embed, tmp_path / "out"), on_runner=_fail_above(40))
+    assert report["errors_by_reason"]["oom"] > 0
+    assert report["rows_ok"] + report["errors_by_reason"]["oom"] == 600
+    errors = ds.dataset(str(tmp_path / "out" / "_errors"), format="parquet").to_table().to_pylist()
+    assert all(e["reason"] == "oom" and "out of memory" in e["message"] for e in errors)
+
+
+def test_one_poisonous_row_costs_only_that_row():
+    def run(rows):
+        if [13] in rows:
+            raise IndexError("index out of range in self")
+        return np.ones((len(rows), 2), dtype=np.float32)
+
+    outcome = run_resilient(run, [[i] for i in range(32)], width=2)
+    assert outcome.failed == {13: ("model_error", "IndexError: index out of range in self")}
+    assert outcome.oom_tokens is None and outcome.results[12].tolist() == [1, 1]
+
+
+def test_a_model_that_fails_on_everything_stops_the_job(sms_parquet, tiny_embed, tmp_path):
+    with pytest.raises(ModelError, match="failed on every row of chunk 00000-00000"):
+        run_job(_job(sms_parquet, tiny_embed, tmp_path / "out"), on_runner=_fail_above(0, error=ValueError))
+
+
+def test_cpu_out_of_memory_is_recognised():
+    assert is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes"))
+    assert is_oom(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not is_oom(RuntimeError("shape mismatch"))
