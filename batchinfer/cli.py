@@ -64,30 +64,72 @@ def run(
 ):
     """Run a job, or resume it where it stopped."""
     from .config import load_job
-    from .engine import Interrupted, StopFlag, run_job
-    from .progress import RunProgress, summary_table
 
     with reported(debug):
         overrides = list(set_ or []) + ([f"output.path={output}"] if output else [])
         config = load_job(job, overrides)
-        stop = StopFlag()
-        progress = None if quiet else RunProgress(err)
-        previous = {s: signal.signal(s, lambda signum, _: stop.set(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            command = resume_command(job, set_ or [], output) + (" --retry-errors" if retry_errors else "")
-            report = run_job(config, restart=restart, retry_errors=retry_errors, progress=progress, stop=stop,
-                             command=command)
-        except Interrupted as exc:
-            name = signal.Signals(exc.signum).name
-            err.print(f"[yellow]stopped on {name}[/]: finished chunks are saved in {config.output.path}.")
-            err.print(f"resume with: {command}", highlight=False)
-            raise typer.Exit(128 + exc.signum)
-        finally:
-            if progress:
-                progress.stop()
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-        err.print(summary_table(report))
+        command = resume_command(["run", str(job)], set_ or [], output) + (" --retry-errors" if retry_errors else "")
+        execute(config, command, restart=restart, retry_errors=retry_errors, quiet=quiet)
+
+
+@app.command("openai-batch")
+def openai_batch(
+    requests: Path = typer.Argument(..., help="An OpenAI Batch API request file (JSONL: custom_id, method, url, body)."),
+    model: str = typer.Option(..., "--model", "-m", help="The model to run instead of each request's body.model."),
+    output: Path = typer.Option(..., "--output", "-o", help="The response file to write (JSONL)."),
+    set_: Optional[List[str]] = SetOption,
+    restart: bool = typer.Option(False, "--restart", help="Discard earlier results for OUTPUT and start over."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    debug: bool = DebugOption,
+):
+    """Run an OpenAI Batch API file locally: responses to OUTPUT, failed requests to OUTPUT's .errors.jsonl.
+
+    Work is checkpointed in OUTPUT.batchinfer/; rerun the same command to resume."""
+    import shutil
+
+    from .config import apply_override, validate_job
+    from .openai_batch import task_of_requests
+
+    with reported(debug):
+        work = output.with_name(output.name + ".batchinfer")
+        data = {"input": {"path": str(requests), "format": "openai"},
+                "model": {"path": model, "task": task_of_requests(requests)},
+                "output": {"path": str(work), "format": "openai"}}
+        for item in set_ or []:
+            apply_override(data, item)
+        config = validate_job(data, "openai-batch")
+        command = resume_command(["openai-batch", str(requests), "--model", model, "-o", str(output)], set_ or [], None)
+        report = execute(config, command, restart=restart, retry_errors=False, quiet=quiet)
+        errors = output.with_name(output.name.removesuffix(".jsonl") + ".errors.jsonl")
+        shutil.copyfile(work / "output.jsonl", output)
+        shutil.copyfile(work / "errors.jsonl", errors)
+        err.print(f"wrote {report['openai']['output.jsonl']:,} responses to {output} and "
+                  f"{report['openai']['errors.jsonl']:,} failed requests to {errors}", highlight=False)
+
+
+def execute(config, command: str, *, restart: bool, retry_errors: bool, quiet: bool) -> dict:
+    """Run a job with a progress bar; on SIGINT/SIGTERM stop cleanly and say how to resume."""
+    from .engine import Interrupted, StopFlag, run_job
+    from .progress import RunProgress, summary_table
+
+    stop = StopFlag()
+    progress = None if quiet else RunProgress(err)
+    previous = {s: signal.signal(s, lambda signum, _: stop.set(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        report = run_job(config, restart=restart, retry_errors=retry_errors, progress=progress, stop=stop,
+                         command=command)
+    except Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        err.print(f"[yellow]stopped on {name}[/]: finished chunks are saved in {config.output.path}.")
+        err.print(f"resume with: {command}", highlight=False)
+        raise typer.Exit(128 + exc.signum)
+    finally:
+        if progress:
+            progress.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    err.print(summary_table(report))
+    return report
 
 
 @app.command()
@@ -101,7 +143,7 @@ def validate(job: Path = typer.Argument(..., help="The job file (YAML)."), set_:
 
     with reported(debug):
         config = load_job(job, set_ or [])
-        shards, bad = discover_shards(config.input)
+        shards, bad = discover_shards(config.input, config.columns)
         model_path = resolve_model_path(config.model.path)
         check_model_folder(model_path, config.model.allow_pickle)
         chunks = plan_chunks([s.num_rows for s in shards], config.batching.chunk_rows)
@@ -148,8 +190,8 @@ def status(folder: Path = typer.Argument(..., help="A job's output folder."), de
             out.print(f"resume  {sink.command or 'batchinfer run JOB.yaml (the same job file and --set options)'}", highlight=False)
 
 
-def resume_command(job: Path, overrides: list[str], output: str | None) -> str:
-    words = ["batchinfer", "run", str(job)] + [w for o in overrides for w in ("--set", o)]
+def resume_command(words: list[str], overrides: list[str], output: str | None) -> str:
+    words = ["batchinfer", *words] + [w for o in overrides for w in ("--set", o)]
     if output:
         words += ["--output", output]
     return shlex.join(words)

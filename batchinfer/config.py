@@ -18,6 +18,7 @@ KEY_COLUMNS = ("source", "row")
 TASK_COLUMNS = {
     "embed": ("embedding", "truncated"),
     "classify": ("label", "label_id", "score", "scores", "truncated"),
+    "generate": ("text", "finish_reason", "prompt_tokens", "completion_tokens", "truncated"),
 }
 
 
@@ -30,9 +31,15 @@ class InputConfig(Section):
         description="A file, a folder or a glob of shards: .parquet, .jsonl, .jsonl.gz, or a folder saved by "
         "`datasets.Dataset.save_to_disk`. Relative paths are taken from the current directory."
     )
-    text: str = Field(
+    text: str | None = Field(
+        default=None,
         description='The text to run: a column name, or a template over columns such as "{title}. {body}". '
-        "Write {{ and }} for literal braces."
+        "Write {{ and }} for literal braces. Give text or messages.",
+    )
+    messages: str | None = Field(
+        default=None,
+        description="task generate: a column of chat messages ([{role, content}, ...]), formatted with the "
+        "tokenizer's chat template. Give text or messages.",
     )
     id: str | None = Field(
         default=None,
@@ -48,28 +55,55 @@ class InputConfig(Section):
         description="A shard that cannot be read (truncated, corrupt, another schema): fail names it and stops; "
         "skip leaves it out, lists it in _report.json and _errors/ (reason bad_shard) and goes on.",
     )
-    format: Literal["auto", "parquet", "jsonl", "hf"] = Field(
-        default="auto", description="Shard format; auto decides by file extension (a folder with dataset_info.json is hf)."
+    format: Literal["auto", "parquet", "jsonl", "hf", "openai"] = Field(
+        default="auto",
+        description="Shard format; auto decides by file extension (a folder with dataset_info.json is hf). openai: "
+        "OpenAI Batch API request lines {custom_id, method, url, body}; text, messages and id then come from them.",
     )
 
     @field_validator("text")
     @classmethod
-    def _template_parses(cls, value: str) -> str:
-        if not value.strip():
+    def _template_parses(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
             raise ValueError("must name a column or be a template such as '{title}. {body}'")
-        template_fields(value)
+        if value is not None:
+            template_fields(value)
         return value
+
+    @model_validator(mode="after")
+    def _text_or_messages(self) -> "InputConfig":
+        if self.format == "openai":
+            if self.text is not None or self.messages is not None or self.id is not None:
+                raise ValueError("with format openai, text, messages and id come from the request lines; remove them")
+        elif (self.text is None) == (self.messages is None):
+            raise ValueError("give either text (a column or template) or messages (a column of chat messages)")
+        return self
+
+    @property
+    def text_columns(self) -> list[str]:
+        """Columns whose values must be strings."""
+        return template_fields(self.text) if self.text is not None else []
+
+    @property
+    def id_column(self) -> str | None:
+        return "custom_id" if self.format == "openai" else self.id
 
     @property
     def columns(self) -> list[str]:
         """Every input column the job reads, in a stable order."""
-        wanted = template_fields(self.text) + ([self.id] if self.id else []) + list(self.kept)
+        if self.format == "openai":
+            from .openai_batch import REQUEST_COLUMNS
+
+            return list(dict.fromkeys(REQUEST_COLUMNS + list(self.kept)))
+        source = self.text_columns or [self.messages]
+        wanted = source + ([self.id] if self.id else []) + list(self.kept)
         return list(dict.fromkeys(wanted))
 
     @property
     def kept(self) -> dict[str, str]:
-        """Kept columns as {input name: output name}."""
-        return dict(self.keep) if isinstance(self.keep, dict) else {name: name for name in self.keep}
+        """Kept columns as {input name: output name}; OpenAI requests keep their url."""
+        kept = dict(self.keep) if isinstance(self.keep, dict) else {name: name for name in self.keep}
+        return {"url": "url", **kept} if self.format == "openai" else kept
 
 
 class ModelConfig(Section):
@@ -77,8 +111,9 @@ class ModelConfig(Section):
         description="A local model folder, a hub id (when online), or pkg:<module> for a model shipped inside an "
         "installed Python package (the package's get_model_path(), or its model/ folder)."
     )
-    task: Literal["classify", "embed"] = Field(
-        description="classify: label, label_id and score per row. embed: one embedding vector per row."
+    task: Literal["classify", "embed", "generate"] = Field(
+        description="classify: label, label_id and score per row. embed: one embedding vector per row. "
+        "generate: a completion per row (settings under generation)."
     )
     max_length: int = Field(default=256, ge=2, description="Tokens per row, special tokens included.")
     truncation: Union[bool, Literal["error"]] = Field(
@@ -127,9 +162,38 @@ class BatchingConfig(Section):
     )
 
 
+class GenerationConfig(Section):
+    engine: Literal["transformers", "static", "vllm"] = Field(
+        default="transformers",
+        description="transformers: continuous batching with a paged KV cache (CPU and GPU). vllm: vllm.LLM on a "
+        "GPU (pip install batchinfer[vllm]). static: padded model.generate batches in input order, a baseline.",
+    )
+    max_new_tokens: int = Field(default=256, ge=1, description="Most tokens generated per row.")
+    max_new_tokens_column: str | None = Field(
+        default=None, description="A column whose integer value overrides max_new_tokens for its row."
+    )
+    temperature: float = Field(default=0.0, ge=0.0, description="0 is greedy decoding; above 0 samples.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling: keep the smallest set of "
+                         "tokens whose probability reaches top_p.")
+    top_k: int = Field(default=0, ge=0, description="Sample among the k likeliest tokens; 0 means no limit.")
+    seed: int = Field(default=0, description="Seed of the sampler, for repeatable sampling.")
+    stop: list[str] = Field(default_factory=list, description='Strings that end a completion, e.g. ["\\n\\n"]; '
+                            "the text is cut before them and finish_reason is stop.")
+    engine_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Passed to the engine: for transformers, ContinuousBatchingConfig fields such as num_blocks, "
+        "page_size, max_batch_tokens, max_requests_per_batch; for vllm, vllm.LLM arguments.",
+    )
+
+
 class OutputConfig(Section):
     path: str = Field(description="The output folder: part files, _manifest.jsonl, _errors/, _report.json.")
     scores: bool = Field(default=False, description="classify: add `scores`, every class probability.")
+    format: Literal["parquet", "openai"] = Field(
+        default="parquet",
+        description="parquet: part files of result columns. openai: OpenAI Batch API response lines; when the job "
+        "is complete, output.jsonl and errors.jsonl in the output folder hold them all, in input order.",
+    )
     compression: Literal["zstd", "snappy", "gzip", "none"] = Field(
         default="zstd", description="Parquet compression codec of the part files."
     )
@@ -139,11 +203,32 @@ class JobConfig(Section):
     input: InputConfig = Field(description="Where the rows come from.")
     model: ModelConfig = Field(description="Which model runs, and how.")
     batching: BatchingConfig = Field(default_factory=BatchingConfig, description="How rows are grouped.")
+    generation: GenerationConfig = Field(
+        default_factory=GenerationConfig, description="task generate: decoding settings and the engine."
+    )
     output: OutputConfig = Field(description="Where results go.")
+
+    @property
+    def columns(self) -> list[str]:
+        """Every input column the job reads."""
+        extra = [self.max_new_tokens_column] if self.max_new_tokens_column else []
+        return list(dict.fromkeys(self.input.columns + extra))
+
+    @property
+    def max_new_tokens_column(self) -> str | None:
+        return "max_tokens" if self.input.format == "openai" else self.generation.max_new_tokens_column
 
     @model_validator(mode="after")
     def _no_column_clash(self) -> "JobConfig":
+        if self.input.messages and self.model.task != "generate":
+            raise ValueError("input.messages: chat messages are for model.task: generate; use input.text")
+        if self.model.task != "generate" and "generation" in self.model_fields_set:
+            raise ValueError("generation: only for model.task: generate; remove the section")
+        if self.output.format == "openai" and self.input.format != "openai":
+            raise ValueError("output.format openai writes responses to OpenAI batch requests: set input.format: openai")
         reserved = set(KEY_COLUMNS) | set(TASK_COLUMNS[self.model.task])
+        if self.input.format == "openai":
+            reserved -= {"text"}  # the request's prompt is read into its own column
         for key, names in (("input.id", [self.input.id] if self.input.id else []),
                            ("input.keep", self.input.kept.values())):
             for name in names:

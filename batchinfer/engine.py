@@ -17,10 +17,11 @@ import numpy as np
 import pyarrow as pa
 
 from .batching import OVERHEAD_TOKENS, padding_stats, plan_batches
-from .config import JobConfig, template_fields
-from .models import load_model, model_identity, resolve_model_path
+from .config import JobConfig
+from .models import model_identity, resolve_model_path
+from .openai_batch import export as export_openai
 from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
-from .prepare import Prepared, prepare_texts
+from .prepare import Prepared, prepare_messages, prepare_openai, prepare_texts
 from .runners import make_runner
 from .runners.base import EncoderRunner, Tokens
 from .sink import ERROR_SCHEMA, OutputDir, current_errors
@@ -107,7 +108,7 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
     progress = progress or _Quiet()
     stop = stop or StopFlag()
     started = time.perf_counter()
-    shards, bad_shards = discover_shards(job.input)
+    shards, bad_shards = discover_shards(job.input, job.columns)
     model_path = resolve_model_path(job.model.path)
     chunks = plan_chunks([s.num_rows for s in shards], job.batching.chunk_rows)
     out = OutputDir(job.output.path, job.output.compression)
@@ -124,8 +125,8 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
         run_stats = Counter()
         budget = Budget(job.batching.max_tokens)
         if todo:
-            tokenizer, model, device = load_model(job.model, model_path)
-            runner = make_runner(job, tokenizer, model, device, model_path)
+            runner = make_runner(job, model_path)
+            device = runner.device
             if on_runner:
                 runner = on_runner(runner)
             progress.start(sum(s.num_rows for s in shards) + sum(w.rows for w in todo if w.retry_of),
@@ -137,13 +138,17 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
                 done[record["chunk"]] = record
                 if replaced:  # after the commit: a crash before this line is mended on the next open
                     out.drop_errors(replaced)
-                run_stats.update(rows=record["rows"], tokens=record["tokens"], busy=record["model_seconds"])
+                run_stats.update(rows=record["rows"], tokens=record["tokens"], busy=record["model_seconds"],
+                                 generated=record.get("generated_tokens", 0))
                 progress.advance(record["rows"], record["tokens"])
             run_stats["loop"] = time.perf_counter() - loop_started
         report = build_report(job, chunks, done, run_stats, time.perf_counter() - started, str(device))
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
         if budget.lowered:
             report["max_tokens_lowered"] = budget.lowered
+        if report["complete"] and job.output.format == "openai":
+            responses, failures = export_openai(out.path, job.model.path, job.model.task)
+            report["openai"] = {"output.jsonl": responses, "errors.jsonl": failures}
         out.write_report(report, success=report["complete"])
         return report
     finally:
@@ -169,7 +174,6 @@ def _retries(chunks: list[Chunk], done: dict[str, dict], out: OutputDir) -> list
 def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Work], runner: EncoderRunner,
               budget: Budget) -> Iterator[Loaded]:
     """Yield loaded chunks in order, loading the next one while the caller computes."""
-    text_columns = template_fields(job.input.text)
     overhead = OVERHEAD_TOKENS.get(runner.device.type, OVERHEAD_TOKENS["cuda"])
     readers: dict[int, ShardReader] = {}
 
@@ -181,7 +185,8 @@ def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Work], runner: Enc
             for old in readers.values():
                 old.close()
             readers.clear()
-            readers[chunk.shard] = ShardReader(shard, job.input.columns, text_columns)
+            messages = [job.input.messages] if job.input.messages else []
+            readers[chunk.shard] = ShardReader(shard, job.columns, job.input.text_columns, messages)
         try:
             block = readers[chunk.shard].read(chunk.start, chunk.stop)
         except READ_ERRORS as exc:
@@ -192,7 +197,12 @@ def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Work], runner: Enc
             block = RowBlock(block.table.take(pa.array(work.offsets, pa.int64())),
                              {i: block.bad_rows[o] for i, o in enumerate(work.offsets) if o in block.bad_rows})
             row_ids = row_ids[work.offsets]
-        prepared = prepare_texts(block.table, job.input.text, block.bad_rows)
+        if job.input.format == "openai":
+            prepared = prepare_openai(block.table, job.model.task, block.bad_rows)
+        elif job.input.messages:
+            prepared = prepare_messages(block.table, job.input.messages, block.bad_rows)
+        else:
+            prepared = prepare_texts(block.table, job.input.text, block.bad_rows)
         tokens = runner.tokenize(prepared.texts)
         keep = np.ones(len(tokens.ids), dtype=bool)
         if job.model.truncation == "error":
@@ -200,7 +210,10 @@ def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Work], runner: Enc
                 prepared.errors[int(prepared.rows[i])] = ("too_long", f"text is longer than max_length={runner.max_length} tokens")
             keep &= ~tokens.truncated
         index = np.flatnonzero(keep)
-        batches = plan_batches(tokens.lengths[index], budget.max_tokens, job.batching.max_rows, overhead)
+        if job.model.task == "generate":  # static batches are the baseline: input order, max_rows each
+            batches = [np.arange(i, min(i + job.batching.max_rows, len(index))) for i in range(0, len(index), job.batching.max_rows)]
+        else:
+            batches = plan_batches(tokens.lengths[index], budget.max_tokens, job.batching.max_rows, overhead)
         return Loaded(work, shard, block.table, row_ids, prepared, tokens, index, batches, time.perf_counter() - t0)
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchinfer-load")
@@ -223,7 +236,7 @@ def _unreadable(job: JobConfig, shard: Shard, chunk: Chunk, exc: BaseException) 
     message = f"rows {chunk.start}-{chunk.stop - 1} of {shard.name} cannot be read: {describe_read_error(exc)}"
     if job.input.on_bad_shard == "fail":
         raise InputError(message, "replace the file and rerun to resume, or set input.on_bad_shard: skip") from exc
-    table = pa.table({c: pa.nulls(chunk.rows, pa.string()) for c in job.input.columns})
+    table = pa.table({c: pa.nulls(chunk.rows, pa.string()) for c in job.columns})
     return RowBlock(table, {offset: ("bad_shard", message) for offset in range(chunk.rows)})
 
 
@@ -231,6 +244,44 @@ def _process(job: JobConfig, loaded: Loaded, runner: EncoderRunner, out: OutputD
              budget: Budget, progress: Progress) -> dict:
     """Run one loaded chunk through the model, write its part file and commit it."""
     t0 = time.perf_counter()
+    prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
+    if job.model.task == "generate":
+        task_columns, ok, extra = _generate(job, loaded, runner, stop)
+    else:
+        task_columns, ok, extra = _encode(loaded, runner, stop, budget, progress)
+    model_errors = [prepared.errors[int(prepared.rows[i])][1] for i in index[~ok]
+                    if prepared.errors[int(prepared.rows[i])][0] == "model_error"]
+    if len(index) > 1 and len(model_errors) == len(index):
+        raise ModelError(f"the model failed on every row of chunk {loaded.work.name}: {model_errors[0]}",
+                         "this is no problem of single rows; check model.device, model.dtype and the model folder")
+    real, padded = padding_stats(tokens.lengths[index], loaded.batches)
+    if job.model.task == "generate" and job.generation.engine != "static":
+        padded = real  # continuous batching computes no padding
+    index = index[ok]
+    rows = prepared.rows[index]
+    if job.output.format == "openai" and "prompt_tokens" not in task_columns:
+        task_columns["prompt_tokens"] = pa.array(tokens.lengths[index], pa.int32())
+    table = _result_table(job, loaded, rows, task_columns, tokens.truncated[index])
+    errors = _error_table(job, loaded)
+    out.write_chunk(loaded.work.name, table, errors)
+    record = {
+        "chunk": loaded.work.name,
+        **({"retry_of": loaded.work.retry_of} if loaded.work.retry_of else {}),
+        "rows": loaded.work.rows,
+        "ok": table.num_rows,
+        "errors": dict(Counter(reason for reason, _ in prepared.errors.values())),
+        "truncated": int(tokens.truncated[index].sum()) if job.model.truncation is True else 0,
+        "tokens": real,
+        "padded_tokens": padded,
+        **extra,
+        "seconds": round(loaded.seconds + time.perf_counter() - t0, 4),
+    }
+    out.commit(record)
+    return record
+
+
+def _encode(loaded: Loaded, runner: EncoderRunner, stop: StopFlag, budget: Budget, progress: Progress):
+    """classify / embed: the planned batches, each split and retried on failure."""
     prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
     results = np.empty((len(index), runner.width), dtype=np.float32)
     ok = np.ones(len(index), dtype=bool)
@@ -251,31 +302,47 @@ def _process(job: JobConfig, loaded: Loaded, runner: EncoderRunner, out: OutputD
             budget.lowered.append(note)
             progress.log(note + " for the rest of the run")
     stop.check()
-    model_errors = [prepared.errors[int(prepared.rows[i])][1] for i in index[~ok]
-                    if prepared.errors[int(prepared.rows[i])][0] == "model_error"]
-    if len(index) > 1 and len(model_errors) == len(index):
-        raise ModelError(f"the model failed on every row of chunk {loaded.work.name}: {model_errors[0]}",
-                         "this is no problem of single rows; check model.device, model.dtype and the model folder")
-    real, padded = padding_stats(tokens.lengths[index], loaded.batches)
-    index, results = index[ok], results[ok]
-    rows = prepared.rows[index]
-    table = _result_table(job, loaded, rows, runner.columns(results), tokens.truncated[index])
-    errors = _error_table(job, loaded)
-    out.write_chunk(loaded.work.name, table, errors)
-    record = {
-        "chunk": loaded.work.name,
-        **({"retry_of": loaded.work.retry_of} if loaded.work.retry_of else {}),
-        "rows": loaded.work.rows,
-        "ok": table.num_rows,
-        "errors": dict(Counter(reason for reason, _ in prepared.errors.values())),
-        "truncated": int(tokens.truncated[index].sum()) if job.model.truncation is True else 0,
-        "tokens": real,
-        "padded_tokens": padded,
+    return runner.columns(results[ok]), ok, {"model_seconds": round(model_seconds, 4)}
+
+
+def _generate(job: JobConfig, loaded: Loaded, runner, stop: StopFlag):
+    """generate: the whole chunk goes to the engine, which schedules it (continuous batching)."""
+    prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
+    stop.check()
+    max_new = _max_new_tokens(job, loaded)
+    t0 = time.perf_counter()
+    overrides = None
+    if job.input.format == "openai":
+        take = pa.array(prepared.rows[index], pa.int64())
+        columns = {c: loaded.table.column(c).take(take).to_pylist() for c in ("temperature", "top_p", "seed", "stop")}
+        overrides = [dict(zip(columns, values)) for values in zip(*columns.values())]
+    completions = runner.generate([tokens.ids[i] for i in index.tolist()], max_new, job.batching.max_rows, overrides)
+    model_seconds = time.perf_counter() - t0
+    stop.check()
+    ok = np.ones(len(index), dtype=bool)
+    for position, problem in completions.failed.items():
+        ok[position] = False
+        prepared.errors[int(prepared.rows[index[position]])] = problem
+    keep = np.flatnonzero(ok).tolist()
+    kept = type(completions)([completions.ids[i] for i in keep], [completions.text[i] for i in keep],
+                             [completions.finish_reason[i] for i in keep])
+    first = sorted(completions.first_token_seconds)
+    return runner.columns(kept, tokens.lengths[index[ok]]), ok, {
         "model_seconds": round(model_seconds, 4),
-        "seconds": round(loaded.seconds + time.perf_counter() - t0, 4),
+        "generated_tokens": sum(len(i) for i in kept.ids),
+        "first_token_seconds": round(first[len(first) // 2], 4) if first else None,
     }
-    out.commit(record)
-    return record
+
+
+def _max_new_tokens(job: JobConfig, loaded: Loaded) -> list[int]:
+    """Per row: the max_new_tokens_column value where it is a positive integer, else the job's default."""
+    default = job.generation.max_new_tokens
+    rows = loaded.prepared.rows[loaded.index]
+    column = job.max_new_tokens_column
+    if not column:
+        return [default] * len(rows)
+    values = loaded.table.column(column).take(pa.array(rows, pa.int64())).to_pylist()
+    return [v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else default for v in values]
 
 
 def _result_table(job: JobConfig, loaded: Loaded, rows: np.ndarray, task_columns: dict, truncated: np.ndarray) -> pa.Table:
@@ -284,8 +351,8 @@ def _result_table(job: JobConfig, loaded: Loaded, rows: np.ndarray, task_columns
         "source": pa.repeat(pa.scalar(loaded.shard.name), len(rows)),
         "row": pa.array(loaded.row_ids[rows], pa.int64()),
     }
-    if job.input.id:
-        columns[job.input.id] = loaded.table.column(job.input.id).take(take)
+    if job.input.id_column:
+        columns[job.input.id_column] = loaded.table.column(job.input.id_column).take(take)
     for name, as_name in job.input.kept.items():
         columns[as_name] = loaded.table.column(name).take(take)
     columns.update(task_columns)
@@ -300,8 +367,8 @@ def _error_table(job: JobConfig, loaded: Loaded) -> pa.Table | None:
         return None
     offsets = sorted(errors)
     ids = None
-    if job.input.id:
-        ids = loaded.table.column(job.input.id).take(pa.array(offsets, pa.int64())).cast(pa.string(), safe=False)
+    if job.input.id_column:
+        ids = loaded.table.column(job.input.id_column).take(pa.array(offsets, pa.int64())).cast(pa.string(), safe=False)
     return pa.table(
         {
             "id": ids if ids is not None else pa.nulls(len(offsets), pa.string()),
@@ -324,7 +391,7 @@ def build_report(job: JobConfig, chunks: list[Chunk], done: dict[str, dict], run
     tokens = sum(r["tokens"] for r in records)
     padded = sum(r["padded_tokens"] for r in records)
     loop = run.get("loop", 0.0)
-    return {
+    report = {
         "output": job.output.path,
         "task": job.model.task,
         "model": job.model.path,
@@ -347,3 +414,9 @@ def build_report(job: JobConfig, chunks: list[Chunk], done: dict[str, dict], run
             "model_busy": round(run.get("busy", 0.0) / loop, 3) if loop else 0.0,
         },
     }
+    if job.model.task == "generate":
+        first = sorted(r["first_token_seconds"] for r in records if r.get("first_token_seconds") is not None)
+        report["generated_tokens"] = sum(r.get("generated_tokens", 0) for r in records)
+        report["run"]["generated_tokens_per_s"] = round(run.get("generated", 0) / loop, 1) if loop else 0.0
+        report["run"]["time_to_first_token_s"] = first[len(first) // 2] if first else None
+    return report

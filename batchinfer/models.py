@@ -156,7 +156,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 def load_model(cfg: ModelConfig, path: Path):
     """(tokenizer, model, device) for the task; raises ModelError with what to do."""
     import transformers
-    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
@@ -176,7 +176,13 @@ def load_model(cfg: ModelConfig, path: Path):
                 f"{', '.join(config.architectures or [config.model_type])}",
                 "use a model fine-tuned for classification, or set model.task: embed",
             )
-    loader = AutoModelForSequenceClassification if cfg.task == "classify" else AutoModel
+    if cfg.task == "generate" and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in config.architectures or []):
+        raise ModelError(
+            f"task generate needs a causal language model, but {path} is a "
+            f"{', '.join(config.architectures or [config.model_type])}",
+            "use a model saved from an AutoModelForCausalLM (Llama, GPT-2, Qwen, ...)",
+        )
+    loader = {"classify": AutoModelForSequenceClassification, "generate": AutoModelForCausalLM}.get(cfg.task, AutoModel)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
         model = loader.from_pretrained(

@@ -57,3 +57,53 @@ def _mark(errors: dict[int, tuple[str, str]], offsets: np.ndarray, reason: str, 
     """Record a reason for rows that have none yet: the first problem found is the one reported."""
     for offset in offsets.tolist():
         errors.setdefault(offset, (reason, message))
+
+
+def prepare_messages(table: pa.Table, column: str, bad_rows: dict[int, tuple[str, str]]) -> Prepared:
+    """Chat rows: a list of {role, content} dicts each. Anything else is named and set aside."""
+    errors = dict(bad_rows)
+    values = table.column(column).to_pylist()
+    for offset, messages in enumerate(values):
+        if offset not in errors and (problem := message_problem(messages, f"column '{column}'")):
+            errors[offset] = problem
+    return _usable(values, errors)
+
+
+def prepare_openai(table: pa.Table, task: str, bad_rows: dict[int, tuple[str, str]]) -> Prepared:
+    """OpenAI request rows: chat messages or a prompt each, for an endpoint that matches the job's task."""
+    from .openai_batch import TASK_OF_URL
+
+    errors = dict(bad_rows)
+    values = []
+    for offset, (url, messages, prompt) in enumerate(zip(*(table.column(c).to_pylist() for c in ("url", "messages", "prompt")))):
+        value = messages if url == "/v1/chat/completions" else prompt
+        values.append(value)
+        if offset in errors:
+            continue
+        if TASK_OF_URL.get(url) != task:
+            errors[offset] = ("bad_request", f"url {url} needs model.task: {TASK_OF_URL.get(url)}, and this job is {task}")
+        elif url == "/v1/chat/completions":
+            if problem := message_problem(messages, "body.messages"):
+                errors[offset] = problem
+        elif prompt is None:
+            errors[offset] = ("null_text", "body.prompt (body.input for embeddings) is missing")
+        elif not prompt.strip():
+            errors[offset] = ("empty_text", "the prompt is empty or whitespace only")
+    return _usable(values, errors)
+
+
+def message_problem(messages, where: str) -> tuple[str, str] | None:
+    if messages is None:
+        return ("null_text", f"{where} is null")
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
+    ):
+        return ("not_text", f"{where} must be a list of {{role, content}} messages with text content")
+    if not messages:
+        return ("empty_text", f"{where} holds no message")
+    return None
+
+
+def _usable(values: list, errors: dict[int, tuple[str, str]]) -> Prepared:
+    rows = np.array([o for o in range(len(values)) if o not in errors], dtype=np.int64)
+    return Prepared([values[o] for o in rows.tolist()], rows, errors)

@@ -66,6 +66,10 @@ def summary_table(report: dict) -> Table:
         ("padding efficiency", f"{report['padding_efficiency']:.3f} (real / padded tokens)"),
         ("model busy", f"{run['model_busy']:.0%} of the processing loop"),
     ]
+    if "generated_tokens" in report:
+        ttft = run.get("time_to_first_token_s")
+        rows.append(("generated", f"{report['generated_tokens']:,} tokens, {run['generated_tokens_per_s']:,.1f} tokens/s"
+                     + (f", median time to first token {ttft:.2f} s" if ttft is not None else "")))
     for key, value in rows:
         table.add_row(key, value)
     return table

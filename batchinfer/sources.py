@@ -20,6 +20,8 @@ import pyarrow.parquet as pq
 
 from .config import InputConfig
 from .errors import InputError
+from .openai_batch import parse_request
+from .prepare import message_problem
 
 SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".jsonl.gz": "jsonl"}
 HF_MARKERS = ("dataset_info.json", "state.json")
@@ -56,7 +58,7 @@ class BadShard:
     message: str
 
 
-def discover_shards(cfg: InputConfig) -> tuple[list[Shard], list[BadShard]]:
+def discover_shards(cfg: InputConfig, columns: list[str] | None = None) -> tuple[list[Shard], list[BadShard]]:
     """Expand input.path into shards in a stable order, with their row counts.
 
     Every shard is opened and checked for the needed columns here, so a corrupt or foreign file
@@ -70,7 +72,7 @@ def discover_shards(cfg: InputConfig) -> tuple[list[Shard], list[BadShard]]:
         name = os.path.relpath(path, root) if root else path.name
         try:
             shard = Shard(str(path.resolve()), name, fmt, _count_rows(path, fmt))
-            check_columns(shard, cfg.columns)
+            check_columns(shard, columns or cfg.columns)
         except InputError as exc:
             if cfg.on_bad_shard == "fail":
                 raise InputError(exc.message, exc.hint + ("; or set input.on_bad_shard: skip to leave it out"
@@ -118,7 +120,7 @@ def _count_rows(path: Path, fmt: str) -> int:
             return pq.ParquetFile(path).metadata.num_rows
         if fmt == "hf":
             return len(_load_hf(path))
-        with _open_lines(path) as stream:
+        with _open_lines(path) as stream:  # jsonl and openai
             return sum(1 for _ in _jsonl_lines(stream))
     except READ_ERRORS as exc:
         raise InputError(f"shard {path} cannot be read: {describe_read_error(exc)}", "replace or remove the file") from exc
@@ -148,6 +150,8 @@ def check_columns(shard: Shard, columns: list[str]) -> None:
 
 
 def shard_columns(shard: Shard) -> list[str] | None:
+    if shard.format == "openai":
+        return None  # request lines are checked one by one; a bad one becomes an error line
     if shard.format == "parquet":
         return pq.ParquetFile(shard.path).schema_arrow.names
     if shard.format == "hf":
@@ -168,10 +172,11 @@ def shard_columns(shard: Shard) -> list[str] | None:
 class ShardReader:
     """Reads row ranges of one shard. Sequential ranges of a JSONL shard continue one open stream."""
 
-    def __init__(self, shard: Shard, columns: list[str], text_columns: list[str]):
+    def __init__(self, shard: Shard, columns: list[str], text_columns: list[str], message_columns: list[str] = ()):
         self.shard = shard
         self.columns = columns
         self.text_columns = set(text_columns)
+        self.message_columns = set(message_columns)
         self._stream: IO[bytes] | None = None
         self._line = 0
 
@@ -201,15 +206,19 @@ class ShardReader:
             line = next(lines)
             self._line += 1
             record, problem = _parse_line(line)
+            if problem is None and self.shard.format == "openai":
+                record, problem = parse_request(record)
             if problem is None:
                 for column in self.text_columns:
                     value = record.get(column)
                     if value is not None and not isinstance(value, str):
                         problem = ("not_text", f"field '{column}' is {type(value).__name__}, not text")
                         break
+                for column in self.message_columns:
+                    problem = problem or message_problem(record.get(column), f"field '{column}'")
             if problem:
                 bad[offset] = problem
-                record = {}
+                record = {"custom_id": record.get("custom_id")} if self.shard.format == "openai" else {}
             for column in self.columns:
                 values[column].append(record.get(column))
         return RowBlock(pa.table({c: _to_arrow(v) for c, v in values.items()}), bad)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -109,3 +110,20 @@ def write_job(tmp_path: Path, **sections) -> Path:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(sections))
     return path
+
+
+def _tiny_causal(kind: str, folder: Path, texts: list[str]) -> Path:
+    sys.path.insert(0, str(EXAMPLES / "models"))
+    from make_tiny_causal import make_tiny_causal
+
+    return make_tiny_causal(kind, folder, texts)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory, sms_table) -> Path:
+    return _tiny_causal("llama", tmp_path_factory.mktemp("tiny-llama"), sms_table.column("text").to_pylist())
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory, sms_table) -> Path:
+    return _tiny_causal("gpt2", tmp_path_factory.mktemp("tiny-gpt2"), sms_table.column("text").to_pylist())

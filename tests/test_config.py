@@ -36,7 +36,7 @@ def test_readme_reference_is_generated_from_the_models():
 def test_unknown_key_names_key_and_suggests():
     message = _error({**GOOD, "input": {"path": "d", "text": "t", "colum": "x"}})
     assert "input.colum: unknown key" in message
-    assert "valid keys here: path, text, id, keep, on_bad_shard, format" in message
+    assert "valid keys here: path, text, messages, id, keep, on_bad_shard, format" in message
 
 
 def test_unknown_section_suggests():
@@ -47,12 +47,14 @@ def test_unknown_section_suggests():
 def test_wrong_type_and_bad_value():
     message = _error({**GOOD, "batching": {"max_tokens": "lots"}, "model": {"path": "m", "task": "embedd"}})
     assert "batching.max_tokens: Input should be a valid integer" in message and "'lots'" in message
-    assert "model.task: Input should be 'classify' or 'embed' (got 'embedd')" in message
+    assert "model.task: Input should be 'classify', 'embed' or 'generate' (got 'embedd')" in message
 
 
 def test_missing_key_says_what_to_write():
+    message = _error({"input": {"text": "t"}, "model": {"path": "m", "task": "embed"}, "output": {"path": "o"}})
+    assert "input.path: required; A file, a folder or a glob of shards" in message
     message = _error({"input": {"path": "d"}, "model": {"path": "m", "task": "embed"}, "output": {"path": "o"}})
-    assert "input.text: required; The text to run" in message
+    assert "input: give either text (a column or template) or messages (a column of chat messages)" in message
 
 
 def test_bad_device_and_limits():

@@ -1,0 +1,149 @@
+"""OpenAI Batch API files: request lines in, response lines out, run on your own hardware.
+
+A request line is {custom_id, method, url, body} (https://platform.openai.com/docs/guides/batch);
+url is /v1/chat/completions, /v1/completions or /v1/embeddings. Each line becomes one row:
+
+    custom_id | url | messages (chat) | prompt (completions, embeddings) | max_tokens | temperature | top_p | seed | stop
+
+A line that is not a valid request becomes an error line; it never aborts the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import pyarrow as pa
+
+REQUEST_COLUMNS = ["custom_id", "url", "messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop"]
+TASK_OF_URL = {"/v1/chat/completions": "generate", "/v1/completions": "generate", "/v1/embeddings": "embed"}
+
+
+def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
+    """One request line (already JSON) → a flat row, or the reason it is not a valid request."""
+    custom_id = record.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return {}, ("bad_request", "custom_id is missing or not a string")
+    row = {"custom_id": custom_id}
+    url, body = record.get("url"), record.get("body")
+    if record.get("method", "POST") != "POST":
+        return row, ("bad_request", f"method {record.get('method')!r} is not POST")
+    if url not in TASK_OF_URL:
+        return row, ("bad_request", f"url {url!r} is not one of {', '.join(TASK_OF_URL)}")
+    if not isinstance(body, dict):
+        return row, ("bad_request", "body is missing or not an object")
+    row["url"] = url
+    if url == "/v1/chat/completions":
+        from .prepare import message_problem
+
+        row["messages"] = body.get("messages")
+        if problem := message_problem(row["messages"], "body.messages"):
+            return row, ("bad_request", problem[1])
+    else:
+        prompt = body.get("input") if url == "/v1/embeddings" else body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if prompt is not None and not isinstance(prompt, str):
+            return row, ("bad_request", "only one text prompt or input per request is supported")
+        row["prompt"] = prompt
+    stop = body.get("stop")
+    row["stop"] = [stop] if isinstance(stop, str) else stop
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    for key, value, kind in (("max_tokens", max_tokens, int), ("temperature", body.get("temperature"), (int, float)),
+                             ("top_p", body.get("top_p"), (int, float)), ("seed", body.get("seed"), int)):
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            return row, ("bad_request", f"body.{key} must be a number, not {value!r}")
+        row[key] = float(value) if key in ("temperature", "top_p") and value is not None else value
+    if row["stop"] is not None and not all(isinstance(s, str) for s in row["stop"]):
+        return row, ("bad_request", "body.stop must be a string or a list of strings")
+    return row, None
+
+
+def _stable_id(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
+
+
+def response_lines(table: pa.Table, model: str, task: str) -> list[str]:
+    """Result rows → OpenAI batch output lines (chat.completion, text_completion or embedding list)."""
+    created = int(time.time())
+    lines = []
+    for row in table.to_pylist():
+        request_id = _stable_id(row["custom_id"], model)
+        if task == "embed":
+            body = {"object": "list", "model": model,
+                    "data": [{"object": "embedding", "index": 0, "embedding": row["embedding"]}],
+                    "usage": {"prompt_tokens": row["prompt_tokens"], "total_tokens": row["prompt_tokens"]}}
+        else:
+            usage = {"prompt_tokens": row["prompt_tokens"], "completion_tokens": row["completion_tokens"],
+                     "total_tokens": row["prompt_tokens"] + row["completion_tokens"]}
+            if row["url"] == "/v1/chat/completions":
+                choice = {"index": 0, "message": {"role": "assistant", "content": row["text"]},
+                          "logprobs": None, "finish_reason": row["finish_reason"]}
+                body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion"}
+            else:
+                choice = {"index": 0, "text": row["text"], "logprobs": None, "finish_reason": row["finish_reason"]}
+                body = {"id": f"cmpl-{request_id}", "object": "text_completion"}
+            body.update({"created": created, "model": model, "choices": [choice], "usage": usage})
+        response = {"status_code": 200, "request_id": request_id, "body": body}
+        lines.append(json.dumps({"id": f"batch_req_{request_id}", "custom_id": row["custom_id"],
+                                 "response": response, "error": None}, ensure_ascii=False))
+    return lines
+
+
+def error_lines(errors: pa.Table, model: str) -> list[str]:
+    """Error rows → OpenAI batch error lines: {id, custom_id, response: null, error: {code, message}}."""
+    lines = []
+    for row in errors.to_pylist():
+        custom_id = row["id"]
+        key = custom_id if custom_id is not None else f"{row['source']}:{row['row']}"
+        lines.append(json.dumps({"id": f"batch_req_{_stable_id(key, model)}", "custom_id": custom_id, "response": None,
+                                 "error": {"code": row["reason"], "message": row["message"]}}, ensure_ascii=False))
+    return lines
+
+
+def export(folder, model: str, task: str) -> tuple[int, int]:
+    """Write output.jsonl and errors.jsonl in `folder` from its part files, in input order, atomically.
+
+    The Parquet parts stay the checkpoint; these two files are what OpenAI's batch output_file and
+    error_file would hold. Returns (response lines, error lines)."""
+    import os
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    counts = []
+    for name, pattern, convert in (("output.jsonl", "part-*.parquet", lambda t: response_lines(t, model, task)),
+                                   ("errors.jsonl", "_errors/part-*.parquet", lambda t: error_lines(t, model))):
+        tmp = folder / f".tmp-{name}"
+        count = 0
+        with open(tmp, "w", encoding="utf-8") as f:
+            for part in sorted(folder.glob(pattern), key=lambda p: p.name):
+                lines = convert(pq.read_table(part))
+                f.writelines(line + "\n" for line in lines)
+                count += len(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, folder / name)
+        counts.append(count)
+    return counts[0], counts[1]
+
+
+def task_of_requests(path) -> str:
+    """The task a request file needs, from the url of its first valid line."""
+    from .errors import InputError
+    from .sources import _jsonl_lines, _open_lines
+
+    if not path.is_file():
+        raise InputError(f"request file {path} does not exist", "give the path of an OpenAI Batch API .jsonl file")
+    with _open_lines(path) as stream:
+        for line in _jsonl_lines(stream):
+            try:
+                url = json.loads(line).get("url")
+            except (ValueError, AttributeError):
+                continue
+            if url in TASK_OF_URL:
+                return TASK_OF_URL[url]
+    raise InputError(f"{path} holds no request line with a url of {', '.join(TASK_OF_URL)}",
+                     "give a file of OpenAI Batch API requests: {custom_id, method, url, body} per line")

@@ -1,0 +1,217 @@
+"""task: generate — a completion per row, with continuous batching by default.
+
+Engines:
+- transformers: transformers' own ContinuousBatchingManager (paged KV cache). Sequences are admitted
+  and retired at every decoding step, so short completions never wait for long ones, and KV-cache
+  memory, not a fixed batch size, bounds how many run at once.
+- static: padded `model.generate` batches in input order; the baseline benchmarks compare against.
+- vllm: `vllm.LLM` on a GPU, for the same job file and the same output columns.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ..config import GenerationConfig
+from ..errors import ModelError
+from .base import Tokens
+
+
+@dataclass
+class Completions:
+    ids: list[list[int]]  # generated tokens per row, eos and anything after a stop string removed
+    text: list[str]
+    finish_reason: list[str]  # stop | length
+    failed: dict[int, tuple[str, str]] = field(default_factory=dict)  # position -> (reason, message)
+    first_token_seconds: list[float] = field(default_factory=list)
+
+
+class GenerateRunner:
+    """Prompts → token ids (chat template for messages) → completions, by the configured engine."""
+
+    width = 0
+
+    def __init__(self, tokenizer, model, device: torch.device, max_length: int, gen: GenerationConfig):
+        self.tokenizer = tokenizer
+        self.model = model
+        self.device = device
+        self.gen = gen
+        self.max_length = max_length
+        # Keep the end of an over-long prompt: that is where the question is.
+        self.backend = copy.deepcopy(tokenizer.backend_tokenizer)
+        self.backend.enable_truncation(max_length, direction="left")
+        self.backend.no_padding()
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None) or tokenizer.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
+
+    # --- prompts ---------------------------------------------------------------------------------------------
+
+    def tokenize(self, prompts: list) -> Tokens:
+        """Strings are encoded as they are; message lists go through the chat template first."""
+        chats = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
+        encodings = self.backend.encode_batch([p if isinstance(p, str) else "" for p in prompts])
+        if chats:  # the template writes its own special tokens
+            texts = [self.tokenizer.apply_chat_template(prompts[i], add_generation_prompt=True, tokenize=False) for i in chats]
+            for i, encoding in zip(chats, self.backend.encode_batch(texts, add_special_tokens=False)):
+                encodings[i] = encoding
+        ids = [e.ids for e in encodings]
+        lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
+        truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(ids))
+        return Tokens(ids, lengths, truncated)
+
+    # --- generation ------------------------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], max_new: list[int], batch_rows: int,
+                 overrides: list[dict] | None = None) -> Completions:
+        """Completions in input order. `overrides` holds per-row decoding settings (temperature, top_p,
+        seed, stop: an OpenAI request's own); rows that share settings are generated together."""
+        groups: dict[str, list[int]] = {}
+        for position in range(len(prompts)):
+            settings = {k: v for k, v in (overrides[position] if overrides else {}).items() if v is not None}
+            groups.setdefault(json.dumps(settings, sort_keys=True), []).append(position)
+        raw: list = [None] * len(prompts)
+        out = Completions([], [], [])
+        stops: list = [None] * len(prompts)
+        for key, positions in groups.items():
+            gen = self.gen.model_copy(update=json.loads(key))
+            sub_prompts, sub_max = [prompts[p] for p in positions], [max_new[p] for p in positions]
+            if gen.engine == "static":
+                batches = [np.arange(i, min(i + batch_rows, len(positions))) for i in range(0, len(positions), batch_rows)]
+                results, first = self._static(gen, sub_prompts, sub_max, batches)
+            elif gen.engine == "vllm":
+                results, first = self._vllm(gen, sub_prompts, sub_max)
+            else:
+                results, first = self._continuous(gen, sub_prompts, sub_max)
+            out.first_token_seconds += first
+            for p, result in zip(positions, results):
+                raw[p], stops[p] = result, gen.stop
+        for position, (tokens, error) in enumerate(raw):
+            if error:
+                out.failed[position] = ("model_error", error)
+                tokens = []
+            ids, text, reason = self._finish(tokens, max_new[position], stops[position])
+            out.ids.append(ids)
+            out.text.append(text)
+            out.finish_reason.append(reason)
+        return out
+
+    def _finish(self, tokens: list[int], limit: int, stop: list[str]) -> tuple[list[int], str, str]:
+        """Cut at eos and at the first stop string; say why the completion ended."""
+        tokens = list(tokens[:limit])
+        reason = "length"
+        for i, token in enumerate(tokens):
+            if token in self.eos:
+                tokens, reason = tokens[:i], "stop"
+                break
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        cuts = [text.find(s) for s in stop if s and s in text]
+        if cuts:
+            text, reason = text[: min(cuts)], "stop"
+            tokens = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        return tokens, text, reason
+
+    def _generation_config(self, gen: GenerationConfig, max_new_tokens: int):
+        config = copy.deepcopy(self.model.generation_config)
+        config.max_new_tokens = max_new_tokens
+        config.do_sample = gen.temperature > 0
+        if config.do_sample:
+            config.temperature, config.top_p, config.top_k = gen.temperature, gen.top_p, gen.top_k or None
+        else:
+            config.temperature, config.top_p, config.top_k = None, None, None
+        config.pad_token_id = self.pad_id
+        return config
+
+    def _continuous(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int]):
+        from transformers import ContinuousBatchingConfig
+
+        try:
+            cb_config = ContinuousBatchingConfig(seed=gen.seed, **gen.engine_options)
+        except TypeError as exc:
+            raise ModelError(f"generation.engine_options: {exc}",
+                             "use fields of transformers.ContinuousBatchingConfig, e.g. num_blocks, max_batch_tokens")
+        started = time.perf_counter()
+        results = {}
+        with self.model.continuous_batching_context_manager(
+            generation_config=self._generation_config(gen, max(max_new)), continuous_batching_config=cb_config,
+            block=True, timeout=30, warmup=False,
+        ) as manager:
+            for i, (ids, limit) in enumerate(zip(prompts, max_new)):
+                manager.add_request(ids, request_id=f"row-{i}", max_new_tokens=limit, record_timestamps=True)
+            while len(results) < len(prompts):
+                result = manager.get_result(timeout=1)
+                if result is not None and result.is_finished():
+                    results[result.request_id] = result
+                elif result is None and not manager.is_running():
+                    break
+        raw, first = [], []
+        for i in range(len(prompts)):
+            result = results.get(f"row-{i}")
+            if result is None:
+                raw.append(([], "the continuous batching engine stopped before this row finished"))
+                continue
+            raw.append((result.generated_tokens, result.error))
+            if result.timestamps:
+                first.append(result.timestamps[0] - started)
+        return raw, first
+
+    @torch.inference_mode()
+    def _static(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int], batches: list[np.ndarray]):
+        raw: list = [None] * len(prompts)
+        first = []
+        started = time.perf_counter()
+        if gen.temperature > 0:
+            torch.manual_seed(gen.seed)
+        for batch in batches:
+            rows = [prompts[i] for i in batch.tolist()]
+            longest = max(len(r) for r in rows)
+            input_ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
+            mask = torch.zeros_like(input_ids)
+            for k, row in enumerate(rows):  # left padding: every row's next token lands in the last column
+                input_ids[k, longest - len(row):] = torch.tensor(row)
+                mask[k, longest - len(row):] = 1
+            limit = max(max_new[i] for i in batch.tolist())
+            out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                                      generation_config=self._generation_config(gen, limit))
+            first.extend([time.perf_counter() - started] * len(rows))  # a static batch returns all at once
+            for k, i in enumerate(batch.tolist()):
+                raw[i] = (out[k, longest:].tolist(), None)
+        return raw, first
+
+    def _vllm(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int]):
+        from vllm import SamplingParams  # checked importable when the runner was built
+
+        params = [SamplingParams(max_tokens=m, temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k or -1,
+                                 seed=gen.seed, stop=gen.stop or None, skip_special_tokens=True) for m in max_new]
+        outputs = self.model.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [(list(o.outputs[0].token_ids), None) for o in outputs], []
+
+    # --- output ----------------------------------------------------------------------------------------------
+
+    def columns(self, completions: Completions, prompt_lengths: np.ndarray) -> dict[str, pa.Array]:
+        return {
+            "text": pa.array(completions.text, pa.string()),
+            "finish_reason": pa.array(completions.finish_reason, pa.string()),
+            "prompt_tokens": pa.array(prompt_lengths, pa.int32()),
+            "completion_tokens": pa.array([len(i) for i in completions.ids], pa.int32()),
+        }
+
+
+def load_vllm(path, engine_options: dict):
+    """vllm.LLM for a model folder, or a message saying what is missing."""
+    try:
+        from vllm import LLM
+    except ImportError as exc:
+        raise ModelError("generation.engine vllm needs vLLM, which is not installed",
+                         "pip install 'batchinfer[vllm]' on a machine with a CUDA GPU, or use engine: transformers") from exc
+    if not torch.cuda.is_available():
+        raise ModelError("generation.engine vllm needs a CUDA GPU, and none is visible",
+                         "use generation.engine: transformers, which runs on CPU and GPU")
+    return LLM(model=str(path), **engine_options)

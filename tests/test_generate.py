@@ -1,0 +1,123 @@
+"""task: generate. Greedy decoding must give, for every row and every engine that runs here, the
+text `model.generate` gives for that row alone."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from batchinfer.config import validate_job
+from batchinfer.engine import run_job
+from batchinfer.errors import ConfigError, ModelError
+
+
+def _prompts(sms_table, n=24):
+    texts = sms_table.column("text").to_pylist()[:n]
+    return pa.table({"id": [f"p{i}" for i in range(n)], "text": texts,
+                     "budget": [4 + (i * 7) % 20 if i % 3 else None for i in range(n)]})
+
+
+def _job(data, model, out, engine="transformers", **generation):
+    return validate_job({
+        "input": {"path": str(data), "text": "text", "id": "id"},
+        "model": {"path": str(model), "task": "generate", "max_length": 128},
+        "batching": {"max_rows": 8},
+        "generation": {"engine": engine, "max_new_tokens": 16, "max_new_tokens_column": "budget", **generation},
+        "output": {"path": str(out)},
+    })
+
+
+def _alone(model_path, prompt_ids: list[int], max_new: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                         max_new_tokens=max_new, do_sample=False)
+    tokens = out[0, len(prompt_ids):].tolist()
+    eos = model.generation_config.eos_token_id
+    return tokens[: tokens.index(eos)] if eos in tokens else tokens
+
+
+@pytest.mark.parametrize("engine", ["transformers", "static"])
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_gpt2"])
+def test_greedy_equals_model_generate_row_by_row(sms_table, tmp_path, request, engine, model):
+    from transformers import AutoTokenizer
+
+    model_path = request.getfixturevalue(model)
+    table = _prompts(sms_table)
+    pq.write_table(table, tmp_path / "prompts.parquet")
+    report = run_job(_job(tmp_path / "prompts.parquet", model_path, tmp_path / "out", engine))
+    out = ds.dataset(str(tmp_path / "out"), format="parquet").to_table()
+    assert out.column("id").to_pylist() == table.column("id").to_pylist()
+    assert out.column_names[-5:] == ["text", "finish_reason", "prompt_tokens", "completion_tokens", "truncated"]
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    for row in out.to_pylist():
+        i = int(row["id"][1:])
+        prompt = tokenizer(table.column("text")[i].as_py())["input_ids"]
+        limit = table.column("budget")[i].as_py() or 16
+        expected = _alone(model_path, prompt, limit)
+        assert row["text"] == tokenizer.decode(expected, skip_special_tokens=True), f"row {i}"
+        assert row["prompt_tokens"] == len(prompt) and row["completion_tokens"] == len(expected)
+        assert row["finish_reason"] == ("length" if len(expected) == limit else "stop")
+    assert report["rows_ok"] == 24 and report["generated_tokens"] > 0
+
+
+def test_chat_messages_use_the_chat_template(tmp_path, tiny_llama):
+    from transformers import AutoTokenizer
+
+    messages = [[{"role": "user", "content": "Free entry in 2 a wkly comp?"}],
+                [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ok lar"}],
+                None, "not a list"]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "messages": m}) + "\n" for i, m in enumerate(messages)))
+    job = validate_job({"input": {"path": str(path), "messages": "messages", "id": "id"},
+                        "model": {"path": str(tiny_llama), "task": "generate"},
+                        "generation": {"max_new_tokens": 8}, "output": {"path": str(tmp_path / "out")}})
+    report = run_job(job)
+    assert report["errors_by_reason"] == {"null_text": 1, "not_text": 1}
+    rows = ds.dataset(str(tmp_path / "out"), format="parquet").to_table().to_pylist()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    prompt = tokenizer.apply_chat_template(messages[1], add_generation_prompt=True, tokenize=False)
+    expected = _alone(tiny_llama, tokenizer(prompt, add_special_tokens=False)["input_ids"], 8)
+    assert rows[1]["text"] == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_stop_strings_cut_the_text(sms_table, tmp_path, tiny_llama):
+    table = _prompts(sms_table, 6)
+    pq.write_table(table, tmp_path / "p.parquet")
+    run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "plain"))
+    plain = ds.dataset(str(tmp_path / "plain"), format="parquet").to_table().column("text").to_pylist()
+    stop = next(t[2:4] for t in plain if len(t) > 4)  # a string that occurs inside a completion
+    run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "stopped", stop=[stop]))
+    out = ds.dataset(str(tmp_path / "stopped"), format="parquet").to_table().to_pylist()
+    for before, row in zip(plain, out):
+        if stop in before:
+            assert row["text"] == before[: before.index(stop)] and row["finish_reason"] == "stop"
+        else:
+            assert row["text"] == before
+
+
+def test_sampling_is_repeatable_with_a_seed(sms_table, tmp_path, tiny_llama):
+    pq.write_table(_prompts(sms_table, 6), tmp_path / "p.parquet")
+    texts = []
+    for k in range(2):
+        run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / f"s{k}", temperature=1.0, top_p=0.9, seed=7))
+        texts.append(ds.dataset(str(tmp_path / f"s{k}"), format="parquet").to_table().column("text").to_pylist())
+    assert texts[0] == texts[1]
+
+
+def test_generate_errors_are_clear(tmp_path, tiny_embed, tiny_llama, sms_table):
+    pq.write_table(_prompts(sms_table, 2), tmp_path / "p.parquet")
+    with pytest.raises(ModelError, match="needs a causal language model"):
+        run_job(_job(tmp_path / "p.parquet", tiny_embed, tmp_path / "out"))
+    with pytest.raises(ModelError, match="needs vLLM|needs a CUDA GPU"):
+        run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "out2", engine="vllm"))
+    with pytest.raises(ConfigError, match="generation: only for model.task: generate"):
+        validate_job({"input": {"path": "x", "text": "t"}, "model": {"path": "m", "task": "embed"},
+                      "generation": {"max_new_tokens": 3}, "output": {"path": "o"}})
+    with pytest.raises(ModelError, match="engine_options"):
+        run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "out3", engine_options={"no_such_option": 1}))

@@ -1,0 +1,125 @@
+"""OpenAI Batch API files run locally: request lines as OpenAI's documentation writes them in,
+response lines in OpenAI's batch output shape out, errors as lines, resume without repeats."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from batchinfer.cli import app
+from batchinfer.config import validate_job
+from batchinfer.engine import run_job
+from test_generate import _alone
+from test_run import Crash
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "openai" / "requests.jsonl"
+runner = CliRunner()
+
+
+def _requests(tmp_path, extra_lines=()):
+    path = tmp_path / "requests.jsonl"
+    path.write_text(EXAMPLE.read_text() + "".join(line + "\n" for line in extra_lines))
+    return path
+
+
+BAD_LINES = [
+    '{"custom_id": "broken", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [',
+    json.dumps({"custom_id": "wrong-url", "method": "POST", "url": "/v1/images", "body": {}}),
+    json.dumps({"method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}}),
+    json.dumps({"custom_id": "bad-messages", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": "hi"}}),
+    json.dumps({"custom_id": "completion", "method": "POST", "url": "/v1/completions",
+                "body": {"model": "x", "prompt": "Free entry in 2 a wkly comp", "max_tokens": 5, "stop": "\n"}}),
+]
+
+
+def test_openai_batch_command_writes_openai_shaped_lines(tmp_path, tiny_llama):
+    from transformers import AutoTokenizer
+
+    requests = _requests(tmp_path, BAD_LINES)
+    result = runner.invoke(app, ["openai-batch", str(requests), "--model", str(tiny_llama), "-o",
+                                 str(tmp_path / "results.jsonl"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert "wrote 3 responses" in result.output and "4 failed requests" in result.output
+    lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [line["custom_id"] for line in lines] == ["request-1", "request-2", "completion"]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    for line, source in zip(lines[:2], EXAMPLE.read_text().splitlines()):
+        assert line["id"].startswith("batch_req_") and line["error"] is None
+        response = line["response"]
+        assert response["status_code"] == 200 and response["request_id"]
+        body = response["body"]
+        assert body["object"] == "chat.completion" and body["model"] == str(tiny_llama)
+        choice = body["choices"][0]
+        assert choice["message"]["role"] == "assistant" and choice["finish_reason"] in ("stop", "length")
+        messages = json.loads(source)["body"]["messages"]
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        expected = _alone(tiny_llama, tokenizer(prompt, add_special_tokens=False)["input_ids"], 1000)
+        assert choice["message"]["content"] == tokenizer.decode(expected, skip_special_tokens=True)
+        usage = body["usage"]
+        assert usage["completion_tokens"] == len(expected)
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    completion = lines[2]["response"]["body"]
+    assert completion["object"] == "text_completion" and completion["usage"]["completion_tokens"] <= 5
+    assert "\n" not in completion["choices"][0]["text"]
+    errors = [json.loads(line) for line in (tmp_path / "results.errors.jsonl").read_text().splitlines()]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
+        (None, "bad_json"), ("wrong-url", "bad_request"), (None, "bad_request"), ("bad-messages", "bad_request")]
+    assert all(e["response"] is None and e["error"]["message"] for e in errors)
+
+
+def test_embeddings_requests(tmp_path, tiny_embed):
+    lines = [json.dumps({"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+                         "body": {"model": "text-embedding-3-small", "input": text}})
+             for i, text in enumerate(["Ok lar... Joking wif u oni...", "Free entry in 2 a wkly comp"])]
+    path = tmp_path / "embed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(tmp_path / "out.jsonl"), "-q"])
+    assert result.exit_code == 0, result.output
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    body = out[0]["response"]["body"]
+    assert body["object"] == "list" and body["data"][0]["object"] == "embedding"
+    assert len(body["data"][0]["embedding"]) == 32 and body["usage"]["prompt_tokens"] > 0
+
+
+def test_resume_neither_repeats_nor_loses_a_custom_id(tmp_path, tiny_llama):
+    lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+                         "body": {"model": "x", "prompt": f"message number {i}", "max_tokens": 4}}) for i in range(40)]
+    path = tmp_path / "many.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    job = validate_job({"input": {"path": str(path), "format": "openai"},
+                        "model": {"path": str(tiny_llama), "task": "generate"},
+                        "batching": {"chunk_rows": 10}, "output": {"path": str(tmp_path / "out"), "format": "openai"}})
+    calls = {"n": 0}
+
+    def die_in_third_chunk(runner):
+        original = runner.generate
+
+        def generate(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise Crash()
+            return original(*args, **kwargs)
+        runner.generate = generate
+        return runner
+
+    with pytest.raises(Crash):
+        run_job(job, on_runner=die_in_third_chunk)
+    assert not (tmp_path / "out" / "output.jsonl").exists()
+    report = run_job(job)
+    assert report["run"]["rows"] == 20 and report["openai"] == {"output.jsonl": 40, "errors.jsonl": 0}
+    ids = [json.loads(line)["custom_id"] for line in (tmp_path / "out" / "output.jsonl").read_text().splitlines()]
+    assert ids == [f"r{i}" for i in range(40)]
+
+
+def test_openai_config_errors(tmp_path):
+    from batchinfer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="text, messages and id come from the request lines"):
+        validate_job({"input": {"path": "x", "format": "openai", "text": "t"}, "model": {"path": "m", "task": "generate"},
+                      "output": {"path": "o"}})
+    with pytest.raises(ConfigError, match="set input.format: openai"):
+        validate_job({"input": {"path": "x", "text": "t"}, "model": {"path": "m", "task": "generate"},
+                      "output": {"path": "o", "format": "openai"}})
+    result = runner.invoke(app, ["openai-batch", str(tmp_path / "none.jsonl"), "-m", "m", "-o", str(tmp_path / "o.jsonl")])
+    assert result.exit_code == 1 and "error:" in result.output and "Traceback" not in result.output
