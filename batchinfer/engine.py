@@ -316,7 +316,8 @@ def _generate(job: JobConfig, loaded: Loaded, runner, stop: StopFlag):
         take = pa.array(prepared.rows[index], pa.int64())
         columns = {c: loaded.table.column(c).take(take).to_pylist() for c in ("temperature", "top_p", "seed", "stop")}
         overrides = [dict(zip(columns, values)) for values in zip(*columns.values())]
-    completions = runner.generate([tokens.ids[i] for i in index.tolist()], max_new, job.batching.max_rows, overrides)
+    completions = runner.generate([tokens.ids[i] for i in index.tolist()], max_new, job.batching.max_rows, overrides,
+                                  check=stop.check)
     model_seconds = time.perf_counter() - t0
     stop.check()
     ok = np.ones(len(index), dtype=bool)

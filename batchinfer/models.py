@@ -191,6 +191,12 @@ def load_model(cfg: ModelConfig, path: Path):
         )
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load the model in {path}: {exc}", "check that the folder was saved with save_pretrained") from exc
+    if cfg.quantize == "int8":
+        if device.type != "cpu":
+            raise ModelError("model.quantize: int8 is dynamic quantization for CPUs", "set model.device: cpu, or remove model.quantize")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao
+            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     if not getattr(tokenizer, "is_fast", False):
         raise ModelError(f"{path} has no fast tokenizer (tokenizer.json)", "save the tokenizer with a tokenizers backend")
     return tokenizer, model.to(device).eval(), device

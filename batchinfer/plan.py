@@ -72,6 +72,7 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[tuple[str, int]]) ->
         "model.max_length": job.model.max_length,
         "model.truncation": job.model.truncation,
         "model.dtype": job.model.dtype,
+        "model.quantize": job.model.quantize,
         "batching.chunk_rows": job.batching.chunk_rows,
         "output.scores": job.output.scores,
     }

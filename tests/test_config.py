@@ -22,6 +22,17 @@ def test_every_shipped_job_validates(job):
     load_job(job)
 
 
+@pytest.mark.parametrize("job", sorted((ROOT / "jobs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_job_finds_its_input_and_model(job, monkeypatch):
+    from typer.testing import CliRunner
+
+    from batchinfer.cli import app
+
+    monkeypatch.chdir(ROOT)  # the README runs them from the repository root
+    result = CliRunner().invoke(app, ["validate", str(job.relative_to(ROOT))])
+    assert result.exit_code == 0, result.output
+
+
 def test_readme_reference_is_generated_from_the_models():
     """Regenerate with: BATCHINFER_UPDATE_README=1 python -m pytest tests/test_config.py"""
     readme = (ROOT / "README.md").read_text()

