@@ -127,8 +127,8 @@ class ModelConfig(Section):
     device: str = Field(default="auto", description="auto (a GPU when there is one), cpu, cuda or cuda:N.")
     quantize: Literal["none", "int8"] = Field(
         default="none",
-        description="int8: dynamic int8 quantization of the linear layers, CPU only. Faster on CPUs with VNNI, "
-        "at a small cost in accuracy (the benchmark prints it).",
+        description="int8: dynamic int8 quantization of the linear layers, CPU only: about 1.5x faster on CPUs with "
+        "VNNI, but lossy (MiniLM embeddings: cosine to fp32 0.965 mean, 0.87 worst). Measure before you use it.",
     )
     trust_remote_code: bool = Field(
         default=False, description="Run Python code shipped with the model. Only for models you trust."
