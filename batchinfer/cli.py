@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shlex
 import signal
-import sys
 import traceback
 import warnings
 from collections import Counter
@@ -195,11 +194,3 @@ def resume_command(words: list[str], overrides: list[str], output: str | None) -
     if output:
         words += ["--output", output]
     return shlex.join(words)
-
-
-def main() -> None:  # pragma: no cover - console entry point
-    app()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -24,6 +24,7 @@ from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
 from .prepare import Prepared, prepare_messages, prepare_openai, prepare_texts
 from .runners import make_runner
 from .runners.base import EncoderRunner, Tokens
+from .runners.generate import Completions
 from .sink import ERROR_SCHEMA, OutputDir, current_errors
 from .errors import InputError, ModelError
 from .recovery import run_resilient
@@ -325,8 +326,8 @@ def _generate(job: JobConfig, loaded: Loaded, runner, stop: StopFlag):
         ok[position] = False
         prepared.errors[int(prepared.rows[index[position]])] = problem
     keep = np.flatnonzero(ok).tolist()
-    kept = type(completions)([completions.ids[i] for i in keep], [completions.text[i] for i in keep],
-                             [completions.finish_reason[i] for i in keep])
+    kept = Completions([completions.ids[i] for i in keep], [completions.text[i] for i in keep],
+                       [completions.finish_reason[i] for i in keep])
     first = sorted(completions.first_token_seconds)
     return runner.columns(kept, tokens.lengths[index[ok]]), ok, {
         "model_seconds": round(model_seconds, 4),

@@ -30,7 +30,7 @@ def prepare_texts(table: pa.Table, text_spec: str, bad_rows: dict[int, tuple[str
             pieces.append(literal)
         if field is None:
             continue
-        column = table.column(field).combine_chunks() if table.num_rows else pa.array([], pa.string())
+        column = table.column(field).combine_chunks()
         if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
             if pa.types.is_null(column.type):
                 column = column.cast(pa.string())

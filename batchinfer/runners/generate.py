@@ -37,8 +37,6 @@ class Completions:
 class GenerateRunner:
     """Prompts → token ids (chat template for messages) → completions, by the configured engine."""
 
-    width = 0
-
     def __init__(self, tokenizer, model, device: torch.device, max_length: int, gen: GenerationConfig):
         self.tokenizer = tokenizer
         self.model = model
