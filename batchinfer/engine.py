@@ -6,6 +6,7 @@ the Rust tokenizer release the GIL), so the model rarely waits for input.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections import Counter
@@ -142,6 +143,7 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
                 run_stats.update(rows=record["rows"], tokens=record["tokens"], busy=record["model_seconds"],
                                  generated=record.get("generated_tokens", 0))
                 progress.advance(record["rows"], record["tokens"])
+                _trim_heap()
             run_stats["loop"] = time.perf_counter() - loop_started
         report = build_report(job, chunks, done, run_stats, time.perf_counter() - started, str(device))
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
@@ -154,6 +156,27 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
         return report
     finally:
         out.unlock()
+
+
+def _trim_heap() -> None:
+    """Give freed heap back to the OS after each chunk.
+
+    Batches of ever-changing shapes, freed by one thread and allocated by another, fragment glibc's
+    arenas: without this, peak RSS grew ~4 MB per chunk (1.0 GB after 200,000 rows against 0.65 GB
+    with it), so memory would grow with the dataset."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _load_libc():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:  # not glibc (macOS, musl): nothing to trim
+        return None
+
+
+_LIBC = _load_libc()
 
 
 def _retries(chunks: list[Chunk], done: dict[str, dict], out: OutputDir) -> list[Work]:
