@@ -221,3 +221,34 @@ def test_int8_quantization_stays_close_to_fp32(sms_parquet, minilm_path, tmp_pat
     assert report["rows_ok"] == 600 and not np.array_equal(fp32, int8)  # quantized for real
     cosine = (fp32 * int8).sum(1)  # both normalized: the dot product is the cosine
     assert cosine.mean() > 0.95 and cosine.min() > 0.8  # lossy, as the docs say, but the same embedding space
+
+
+def test_disk_full_and_unwritable_folder_say_what_to_do(sms_parquet, tiny_embed, tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import batchinfer.sink as sink
+    from batchinfer.errors import OutputError
+
+    real_replace = os.replace
+
+    def full(src, dst):
+        if str(dst).endswith(".parquet"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(sink.os, "replace", full)
+    with pytest.raises(OutputError, match="is full") as info:
+        run_job(_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    assert "rerun the same command to resume" in info.value.hint
+    assert not list((tmp_path / "out").glob(".tmp-*"))  # no half-written file left behind
+    monkeypatch.setattr(sink.os, "replace", real_replace)
+    run_job(_job(sms_parquet, tiny_embed, tmp_path / "out"))  # space is back: the same job resumes
+    assert _read(tmp_path / "out").num_rows == 600
+
+    def unwritable(self, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(sink.Path, "mkdir", unwritable)
+    with pytest.raises(OutputError, match="cannot create output folder .*: Permission denied"):
+        run_job(_job(sms_parquet, tiny_embed, tmp_path / "elsewhere"))
