@@ -55,8 +55,11 @@ class GenerateRunner:
 
     def tokenize(self, prompts: list) -> Tokens:
         """Strings are encoded as they are; message lists go through the chat template first."""
+        encodings: list = [None] * len(prompts)
+        plain = [i for i, p in enumerate(prompts) if isinstance(p, str)]
         chats = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
-        encodings = self.backend.encode_batch([p if isinstance(p, str) else "" for p in prompts])
+        for i, encoding in zip(plain, self.backend.encode_batch([prompts[i] for i in plain]) if plain else []):
+            encodings[i] = encoding
         if chats:  # the template writes its own special tokens
             texts = [self.tokenizer.apply_chat_template(prompts[i], add_generation_prompt=True, tokenize=False) for i in chats]
             for i, encoding in zip(chats, self.backend.encode_batch(texts, add_special_tokens=False)):
