@@ -53,6 +53,23 @@ def _batch_sizes(desc: np.ndarray, max_tokens: int, max_rows: int, overhead: int
     return out
 
 
+def plan_packed(lengths: np.ndarray, max_tokens: int, max_rows: int) -> list[np.ndarray]:
+    """Indices into `lengths` for packed batches: longest rows first, each batch as many rows as fit
+    in max_tokens real tokens (and max_rows). With no padding to trade off, filling every batch is
+    optimal; sorting still matters because attention keeps each row's own square."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    batches, start, total = [], 0, 0
+    for i, length in enumerate(np.maximum(lengths[order], 1).tolist()):
+        if i > start and (total + length > max_tokens or i - start == max_rows):
+            batches.append(order[start:i])
+            start, total = i, 0
+        total += length
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
+
+
 def padding_stats(lengths: np.ndarray, batches: list[np.ndarray]) -> tuple[int, int]:
     """(real tokens, padded tokens) the batches compute."""
     lengths = np.asarray(lengths, dtype=np.int64)

@@ -155,10 +155,26 @@ class ModelConfig(Section):
 
 
 class BatchingConfig(Section):
-    max_tokens: int = Field(
-        default=16384, ge=1, description="Padded tokens per batch (rows x longest row in the batch)."
+    max_tokens: Union[int, Literal["auto"]] = Field(
+        default="auto",
+        description="Tokens per batch: rows x longest row when padded, real tokens when packed. auto: a short probe "
+        "on the first chunk's rows times candidate sizes and keeps the fastest (CPU) or the largest that fits in "
+        "memory (GPU); the choice is recorded in the output folder and reused on resume.",
+    )
+    strategy: Literal["auto", "padded", "packed"] = Field(
+        default="auto",
+        description="padded: rows padded to the longest in their batch. packed: rows laid end to end, so linear "
+        "layers compute no padding (encoders whose attention goes through transformers' attention interface, "
+        "such as BERT). auto: the faster of the two on this machine, measured by the same probe.",
     )
     max_rows: int = Field(default=256, ge=1, description="Rows per batch, whatever their length.")
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _max_tokens_value(cls, value):
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError("write a whole number of tokens such as 8192, or auto")
     chunk_rows: int = Field(
         default=4096,
         ge=1,

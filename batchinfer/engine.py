@@ -17,19 +17,21 @@ from typing import Callable, Iterator, Protocol
 import numpy as np
 import pyarrow as pa
 
-from .batching import OVERHEAD_TOKENS, padding_stats, plan_batches
+from .batching import padding_stats
 from .config import JobConfig
 from .models import model_identity, resolve_model_path
 from .openai_batch import export as export_openai
+from .packing import supports_packing
 from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
 from .prepare import Prepared, prepare_messages, prepare_openai, prepare_texts
 from .runners import make_runner
 from .runners.base import EncoderRunner, Tokens
 from .runners.generate import Completions
 from .sink import ERROR_SCHEMA, OutputDir, current_errors
-from .errors import InputError, ModelError
+from .errors import ConfigError, InputError, ModelError
 from .recovery import run_resilient
 from .sources import READ_ERRORS, RowBlock, Shard, ShardReader, describe_read_error, discover_shards
+from .tune import DEFAULT_BUDGET, plan, probe
 
 
 class Progress(Protocol):
@@ -51,10 +53,16 @@ class _Quiet:
 
 @dataclass
 class Budget:
-    """The token budget, lowered for the rest of the run when a batch runs out of memory."""
+    """How batches are cut: settled by the job, a recorded probe or a new one, and lowered for the
+    rest of the run when a batch runs out of memory."""
 
     max_tokens: int
+    strategy: str
     lowered: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return self.max_tokens, self.strategy
 
 
 class Interrupted(Exception):
@@ -93,6 +101,7 @@ class Loaded:
     tokens: Tokens
     index: np.ndarray  # positions in `tokens` that go to the model (the rest became errors)
     batches: list[np.ndarray]  # positions in `index`, as the model will see them
+    planned: tuple[int, str]  # the Budget.key the batches were cut with
     seconds: float
 
 
@@ -125,10 +134,12 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
             todo += _retries(chunks, done, out)
         device = "none"
         run_stats = Counter()
-        budget = Budget(job.batching.max_tokens)
+        budget, tune = _budget(job, out.tuning())
         if todo:
             runner = make_runner(job, model_path)
             device = runner.device
+            _check_strategy(job, runner)
+            runner.packed = budget.strategy == "packed"
             if on_runner:
                 runner = on_runner(runner)
             progress.start(sum(s.num_rows for s in shards) + sum(w.rows for w in todo if w.retry_of),
@@ -136,7 +147,8 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
             loop_started = time.perf_counter()
             for loaded in _prefetch(job, shards, todo, runner, budget):
                 replaced = current_errors(done).get(loaded.work.retry_of) if loaded.work.retry_of else None
-                record = _process(job, loaded, runner, out, stop, budget, progress)
+                record = _process(job, loaded, runner, out, stop, budget, progress, tune)
+                tune = tune and out.tuning() is None  # a chunk with no rows to run leaves the probe to the next
                 done[record["chunk"]] = record
                 if replaced:  # after the commit: a crash before this line is mended on the next open
                     out.drop_errors(replaced)
@@ -147,6 +159,9 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
             run_stats["loop"] = time.perf_counter() - loop_started
         report = build_report(job, chunks, done, run_stats, time.perf_counter() - started, str(device))
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
+        if job.model.task != "generate":
+            report["batching"] = {"max_tokens": budget.max_tokens, "strategy": budget.strategy,
+                                  **({"probe": out.tuning()} if out.tuning() else {})}
         if budget.lowered:
             report["max_tokens_lowered"] = budget.lowered
         if report["complete"] and job.output.format == "openai":
@@ -156,6 +171,28 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
         return report
     finally:
         out.unlock()
+
+
+def _budget(job: JobConfig, recorded: dict | None) -> tuple[Budget, bool]:
+    """The batching settings to start with, and whether a probe must settle an `auto` first.
+
+    A probe's choice is recorded in the output folder, so a resumed run cuts batches as the first did."""
+    batching = job.batching
+    if job.model.task == "generate":
+        return Budget(DEFAULT_BUDGET, "padded"), False
+    auto = batching.max_tokens == "auto" or batching.strategy == "auto"
+    recorded = recorded or {}
+    max_tokens = batching.max_tokens if batching.max_tokens != "auto" else recorded.get("max_tokens", DEFAULT_BUDGET)
+    strategy = batching.strategy if batching.strategy != "auto" else recorded.get("strategy", "padded")
+    return Budget(max_tokens, strategy), auto and not recorded
+
+
+def _check_strategy(job: JobConfig, runner) -> None:
+    if job.batching.strategy == "packed" and job.model.task != "generate":
+        reason = supports_packing(runner.model)
+        if reason:
+            raise ConfigError(f"batching.strategy: packed does not work with this model: {reason}",
+                              "set batching.strategy: padded (or auto)")
 
 
 def _trim_heap() -> None:
@@ -175,10 +212,6 @@ def _load_libc():
         return None
     if not hasattr(libc, "malloc_trim"):
         return None
-    # Pin glibc's mmap threshold (M_MMAP_THRESHOLD = -3) at 1 MiB: left dynamic, it climbs to 32 MiB once
-    # big activations are freed, and later ones then fragment the heap. Measured on MiniLM, 40k rows:
-    # RSS 999 -> 1,218 MB over 10 chunks without, 715 -> 738 MB with.
-    libc.mallopt(-3, 1 << 20)
     return libc
 
 
@@ -204,7 +237,6 @@ def _retries(chunks: list[Chunk], done: dict[str, dict], out: OutputDir) -> list
 def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Work], runner: EncoderRunner,
               budget: Budget) -> Iterator[Loaded]:
     """Yield loaded chunks in order, loading the next one while the caller computes."""
-    overhead = OVERHEAD_TOKENS.get(runner.device.type, OVERHEAD_TOKENS["cuda"])
     readers: dict[int, ShardReader] = {}
 
     def load(work: Work) -> Loaded:
@@ -240,11 +272,13 @@ def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Work], runner: Enc
                 prepared.errors[int(prepared.rows[i])] = ("too_long", f"text is longer than max_length={runner.max_length} tokens")
             keep &= ~tokens.truncated
         index = np.flatnonzero(keep)
+        planned = budget.key
         if job.model.task == "generate":  # static batches are the baseline: input order, max_rows each
             batches = [np.arange(i, min(i + job.batching.max_rows, len(index))) for i in range(0, len(index), job.batching.max_rows)]
         else:
-            batches = plan_batches(tokens.lengths[index], budget.max_tokens, job.batching.max_rows, overhead)
-        return Loaded(work, shard, block.table, row_ids, prepared, tokens, index, batches, time.perf_counter() - t0)
+            batches = plan(tokens.lengths[index], *planned, job.batching.max_rows, runner.device)
+        return Loaded(work, shard, block.table, row_ids, prepared, tokens, index, batches, planned,
+                      time.perf_counter() - t0)
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchinfer-load")
     try:
@@ -271,22 +305,22 @@ def _unreadable(job: JobConfig, shard: Shard, chunk: Chunk, exc: BaseException) 
 
 
 def _process(job: JobConfig, loaded: Loaded, runner: EncoderRunner, out: OutputDir, stop: StopFlag,
-             budget: Budget, progress: Progress) -> dict:
-    """Run one loaded chunk through the model, write its part file and commit it."""
+             budget: Budget, progress: Progress, tune: bool = False) -> dict:
+    """Run one loaded chunk through the model, write its part file and commit it.
+
+    tune: settle `batching: auto` on this chunk first (see tune.py) and record the choice."""
     t0 = time.perf_counter()
     prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
     if job.model.task == "generate":
         task_columns, ok, extra = _generate(job, loaded, runner, stop)
     else:
-        task_columns, ok, extra = _encode(loaded, runner, stop, budget, progress)
+        task_columns, ok, extra = _encode(job, loaded, runner, stop, budget, progress, out if tune else None)
     model_errors = [prepared.errors[int(prepared.rows[i])][1] for i in index[~ok]
                     if prepared.errors[int(prepared.rows[i])][0] == "model_error"]
     if len(index) > 1 and len(model_errors) == len(index):
         raise ModelError(f"the model failed on every row of chunk {loaded.work.name}: {model_errors[0]}",
                          "this is no problem of single rows; check model.device, model.dtype and the model folder")
-    real, padded = padding_stats(tokens.lengths[index], loaded.batches)
-    if job.model.task == "generate" and job.generation.engine != "static":
-        padded = real  # continuous batching computes no padding
+    real, padded = int(tokens.lengths[index].sum()), extra.pop("padded_tokens")
     index = index[ok]
     rows = prepared.rows[index]
     if job.output.format == "openai" and "prompt_tokens" not in task_columns:
@@ -310,29 +344,54 @@ def _process(job: JobConfig, loaded: Loaded, runner: EncoderRunner, out: OutputD
     return record
 
 
-def _encode(loaded: Loaded, runner: EncoderRunner, stop: StopFlag, budget: Budget, progress: Progress):
-    """classify / embed: the planned batches, each split and retried on failure."""
+def _encode(job: JobConfig, loaded: Loaded, runner: EncoderRunner, stop: StopFlag, budget: Budget,
+            progress: Progress, tune_into: OutputDir | None):
+    """classify / embed: the planned batches, each split and retried on failure. With `tune_into`,
+    a probe first settles `batching: auto` on slices of this chunk and records its choice there."""
     prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
+    lengths = tokens.lengths[index]
     results = np.empty((len(index), runner.width), dtype=np.float32)
     ok = np.ones(len(index), dtype=bool)
-    model_seconds = 0.0
-    for batch in loaded.batches:
-        stop.check()
-        b0 = time.perf_counter()
-        outcome = run_resilient(runner.run, [tokens.ids[index[i]] for i in batch.tolist()], runner.width)
-        model_seconds += time.perf_counter() - b0
-        results[batch] = outcome.results
-        for position, problem in outcome.failed.items():
-            ok[batch[position]] = False
-            prepared.errors[int(prepared.rows[index[batch[position]]])] = problem
-        if outcome.oom_tokens and outcome.oom_tokens // 2 < budget.max_tokens:
-            lowered = max(1, outcome.oom_tokens // 2)
-            note = f"out of memory at {outcome.oom_tokens} padded tokens: max_tokens {budget.max_tokens} -> {lowered}"
-            budget.max_tokens = lowered
-            budget.lowered.append(note)
-            progress.log(note + " for the rest of the run")
+    totals = Counter()
+
+    def run(batches: list[np.ndarray], strategy: str) -> float:
+        """Run batches of positions in `index`; keep results and errors; return the seconds taken."""
+        runner.packed = strategy == "packed"
+        t0 = time.perf_counter()
+        for batch in filter(len, batches):
+            stop.check()
+            outcome = run_resilient(runner.run, [tokens.ids[index[i]] for i in batch.tolist()], runner.width)
+            results[batch] = outcome.results
+            for position, problem in outcome.failed.items():
+                ok[batch[position]] = False
+                prepared.errors[int(prepared.rows[index[batch[position]]])] = problem
+            if outcome.oom_tokens and outcome.oom_tokens // 2 < budget.max_tokens:
+                lowered = max(1, outcome.oom_tokens // 2)
+                note = f"out of memory at {outcome.oom_tokens} padded tokens: max_tokens {budget.max_tokens} -> {lowered}"
+                budget.max_tokens = lowered
+                budget.lowered.append(note)
+                progress.log(note + " for the rest of the run")
+            # Packed batches compute no padding in linear layers (attention re-pads, see packing.py).
+            totals["padded"] += int(lengths[batch].sum()) if strategy == "packed" else len(batch) * int(lengths[batch].max())
+        seconds = time.perf_counter() - t0
+        totals["seconds"] += seconds
+        return seconds
+
+    if tune_into is not None and len(index):
+        tuning, rest = probe(lengths, run, job.batching.max_tokens, job.batching.strategy, job.batching.max_rows,
+                             runner.device, supports_packing(runner.model) is None)
+        budget.max_tokens, budget.strategy = tuning.max_tokens, tuning.strategy
+        tune_into.record_tuning({"max_tokens": tuning.max_tokens, "strategy": tuning.strategy,
+                                 "tokens_per_s": {k: round(v) for k, v in tuning.tokens_per_s.items()}})
+        progress.log(tuning.describe())
+        run([rest[b] for b in plan(lengths[rest], *budget.key, job.batching.max_rows, runner.device)], budget.strategy)
+    elif loaded.planned != budget.key:  # read ahead before a probe or an out-of-memory changed the budget
+        run(plan(lengths, *budget.key, job.batching.max_rows, runner.device), budget.strategy)
+    else:
+        run(loaded.batches, budget.strategy)
     stop.check()
-    return runner.columns(results[ok]), ok, {"model_seconds": round(model_seconds, 4)}
+    return runner.columns(results[ok]), ok, {"model_seconds": round(totals["seconds"], 4),
+                                              "padded_tokens": totals["padded"]}
 
 
 def _generate(job: JobConfig, loaded: Loaded, runner, stop: StopFlag):
@@ -358,8 +417,12 @@ def _generate(job: JobConfig, loaded: Loaded, runner, stop: StopFlag):
     kept = Completions([completions.ids[i] for i in keep], [completions.text[i] for i in keep],
                        [completions.finish_reason[i] for i in keep])
     first = sorted(completions.first_token_seconds)
+    lengths = tokens.lengths[index]
+    # Continuous batching computes no padding; static batches pad to their longest prompt.
+    padded = padding_stats(lengths, loaded.batches)[1] if job.generation.engine == "static" else int(lengths.sum())
     return runner.columns(kept, tokens.lengths[index[ok]]), ok, {
         "model_seconds": round(model_seconds, 4),
+        "padded_tokens": padded,
         "generated_tokens": sum(len(i) for i in kept.ids),
         "first_token_seconds": round(first[len(first) // 2], 4) if first else None,
     }

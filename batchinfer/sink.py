@@ -36,6 +36,7 @@ class OutputDir:
         self.compression = None if compression == "none" else compression
         self.command = ""
         self._fingerprint: dict = {}
+        self._tuning: dict | None = None
 
     # --- opening ---------------------------------------------------------------------------------------------
 
@@ -95,11 +96,20 @@ class OutputDir:
         if not records or "fingerprint" not in records[0]:
             return None
         self._fingerprint = [r for r in records if "fingerprint" in r][-1]["fingerprint"]
+        self._tuning = ([r["tuning"] for r in records if "tuning" in r] or [None])[-1]
         self.command = records[0].get("command", "")
         return {r["chunk"]: r for r in records[1:] if "chunk" in r}
 
     def fingerprint(self) -> dict:
         return self._fingerprint
+
+    def tuning(self) -> dict | None:
+        """What a batching probe chose for this folder's job, if one ran."""
+        return self._tuning
+
+    def record_tuning(self, tuning: dict) -> None:
+        self._append({"tuning": tuning})
+        self._tuning = tuning
 
     def _check_foreign_files(self) -> None:
         foreign = [p.name for p in self.path.iterdir() if p.name != LOCK and not _ours(p.name)]

@@ -1,29 +1,35 @@
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchinfer.batching import padding_stats, plan_batches
+from batchinfer.batching import padding_stats, plan_batches, plan_packed
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=600), min_size=0, max_size=400)
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @settings(max_examples=200, deadline=None)
 @given(lengths=lengths_st, max_tokens=st.integers(1, 20000), max_rows=st.integers(1, 300))
-def test_every_row_once_budget_respected_sorted(lengths, max_tokens, max_rows):
+def test_every_row_once_budget_respected_sorted(packed, lengths, max_tokens, max_rows):
     lengths = np.array(lengths, dtype=np.int64)
-    batches = plan_batches(lengths, max_tokens, max_rows)
+    batches = plan_packed(lengths, max_tokens, max_rows) if packed else plan_batches(lengths, max_tokens, max_rows)
     flat = np.concatenate(batches) if batches else np.array([], dtype=np.int64)
     assert sorted(flat.tolist()) == list(range(len(lengths)))  # every index exactly once
     previous_min = None
-    for batch in batches:
+    for i, batch in enumerate(batches):
         assert 1 <= len(batch) <= max_rows
         longest = lengths[batch].max()
-        # Over budget only when one row alone exceeds it: that row still runs, alone.
-        assert len(batch) * longest <= max_tokens or len(batch) == 1
+        # Padded: rows x longest; packed: real tokens. Over budget only when one row alone exceeds it:
+        # that row still runs, alone.
+        cost = lengths[batch].sum() if packed else len(batch) * longest
+        assert cost <= max_tokens or len(batch) == 1
         assert list(lengths[batch]) == sorted(lengths[batch], reverse=True)  # longest first
         if previous_min is not None:
             assert longest <= previous_min  # batches in descending length order
         previous_min = lengths[batch].min()
+        if packed and i + 1 < len(batches) and len(batch) < max_rows:  # full: the next row would not fit
+            assert cost + lengths[batches[i + 1][0]] > max_tokens
 
 
 def test_equal_lengths_keep_input_order_in_fewest_batches():

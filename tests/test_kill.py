@@ -38,7 +38,7 @@ def _visible_files_are_whole(out):
 def test_kill_9_at_random_points_then_resume(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, input={"path": str(sms_parquet), "text": "text", "id": "sms_id"},
                     model={"path": str(tiny_embed), "task": "embed", "max_length": 64},
-                    batching={"chunk_rows": 40, "max_rows": 2}, output={"path": str(tmp_path / "out")})
+                    batching={"chunk_rows": 40, "max_rows": 2, "max_tokens": 16384, "strategy": "padded"}, output={"path": str(tmp_path / "out")})
     reference = load_job(job, [f"output.path={tmp_path / 'reference'}"])
     run_job(reference)
     rng = random.Random(20261129)

@@ -13,7 +13,8 @@ def _job(data, model, out, task="embed", **extra):
     job = {
         "input": {"path": str(data), "text": "text", "id": "sms_id", "keep": {"label": "gold"}},
         "model": {"path": str(model), "task": task, "max_length": 128},
-        "batching": {"chunk_rows": 100},
+        # Pinned, not auto: tests that compare two output folders bit for bit need both cut the same way.
+        "batching": {"chunk_rows": 100, "max_tokens": 16384, "strategy": "padded"},
         "output": {"path": str(out)},
     }
     for key, value in extra.items():

@@ -9,6 +9,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ..packing import first_position, pack, packed_forward
+
 
 @dataclass
 class Tokens:
@@ -18,7 +20,11 @@ class Tokens:
 
 
 class EncoderRunner:
-    """Subclasses define `head(hidden or logits) -> [b, width] float32` and `columns(results)`."""
+    """Subclasses define `head(inputs, mask) -> [b, width]` and `columns(results)`.
+
+    `packed` (set by the engine) runs batches as one unpadded sequence; see packing.py."""
+
+    packed = False
 
     def __init__(self, tokenizer, model, device: torch.device, max_length: int):
         self.model = model
@@ -39,9 +45,13 @@ class EncoderRunner:
 
     @torch.inference_mode()
     def run(self, ids: list[list[int]]) -> np.ndarray:
-        """One padded batch → [b, width] float32 results in the same row order."""
+        """One batch → [b, width] float32 results in the same row order."""
+        if self.packed:
+            inputs, packing = pack(ids, self.device, first_position(self.model.config))
+            with packed_forward(self.model, packing):
+                return self.head({**inputs, "packing": packing}, packing.mask).float().cpu().numpy()
         input_ids, mask = self.collate(ids)
-        return self.head(input_ids, mask).float().cpu().numpy()
+        return self.head({"input_ids": input_ids, "attention_mask": mask}, mask).float().cpu().numpy()
 
     def collate(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(len(row) for row in ids)
@@ -52,7 +62,9 @@ class EncoderRunner:
             mask[i, : len(row)] = 1
         return torch.from_numpy(input_ids).to(self.device), torch.from_numpy(mask).to(self.device)
 
-    def head(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def head(self, inputs: dict, mask: torch.Tensor) -> torch.Tensor:
+        """inputs: keyword arguments for the model; mask: [b, L], 1 for real tokens. The model's
+        hidden states come back as [b, L, hidden] whether the batch ran padded or packed."""
         raise NotImplementedError
 
     def columns(self, results: np.ndarray) -> dict[str, pa.Array]:

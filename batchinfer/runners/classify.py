@@ -19,8 +19,8 @@ class ClassifyRunner(EncoderRunner):
         self.sigmoid = config.problem_type == "multi_label_classification" or self.width == 1
         self.scores = scores
 
-    def head(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids=input_ids, attention_mask=mask).logits.float()  # [b, num_labels]
+    def head(self, inputs: dict, mask: torch.Tensor) -> torch.Tensor:
+        logits = self.model(**inputs).logits.float()  # [b, num_labels]
         return logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)
 
     def columns(self, results: np.ndarray) -> dict[str, pa.Array]:

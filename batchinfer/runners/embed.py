@@ -18,8 +18,8 @@ class EmbedRunner(EncoderRunner):
         self.pooling = pooling_of(model_path)
         self.width = model.config.hidden_size
 
-    def head(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state  # [b, L, h]
+    def head(self, inputs: dict, mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.model(**inputs).last_hidden_state  # [b, L, h]
         if self.pooling.mode == "cls":
             pooled = hidden[:, 0]
         elif self.pooling.mode == "lasttoken":

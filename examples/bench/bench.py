@@ -8,6 +8,8 @@ Runs (each in its own process, so peak RSS is its own):
 - batchinfer: `batchinfer run` end to end, Parquet to Parquet, model load and writes included.
 - batchinfer-int8: the same with model.quantize: int8 (CPU); its accuracy against batchinfer's fp32
   output is printed below the table (cosine for embeddings, label agreement for classification).
+- batchinfer-padded: the same with batching pinned to padded, max_tokens 16384 (no probe): what
+  batching: auto gains.
 - st:         sentence-transformers `encode`, in memory, batch 32 (sorts by characters). Embed only.
 - naive:      a transformers loop in input order, padded batches of 32.
 - pipeline:   `transformers.pipeline` with batch_size 32.
@@ -134,7 +136,9 @@ def worker(args) -> dict:
         from batchinfer.cli import app
 
         out = Path(args.work) / f"out-{args.run}"
-        extra = ["--set", "model.quantize=int8"] if args.run == "batchinfer-int8" else []
+        extra = {"batchinfer-int8": ["--set", "model.quantize=int8"],
+                 "batchinfer-padded": ["--set", "batching.strategy=padded", "--set", "batching.max_tokens=16384"],
+                 }.get(args.run, [])
         try:
             app(["run", args.job, "-q", "--restart", "--output", str(out), *extra], standalone_mode=False)
         except SystemExit:
@@ -224,7 +228,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--model", choices=sorted(MODELS), default="minilm")
-    parser.add_argument("--runs", default="batchinfer,batchinfer-int8,st,naive,pipeline")
+    parser.add_argument("--runs", default="batchinfer,batchinfer-padded,batchinfer-int8,st,naive,pipeline")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--set", action="append", default=[], help="extra --set for batchinfer run")

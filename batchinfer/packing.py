@@ -1,0 +1,135 @@
+"""Packed batches: the rows of a batch laid end to end as one sequence, with no padding.
+
+An encoder spends most of its FLOPs in linear layers, which see every token on its own; packed,
+they run on real tokens only. Attention must still keep rows apart, so around each attention call
+the rows are re-padded (q, k, v gathered into [rows, heads, longest, dim], SDPA with a key mask,
+real positions gathered back). Those copies cost memory traffic, not FLOPs, and the output is
+padded again once at the end so pooling and classification heads see the usual [rows, longest,
+hidden] layout.
+
+Shapes: T real tokens in a batch, b rows, L the longest row.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+ATTENTION = "batchinfer_packed"
+
+
+@dataclass
+class Packing:
+    """Where each row's tokens sit in the packed sequence and in the padded layout."""
+
+    padded: torch.Tensor  # [b, L] index into the T packed tokens; padding points at T (a zero row)
+    real: torch.Tensor  # [T] index into the b*L padded positions
+    key_mask: torch.Tensor  # [b, 1, 1, L] bool, True for real tokens
+    mask: torch.Tensor  # [b, L] int64 attention mask, as a padded batch would have it
+
+    def pad(self, packed: torch.Tensor) -> torch.Tensor:
+        """[T, *rest] → [b, L, *rest], zeros at padding."""
+        zero = packed.new_zeros((1, *packed.shape[1:]))
+        return torch.cat([packed, zero])[self.padded]
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        """[b, L, *rest] → [T, *rest]."""
+        return padded.reshape(-1, *padded.shape[2:])[self.real]
+
+
+def pack(ids: list[list[int]], device: torch.device, first_position: int = 0) -> tuple[dict[str, torch.Tensor], Packing]:
+    """Rows of token ids → model inputs for one packed sequence, and the layout to undo it.
+
+    first_position: the position id of a row's first token (RoBERTa-family models start after
+    their padding index)."""
+    lengths = np.fromiter((len(r) for r in ids), dtype=np.int64, count=len(ids))
+    total, longest = int(lengths.sum()), int(lengths.max())
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    flat = np.fromiter((t for row in ids for t in row), dtype=np.int64, count=total)
+    positions = np.arange(total) - np.repeat(starts, lengths) + first_position  # restarts for every row
+    column = np.arange(longest)
+    real_mask = column[None, :] < lengths[:, None]  # [b, L]
+    padded = np.where(real_mask, starts[:, None] + column[None, :], total)
+    real = np.flatnonzero(real_mask.reshape(-1))
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+    mask = tensor(real_mask.astype(np.int64))
+    inputs = {"input_ids": tensor(flat[None]), "position_ids": tensor(positions[None])}
+    return inputs, Packing(tensor(padded), tensor(real), mask.bool()[:, None, None, :], mask)
+
+
+def packed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                     packing: Packing | None = None, **kwargs):
+    """transformers attention interface: [1, heads, T, dim] in, [1, T, heads, dim] out."""
+    if packing is None:
+        raise RuntimeError("packed attention called without a packing layout")
+
+    def padded(x: torch.Tensor) -> torch.Tensor:  # [1, heads, T, d] → [b, heads, L, d]
+        return packing.pad(x[0].transpose(0, 1)).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(padded(query), padded(key), padded(value), attn_mask=packing.key_mask,
+                                         scale=scaling)
+    return packing.unpad(out.transpose(1, 2))[None], None
+
+
+AttentionInterface.register(ATTENTION, packed_attention)
+
+
+@contextmanager
+def packed_forward(model, packing: Packing):
+    """Run `model` on packed inputs: attention goes through `packed_attention`, and the encoder's
+    output is padded back to [b, L, hidden] (pooler output recomputed) before any head sees it."""
+    base = model.base_model
+    config = model.config
+    previous = config._attn_implementation
+
+    def repad(_module, _args, output):
+        output.last_hidden_state = packing.pad(output.last_hidden_state[0])
+        if getattr(output, "pooler_output", None) is not None:
+            output.pooler_output = _pooled(base, output.last_hidden_state)
+        return output
+
+    handle = base.register_forward_hook(repad)
+    config._attn_implementation = ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+        handle.remove()
+
+
+def _pooled(base, hidden: torch.Tensor) -> torch.Tensor:
+    if hasattr(base, "pooler_activation"):  # ALBERT: a bare Linear on the first token
+        return base.pooler_activation(base.pooler(hidden[:, 0]))
+    return base.pooler(hidden)  # BertPooler and kin pick the first token themselves
+
+
+# Encoder families checked to give padded results when packed (tests/test_packing.py): absolute
+# positions taken from position_ids, attention through transformers' attention interface, and no
+# layer that mixes neighbouring tokens outside attention (MobileBERT's trigram embeddings do) or
+# masks by position (ModernBERT's sliding window).
+PACKABLE = ("bert", "distilbert", "electra", "albert")
+ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
+
+
+def first_position(config) -> int:
+    """RoBERTa-family position ids start at padding_idx + 1."""
+    return config.pad_token_id + 1 if config.model_type in ROBERTA_FAMILY else 0
+
+
+def supports_packing(model) -> str | None:
+    """None if `model` can run packed batches, else why not."""
+    config = model.config
+    if config.model_type not in PACKABLE and config.model_type not in ROBERTA_FAMILY:
+        return (f"model type {config.model_type!r} is not one packing is checked for "
+                f"({', '.join(sorted([*PACKABLE, *ROBERTA_FAMILY]))})")
+    if getattr(config, "is_decoder", False) or not getattr(model, "_supports_attention_backend", False):
+        return f"{type(model).__name__} does not route its attention through transformers' attention interface"
+    return None
