@@ -65,12 +65,15 @@ def probe(lengths: np.ndarray, run: RunBatches, max_tokens: int | str, strategy:
     strategies = ["padded", "packed"] if strategy == "auto" and packable else [strategy if strategy != "auto" else "padded"]
     left = np.random.default_rng(0).permutation(len(lengths))
     rates: dict[str, float] = {}
+    # A small first chunk (a short shard) still gets a slice per candidate, each a little noisier.
+    budgets = 0 if max_tokens != "auto" else (1 if device.type == "cuda" else len(CPU_BUDGETS))
+    slice_tokens = min(SAMPLE_TOKENS, int(lengths.sum()) // (budgets + len(strategies) + 1))
     run([left[:8]], strategies[0])  # warm-up (first-call allocations, kernel choice), kept like the rest
     left = left[8:]
 
     def measure(budget: int, how: str) -> float:
         nonlocal left
-        take = int(np.searchsorted(np.cumsum(lengths[left]), SAMPLE_TOKENS)) + 1
+        take = int(np.searchsorted(np.cumsum(lengths[left]), slice_tokens)) + 1
         part, left = left[:take], left[take:]
         if not len(part):
             return 0.0
