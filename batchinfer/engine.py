@@ -6,7 +6,6 @@ the Rust tokenizer release the GIL), so the model rarely waits for input.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 from collections import Counter
@@ -19,6 +18,7 @@ import pyarrow as pa
 
 from .batching import padding_stats
 from .config import JobConfig
+from .heap import HeapGuard
 from .models import model_identity, resolve_model_path
 from .openai_batch import export as export_openai
 from .packing import supports_packing
@@ -145,9 +145,10 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
             progress.start(sum(s.num_rows for s in shards) + sum(w.rows for w in todo if w.retry_of),
                            sum(r["rows"] for r in done.values()))
             loop_started = time.perf_counter()
+            heap = HeapGuard()
             for loaded in _prefetch(job, shards, todo, runner, budget):
                 replaced = current_errors(done).get(loaded.work.retry_of) if loaded.work.retry_of else None
-                record = _process(job, loaded, runner, out, stop, budget, progress, tune)
+                record = _process(job, loaded, runner, out, stop, budget, progress, tune, heap)
                 tune = tune and out.tuning() is None  # a chunk with no rows to run leaves the probe to the next
                 done[record["chunk"]] = record
                 if replaced:  # after the commit: a crash before this line is mended on the next open
@@ -155,7 +156,7 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
                 run_stats.update(rows=record["rows"], tokens=record["tokens"], busy=record["model_seconds"],
                                  generated=record.get("generated_tokens", 0))
                 progress.advance(record["rows"], record["tokens"])
-                _trim_heap()
+                heap.trim()
             run_stats["loop"] = time.perf_counter() - loop_started
         report = build_report(job, chunks, done, run_stats, time.perf_counter() - started, str(device))
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
@@ -193,29 +194,6 @@ def _check_strategy(job: JobConfig, runner) -> None:
         if reason:
             raise ConfigError(f"batching.strategy: packed does not work with this model: {reason}",
                               "set batching.strategy: padded (or auto)")
-
-
-def _trim_heap() -> None:
-    """Give freed heap back to the OS after each chunk.
-
-    Batches of ever-changing shapes, freed by one thread and allocated by another, fragment glibc's
-    arenas: without this, peak RSS grew ~4 MB per chunk (1.0 GB after 200,000 rows against 0.65 GB
-    with it), so memory would grow with the dataset."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _load_libc():
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (macOS, musl): nothing to tune
-        return None
-    if not hasattr(libc, "malloc_trim"):
-        return None
-    return libc
-
-
-_LIBC = _load_libc()
 
 
 def _retries(chunks: list[Chunk], done: dict[str, dict], out: OutputDir) -> list[Work]:
@@ -305,7 +283,7 @@ def _unreadable(job: JobConfig, shard: Shard, chunk: Chunk, exc: BaseException) 
 
 
 def _process(job: JobConfig, loaded: Loaded, runner: EncoderRunner, out: OutputDir, stop: StopFlag,
-             budget: Budget, progress: Progress, tune: bool = False) -> dict:
+             budget: Budget, progress: Progress, tune: bool, heap: HeapGuard) -> dict:
     """Run one loaded chunk through the model, write its part file and commit it.
 
     tune: settle `batching: auto` on this chunk first (see tune.py) and record the choice."""
@@ -314,7 +292,7 @@ def _process(job: JobConfig, loaded: Loaded, runner: EncoderRunner, out: OutputD
     if job.model.task == "generate":
         task_columns, ok, extra = _generate(job, loaded, runner, stop)
     else:
-        task_columns, ok, extra = _encode(job, loaded, runner, stop, budget, progress, out if tune else None)
+        task_columns, ok, extra = _encode(job, loaded, runner, stop, budget, progress, out if tune else None, heap)
     model_errors = [prepared.errors[int(prepared.rows[i])][1] for i in index[~ok]
                     if prepared.errors[int(prepared.rows[i])][0] == "model_error"]
     if len(index) > 1 and len(model_errors) == len(index):
@@ -345,7 +323,7 @@ def _process(job: JobConfig, loaded: Loaded, runner: EncoderRunner, out: OutputD
 
 
 def _encode(job: JobConfig, loaded: Loaded, runner: EncoderRunner, stop: StopFlag, budget: Budget,
-            progress: Progress, tune_into: OutputDir | None):
+            progress: Progress, tune_into: OutputDir | None, heap: HeapGuard):
     """classify / embed: the planned batches, each split and retried on failure. With `tune_into`,
     a probe first settles `batching: auto` on slices of this chunk and records its choice there."""
     prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
@@ -371,6 +349,7 @@ def _encode(job: JobConfig, loaded: Loaded, runner: EncoderRunner, stop: StopFla
                 budget.max_tokens = lowered
                 budget.lowered.append(note)
                 progress.log(note + " for the rest of the run")
+            heap.check()
             # Packed batches compute no padding in linear layers (attention re-pads, see packing.py).
             totals["padded"] += int(lengths[batch].sum()) if strategy == "packed" else len(batch) * int(lengths[batch].max())
         seconds = time.perf_counter() - t0

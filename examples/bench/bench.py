@@ -224,6 +224,16 @@ def peer_padding(lengths: np.ndarray, texts_chars: np.ndarray, run: str) -> floa
     return float(lengths.sum() / padded)
 
 
+def peak_rss_mb() -> float:
+    """This process's peak RSS. Linux's ru_maxrss is carried across execve, so a worker forked from a
+    parent holding the whole dataset would report the parent's size; VmHWM belongs to this image alone."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=20000)
@@ -242,7 +252,7 @@ def main() -> None:
     if args.worker:
         args.run = args.worker
         result = worker(args)
-        result["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        result["rss_mb"] = peak_rss_mb()
         print(json.dumps(result))
         return
 
