@@ -168,13 +168,6 @@ class BatchingConfig(Section):
         "such as BERT). auto: the faster of the two on this machine, measured by the same probe.",
     )
     max_rows: int = Field(default=256, ge=1, description="Rows per batch, whatever their length.")
-
-    @field_validator("max_tokens", mode="before")
-    @classmethod
-    def _max_tokens_value(cls, value):
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            return value
-        raise ValueError("write a whole number of tokens such as 8192, or auto")
     chunk_rows: int = Field(
         default=4096,
         ge=1,
@@ -182,6 +175,12 @@ class BatchingConfig(Section):
         "better; smaller ones lose less work to a crash. Changing it means starting over.",
     )
 
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _max_tokens_value(cls, value):
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError("write a whole number of tokens such as 8192, or auto")
 
 class GenerationConfig(Section):
     engine: Literal["transformers", "static", "vllm"] = Field(

@@ -134,7 +134,7 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
             todo += _retries(chunks, done, out)
         device = "none"
         run_stats = Counter()
-        budget, tune = _budget(job, out.tuning())
+        budget, auto = _budget(job, out.tuning())
         if todo:
             runner = make_runner(job, model_path)
             device = runner.device
@@ -148,8 +148,9 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
             heap = HeapGuard()
             for loaded in _prefetch(job, shards, todo, runner, budget):
                 replaced = current_errors(done).get(loaded.work.retry_of) if loaded.work.retry_of else None
-                record = _process(job, loaded, runner, out, stop, budget, progress, tune, heap)
-                tune = tune and out.tuning() is None  # a chunk with no rows to run leaves the probe to the next
+                # Until a probe is recorded (a chunk with no rows to run leaves it to the next one).
+                probe_here = auto and out.tuning() is None
+                record = _process(job, loaded, runner, out, stop, budget, progress, probe_here, heap)
                 done[record["chunk"]] = record
                 if replaced:  # after the commit: a crash before this line is mended on the next open
                     out.drop_errors(replaced)
@@ -175,7 +176,7 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
 
 
 def _budget(job: JobConfig, recorded: dict | None) -> tuple[Budget, bool]:
-    """The batching settings to start with, and whether a probe must settle an `auto` first.
+    """The batching settings to start with, and whether the job leaves any of them to a probe.
 
     A probe's choice is recorded in the output folder, so a resumed run cuts batches as the first did."""
     batching = job.batching
@@ -185,7 +186,7 @@ def _budget(job: JobConfig, recorded: dict | None) -> tuple[Budget, bool]:
     recorded = recorded or {}
     max_tokens = batching.max_tokens if batching.max_tokens != "auto" else recorded.get("max_tokens", DEFAULT_BUDGET)
     strategy = batching.strategy if batching.strategy != "auto" else recorded.get("strategy", "padded")
-    return Budget(max_tokens, strategy), auto and not recorded
+    return Budget(max_tokens, strategy), auto
 
 
 def _check_strategy(job: JobConfig, runner) -> None:
@@ -364,10 +365,9 @@ def _encode(job: JobConfig, loaded: Loaded, runner: EncoderRunner, stop: StopFla
                                  "tokens_per_s": {k: round(v) for k, v in tuning.tokens_per_s.items()}})
         progress.log(tuning.describe())
         run([rest[b] for b in plan(lengths[rest], *budget.key, job.batching.max_rows, runner.device)], budget.strategy)
-    elif loaded.planned != budget.key:  # read ahead before a probe or an out-of-memory changed the budget
-        run(plan(lengths, *budget.key, job.batching.max_rows, runner.device), budget.strategy)
-    else:
-        run(loaded.batches, budget.strategy)
+    else:  # replanned when a probe or an out-of-memory changed the budget after this chunk was read ahead
+        run(loaded.batches if loaded.planned == budget.key else plan(lengths, *budget.key, job.batching.max_rows,
+                                                                     runner.device), budget.strategy)
     stop.check()
     return runner.columns(results[ok]), ok, {"model_seconds": round(totals["seconds"], 4),
                                               "padded_tokens": totals["padded"]}

@@ -27,15 +27,18 @@ ATTENTION = "batchinfer_packed"
 class Packing:
     """Where each row's tokens sit in the packed sequence and in the padded layout."""
 
-    padded: torch.Tensor  # [b, L] index into the T packed tokens; padding points at T (a zero row)
+    padded: torch.Tensor  # [b, L] index into the T packed tokens; padding repeats token 0
     real: torch.Tensor  # [T] index into the b*L padded positions
     key_mask: torch.Tensor  # [b, 1, 1, L] bool, True for real tokens
     mask: torch.Tensor  # [b, L] int64 attention mask, as a padded batch would have it
 
-    def pad(self, packed: torch.Tensor) -> torch.Tensor:
-        """[T, *rest] → [b, L, *rest], zeros at padding."""
-        zero = packed.new_zeros((1, *packed.shape[1:]))
-        return torch.cat([packed, zero])[self.padded]
+    def pad(self, packed: torch.Tensor, zero_padding: bool = True) -> torch.Tensor:
+        """[T, *rest] → [b, L, *rest]. Inside attention the padding may hold anything (the key mask
+        hides it and unpad drops it), which saves a multiply per q, k and v on the hot path."""
+        out = packed[self.padded]
+        if not zero_padding:
+            return out
+        return out * self.mask.view(*self.mask.shape, *(1,) * (out.dim() - 2)).to(out.dtype)
 
     def unpad(self, padded: torch.Tensor) -> torch.Tensor:
         """[b, L, *rest] → [T, *rest]."""
@@ -54,7 +57,7 @@ def pack(ids: list[list[int]], device: torch.device, first_position: int = 0) ->
     positions = np.arange(total) - np.repeat(starts, lengths) + first_position  # restarts for every row
     column = np.arange(longest)
     real_mask = column[None, :] < lengths[:, None]  # [b, L]
-    padded = np.where(real_mask, starts[:, None] + column[None, :], total)
+    padded = np.where(real_mask, starts[:, None] + column[None, :], 0)
     real = np.flatnonzero(real_mask.reshape(-1))
 
     def tensor(a: np.ndarray) -> torch.Tensor:
@@ -72,7 +75,7 @@ def packed_attention(module, query, key, value, attention_mask, dropout=0.0, sca
         raise RuntimeError("packed attention called without a packing layout")
 
     def padded(x: torch.Tensor) -> torch.Tensor:  # [1, heads, T, d] → [b, heads, L, d]
-        return packing.pad(x[0].transpose(0, 1)).transpose(1, 2)
+        return packing.pad(x[0].transpose(0, 1), zero_padding=False).transpose(1, 2)
 
     out = F.scaled_dot_product_attention(padded(query), padded(key), padded(value), attn_mask=packing.key_mask,
                                          scale=scaling)
