@@ -130,13 +130,6 @@ class ModelConfig(Section):
         description="int8: dynamic int8 quantization of the linear layers, CPU only: about 1.5x faster on CPUs with "
         "VNNI, but lossy (MiniLM embeddings: cosine to fp32 0.965 mean, 0.87 worst). Measure before you use it.",
     )
-    compile: bool = Field(
-        default=False,
-        description="torch.compile the model (on CPU with frozen weights, so bias, GELU and layer norm fuse into "
-        "the matrix multiplies): about 17% more rows/s for MiniLM on CPU, after 30-50 s of compiling at every "
-        "start (a graph each for padded, packed and one-row batches), so for jobs of an hour or more. classify "
-        "and embed only; on CPU it needs a C++ compiler (g++).",
-    )
     trust_remote_code: bool = Field(
         default=False, description="Run Python code shipped with the model. Only for models you trust."
     )
@@ -152,14 +145,6 @@ class ModelConfig(Section):
         if value is False:
             raise ValueError("write true (cut and flag long rows) or error (send them to _errors/)")
         return value
-
-    @model_validator(mode="after")
-    def _compile_combines(self) -> "ModelConfig":
-        if self.compile and self.task == "generate":
-            raise ValueError("compile: only for classify and embed; generation runs through its engine's own kernels")
-        if self.compile and self.quantize != "none":
-            raise ValueError("compile and quantize: int8 do not combine; keep one of them")
-        return self
 
     @field_validator("device")
     @classmethod

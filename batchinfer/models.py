@@ -201,26 +201,5 @@ def load_model(cfg: ModelConfig, path: Path):
             model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear: qconfig}, dtype=torch.qint8)
     if not getattr(tokenizer, "is_fast", False):
         raise ModelError(f"{path} has no fast tokenizer (tokenizer.json)", "save the tokenizer with a tokenizers backend")
-    model = model.to(device).eval()
-    if cfg.compile:
-        _compile(model, tokenizer, device, path)
-    return tokenizer, model, device
-
-
-def _compile(model, tokenizer, device: torch.device, path: Path) -> None:
-    """torch.compile in place, with dynamic shapes (every batch has its own), and compile now, on a
-    two-row batch, so a missing compiler shows at load rather than as failed rows."""
-    if device.type == "cpu":
-        import torch._inductor.config
-
-        torch._inductor.config.freezing = True  # weights become constants: prepacked for the CPU's kernels
-    model.compile(dynamic=True)
-    try:
-        with torch.inference_mode():  # as the runners call it: a graph guards on inference tensors
-            sample = tokenizer(["batch inference", "compile"], padding=True, return_tensors="pt").to(device)
-            model(input_ids=sample["input_ids"], attention_mask=sample["attention_mask"])
-    except Exception as exc:  # inductor raises many kinds, from missing compilers to untraceable code
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"model.compile: torch.compile failed on {path}: {reason}",
-                         "set model.compile: false; on CPU, compiling also needs a C++ compiler (apt-get install g++)") from exc
+    return tokenizer, model.to(device).eval(), device
 

@@ -75,13 +75,6 @@ def test_bad_device_and_limits():
     assert "batching.max_rows: Input should be greater than or equal to 1" in _error({**GOOD, "batching": {"max_rows": 0}})
 
 
-def test_compile_refuses_what_it_cannot_combine_with():
-    model = {**GOOD["model"], "compile": True}
-    assert validate_job({**GOOD, "model": model}).model.compile
-    assert "model: compile and quantize: int8 do not combine" in _error({**GOOD, "model": {**model, "quantize": "int8"}})
-    assert "model: compile: only for classify and embed" in _error({**GOOD, "model": {**model, "task": "generate"}})
-
-
 def test_keep_column_clashing_with_output_is_refused():
     message = _error({**GOOD, "input": {"path": "d", "text": "t", "keep": ["embedding"]}})
     assert "input.keep: column 'embedding' clashes" in message and "keep: {embedding: embedding_in}" in message

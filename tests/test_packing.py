@@ -8,7 +8,7 @@ import torch
 import transformers as tf
 
 from batchinfer.engine import run_job
-from batchinfer.errors import ConfigError, ModelError
+from batchinfer.errors import ConfigError
 from batchinfer.packing import first_position, pack, packed_forward, supports_packing
 from batchinfer.tune import GPU_PROBE_TOKENS, gpu_budget
 from test_run import Crash, _job, _read, _vectors
@@ -132,24 +132,3 @@ def test_gpu_budget_fits_half_the_free_memory():
     assert gpu_budget(bytes_per_token=100_000, free_bytes=80 * 2**30) == 262144  # capped
     assert gpu_budget(bytes_per_token=1_000_000, free_bytes=16 * 2**30) == 8192
     assert gpu_budget(bytes_per_token=1e9, free_bytes=2**30) == GPU_PROBE_TOKENS  # never below the probe batch
-
-
-def test_compiled_job_equals_eager_job(sms_parquet, tiny_embed, tmp_path, monkeypatch):
-    monkeypatch.setattr("batchinfer.tune.SAMPLE_TOKENS", 300)  # the probe runs padded and packed: both graphs
-    eager = run_job(_job(sms_parquet, tiny_embed, tmp_path / "eager", batching__max_tokens=2048))
-    compiled = run_job(_job(sms_parquet, tiny_embed, tmp_path / "compiled", batching__max_tokens=2048,
-                            batching__strategy="auto", model__compile=True))
-    assert compiled["complete"] and {"padded@2048", "packed@2048"} <= set(compiled["batching"]["probe"]["tokens_per_s"])
-    a, b = _read(tmp_path / "eager"), _read(tmp_path / "compiled")
-    assert a.column("sms_id").to_pylist() == b.column("sms_id").to_pylist() and eager["rows_ok"] == compiled["rows_ok"]
-    assert np.abs(_vectors(a, "embedding") - _vectors(b, "embedding")).max() < 1e-4
-
-
-def test_compile_without_a_compiler_fails_at_load_with_the_fix(sms_parquet, tiny_embed, tmp_path, monkeypatch):
-    import torch._inductor.config as inductor
-
-    monkeypatch.setattr(inductor.cpp, "cxx", ("no-such-g++",))
-    monkeypatch.setattr(inductor, "fx_graph_cache", False)
-    with pytest.raises(ModelError, match="model.compile: torch.compile failed") as info:
-        run_job(_job(sms_parquet, tiny_embed, tmp_path / "out", model__compile=True))
-    assert "model.compile: false" in info.value.hint

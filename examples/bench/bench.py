@@ -10,7 +10,6 @@ Runs (each in its own process, so peak RSS is its own):
   output is printed below the table (cosine for embeddings, label agreement for classification).
 - batchinfer-padded: the same with batching pinned to padded, max_tokens 16384 (no probe): what
   batching: auto gains.
-- batchinfer-compile: the same with model.compile: true (compiling at start included).
 - st:         sentence-transformers `encode`, in memory, batch 32 (sorts by characters). Embed only.
 - naive:      a transformers loop in input order, padded batches of 32.
 - pipeline:   `transformers.pipeline` with batch_size 32.
@@ -139,7 +138,7 @@ def worker(args) -> dict:
         out = Path(args.work) / f"out-{args.run}"
         extra = {"batchinfer-int8": ["--set", "model.quantize=int8"],
                  "batchinfer-padded": ["--set", "batching.strategy=padded", "--set", "batching.max_tokens=16384"],
-                 "batchinfer-compile": ["--set", "model.compile=true"]}.get(args.run, [])
+                 }.get(args.run, [])
         try:
             app(["run", args.job, "-q", "--restart", "--output", str(out), *extra], standalone_mode=False)
         except SystemExit:
@@ -205,18 +204,17 @@ def spawn(run: str, args, job: Path, model_path: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def accuracy(work: Path, task: str, run: str) -> str:
-    """`run`'s results against batchinfer's eager fp32 ones."""
+def int8_accuracy(work: Path, task: str) -> str:
     import pyarrow.dataset as ds
 
-    tables = [ds.dataset(str(work / f"out-{name}"), format="parquet").to_table().sort_by("id")
-              for name in ("batchinfer", run)]
+    tables = [ds.dataset(str(work / f"out-{run}"), format="parquet").to_table().sort_by("id")
+              for run in ("batchinfer", "batchinfer-int8")]
     if task == "embed":
         a, b = (np.array(t.column("embedding").to_pylist()) for t in tables)
         cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-        return f"{run} vs batchinfer: cosine mean {cosine.mean():.5f}, min {cosine.min():.5f}"
+        return f"int8 vs fp32: cosine mean {cosine.mean():.5f}, min {cosine.min():.5f}"
     a, b = (t.column("label").to_pylist() for t in tables)
-    return f"{run} vs batchinfer: label agreement {np.mean([x == y for x, y in zip(a, b)]):.4f}"
+    return f"int8 vs fp32: label agreement {np.mean([x == y for x, y in zip(a, b)]):.4f}"
 
 
 def peer_padding(lengths: np.ndarray, texts_chars: np.ndarray, run: str) -> float:
@@ -240,7 +238,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--model", choices=sorted(MODELS), default="minilm")
-    parser.add_argument("--runs", default="batchinfer,batchinfer-padded,batchinfer-compile,batchinfer-int8,st,naive,pipeline")
+    parser.add_argument("--runs", default="batchinfer,batchinfer-padded,batchinfer-int8,st,naive,pipeline")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--set", action="append", default=[], help="extra --set for batchinfer run")
@@ -313,9 +311,8 @@ def main() -> None:
             run, f"{args.rows / r['wall']:,.1f}", f"{lengths.sum() / r['wall']:,.0f}", f"{args.rows / r['compute']:,.1f}",
             f"{padding:.3f}", f"{r['busy']:.2f}", f"{r['rss_mb']:,.0f}", f"{100 * work / r['compute'] / rate:.0f}%",
         ]) + " |")
-    compared = [run for run in ("batchinfer-compile", "batchinfer-int8") if run in results and "batchinfer" in results]
-    if compared:
-        lines.append("\n" + "\n".join(accuracy(args.work_dir, task, run) for run in compared))
+    if "batchinfer" in results and "batchinfer-int8" in results:
+        lines.append("\n" + int8_accuracy(args.work_dir, task))
     if "batchinfer" in results:
         base = results["batchinfer"]["wall"]
         ratios = ", ".join(f"{base and r['wall'] / base:.2f}x vs {run}" for run, r in results.items() if run != "batchinfer")
