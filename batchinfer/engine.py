@@ -139,7 +139,6 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
             runner = make_runner(job, model_path)
             device = runner.device
             _check_strategy(job, runner)
-            runner.packed = budget.strategy == "packed"
             if on_runner:
                 runner = on_runner(runner)
             progress.start(sum(s.num_rows for s in shards) + sum(w.rows for w in todo if w.retry_of),
@@ -336,8 +335,9 @@ def _encode(job: JobConfig, loaded: Loaded, runner: EncoderRunner, stop: StopFla
     def run(batches: list[np.ndarray], strategy: str) -> float:
         """Run batches of positions in `index`; keep results and errors; return the seconds taken."""
         runner.packed = strategy == "packed"
+        batches = [b for b in batches if len(b)]
         t0 = time.perf_counter()
-        for batch in filter(len, batches):
+        for batch in batches:
             stop.check()
             outcome = run_resilient(runner.run, [tokens.ids[index[i]] for i in batch.tolist()], runner.width)
             results[batch] = outcome.results
@@ -351,9 +351,11 @@ def _encode(job: JobConfig, loaded: Loaded, runner: EncoderRunner, stop: StopFla
                 budget.lowered.append(note)
                 progress.log(note + " for the rest of the run")
             heap.check()
-            # Packed batches compute no padding in linear layers (attention re-pads, see packing.py).
-            totals["padded"] += int(lengths[batch].sum()) if strategy == "packed" else len(batch) * int(lengths[batch].max())
         seconds = time.perf_counter() - t0
+        # Packed batches compute no padding in linear layers (attention re-pads, see packing.py).
+        if batches:
+            totals["padded"] += (int(lengths[np.concatenate(batches)].sum()) if strategy == "packed"
+                                 else padding_stats(lengths, batches)[1])
         totals["seconds"] += seconds
         return seconds
 

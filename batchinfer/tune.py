@@ -84,7 +84,7 @@ def probe(lengths: np.ndarray, run: RunBatches, max_tokens: int | str, strategy:
     if max_tokens != "auto":
         budget = max_tokens
     elif device.type == "cuda":
-        budget = gpu_budget(_bytes_per_token(lengths, run, measure), torch.cuda.mem_get_info(device)[0])
+        budget = gpu_budget(_bytes_per_token(measure), torch.cuda.mem_get_info(device)[0])
     else:
         measured = {b: measure(b, strategies[0]) for b in CPU_BUDGETS}
         budget = max(measured, key=measured.get) if any(measured.values()) else DEFAULT_BUDGET
@@ -96,7 +96,7 @@ def probe(lengths: np.ndarray, run: RunBatches, max_tokens: int | str, strategy:
     return Tuning(budget, best, rates), left
 
 
-def _bytes_per_token(lengths: np.ndarray, run: RunBatches, measure) -> float:
+def _bytes_per_token(measure: Callable[[int, str], float]) -> float:
     """Peak activation memory per padded token, from one padded slice cut at GPU_PROBE_TOKENS."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
