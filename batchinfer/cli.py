@@ -84,10 +84,8 @@ def openai_batch(
     """Run an OpenAI Batch API file locally: responses to OUTPUT, failed requests to OUTPUT's .errors.jsonl.
 
     Work is checkpointed in OUTPUT.batchinfer/; rerun the same command to resume."""
-    import shutil
-
     from .config import apply_override, validate_job
-    from .openai_batch import task_of_requests
+    from .openai_batch import check_targets, deliver, task_of_requests
 
     with reported(debug):
         work = output.with_name(output.name + ".batchinfer")
@@ -98,10 +96,10 @@ def openai_batch(
             apply_override(data, item)
         config = validate_job(data, "openai-batch")
         command = resume_command(["openai-batch", str(requests), "--model", model, "-o", str(output)], set_ or [], None)
-        report = execute(config, command, restart=restart, retry_errors=False, quiet=quiet)
         errors = output.with_name(output.name.removesuffix(".jsonl") + ".errors.jsonl")
-        shutil.copyfile(work / "output.jsonl", output)
-        shutil.copyfile(work / "errors.jsonl", errors)
+        check_targets(work, [output, errors])
+        report = execute(config, command, restart=restart, retry_errors=False, quiet=quiet)
+        deliver(work, {"output.jsonl": output, "errors.jsonl": errors})
         err.print(f"wrote {report['openai']['output.jsonl']:,} responses to {output} and "
                   f"{report['openai']['errors.jsonl']:,} failed requests to {errors}", highlight=False)
 
@@ -142,7 +140,7 @@ def validate(job: Path = typer.Argument(..., help="The job file (YAML)."), set_:
 
     with reported(debug):
         config = load_job(job, set_ or [])
-        shards, bad = discover_shards(config.input, config.columns)
+        shards, bad, _ = discover_shards(config.input, config.columns, output=config.output.path)
         model_path = resolve_model_path(config.model.path)
         check_model_folder(model_path, config.model.allow_pickle)
         chunks = plan_chunks([s.num_rows for s in shards], config.batching.chunk_rows)
@@ -163,29 +161,38 @@ def schema():
 
 @app.command()
 def status(folder: Path = typer.Argument(..., help="A job's output folder."), debug: bool = DebugOption):
-    """Show how far a job's output folder is: chunks, rows, errors, the run holding it."""
+    """Show how far a job's output folder is: chunks, rows, errors, the run holding it. Changes nothing."""
     from .errors import OutputError
-    from .sink import MANIFEST, REPORT, OutputDir, current_errors
+    from .sink import JOB, LEGACY, REPORT, SUCCESS, current_errors, read_state
 
     with reported(debug):
-        sink = OutputDir(folder)
-        done = sink.read_manifest() if folder.is_dir() else None
-        if done is None:
-            raise OutputError(f"{folder} holds no batchinfer run (no {MANIFEST})", "give the output.path of a job")
-        report = json.loads((folder / REPORT).read_text()) if (folder / REPORT).exists() else {}
+        state = read_state(folder)
+        if state is None:
+            legacy = (folder / LEGACY).exists()
+            raise OutputError(f"{folder} holds no batchinfer run (no {JOB})" + (
+                f"; its {LEGACY} was written by an earlier batchinfer, which this one cannot resume" if legacy else ""),
+                "give the output.path of a job")
+        sink, done = state
         errors: Counter = Counter()
         for name in current_errors(done).values():
             errors.update(done[name]["errors"])
         chunks = [r for r in done.values() if "retry_of" not in r]
-        updated = datetime.fromtimestamp((folder / MANIFEST).stat().st_mtime).isoformat(timespec="seconds")
+        updated = max([sink.folder.mtime(JOB) or 0.0] + [r.get("finished", 0.0) for r in done.values()])
         holder = sink.holder()
-        total = report.get("chunks_total", "?")
-        out.print(f"chunks  {len(chunks)}/{total} done" + (" (complete)" if (folder / "_SUCCESS").exists() else ""))
+        complete = sink.folder.read(SUCCESS) is not None
+        total = sink.job.get("plan", {}).get("chunks", "?")
+        out.print(f"chunks  {len(chunks)}/{total} done" + (" (complete)" if complete else ""))
         out.print(f"rows    {sum(r['rows'] for r in chunks):,} done, {sum(r['ok'] for r in done.values()):,} ok")
         out.print(f"errors  {', '.join(f'{k} {v:,}' for k, v in sorted(errors.items())) or 'none'}")
-        out.print(f"updated {updated}")
-        out.print(f"active  {'yes, pid ' + str(holder) if holder else 'no'}")
-        if not (folder / "_SUCCESS").exists() and not holder:
+        out.print(f"updated {datetime.fromtimestamp(updated).isoformat(timespec='seconds')}")
+        out.print(f"active  {'yes, pid ' + str(holder['pid']) + ' on ' + holder['host'] if holder else 'no'}")
+        raw = sink.folder.read(REPORT)
+        if raw is not None:
+            try:
+                json.loads(raw)
+            except ValueError:
+                out.print(f"report  {REPORT} is damaged; the next run of the job writes it again")
+        if not complete and not holder:
             out.print(f"resume  {sink.command or 'batchinfer run JOB.yaml (the same job file and --set options)'}", highlight=False)
 
 

@@ -11,7 +11,7 @@ from typing import Any, Literal, Union, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ConfigError
+from .errors import ConfigError, shorten
 
 # Columns every output row gets; user columns (id, keep) must not collide with them.
 KEY_COLUMNS = ("source", "row")
@@ -59,6 +59,12 @@ class InputConfig(Section):
         default="auto",
         description="Shard format; auto decides by file extension (a folder with dataset_info.json is hf). openai: "
         "OpenAI Batch API request lines {custom_id, method, url, body}; text, messages and id then come from them.",
+    )
+    max_line_bytes: int = Field(
+        default=8 << 20,
+        ge=1024,
+        description="JSONL: the longest line read, in bytes. A longer line is skipped without being read whole and "
+        "goes to _errors/ as too_long; raise this for records with very long texts.",
     )
 
     @field_validator("text")
@@ -207,7 +213,8 @@ class GenerationConfig(Section):
 
 
 class OutputConfig(Section):
-    path: str = Field(description="The output folder: part files, _manifest.jsonl, _errors/, _report.json.")
+    path: str = Field(description="The output folder: part files, _errors/, _done/ (completion markers), _batchinfer.json "
+                      "(the job), _report.json. It must be empty, new, or this job's.")
     scores: bool = Field(default=False, description="classify: add `scores`, every class probability.")
     format: Literal["parquet", "openai"] = Field(
         default="parquet",
@@ -267,16 +274,16 @@ def template_fields(text: str) -> list[str]:
     try:
         parsed = list(string.Formatter().parse(text))
     except ValueError as exc:
-        raise ValueError(f"template '{text}' does not parse ({exc}); write {{{{ and }}}} for literal braces")
+        raise ValueError(f"template {shorten(text)} does not parse ({exc}); write {{{{ and }}}} for literal braces")
     fields = []
     for _, field, spec, conversion in parsed:
         if field is None:
             continue
         if not field or spec or conversion:
-            raise ValueError(f"template '{text}': write each field as {{column}}, without format specs")
+            raise ValueError(f"template {shorten(text)}: write each field as {{column}}, without format specs")
         fields.append(field)
     if not fields:
-        raise ValueError(f"template '{text}' names no column; write e.g. '{{title}}. {{body}}'")
+        raise ValueError(f"template {shorten(text)} names no column; write e.g. '{{title}}. {{body}}'")
     return list(dict.fromkeys(fields))
 
 
@@ -351,7 +358,7 @@ def format_error(err: dict) -> str:
     if kind == "value_error" and not loc:
         return message
     got = err.get("input")
-    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    shown = "" if isinstance(got, dict) else f" (got {shorten(got)})"
     return f"{key}: {message}{shown}"
 
 

@@ -20,6 +20,7 @@ from .batching import padding_stats
 from .config import JobConfig
 from .heap import HeapGuard
 from .models import model_identity, resolve_model_path
+from .openai_batch import OPENAI_FILES
 from .openai_batch import export as export_openai
 from .packing import supports_packing
 from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
@@ -28,9 +29,10 @@ from .runners import make_runner
 from .runners.base import EncoderRunner, Tokens
 from .runners.generate import Completions
 from .sink import ERROR_SCHEMA, OutputDir, current_errors
+from .sources.base import as_text
 from .errors import ConfigError, InputError, ModelError
 from .recovery import run_resilient
-from .sources import READ_ERRORS, RowBlock, Shard, ShardReader, describe_read_error, discover_shards
+from .sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, discover_shards, open_reader, read_spec
 from .tune import DEFAULT_BUDGET, plan, probe
 
 
@@ -119,12 +121,14 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
     progress = progress or _Quiet()
     stop = stop or StopFlag()
     started = time.perf_counter()
-    shards, bad_shards = discover_shards(job.input, job.columns)
+    shards, bad_shards, types = discover_shards(job.input, job.columns, output=job.output.path)
     model_path = resolve_model_path(job.model.path)
     chunks = plan_chunks([s.num_rows for s in shards], job.batching.chunk_rows)
     out = OutputDir(job.output.path, job.output.compression)
-    done = out.open(fingerprint(job, model_identity(model_path), [(s.name, s.num_rows) for s in shards]), restart,
-                    command, RETRY_MAY_CHANGE if retry_errors else frozenset())
+    done = out.open(fingerprint(job, model_identity(model_path), shards), restart, command,
+                    RETRY_MAY_CHANGE if retry_errors else frozenset(), inputs=tuple(s.path for s in shards),
+                    files=tuple(OPENAI_FILES) if job.output.format == "openai" else (),
+                    plan={"chunks": len(chunks), "rows": sum(s.num_rows for s in shards)})
     try:
         out.write_skipped_shards([(b.name, b.message) for b in bad_shards])
         for bad in bad_shards:
@@ -145,7 +149,7 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
                            sum(r["rows"] for r in done.values()))
             loop_started = time.perf_counter()
             heap = HeapGuard()
-            for loaded in _prefetch(job, shards, todo, runner, budget):
+            for loaded in _prefetch(job, shards, read_spec(job.input, job.columns, types), todo, runner, budget):
                 replaced = current_errors(done).get(loaded.work.retry_of) if loaded.work.retry_of else None
                 # Until a probe is recorded (a chunk with no rows to run leaves it to the next one).
                 probe_here = auto and out.tuning() is None
@@ -166,8 +170,7 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
         if budget.lowered:
             report["max_tokens_lowered"] = budget.lowered
         if report["complete"] and job.output.format == "openai":
-            responses, failures = export_openai(out.path, job.model.path, job.model.task)
-            report["openai"] = {"output.jsonl": responses, "errors.jsonl": failures}
+            report["openai"] = export_openai(out, job.model.path, job.model.task)
         out.write_report(report, success=report["complete"])
         return report
     finally:
@@ -212,10 +215,10 @@ def _retries(chunks: list[Chunk], done: dict[str, dict], out: OutputDir) -> list
     return work
 
 
-def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Work], runner: EncoderRunner,
+def _prefetch(job: JobConfig, shards: list[Shard], spec: ReadSpec, todo: list[Work], runner: EncoderRunner,
               budget: Budget) -> Iterator[Loaded]:
     """Yield loaded chunks in order, loading the next one while the caller computes."""
-    readers: dict[int, ShardReader] = {}
+    readers: dict = {}
 
     def load(work: Work) -> Loaded:
         t0 = time.perf_counter()
@@ -225,8 +228,7 @@ def _prefetch(job: JobConfig, shards: list[Shard], todo: list[Work], runner: Enc
             for old in readers.values():
                 old.close()
             readers.clear()
-            messages = [job.input.messages] if job.input.messages else []
-            readers[chunk.shard] = ShardReader(shard, job.columns, job.input.text_columns, messages)
+            readers[chunk.shard] = open_reader(shard, spec)
         try:
             block = readers[chunk.shard].read(chunk.start, chunk.stop)
         except READ_ERRORS as exc:
@@ -443,7 +445,7 @@ def _error_table(job: JobConfig, loaded: Loaded) -> pa.Table | None:
     offsets = sorted(errors)
     ids = None
     if job.input.id_column:
-        ids = loaded.table.column(job.input.id_column).take(pa.array(offsets, pa.int64())).cast(pa.string(), safe=False)
+        ids = id_text(loaded.table.column(job.input.id_column).take(pa.array(offsets, pa.int64())))
     return pa.table(
         {
             "id": ids if ids is not None else pa.nulls(len(offsets), pa.string()),
@@ -454,6 +456,14 @@ def _error_table(job: JobConfig, loaded: Loaded) -> pa.Table | None:
         },
         schema=ERROR_SCHEMA,
     )
+
+
+def id_text(ids: pa.ChunkedArray) -> pa.Array:
+    """Ids for the error table's text column, each exactly as the input gives it."""
+    try:
+        return ids.cast(pa.string())
+    except (pa.ArrowException, TypeError):  # a list or object column used as id
+        return pa.array([as_text(v) for v in ids.to_pylist()], pa.string())
 
 
 def build_report(job: JobConfig, chunks: list[Chunk], done: dict[str, dict], run: Counter, seconds: float, device: str) -> dict:

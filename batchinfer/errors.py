@@ -1,5 +1,7 @@
 """Typed errors. Each carries a hint that tells the user what to do; only cli.py prints them."""
 
+import reprlib
+
 
 class BatchinferError(Exception):
     """A problem the user can fix. `hint` says how."""
@@ -32,3 +34,13 @@ class OutputError(BatchinferError):
 
 class ResumeError(OutputError):
     """The output folder holds a run of a different job."""
+
+
+def shorten(value, limit: int = 200) -> str:
+    """A value for a message, at most `limit` characters. reprlib stops early, so a job file whose
+    aliases expand to gigabytes costs nothing to quote."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxlist, short.maxdict, short.maxtuple, short.maxset = 3, 8, 8, 8, 8
+    short.maxstring = short.maxother = limit
+    text = short.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -102,48 +102,87 @@ def error_lines(errors: pa.Table, model: str) -> list[str]:
     return lines
 
 
-def export(folder, model: str, task: str) -> tuple[int, int]:
-    """Write output.jsonl and errors.jsonl in `folder` from its part files, in input order, atomically.
+EXPORTED = "exported.json"  # the files `openai-batch -o` wrote outside the folder, with their digests
+OPENAI_FILES = ("output.jsonl", "errors.jsonl", EXPORTED)
+
+
+def export(out, model: str, task: str) -> dict[str, int]:
+    """Write output.jsonl and errors.jsonl in the output folder `out` from its part files, in input order.
 
     The Parquet parts stay the checkpoint; these two files are what OpenAI's batch output_file and
-    error_file would hold. Returns (response lines, error lines)."""
-    import os
-    from pathlib import Path
-
+    error_file would hold. Returns the lines written to each."""
     import pyarrow.parquet as pq
 
-    folder = Path(folder)
-    counts = []
+    counts = {}
     for name, pattern, convert in (("output.jsonl", "part-*.parquet", lambda t: response_lines(t, model, task)),
                                    ("errors.jsonl", "_errors/part-*.parquet", lambda t: error_lines(t, model))):
-        tmp = folder / f".tmp-{name}"
-        count = 0
-        with open(tmp, "w", encoding="utf-8") as f:
-            for part in sorted(folder.glob(pattern), key=lambda p: p.name):
+        def fill(f, pattern=pattern, convert=convert, name=name):
+            counts[name] = 0
+            for part in sorted(out.path.glob(pattern), key=lambda p: p.name):
                 lines = convert(pq.read_table(part))
-                f.writelines(line + "\n" for line in lines)
-                count += len(lines)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, folder / name)
-        counts.append(count)
-    return counts[0], counts[1]
+                f.write("".join(line + "\n" for line in lines).encode())
+                counts[name] += len(lines)
+
+        out.write_file(name, fill)
+    return counts
 
 
 def task_of_requests(path) -> str:
     """The task a request file needs, from the url of its first valid line."""
     from .errors import InputError
-    from .sources import _jsonl_lines, _open_lines
+    from .lines import open_lines, parse_object, read_lines
 
     if not path.is_file():
         raise InputError(f"request file {path} does not exist", "give the path of an OpenAI Batch API .jsonl file")
-    with _open_lines(path) as stream:
-        for line in _jsonl_lines(stream):
-            try:
-                url = json.loads(line).get("url")
-            except (ValueError, AttributeError):
-                continue
+    with open_lines(str(path)) as stream:
+        for line in read_lines(stream, 8 << 20):
+            record, _ = parse_object(line, 8 << 20)
+            url = record.get("url") if record else None
             if url in TASK_OF_URL:
                 return TASK_OF_URL[url]
     raise InputError(f"{path} holds no request line with a url of {', '.join(TASK_OF_URL)}",
                      "give a file of OpenAI Batch API requests: {custom_id, method, url, body} per line")
+
+
+def check_targets(work, targets: list) -> None:
+    """Before any work: refuse to overwrite a file that batchinfer did not write there itself."""
+    from .errors import OutputError
+
+    known = _exported(work)
+    for target in targets:
+        if target.exists() and known.get(str(target.resolve())) != _digest(target):
+            raise OutputError(f"{target} exists and was not written by batchinfer (or was changed since)",
+                              "give another -o path, or move the file away")
+
+
+def deliver(work, targets: dict) -> None:
+    """Copy the folder's output.jsonl and errors.jsonl to where the user asked ({name: path}), whole
+    or not at all, and note what was written so a rerun may replace it."""
+    import os
+    import shutil
+
+    from .sink import read_state
+
+    known = _exported(work)
+    for name, target in targets.items():
+        tmp = target.with_name(f".{target.name}.batchinfer-tmp")
+        shutil.copyfile(work / name, tmp)
+        os.replace(tmp, target)
+        known[str(target.resolve())] = _digest(target)
+    sink, _ = read_state(work)
+    sink.write_file(EXPORTED, lambda f: f.write(json.dumps(known, indent=2).encode()))
+
+
+def _exported(work) -> dict:
+    try:
+        return json.loads((work / EXPORTED).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _digest(path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

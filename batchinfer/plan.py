@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import JobConfig
+from .errors import shorten
+from .sources.base import Shard
 
 
 @dataclass(frozen=True)
@@ -54,16 +56,18 @@ def plan_chunks(row_counts: list[int], chunk_rows: int) -> list[Chunk]:
     return chunks
 
 
-def fingerprint(job: JobConfig, model_id: str, shards: list[tuple[str, int]]) -> dict:
-    """Everything that changes which rows there are or what a row's result is.
+def fingerprint(job: JobConfig, model_id: str, shards: list[Shard]) -> dict:
+    """Everything that changes which rows there are or what a row's result is: the job's settings, the
+    model's weights, and what every shard holds (its rows and a digest of its content).
 
     Batching limits and the device are left out on purpose: results do not depend on them, and
     a user must be able to resume with a smaller max_tokens after running out of memory.
     """
     return {
         "input.path": job.input.path,
-        "input.shards": [f"{name}:{rows}" for name, rows in shards],
+        "input.shards": {s.name: f"{s.num_rows}:{s.digest}" for s in shards},
         "input.text": job.input.text,
+        "input.messages": job.input.messages,
         "input.id": job.input.id,
         "input.keep": job.input.kept,
         "model.path": job.model.path,
@@ -75,8 +79,31 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[tuple[str, int]]) ->
         "model.quantize": job.model.quantize,
         "batching.chunk_rows": job.batching.chunk_rows,
         "output.scores": job.output.scores,
+        **({"generation": job.generation.model_dump(exclude={"engine_options"})} if job.model.task == "generate" else {}),
     }
 
 
-def changed_keys(old: dict, new: dict) -> list[str]:
-    return [key for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+def describe_changes(old: dict, new: dict) -> dict[str, str]:
+    """Each fingerprint key that differs, with what changed, in words a user can act on."""
+    changes = {}
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key), new.get(key)
+        if before == after:
+            continue
+        if key == "input.shards" and isinstance(before, dict) and isinstance(after, dict):
+            changes[key] = _shard_changes(before, after)
+        else:
+            changes[key] = f"{key}: {shorten(before)} -> {shorten(after)}"
+    return changes
+
+
+def _shard_changes(before: dict[str, str], after: dict[str, str]) -> str:
+    def names(found: list[str]) -> str:
+        return ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+
+    changed = [n for n in after if n in before and before[n] != after[n]]
+    added = [n for n in after if n not in before]
+    gone = [n for n in before if n not in after]
+    parts = [f"{names(changed)} changed since this folder's first run" if changed else "",
+             f"{names(added)} added" if added else "", f"{names(gone)} gone" if gone else ""]
+    return "input: " + "; ".join(p for p in parts if p)

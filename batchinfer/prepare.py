@@ -5,6 +5,7 @@ Vectorised with pyarrow.compute: no Python loop over rows on the hot path.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +13,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .config import template_parts
+
+
+# Nothing a model could read: whitespace, separators, control and format characters (zero-width
+# spaces and joiners, byte-order marks) only.
+BLANK = r"^[\s\p{Z}\p{Cc}\p{Cf}]*$"
 
 
 @dataclass
@@ -44,8 +50,9 @@ def prepare_texts(table: pa.Table, text_spec: str, bad_rows: dict[int, tuple[str
         text = pieces[0]
     else:
         text = pc.binary_join_element_wise(*pieces, "")
-    blank = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0).fill_null(False)
-    _mark(errors, np.flatnonzero(blank.to_numpy(zero_copy_only=False)), "empty_text", "text is empty or whitespace only")
+    blank = pc.match_substring_regex(text, BLANK).fill_null(False)
+    _mark(errors, np.flatnonzero(blank.to_numpy(zero_copy_only=False)), "empty_text",
+          "text is empty, or only whitespace, invisible or control characters")
     usable = np.ones(table.num_rows, dtype=bool)
     usable[list(errors)] = False
     rows = np.flatnonzero(usable)
@@ -87,9 +94,14 @@ def prepare_openai(table: pa.Table, task: str, bad_rows: dict[int, tuple[str, st
                 errors[offset] = problem
         elif prompt is None:
             errors[offset] = ("null_text", "body.prompt (body.input for embeddings) is missing")
-        elif not prompt.strip():
-            errors[offset] = ("empty_text", "the prompt is empty or whitespace only")
+        elif is_blank(prompt):
+            errors[offset] = ("empty_text", "the prompt is empty, or only whitespace, invisible or control characters")
     return _usable(values, errors)
+
+
+def is_blank(text: str) -> bool:
+    """BLANK for one Python string."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Zs", "Zl", "Zp", "Cc", "Cf") for ch in text)
 
 
 def message_problem(messages, where: str) -> tuple[str, str] | None:

@@ -1,266 +1,402 @@
-"""The output folder: atomic part files, error rows, the manifest, the lock and the report.
+"""The output folder: part files, completion markers, the job file, the lock and the report.
 
-A chunk is done when its manifest line is on disk. The part file (and error file) are renamed
-into place before that line is written, so after a crash a chunk is either in the manifest with
-all its files, or absent and its leftovers are removed on resume.
+    part-SSSSS-CCCCC.parquet          results of chunk C of shard S (lexical order = input order)
+    _errors/part-SSSSS-CCCCC.parquet  rows that could not run, each with a reason
+    _errors/skipped-shards.parquet    shards left out (input.on_bad_shard: skip)
+    _done/SSSSS-CCCCC.json            completion marker: the chunk's record
+    _batchinfer.json                  the job: its id, fingerprint and the batching a probe chose
+    _lock                             the run holding the folder
+    _report.json, _SUCCESS            totals of the last run; _SUCCESS once every chunk is done
+
+Commit protocol: a chunk is done when its marker exists. Its part files are written whole under their
+final names first (a temporary file, fsync, rename), then the marker. After a crash, a part without a
+marker is a leftover of the chunk in flight and is removed when the next run opens the folder; nothing
+is ever appended, so there is no torn line to mend.
+
+Ownership: every file carries the job's id (in the Parquet footer, in the JSON, or in a temporary
+file's name), so batchinfer deletes or overwrites only what it can prove it wrote. A folder holding
+anything else is refused before any change, and so are /, the home folder and the input itself.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import shutil
+import re
+import socket
+import time
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .errors import OutputError, ResumeError
-from .plan import changed_keys
+from .plan import describe_changes
+from .storage import LocalFolder, is_disk_full, same_or_inside
 
-MANIFEST = "_manifest.jsonl"
+JOB = "_batchinfer.json"
+DONE = "_done"
 ERRORS = "_errors"
 REPORT = "_report.json"
 SUCCESS = "_SUCCESS"
 LOCK = "_lock"
-SKIPPED = "skipped-shards.parquet"
+SKIPPED = f"{ERRORS}/skipped-shards.parquet"
+LEGACY = "_manifest.jsonl"  # batchinfer 0.1's appended manifest
+FORMAT = 2
+ID_KEY = b"batchinfer.job_id"
 ERROR_SCHEMA = pa.schema(
     [("id", pa.string()), ("source", pa.string()), ("row", pa.int64()), ("reason", pa.string()), ("message", pa.string())]
 )
+_PART = re.compile(rf"(?:{ERRORS}/)?part-(\d{{5}}-\d{{5}}(?:-r\d+)?)\.parquet")
+_MARKER = re.compile(rf"{DONE}/(\d{{5}}-\d{{5}}(?:-r\d+)?)\.json")
+_CREATING = re.compile(r"\.tmp-(?:[0-9a-f]{12}-_batchinfer\.json|lock-[0-9a-f]{32}-_lock)")
 
 
 class OutputDir:
     def __init__(self, path: str | Path, compression: str = "zstd"):
         self.path = Path(path)
+        self.folder = LocalFolder(str(path))
         self.compression = None if compression == "none" else compression
-        self.command = ""
-        self._fingerprint: dict = {}
-        self._tuning: dict | None = None
+        self.run_id = uuid.uuid4().hex
+        self.job: dict = {}
+        self._locked = False
+
+    @property
+    def job_id(self) -> str:
+        return self.job["job_id"]
+
+    @property
+    def command(self) -> str:
+        return self.job.get("command", "")
+
+    def fingerprint(self) -> dict:
+        return self.job.get("fingerprint", {})
+
+    def tuning(self) -> dict | None:
+        """What a batching probe chose for this folder's job, if one ran."""
+        return self.job.get("tuning")
 
     # --- opening ---------------------------------------------------------------------------------------------
 
-    def open(self, fingerprint: dict, restart: bool, command: str = "", may_change: frozenset = frozenset()) -> dict[str, dict]:
+    def open(self, fingerprint: dict, restart: bool, command: str = "", may_change: frozenset = frozenset(),
+             inputs: tuple[str, ...] = (), files: tuple[str, ...] = (), plan: dict | None = None) -> dict[str, dict]:
         """Lock the folder, check it holds this job (or nothing), clear leftovers; return finished chunks.
 
         Keys in `may_change` may differ from the recorded job (--retry-errors after raising max_length);
-        the new values are recorded for the runs that follow."""
+        the new values are recorded for the runs that follow. `files`: other names this job writes here;
+        `plan`: totals (chunks, rows) that `batchinfer status` shows."""
+        refuse_location(self.path, inputs)
+        self._refuse_foreign_folder()
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            self.folder.make()
         except OSError as exc:
             raise OutputError(f"cannot create output folder {self.path}: {exc.strerror}",
                               "choose a writable output.path") from exc
         self._lock()
-        if restart:
-            self._clear()
-        done = self.read_manifest()
-        if done is None:
-            self._check_foreign_files()
-            self._append({"fingerprint": fingerprint, "command": command})
-            done = {}
-        else:
-            old = self.fingerprint()
-            changed = changed_keys(old, fingerprint)
-            if changed and set(changed) <= may_change:
-                self._append({"fingerprint": fingerprint})
-                self._fingerprint = fingerprint
-            elif changed:
-                lines = "; ".join(f"{k}: {old.get(k)!r} -> {fingerprint.get(k)!r}" for k in changed)
-                raise ResumeError(
-                    f"{self.path} holds results of a different job ({lines})",
-                    "rerun with --restart to discard them and start over, or --output NEW_FOLDER to keep them",
-                )
-        self._remove_leftovers(done)
+        try:
+            return self._open(fingerprint, restart, command, may_change, files, plan or {})
+        except BaseException:
+            self.unlock()
+            raise
+
+    def _open(self, fingerprint: dict, restart: bool, command: str, may_change: frozenset,
+              files: tuple[str, ...], plan: dict) -> dict[str, dict]:
+        job = self._read_job()
+        listing = self.folder.list()
+        done = self._read_markers(job, listing) if job else {}
+        self._refuse_foreign(job, listing, done)
+        if restart and job:
+            self._clear(listing, done)
+            job, done, listing = None, {}, {}
+        if not job:
+            self._create_job({"fingerprint": fingerprint, "command": command, "files": list(files), "plan": plan})
+            return {}
+        self.job = job
+        self.folder.tmp_prefix = f".tmp-{self.job_id[:12]}-"
+        changed = describe_changes(self.fingerprint(), fingerprint)
+        if changed and (not done or set(changed) <= may_change):
+            # Nothing done yet (a run that failed before its first chunk), or only what --retry-errors may
+            # change: no result of the old settings can mix with the new ones.
+            self._save_job({**job, "fingerprint": fingerprint, "plan": plan, "command": command or self.command,
+                            **({} if done else {"tuning": None})})
+        elif changed:
+            raise ResumeError(
+                f"{self.path} holds results of a different job ({'; '.join(changed.values())})",
+                "rerun with --restart to discard them and start over, or --output NEW_FOLDER to keep them",
+            )
+        self._remove_leftovers(listing, done)
         return done
 
-    def read_manifest(self) -> dict[str, dict] | None:
-        """Finished chunks by name, or None when the folder has no manifest yet. A torn last line is dropped."""
-        manifest = self.path / MANIFEST
-        if not manifest.exists():
+    def _create_job(self, fields: dict) -> None:
+        job_id = uuid.uuid4().hex
+        self.folder.tmp_prefix = f".tmp-{job_id[:12]}-"
+        job = {"batchinfer": FORMAT, "job_id": job_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields,
+               "tuning": None}
+        if not self._write(lambda: self.folder.create(JOB, _dumps(job))):
+            raise OutputError(f"another batchinfer run started a job in {self.path} at the same moment",
+                              "let one run use the folder; rerun the same command to resume its job")
+        self.job = job
+
+    def _read_job(self) -> dict | None:
+        raw = self.folder.read(JOB)
+        if raw is None:
             return None
-        raw = manifest.read_bytes()
-        lines = raw.split(b"\n")
-        records, good_bytes = [], 0
-        for line in lines:
-            if not line.strip():
-                good_bytes += len(line) + 1
-                continue
+        try:
+            job = json.loads(raw)
+            if job.get("batchinfer") != FORMAT or not re.fullmatch(r"[0-9a-f]{32}", job.get("job_id", "")):
+                raise ValueError("not a batchinfer job file")
+            return job
+        except (ValueError, AttributeError) as exc:
+            raise OutputError(f"{self.path / JOB} is damaged ({str(exc)[:100]}), so batchinfer cannot tell which "
+                              "files in the folder are its own", "write to a new folder with --output NEW_FOLDER") from exc
+
+    def _read_markers(self, job: dict, listing: dict[str, int]) -> dict[str, dict]:
+        """Finished chunks by name, in order (a retry after what it retries)."""
+        done = {}
+        for name in sorted((n for n in listing if _MARKER.fullmatch(n)), key=_marker_order):
             try:
-                records.append(json.loads(line))
+                record = json.loads(self.folder.read(name) or b"")
             except ValueError:
-                break  # a line cut by a crash; everything after it is cut too
-            good_bytes += len(line) + 1
-        if good_bytes < len(raw):
-            with open(manifest, "r+b") as f:
-                f.truncate(min(good_bytes, len(raw)))
-        if not records or "fingerprint" not in records[0]:
-            return None
-        self._fingerprint = [r for r in records if "fingerprint" in r][-1]["fingerprint"]
-        self._tuning = ([r["tuning"] for r in records if "tuning" in r] or [None])[-1]
-        self.command = records[0].get("command", "")
-        return {r["chunk"]: r for r in records[1:] if "chunk" in r}
+                continue  # not ours: reported as foreign
+            if isinstance(record, dict) and record.get("job_id") == job["job_id"]:
+                done[_MARKER.fullmatch(name).group(1)] = record
+        return done
 
-    def fingerprint(self) -> dict:
-        return self._fingerprint
+    # --- ownership -------------------------------------------------------------------------------------------
 
-    def tuning(self) -> dict | None:
-        """What a batching probe chose for this folder's job, if one ran."""
-        return self._tuning
-
-    def record_tuning(self, tuning: dict) -> None:
-        self._append({"tuning": tuning})
-        self._tuning = tuning
-
-    def _check_foreign_files(self) -> None:
-        foreign = [p.name for p in self.path.iterdir() if p.name != LOCK and not _ours(p.name)]
-        if foreign:
+    def _refuse_foreign_folder(self) -> None:
+        """Before writing anything: a folder with files but no batchinfer job is not ours."""
+        if not self.folder.exists() or self.folder.read(JOB) is not None:
+            return
+        if not self.path.is_dir():
+            raise OutputError(f"output.path {self.path} is a file", "choose a folder for output.path")
+        listing = self.folder.list()
+        if LEGACY in listing:
             raise OutputError(
-                f"output folder {self.path} is not empty and holds no batchinfer run: {', '.join(sorted(foreign)[:5])}",
-                "choose an empty or new output.path",
-            )
+                f"{self.path} was written by an earlier batchinfer (it has {LEGACY}), whose checkpoints cannot "
+                "show that the input is unchanged, so it cannot be resumed",
+                "write to a new folder with --output NEW_FOLDER; delete the old one yourself when you no longer "
+                "need its results")
+        foreign = [n for n in listing if n != LOCK and not _CREATING.fullmatch(n)]
+        if foreign:
+            raise _foreign_error(self.path, foreign, "holds no batchinfer job")
 
-    def _clear(self) -> None:
-        for p in self.path.iterdir():
-            if _ours(p.name):
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
+    def _refuse_foreign(self, job: dict | None, listing: dict[str, int], done: dict[str, dict]) -> None:
+        foreign = [name for name in listing if not self._owned(name, job, done)]
+        if foreign:
+            raise _foreign_error(self.path, foreign, "holds files batchinfer did not write")
 
-    def _remove_leftovers(self, done: dict[str, dict]) -> None:
-        """Delete temporary files, files of chunks the manifest does not list, and error files a retry replaced."""
-        current = current_errors(done)
-        for folder in (self.path, self.path / ERRORS):
-            if not folder.is_dir():
-                continue
-            for p in folder.iterdir():
-                name = _chunk_of(p.name)
-                replaced = folder.name == ERRORS and name in done and current.get(done[name].get("retry_of", name)) != name
-                if p.name.startswith(".tmp-") or (p.name.startswith("part-") and (name not in done or replaced)):
-                    p.unlink()
-        (self.path / SUCCESS).unlink(missing_ok=True)
+    def _owned(self, name: str, job: dict | None, done: dict[str, dict]) -> bool:
+        if name in (JOB, LOCK) or _CREATING.fullmatch(name):
+            return True
+        if not job:
+            return False
+        job_id = job["job_id"]
+        base = name.rsplit("/", 1)[-1]
+        if base.startswith(f".tmp-{job_id[:12]}-") or name in job.get("files", []):
+            return True
+        if name in (REPORT, SUCCESS) or _MARKER.fullmatch(name):
+            try:
+                return json.loads(self.folder.read(name) or b"{}").get("job_id") == job_id
+            except (ValueError, AttributeError):
+                return False
+        part = _PART.fullmatch(name)
+        if part and part.group(1) in done:
+            return True
+        if part or name == SKIPPED:
+            metadata = self.folder.parquet_metadata(name)
+            return metadata is not None and (metadata.metadata or {}).get(ID_KEY) == job_id.encode()
+        return False
 
-    def error_rows(self, name: str) -> pa.Table | None:
-        path = self.path / ERRORS / f"part-{name}.parquet"
-        return pq.read_table(path) if path.exists() else None
+    def _clear(self, listing: dict[str, int], done: dict[str, dict]) -> None:
+        """--restart: remove this job's files. Markers go first and the job file last, so a crash on the
+        way leaves a folder that still holds one consistent job."""
+        names = sorted(listing, key=lambda n: (not _MARKER.fullmatch(n), n == JOB, n))
+        for name in names:
+            if name != LOCK:
+                self.folder.delete(name)
+        for folder in self.folder.folders():
+            self.folder.remove_folder(folder)
 
-    def drop_errors(self, name: str) -> None:
-        (self.path / ERRORS / f"part-{name}.parquet").unlink(missing_ok=True)
+    def _remove_leftovers(self, listing: dict[str, int], done: dict[str, dict]) -> None:
+        """Delete temporary files, parts of chunks that have no marker, and error files a retry replaced."""
+        current = set(current_errors(done).values())
+        for name in listing:
+            part = _PART.fullmatch(name)
+            stale_part = part and (part.group(1) not in done or (name.startswith(ERRORS) and part.group(1) not in current))
+            if stale_part or name.rsplit("/", 1)[-1].startswith(".tmp-") or name == SUCCESS:
+                self.folder.delete(name)
 
     # --- lock ------------------------------------------------------------------------------------------------
 
     def _lock(self) -> None:
-        lock = self.path / LOCK
-        for _ in range(2):
-            try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                pid = _read_pid(lock)
-                if pid and _alive(pid) and pid != os.getpid():
+        lock = {"run_id": self.run_id, "pid": os.getpid(), "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        saved_prefix = self.folder.tmp_prefix
+        self.folder.tmp_prefix = f".tmp-lock-{self.run_id}-"
+        try:
+            for _ in range(3):
+                if self._write(lambda: self.folder.create(LOCK, _dumps(lock))):
+                    self._locked = True
+                    return
+                holder = self.holder()
+                if holder:
                     raise OutputError(
-                        f"output folder {self.path} is in use by another batchinfer run (pid {pid})",
-                        "wait for it to finish, stop it, or choose another output.path",
-                    )
-                lock.unlink(missing_ok=True)  # left by a dead run: take it over
-                continue
-            except OSError as exc:
-                raise OutputError(f"cannot write in output folder {self.path}: {exc.strerror}",
-                                  "choose a writable output.path") from exc
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            return
-        raise OutputError(f"cannot take the lock {lock}", "remove it if no batchinfer run uses the folder")
+                        f"output folder {self.path} is in use by another batchinfer run (pid {holder['pid']}) on "
+                        f"host {holder['host']}", "wait for it to finish, stop it, or choose another output.path")
+                if read_lock(self.folder.read(LOCK)) is None and self.folder.read(LOCK) is not None:
+                    raise OutputError(f"{self.path / LOCK} is not a batchinfer lock",
+                                      "choose another output.path; batchinfer does not remove files it did not write")
+                self.folder.delete(LOCK)  # left by a run that died: take it over
+        finally:
+            self.folder.tmp_prefix = saved_prefix
+        raise OutputError(f"cannot take the lock {self.path / LOCK}", "remove it if no batchinfer run uses the folder")
 
     def unlock(self) -> None:
-        lock = self.path / LOCK
-        if _read_pid(lock) == os.getpid():
-            lock.unlink(missing_ok=True)
+        if self._locked and (read_lock(self.folder.read(LOCK)) or {}).get("run_id") == self.run_id:
+            self.folder.delete(LOCK)
+        self._locked = False
 
-    def holder(self) -> int | None:
-        pid = _read_pid(self.path / LOCK)
-        return pid if pid and _alive(pid) else None
+    def holder(self) -> dict | None:
+        """The live run holding the folder, if any."""
+        lock = read_lock(self.folder.read(LOCK))
+        if lock is None or lock.get("run_id") == self.run_id:
+            return None
+        if lock["host"] == socket.gethostname() and not _alive(lock["pid"]):
+            return None
+        return lock
 
     # --- writing ---------------------------------------------------------------------------------------------
 
     def write_chunk(self, chunk_name: str, results: pa.Table, errors: pa.Table | None) -> None:
         name = f"part-{chunk_name}.parquet"
         if errors is not None and errors.num_rows:
-            (self.path / ERRORS).mkdir(exist_ok=True)
-            self._write_atomic(errors, self.path / ERRORS / name)
-        if results.num_rows:  # a chunk of error rows only has no part file; the manifest records it
-            self._write_atomic(results, self.path / name)
+            self._write_table(f"{ERRORS}/{name}", errors)
+        if results.num_rows:  # a chunk of error rows only has no part file; its marker records it
+            self._write_table(name, results)
 
     def write_skipped_shards(self, skipped: list[tuple[str, str]]) -> None:
         """One error row per shard left out (input.on_bad_shard: skip); its rows were never read."""
-        target = self.path / ERRORS / SKIPPED
         if not skipped:
-            target.unlink(missing_ok=True)
+            self.folder.delete(SKIPPED)
             return
-        target.parent.mkdir(exist_ok=True)
         names, messages = zip(*skipped)
         table = pa.table({"id": pa.nulls(len(names), pa.string()), "source": list(names),
                           "row": pa.nulls(len(names), pa.int64()), "reason": ["bad_shard"] * len(names),
                           "message": list(messages)}, schema=ERROR_SCHEMA)
-        self._write_atomic(table, target)
+        self._write_table(SKIPPED, table)
 
     def commit(self, record: dict) -> None:
-        self._append(record)
+        """The chunk is done once this returns."""
+        marker = {"job_id": self.job_id, **record, "finished": round(time.time(), 3)}
+        self._write(lambda: self.folder.write(f"{DONE}/{record['chunk']}.json", _dumps(marker)))
+
+    def record_tuning(self, tuning: dict) -> None:
+        self._save_job({**self.job, "tuning": tuning})
+
+    def error_rows(self, name: str) -> pa.Table | None:
+        import pyarrow.parquet as pq
+
+        path = self.path / ERRORS / f"part-{name}.parquet"
+        return pq.read_table(path) if path.exists() else None
+
+    def drop_errors(self, name: str) -> None:
+        self.folder.delete(f"{ERRORS}/part-{name}.parquet")
+
+    def write_file(self, name: str, fill) -> None:
+        """One of the job's other files (named when the folder was opened), written by fill(binary file)."""
+        if name not in self.job.get("files", []):
+            raise ValueError(f"{name} is not among the files this job declared")
+        self._write(lambda: self.folder.write_with(name, fill))
 
     def write_report(self, report: dict, success: bool) -> None:
-        tmp = self.path / f".tmp-{REPORT}"
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        os.replace(tmp, self.path / REPORT)
+        self._write(lambda: self.folder.write(REPORT, _dumps({"job_id": self.job_id, **report}, indent=2)))
         if success:
-            (self.path / SUCCESS).write_text("")
-            _fsync_dir(self.path)
+            self._write(lambda: self.folder.write(SUCCESS, _dumps({"job_id": self.job_id})))
 
-    def _write_atomic(self, table: pa.Table, target: Path) -> None:
-        tmp = target.with_name(f".tmp-{target.name}")
-        try:
-            with open(tmp, "wb") as f:
-                pq.write_table(table, f, compression=self.compression)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-            _fsync_dir(target.parent)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise _write_error(self.path, exc) from exc
+    def _save_job(self, job: dict) -> None:
+        self._write(lambda: self.folder.write(JOB, _dumps(job)))
+        self.job = job
 
-    def _append(self, record: dict) -> None:
+    def _write_table(self, name: str, table: pa.Table) -> None:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), ID_KEY: self.job_id.encode()})
+        self._write(lambda: self.folder.write_table(name, table, self.compression))
+
+    def _write(self, action):
         try:
-            with open(self.path / MANIFEST, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            return action()
         except OSError as exc:
             raise _write_error(self.path, exc) from exc
+
+
+# --- reading a folder without changing it -----------------------------------------------------------------------
+
+
+def read_state(path: Path) -> tuple[OutputDir, dict[str, dict]] | None:
+    """The job and finished chunks of an output folder, read only; None when it holds no batchinfer job."""
+    out = OutputDir(path)
+    job = out._read_job() if path.is_dir() else None
+    if job is None:
+        return None
+    out.job = job
+    return out, out._read_markers(job, out.folder.list())
+
+
+def read_lock(raw: bytes | None) -> dict | None:
+    """A lock's content: JSON, or a bare pid as batchinfer 0.1 wrote it."""
+    if raw is None:
+        return None
+    text = raw.decode("utf-8", errors="replace").strip()
+    if text.isdigit():
+        return {"pid": int(text), "host": socket.gethostname(), "run_id": ""}
+    try:
+        lock = json.loads(text)
+    except ValueError:
+        return None
+    return lock if isinstance(lock, dict) and isinstance(lock.get("pid"), int) and "host" in lock else None
 
 
 def current_errors(done: dict[str, dict]) -> dict[str, str]:
     """For each chunk, the name of the pass whose error file is current: the chunk's, or its latest retry."""
     current = {}
-    for name, record in done.items():  # manifest order: a retry comes after what it retries
+    for name, record in done.items():  # marker order: a retry comes after what it retries
         current[record.get("retry_of", name)] = name
     return current
 
 
+def refuse_location(output: Path, inputs: tuple[str, ...]) -> None:
+    """/, the home folder and a folder holding the input are never output folders."""
+    resolved = output.expanduser().resolve()
+    if resolved == Path(resolved.anchor) or resolved == Path.home().resolve():
+        what = "the root folder" if resolved == Path(resolved.anchor) else "your home folder"
+        raise OutputError(f"output.path {output} is {what}", "give the job a folder of its own, e.g. out/my-job")
+    for path in inputs:
+        if same_or_inside(path, str(resolved)):
+            raise OutputError(f"output.path {output} holds the input {path}",
+                              "write the output to a folder of its own, outside the input")
+
+
+def _foreign_error(path: Path, names: list[str], what: str) -> OutputError:
+    shown = ", ".join(sorted(names)[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return OutputError(f"output folder {path} {what}: {shown}",
+                       "choose an empty or new output.path (--output DIR); batchinfer never deletes files it did "
+                       "not write, so move them away yourself if the folder must be reused")
+
+
+def _marker_order(name: str) -> tuple[str, int]:
+    chunk = _MARKER.fullmatch(name).group(1)
+    base, _, generation = chunk.partition("-r")
+    return base, int(generation or 0)
+
+
+def _dumps(value: dict, indent: int | None = None) -> bytes:
+    return (json.dumps(value, indent=indent) + "\n").encode()
+
+
 def _write_error(path: Path, exc: OSError) -> OutputError:
-    if exc.errno == errno.ENOSPC:
+    if is_disk_full(exc):
         return OutputError(f"the disk holding {path} is full", "free space, then rerun the same command to resume")
     return OutputError(f"cannot write in {path}: {exc.strerror or exc}", "check the folder's permissions, then rerun to resume")
-
-
-def _ours(name: str) -> bool:
-    return name.startswith(("part-", ".tmp-", "_manifest", "_report", "_SUCCESS", "_errors"))
-
-
-def _chunk_of(filename: str) -> str:
-    return filename.removeprefix("part-").removesuffix(".parquet")
-
-
-def _read_pid(lock: Path) -> int | None:
-    try:
-        return int(lock.read_text().strip() or 0) or None
-    except (OSError, ValueError):
-        return None
 
 
 def _alive(pid: int) -> bool:
@@ -271,12 +407,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-

@@ -54,7 +54,7 @@ def main() -> None:
     print(f"uninterrupted run: {whole:.1f} s, of which {startup:.1f} s start-up")
 
     soak = [*command, "--output", str(work / "soak")]
-    manifest = work / "soak" / "_manifest.jsonl"
+    markers = work / "soak" / "_done"
     rng = random.Random(args.seed)
     for kill in range(1, args.kills + 1):
         proc = subprocess.Popen(soak, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -64,7 +64,7 @@ def main() -> None:
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        done = len(manifest.read_text().splitlines()) - 1 if manifest.exists() else 0
+        done = len(list(markers.glob("*.json"))) if markers.exists() else 0
         print(f"kill {kill:2d} after {delay:5.1f} s: {done} chunks committed, exit {proc.returncode}")
     subprocess.run(soak, check=True)
 

@@ -103,6 +103,43 @@ def sms_parquet(tmp_path, sms_table) -> Path:
     return folder
 
 
+class Crash(BaseException):  # not an Exception: nothing may catch it, as nothing catches a kill
+    pass
+
+
+class CrashAfterChunks:
+    """A progress display that dies once `chunks` chunks are committed, as a killed process would."""
+
+    def __init__(self, chunks: int):
+        self.left = chunks
+
+    def start(self, total_rows, done_rows):
+        pass
+
+    def advance(self, rows, tokens):  # called once a chunk is committed
+        self.left -= 1
+        if self.left == 0:
+            raise Crash()
+
+    def log(self, message):
+        pass
+
+
+def done_chunks(out: Path) -> int:
+    """Chunks (and retry passes) an output folder has committed: its completion markers."""
+    return len(list((out / "_done").glob("*.json"))) if (out / "_done").exists() else 0
+
+
+def job_record(out: Path) -> dict:
+    """The output folder's job file: id, fingerprint, batching chosen by a probe."""
+    return json.loads((out / "_batchinfer.json").read_text())
+
+
+def leftover_tmp(out: Path, name: str) -> Path:
+    """Where a kill in the middle of writing `name` leaves its temporary file."""
+    return out / f".tmp-{job_record(out)['job_id'][:12]}-{name}"
+
+
 def write_job(tmp_path: Path, **sections) -> Path:
     """A job file from nested dicts; returns its path."""
     import yaml

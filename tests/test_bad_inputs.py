@@ -100,20 +100,20 @@ def test_unreadable_shard_fails_with_its_name_or_is_skipped_and_listed(tmp_path,
 
 def test_shard_that_breaks_mid_read_accounts_every_row(tmp_path, tiny_embed, monkeypatch):
     """A shard whose metadata reads but whose rows do not: fail names the rows, skip records each of them."""
-    import batchinfer.sources as sources
+    import batchinfer.sources.parquet as sources
 
     folder = tmp_path / "in"
     folder.mkdir()
     shutil.copy(BAD / "crlf_and_bom.jsonl", folder / "good.jsonl")
     shutil.copy(BAD / "null_and_empty.parquet", folder / "breaks.parquet")
-    real_read = sources._read_parquet_rows
+    real_read = sources.read_rows
 
     def corrupt(path, *args):
         if path.endswith("breaks.parquet"):
             raise OSError("Corrupt snappy compressed data.")
         return real_read(path, *args)
 
-    monkeypatch.setattr(sources, "_read_parquet_rows", corrupt)
+    monkeypatch.setattr(sources, "read_rows", corrupt)
     with pytest.raises(InputError, match=r"rows 0-3 of breaks.parquet cannot be read: OSError: Corrupt snappy"):
         run_job(_job(folder, tmp_path / "out", tiny_embed))
     report = run_job(_job(folder, tmp_path / "out", tiny_embed, on_bad_shard="skip"))

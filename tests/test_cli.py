@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
-from conftest import write_job
+from conftest import done_chunks, write_job
 
 runner = CliRunner()
 
@@ -86,17 +86,42 @@ def test_signal_stops_cleanly_and_the_same_command_resumes(tmp_path, sms_parquet
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "batchinfer", "run", str(job), "--set", "batching.max_rows=1"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    manifest = tmp_path / "out" / "_manifest.jsonl"
     deadline = time.time() + 120
-    while time.time() < deadline and (not manifest.exists() or '"chunk"' not in manifest.read_text()):
+    while time.time() < deadline and not done_chunks(tmp_path / "out"):
         time.sleep(0.05)
     proc.send_signal(signum)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == code, output
     assert f"stopped on {signal.Signals(signum).name}" in output and "resume with: batchinfer run" in output
-    done = manifest.read_text().count('"chunk"')
+    done = done_chunks(tmp_path / "out")
     assert 1 <= done < 6
     result = subprocess.run(command[:5], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     ids = ds.dataset(str(tmp_path / "out")).to_table().column("sms_id").to_pylist()
     assert len(ids) == len(set(ids)) == 600
+
+
+def test_status_changes_nothing_and_explains_a_damaged_report(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    out = tmp_path / "out"
+    (out / "_report.json").write_text('{"rows": 6')  # damaged
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
+    result = runner.invoke(app, ["status", str(out)])
+    assert result.exit_code == 0 and "6/6 done (complete)" in result.output and "_report.json is damaged" in result.output
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == before
+    (out / "_batchinfer.json").write_text("{")
+    result = runner.invoke(app, ["status", str(out)])
+    assert result.exit_code == 1 and "_batchinfer.json is damaged" in result.output and "Traceback" not in result.output
+
+
+def test_status_knows_the_total_before_the_first_chunk(tmp_path, sms_parquet, tiny_embed):
+    from batchinfer.sink import OutputDir
+
+    out = OutputDir(tmp_path / "out")
+    out.open({}, restart=False, plan={"chunks": 6, "rows": 600})
+    try:
+        result = runner.invoke(app, ["status", str(tmp_path / "out")])
+    finally:
+        out.unlock()
+    assert "chunks  0/6 done" in result.output and f"active  yes, pid {os.getpid()}" in result.output

@@ -115,3 +115,16 @@ def test_job_file_problems(tmp_path):
     bad.write_text("!!python/object/apply:os.system ['echo unsafe']\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_job(bad)  # safe_load refuses to run code
+
+
+def test_messages_do_not_echo_an_expanded_job_file(tmp_path):
+    """A small "billion laughs" file expands to gigabytes of repr; the error stays a few lines."""
+    lol = ["a: &a [" + ", ".join(["lol"] * 10) + "]"]
+    for level in "bcdefgh":
+        previous = chr(ord(level) - 1)
+        lol.append(f"{level}: &{level} [" + ", ".join([f"*{previous}"] * 10) + "]")
+    lol.append("input: {path: data, text: *h}\nmodel: {path: m, task: embed}\noutput: {path: out}")
+    (tmp_path / "job.yaml").write_text("\n".join(lol))
+    with pytest.raises(ConfigError) as info:
+        load_job(tmp_path / "job.yaml")
+    assert "input.text" in info.value.message and len(info.value.message) < 2000

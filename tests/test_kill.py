@@ -14,15 +14,15 @@ import pyarrow.parquet as pq
 
 from batchinfer.config import load_job
 from batchinfer.engine import run_job
-from conftest import write_job
+from conftest import done_chunks, write_job
 
 KILLS = 5
 
 
-def _wait_for_chunks(manifest, count, proc, timeout=120):
+def _wait_for_chunks(out, count, proc, timeout=120):
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
-        if manifest.exists() and len(manifest.read_text().splitlines()) - 1 >= count:
+        if done_chunks(out) >= count:
             return
         time.sleep(0.01)
 
@@ -30,9 +30,8 @@ def _wait_for_chunks(manifest, count, proc, timeout=120):
 def _visible_files_are_whole(out):
     for part in out.glob("part-*.parquet"):
         pq.read_metadata(part)  # raises on a half-written file
-    lines = (out / "_manifest.jsonl").read_text().splitlines() if (out / "_manifest.jsonl").exists() else []
-    for line in lines[:-1]:
-        json.loads(line)
+    for marker in out.glob("_done/*.json"):
+        json.loads(marker.read_text())
 
 
 def test_kill_9_at_random_points_then_resume(tmp_path, sms_parquet, tiny_embed):
@@ -43,11 +42,10 @@ def test_kill_9_at_random_points_then_resume(tmp_path, sms_parquet, tiny_embed):
     run_job(reference)
     rng = random.Random(20261129)
     command = [sys.executable, "-m", "batchinfer", "run", str(job), "-q"]
-    manifest = tmp_path / "out" / "_manifest.jsonl"
     for _ in range(KILLS):
-        done = len(manifest.read_text().splitlines()) - 1 if manifest.exists() else 0
+        done = done_chunks(tmp_path / "out")
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_for_chunks(manifest, done + rng.randint(0, 2), proc)
+        _wait_for_chunks(tmp_path / "out", done + rng.randint(0, 2), proc)
         time.sleep(rng.uniform(0, 0.05))  # somewhere inside a chunk: mid-batch, mid-write or mid-commit
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -11,7 +11,7 @@ from batchinfer.cli import app
 from batchinfer.config import validate_job
 from batchinfer.engine import run_job
 from test_generate import _alone
-from test_run import Crash
+from conftest import Crash
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "openai" / "requests.jsonl"
 runner = CliRunner()
@@ -64,7 +64,7 @@ def test_openai_batch_command_writes_openai_shaped_lines(tmp_path, tiny_llama):
     assert "\n" not in completion["choices"][0]["text"]
     errors = [json.loads(line) for line in (tmp_path / "results.errors.jsonl").read_text().splitlines()]
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
-        (None, "bad_json"), ("wrong-url", "bad_request"), (None, "bad_request"), ("bad-messages", "bad_request")]
+        ("broken", "bad_json"), ("wrong-url", "bad_request"), (None, "bad_request"), ("bad-messages", "bad_request")]
     assert all(e["response"] is None and e["error"]["message"] for e in errors)
 
 
@@ -123,3 +123,41 @@ def test_openai_config_errors(tmp_path):
                       "output": {"path": "o", "format": "openai"}})
     result = runner.invoke(app, ["openai-batch", str(tmp_path / "none.jsonl"), "-m", "m", "-o", str(tmp_path / "o.jsonl")])
     assert result.exit_code == 1 and "error:" in result.output and "Traceback" not in result.output
+
+
+def _embedding_request(custom_id, text):
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
+                       "body": {"model": "text-embedding-3-small", "input": text}})
+
+
+def test_repeated_custom_ids_and_hostile_lines_become_error_lines(tmp_path, tiny_embed):
+    lines = [_embedding_request("dup", f"repeat {i}") for i in range(1000)]
+    lines += [_embedding_request(f"u{i}", f"unique {i}") for i in range(5)]
+    lines += ['{"custom_id": "deep", "body": ' + "[" * 5000 + "]" * 5000 + "}",
+              '{"custom_id": "surrogate", "method": "POST", "url": "/v1/embeddings", "body": {"input": "a \\ud800"}}',
+              '{"custom_id": "huge", "method": "POST", "url": "/v1/embeddings", "body": {"input": "' + "x" * 20000 + '"}}']
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(tmp_path / "out.jsonl"),
+                                 "--set", "input.max_line_bytes=16384", "-q"])
+    assert result.exit_code == 0, result.output
+    out = [json.loads(line)["custom_id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert out == ["dup"] + [f"u{i}" for i in range(5)]  # one response per custom_id, the first request's
+    errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    codes = [(e["custom_id"], e["error"]["code"]) for e in errors]
+    assert codes == [("dup", "duplicate_id")] * 999 + [("deep", "bad_json"), ("surrogate", "bad_utf8"), ("huge", "too_long")]
+    assert "repeats line 1 of requests.jsonl" in errors[0]["error"]["message"]
+
+
+def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_path, tiny_embed):
+    path = tmp_path / "requests.jsonl"
+    path.write_text(_embedding_request("a", "hello") + "\n")
+    (tmp_path / "out.jsonl").write_text("my own notes\n")
+    command = ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(tmp_path / "out.jsonl"), "-q"]
+    result = runner.invoke(app, command)
+    assert result.exit_code == 1 and "was not written by batchinfer" in result.output
+    assert (tmp_path / "out.jsonl").read_text() == "my own notes\n" and not (tmp_path / "out.jsonl.batchinfer").exists()
+    (tmp_path / "out.jsonl").unlink()
+    assert runner.invoke(app, command).exit_code == 0
+    assert runner.invoke(app, command + ["--restart"]).exit_code == 0  # its own file: replaced
+    assert json.loads((tmp_path / "out.jsonl").read_text())["custom_id"] == "a"

@@ -1,17 +1,17 @@
 """Packed batches give padded results; batching: auto probes once and its choice survives a resume."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
 import transformers as tf
 
+from batchinfer.engine import probe as engine_probe
 from batchinfer.engine import run_job
 from batchinfer.errors import ConfigError
 from batchinfer.packing import first_position, pack, packed_forward, supports_packing
 from batchinfer.tune import GPU_PROBE_TOKENS, gpu_budget
-from test_run import Crash, _job, _read, _vectors
+from conftest import Crash, CrashAfterChunks, job_record
+from test_run import _job, _read, _vectors
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
 FAMILIES = {
@@ -79,30 +79,20 @@ def test_packed_job_equals_padded_job(request, sms_parquet, tmp_path, fixture, t
     assert reports["padded"]["padding_efficiency"] < 1.0
 
 
-class _CrashAfterFirstChunk:
-    def start(self, total_rows, done_rows):
-        pass
-
-    def advance(self, rows, tokens):  # called once a chunk is committed
-        raise Crash()
-
-    def log(self, message):
-        pass
-
-
 def test_auto_probes_once_and_a_resume_reuses_its_choice(sms_parquet, sms_table, tiny_embed, tmp_path, monkeypatch):
     monkeypatch.setattr("batchinfer.tune.SAMPLE_TOKENS", 300)  # six slices fit in the first 100-row chunk
     job = _job(sms_parquet, tiny_embed, tmp_path / "out", batching__max_tokens="auto", batching__strategy="auto")
     with pytest.raises(Crash):
-        run_job(job, progress=_CrashAfterFirstChunk())
-    manifest = (tmp_path / "out" / "_manifest.jsonl").read_text()
-    tuning = [json.loads(line)["tuning"] for line in manifest.splitlines() if '"tuning"' in line]
+        run_job(job, progress=CrashAfterChunks(1))
+    tuning = [job_record(tmp_path / "out")["tuning"]]
     assert len(tuning) == 1 and {"padded@2048", "padded@32768"} <= set(tuning[0]["tokens_per_s"])
     assert f"packed@{tuning[0]['max_tokens']}" in tuning[0]["tokens_per_s"]
+    probes = []
+    monkeypatch.setattr("batchinfer.engine.probe", lambda *args: probes.append(args) or engine_probe(*args))
     report = run_job(job)
     assert report["complete"] and report["batching"]["probe"] == tuning[0]
     assert report["batching"]["max_tokens"] == tuning[0]["max_tokens"]
-    assert (tmp_path / "out" / "_manifest.jsonl").read_text().count('"tuning"') == 1  # no second probe
+    assert probes == [] and job_record(tmp_path / "out")["tuning"] == tuning[0]  # no second probe
     # The probe's slices are the first chunk's results: every row once, as a plain padded run gives them.
     run_job(_job(sms_parquet, tiny_embed, tmp_path / "plain"))
     probed, plain = _read(tmp_path / "out"), _read(tmp_path / "plain")

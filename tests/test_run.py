@@ -1,12 +1,16 @@
 """End to end through the engine: outputs, agreement with trusted tools, batching invariance, resume."""
 
+import shutil
+
 import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
 from batchinfer.config import validate_job
 from batchinfer.engine import run_job
 from batchinfer.errors import ResumeError
+from conftest import Crash, CrashAfterChunks, done_chunks, leftover_tmp
 
 
 def _job(data, model, out, task="embed", **extra):
@@ -87,10 +91,6 @@ def test_embeddings_agree_with_sentence_transformers(sms_table, tmp_path, reques
     assert cosine.min() >= 0.9999
 
 
-class Crash(BaseException):  # not an Exception: nothing may catch it, as nothing catches a kill
-    pass
-
-
 def _crash_after(batches: int):
     """A runner wrapper that dies after `batches` forward passes, as a killed process would."""
     def wrap(runner):
@@ -113,12 +113,14 @@ def test_crash_then_resume_equals_uninterrupted_run(sms_parquet, sms_table, tiny
     with pytest.raises(Crash):
         run_job(job, on_runner=_crash_after(crash_at))
     assert not (tmp_path / "out" / "_SUCCESS").exists()
-    finished = len((tmp_path / "out" / "_manifest.jsonl").read_text().splitlines()) - 1
+    finished = done_chunks(tmp_path / "out")
     assert (finished == 0) if crash_at == 0 else (0 <= finished < 6)
-    # A torn manifest line and a half-written temporary file, as a kill mid-write leaves them.
-    with open(tmp_path / "out" / "_manifest.jsonl", "a") as f:
-        f.write('{"chunk": "00002-000')
-    (tmp_path / "out" / ".tmp-part-00002-00001.parquet").write_bytes(b"PAR1 half")
+    # A half-written temporary file, and a whole part of the next chunk whose marker was never written,
+    # as kills leave them.
+    leftover_tmp(tmp_path / "out", "part-00002-00001.parquet").write_bytes(b"PAR1 half")
+    if finished:
+        chunk = [f"{s:05d}-{c:05d}" for s in range(3) for c in range(2)][finished]
+        shutil.copy(tmp_path / "out" / "part-00000-00000.parquet", tmp_path / "out" / f"part-{chunk}.parquet")
     report = run_job(job)
     assert report["complete"] and report["run"]["rows"] == 600 - 100 * finished
     resumed, whole = _read(tmp_path / "out"), _read(tmp_path / "whole")
@@ -253,3 +255,45 @@ def test_disk_full_and_unwritable_folder_say_what_to_do(sms_parquet, tiny_embed,
     monkeypatch.setattr(sink.Path, "mkdir", unwritable)
     with pytest.raises(OutputError, match="cannot create output folder .*: Permission denied"):
         run_job(_job(sms_parquet, tiny_embed, tmp_path / "elsewhere"))
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_shard_rewritten_between_crash_and_resume_is_refused(sms_table, tiny_embed, tmp_path, kind):
+    """Same name, same row count, different texts: the finished chunks hold results of the old texts."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    rows = sms_table.slice(0, 300)
+    data = tmp_path / "in"
+    data.mkdir()
+
+    def write(table):
+        if kind == "parquet":
+            pq.write_table(table, data / "sms.parquet")
+        else:
+            (data / "sms.jsonl").write_text("".join(json.dumps(r) + "\n" for r in table.to_pylist()))
+
+    write(rows)
+    job = _job(data, tiny_embed, tmp_path / "out")
+    with pytest.raises(Crash):
+        run_job(job, progress=CrashAfterChunks(1))
+    assert done_chunks(tmp_path / "out") == 1
+    texts = rows.column("text").to_pylist()
+    texts[250] = texts[250].swapcase()  # one row of a chunk not yet run; same byte length
+    write(rows.set_column(rows.column_names.index("text"), "text", pa.array(texts)))
+    with pytest.raises(ResumeError) as info:
+        run_job(job)
+    assert f"sms.{kind} changed since this folder's first run" in info.value.message
+    assert "--restart" in info.value.hint
+    report = run_job(job, restart=True)
+    assert report["complete"] and report["run"]["rows"] == 300
+
+
+def test_output_inside_the_input_folder_is_never_read_back(sms_parquet, tiny_embed, tmp_path):
+    """With the text kept in the output, a rerun that read its own parts would find every row twice."""
+    job = _job(sms_parquet, tiny_embed, sms_parquet / "embedded", input__keep=["text"])
+    first = run_job(job)
+    second = run_job(job, restart=True)
+    assert first["rows"] == second["rows"] == 600 and second["run"]["rows"] == 600
+    assert _read(sms_parquet / "embedded").num_rows == 600

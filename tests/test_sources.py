@@ -7,7 +7,7 @@ import pytest
 
 from batchinfer.config import InputConfig
 from batchinfer.errors import InputError
-from batchinfer.sources import ShardReader, discover_shards
+from batchinfer.sources import discover_shards, open_reader, read_spec
 
 ROWS = [{"id": i, "text": f"message number {i}", "label": i % 2} for i in range(50)]
 
@@ -20,8 +20,9 @@ def _jsonl(path, rows, opener=open):
 
 def _read_all(cfg: InputConfig) -> list[dict]:
     rows = []
-    for shard in discover_shards(cfg)[0]:
-        reader = ShardReader(shard, cfg.columns, ["text"])
+    shards, _, types = discover_shards(cfg)
+    for shard in shards:
+        reader = open_reader(shard, read_spec(cfg, types=types))
         for start in range(0, shard.num_rows, 7):  # odd ranges: cross row groups and line boundaries
             rows += reader.read(start, min(start + 7, shard.num_rows)).table.to_pylist()
         reader.close()
@@ -55,7 +56,7 @@ def test_every_format_reads_every_row_in_order(tmp_path, kind):
 def test_jsonl_reader_reopens_for_an_earlier_range(tmp_path):
     cfg = InputConfig(path=str(_jsonl(tmp_path / "a.jsonl.gz", ROWS, gzip.open)), text="text")
     shard = discover_shards(cfg)[0][0]
-    reader = ShardReader(shard, ["text"], ["text"])
+    reader = open_reader(shard, read_spec(cfg))
     assert reader.read(40, 42).table.column("text").to_pylist() == ["message number 40", "message number 41"]
     assert reader.read(3, 4).table.column("text").to_pylist() == ["message number 3"]
 
@@ -77,3 +78,114 @@ def test_missing_column_lists_what_exists(tmp_path):
     _jsonl(tmp_path / "b.jsonl", ROWS)
     with pytest.raises(InputError, match=r"column 'txt' not found in b.jsonl; it has: id, text, label"):
         discover_shards(InputConfig(path=str(tmp_path / "b.jsonl"), text="txt"))
+
+
+# --- input identity ---------------------------------------------------------------------------------------------
+
+
+def _digest(path, **input_extra):
+    return discover_shards(InputConfig(path=str(path), text="text", **input_extra)).shards[0].digest
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl", "jsonl.gz", "hf"])
+def test_a_rewrite_with_the_same_name_and_row_count_changes_the_digest(tmp_path, kind):
+    rows = [dict(r) for r in ROWS]
+    changed = [dict(r) for r in ROWS]
+    changed[25]["text"] = "message number 2X"  # same length: the same file size for JSONL
+    path = tmp_path / f"a.{kind}"
+
+    def write(data):
+        if kind == "parquet":
+            pq.write_table(pa.Table.from_pylist(data), path)
+        elif kind == "hf":
+            import datasets
+
+            datasets.Dataset.from_list(data).save_to_disk(str(path))
+        else:
+            _jsonl(path, data, gzip.open if kind.endswith(".gz") else open)
+
+    write(rows)
+    before = _digest(path)
+    write(rows)
+    assert _digest(path) == before  # the same content, written again: the same identity
+    write(changed)
+    assert _digest(path) != before
+
+
+# --- output never read back as input ----------------------------------------------------------------------------
+
+
+def test_discovery_skips_the_output_folder_and_other_batchinfer_outputs_below_the_input(tmp_path):
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "a.parquet")
+    for name in ("out", "older-run"):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / name / "part-00000-00000.parquet")
+    (tmp_path / "older-run" / "_batchinfer.json").write_text("{}")
+    for path in (tmp_path, tmp_path / "*.parquet", tmp_path / "**" / "*.parquet"):
+        shards = discover_shards(InputConfig(path=str(path), text="text"), output=str(tmp_path / "out")).shards
+        assert [s.name for s in shards] == ["a.parquet"]
+    # A batchinfer output named as the input itself is read: one job feeds the next.
+    chained = discover_shards(InputConfig(path=str(tmp_path / "older-run"), text="text")).shards
+    assert [s.name for s in chained] == ["part-00000-00000.parquet"]
+
+
+# --- hostile lines and ids ---------------------------------------------------------------------------------------
+
+HOSTILE = [
+    (b"{\"id\": \"h1\", \"text\": " + b"[" * 5000 + b"]" * 5000 + b"}", "h1", "bad_json"),
+    (b'{"id": "h2", "text": "lone \\ud800 surrogate"}', "h2", "bad_utf8"),
+    (b'{"id": "h3", "text": "ok", "label": "\\udfff"}', "h3", "bad_utf8"),
+    (b'{"id": "h4", "text": "' + b"long " * 5000 + b'"}', "h4", "too_long"),
+    (b'{"id": "h5", "text": "fine", "label": ' + b"[" * 30 + b"]" * 30 + b"}", "h5", "bad_json"),
+    (b'{"id": 6, "text": ["not", "text"]}', "6", "not_text"),
+    (b'{"id": "h7", "text": "caf\xe9"}', "h7", "bad_utf8"),
+]
+
+
+def test_hostile_lines_cost_one_row_each_and_keep_their_ids(tmp_path, tiny_embed):
+    from batchinfer.config import validate_job
+    from batchinfer.engine import run_job
+
+    good = [json.dumps({"id": f"g{i}", "text": f"good row {i}", "label": i}).encode() for i in range(20)]
+    lines = [line for pair in zip(good, [h[0] for h in HOSTILE] + [b""] * 20) for line in pair if line]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "rows.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    job = validate_job({"input": {"path": str(tmp_path / "in"), "text": "text", "id": "id", "keep": ["label"],
+                                  "max_line_bytes": 16384},
+                        "model": {"path": str(tiny_embed), "task": "embed", "max_length": 32},
+                        "batching": {"chunk_rows": 8}, "output": {"path": str(tmp_path / "out")}})
+    report = run_job(job)  # on_bad_shard: fail, and still nothing stops
+    assert report["complete"] and report["rows"] == 27 and report["rows_ok"] == 20
+    errors = pq.read_table(tmp_path / "out" / "_errors").to_pylist()
+    assert sorted(((e["id"], e["reason"]) for e in errors), key=str) == sorted(((h[1], h[2]) for h in HOSTILE), key=str)
+    results = pq.read_table(tmp_path / "out")
+    assert results.column("id").to_pylist() == [f"g{i}" for i in range(20)]
+
+
+def test_mixed_id_types_are_kept_as_their_text_with_one_schema(tmp_path, tiny_embed):
+    import pyarrow.dataset as ds
+
+    from batchinfer.config import validate_job
+    from batchinfer.engine import run_job
+
+    ids = [f"h{i:06d}" if i % 7 else i for i in range(40)]  # strings, and an integer every 7th line
+    rows = [{"id": v, "text": f"text {i}", "score": (None if i < 10 else i / 2)} for i, v in enumerate(ids)]
+    _jsonl(tmp_path / "rows.jsonl", rows)
+    job = validate_job({"input": {"path": str(tmp_path / "rows.jsonl"), "text": "text", "id": "id", "keep": ["score"]},
+                        "model": {"path": str(tiny_embed), "task": "embed", "max_length": 32},
+                        "batching": {"chunk_rows": 10}, "output": {"path": str(tmp_path / "out")}})
+    run_job(job)
+    parts = sorted((tmp_path / "out").glob("part-*.parquet"))
+    schemas = {str(pq.read_schema(p).remove_metadata()) for p in parts}
+    assert len(parts) == 4 and len(schemas) == 1  # the all-null score chunk too
+    table = ds.dataset(str(tmp_path / "out"), format="parquet").to_table()
+    assert table.column("id").to_pylist() == [str(v) for v in ids]  # "h000001" without quotes, 7 as "7"
+    assert table.schema.field("score").type == pa.float64()
+
+
+def test_parquet_shards_that_disagree_on_the_id_type_give_text_ids(tmp_path):
+    pq.write_table(pa.table({"id": [1, 2], "text": ["a", "b"]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": ["x", "y"], "text": ["c", "d"]}), tmp_path / "b.parquet")
+    cfg = InputConfig(path=str(tmp_path), text="text", id="id")
+    assert discover_shards(cfg).types == {"id": pa.string()}
+    assert [r["id"] for r in _read_all(cfg)] == ["1", "2", "x", "y"]

@@ -37,7 +37,7 @@ class EncoderRunner:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     def tokenize(self, texts: list[str]) -> Tokens:
-        encodings = self.tokenizer.encode_batch(texts)
+        encodings = encode_capped(self.tokenizer, texts, self.max_length)
         ids = [e.ids for e in encodings]
         lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
         truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(ids))
@@ -69,6 +69,31 @@ class EncoderRunner:
 
     def columns(self, results: np.ndarray) -> dict[str, pa.Array]:
         raise NotImplementedError
+
+
+CHARS_PER_TOKEN = 64  # more than any vocabulary's longest token
+
+
+def encode_capped(tokenizer, texts: list[str], max_length: int, from_end: bool = False, **options) -> list:
+    """The tokenizer's truncated encodings of `texts`, without tokenizing what truncation drops anyway.
+
+    A text longer than max_length x CHARS_PER_TOKEN characters is cut to that length first (its end
+    kept when `from_end`). When the cut text still overflows max_length tokens, its kept tokens are
+    those of the whole text: the cut changes at most the last word, far past them. Otherwise (a text of
+    invisible characters, one enormous word) the whole text is tokenized after all. An 8 MB line costs
+    milliseconds this way instead of 14 s and 1.8 GB of overflow encodings."""
+    limit = max_length * CHARS_PER_TOKEN
+    long = [i for i, text in enumerate(texts) if len(text) > limit]
+    if not long:
+        return tokenizer.encode_batch(texts, **options)
+    cut = list(texts)
+    for i in long:
+        cut[i] = texts[i][-limit:] if from_end else texts[i][:limit]
+    encodings = tokenizer.encode_batch(cut, **options)
+    whole = [i for i in long if not encodings[i].overflowing]
+    for i, encoding in zip(whole, tokenizer.encode_batch([texts[i] for i in whole], **options) if whole else []):
+        encodings[i] = encoding
+    return encodings
 
 
 def _position_limit(config) -> int:

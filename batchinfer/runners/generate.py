@@ -22,7 +22,7 @@ import torch
 
 from ..config import GenerationConfig
 from ..errors import ModelError
-from .base import Tokens
+from .base import Tokens, encode_capped
 
 
 @dataclass
@@ -58,11 +58,13 @@ class GenerateRunner:
         encodings: list = [None] * len(prompts)
         plain = [i for i, p in enumerate(prompts) if isinstance(p, str)]
         chats = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
-        for i, encoding in zip(plain, self.backend.encode_batch([prompts[i] for i in plain]) if plain else []):
+        for i, encoding in zip(plain, encode_capped(self.backend, [prompts[i] for i in plain], self.max_length,
+                                                    from_end=True) if plain else []):
             encodings[i] = encoding
         if chats:  # the template writes its own special tokens
             texts = [self.tokenizer.apply_chat_template(prompts[i], add_generation_prompt=True, tokenize=False) for i in chats]
-            for i, encoding in zip(chats, self.backend.encode_batch(texts, add_special_tokens=False)):
+            for i, encoding in zip(chats, encode_capped(self.backend, texts, self.max_length, from_end=True,
+                                                        add_special_tokens=False)):
                 encodings[i] = encoding
         ids = [e.ids for e in encodings]
         lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))

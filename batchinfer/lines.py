@@ -1,0 +1,132 @@
+"""JSON Lines read one line at a time, with limits, so that no single line can stop a job.
+
+A line longer than the limit is never held whole: its first bytes are kept (to name its id) and the
+rest is skipped. A line is parsed on its own; whatever is wrong with it (not UTF-8, not JSON, nested
+too deeply, not an object) becomes a (reason, message) for that line alone.
+
+No package imports: sources, the OpenAI request reader and the CLI all use these.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass
+from typing import IO, Iterator
+
+import numpy as np
+
+BOM = b"\xef\xbb\xbf"
+MAX_DEPTH = 20  # nesting of objects and lists in one line; Parquet cannot read back much deeper schemas
+HEAD = 4096  # bytes of an over-long line kept to name it
+_SKIP = 1 << 20  # bytes read at a time while skipping the rest of an over-long line
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_MARKS = re.compile(r'[{}\[\],"]')
+_COLON = re.compile(r"\s*:\s*")
+
+Problem = tuple[str, str]  # (reason, message)
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """A line over the limit: its first HEAD bytes and its full length."""
+
+    head: bytes
+    size: int
+
+
+def open_lines(path: str) -> IO[bytes]:
+    """A file's bytes, decompressed when its name ends in .gz."""
+    return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
+
+
+def read_lines(stream: IO[bytes], max_bytes: int) -> Iterator[bytes | Oversized]:
+    """Every line of the stream without its line ending; a final newline does not start another
+    line, and a UTF-8 byte-order mark before the first line is dropped."""
+    first = True
+    while True:
+        line = stream.readline(max_bytes + 1)
+        if not line:
+            return
+        if first and line.startswith(BOM):
+            line = line[len(BOM):]
+        first = False
+        if len(line) > max_bytes and not line.endswith(b"\n"):
+            size = len(line)
+            while True:  # skip to the end of the line without holding it
+                rest = stream.readline(_SKIP)
+                size += len(rest)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            yield Oversized(line[:HEAD], size - (1 if rest.endswith(b"\n") else 0))
+            continue
+        yield line.rstrip(b"\r\n")
+
+
+def parse_object(line: bytes | Oversized, max_bytes: int) -> tuple[dict | None, Problem | None]:
+    """One line → its JSON object, or the reason it is not one."""
+    if isinstance(line, Oversized):
+        return None, ("too_long", f"line is {line.size:,} bytes, over input.max_line_bytes ({max_bytes:,})")
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, ("bad_utf8", f"line is not UTF-8: {exc.reason} at byte {exc.start}")
+    if not text.strip():
+        return None, ("bad_json", "line is empty")
+    if too_deep(line):
+        return None, ("bad_json", f"line nests objects or lists more than {MAX_DEPTH} levels deep")
+    try:
+        record = json.loads(text)
+    except RecursionError:
+        return None, ("bad_json", f"line nests objects or lists more than {MAX_DEPTH} levels deep")
+    except ValueError as exc:
+        return None, ("bad_json", f"line is not JSON: {exc}")
+    if not isinstance(record, dict):
+        return None, ("bad_json", f"line is a JSON {type(record).__name__}, not an object")
+    return record, None
+
+
+def too_deep(line: bytes) -> bool:
+    """Whether brackets outside strings nest deeper than MAX_DEPTH. Counting first keeps this free
+    for ordinary lines: fewer opening brackets than the limit cannot nest past it."""
+    if line.count(b"[") + line.count(b"{") <= MAX_DEPTH:
+        return False
+    bare = np.frombuffer(_STRINGS.sub(b"", line), dtype=np.uint8)
+    step = np.isin(bare, (ord("["), ord("{"))).astype(np.int32) - np.isin(bare, (ord("]"), ord("}")))
+    return bool(len(step)) and int(np.cumsum(step).max()) > MAX_DEPTH
+
+
+def sniff_field(line: bytes | Oversized, key: str) -> str | int | float | None:
+    """The scalar value of a top-level `key` in a line that does not parse (too long, too deep,
+    broken further on), when it stands in the first HEAD bytes, before the damage; else None."""
+    text = (line.head if isinstance(line, Oversized) else line[:HEAD]).decode("utf-8", errors="replace")
+    decoder = json.JSONDecoder()
+    depth, expect_key = 0, False
+    at = _MARKS.search(text)
+    while at:
+        ch, i = at.group(), at.start()
+        if ch == '"':
+            try:
+                value, end = decoder.raw_decode(text, i)
+            except ValueError:
+                return None
+            colon = _COLON.match(text, end)
+            if expect_key and value == key and colon:
+                try:
+                    found, _ = decoder.raw_decode(text, colon.end())
+                except ValueError:
+                    return None
+                return found if isinstance(found, (str, int, float)) and not isinstance(found, bool) else None
+            expect_key = False
+            at = _MARKS.search(text, end)
+            continue
+        if ch in "{[":
+            depth += 1
+            expect_key = ch == "{" and depth == 1
+        elif ch in "}]":
+            depth -= 1
+        else:  # a comma
+            expect_key = depth == 1
+        at = _MARKS.search(text, i + 1)
+    return None

@@ -1,0 +1,167 @@
+"""Shards on disk → row ranges as Arrow tables, every unusable row named. Knows nothing of models.
+
+One class per format: parquet.py, jsonl.py (and .jsonl.gz), hf.py (saved datasets), openai.py
+(OpenAI Batch API request lines). Discovery here expands input.path into shards in a stable order,
+opens each once (row count, content digest, columns, value types) and fixes the type of every id and
+kept column for the whole job.
+
+Discovery never reads batchinfer's own output back: it skips the job's output folder and any folder
+below the input that holds a batchinfer job (an output folder given as input.path itself is read, so
+one job can feed the next).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import pyarrow as pa
+
+from ..config import InputConfig
+from ..errors import InputError
+from .base import READ_ERRORS, BadShard, Reader, ReadSpec, RowBlock, Shard, ShardInfo, describe_read_error, job_type
+from .hf import MARKERS as HF_MARKERS
+from .hf import HfFormat
+from .jsonl import JsonlFormat
+from .openai import REQUEST_TYPES, OpenAIFormat, find_repeats
+from .parquet import ParquetFormat
+
+__all__ = ["READ_ERRORS", "BadShard", "Inputs", "ReadSpec", "RowBlock", "Shard", "describe_read_error",
+           "discover_shards", "open_reader", "read_spec"]
+
+FORMATS = {"parquet": ParquetFormat(), "jsonl": JsonlFormat(), "hf": HfFormat(), "openai": OpenAIFormat()}
+# Files and folders batchinfer writes into an output folder: a folder holding one is its output.
+JOB_MARKERS = ("_batchinfer.json", "_manifest.jsonl")
+
+
+class Inputs(NamedTuple):
+    shards: list[Shard]
+    bad: list[BadShard]
+    types: dict[str, pa.DataType]  # the output type of every id and kept column, for the whole job
+
+
+def read_spec(cfg: InputConfig, columns: list[str] | None = None, types: dict | None = None) -> ReadSpec:
+    types = dict(REQUEST_TYPES) if cfg.format == "openai" else dict(types or {})
+    return ReadSpec(tuple(columns or cfg.columns), tuple(cfg.text_columns), (cfg.messages,) if cfg.messages else (),
+                    cfg.id_column, cfg.max_line_bytes, types)
+
+
+def open_reader(shard: Shard, spec: ReadSpec) -> Reader:
+    return FORMATS[shard.format].reader(shard, spec)
+
+
+def shard_format(path: Path, declared: str = "auto") -> str | None:
+    if path.is_dir():
+        return "hf" if any((path / m).exists() for m in HF_MARKERS) else None
+    if declared != "auto":
+        return declared
+    name = path.name.lower()
+    return next((fmt for fmt, f in FORMATS.items() for suffix in f.suffixes if name.endswith(suffix)), None)
+
+
+def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: str | None = None) -> Inputs:
+    """Expand input.path into shards in a stable order, with their row counts and identities.
+
+    Every shard is opened and checked for the needed columns here, so a corrupt or foreign file
+    stops the job before any work (on_bad_shard: fail) or is left out and reported (skip).
+    """
+    paths = _expand(cfg.path, cfg.format, output)
+    root = _common_root(paths)
+    spec = read_spec(cfg, columns)
+    shards, bad, infos = [], [], []
+    for path in paths:
+        fmt = shard_format(path, cfg.format)
+        name = os.path.relpath(path, root) if root else path.name
+        try:
+            info = _inspect(path, fmt, spec)
+            _check_columns(name, info.columns, list(spec.columns))
+        except InputError as exc:
+            if cfg.on_bad_shard == "fail":
+                raise InputError(exc.message, exc.hint + ("; or set input.on_bad_shard: skip to leave it out"
+                                                          if len(paths) > 1 else ""))
+            bad.append(BadShard(name, exc.message))
+            continue
+        shards.append(Shard(str(path.resolve()), name, fmt, info.rows, info.digest))
+        infos.append(info)
+    if not shards:
+        raise InputError(f"no readable shard: {bad[0].message}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
+                         "fix the input files or input.text / input.id / input.keep")
+    if cfg.format == "openai":
+        repeats = find_repeats([(s.name, info.keys) for s, info in zip(shards, infos)])
+        shards = [Shard(s.path, s.name, s.format, s.num_rows, s.digest, repeats.get(s.name, ())) for s in shards]
+    types = {c: job_type(c, {s.name: i.types[c] for s, i in zip(shards, infos) if c in i.types})
+             for c in spec.typed if any(c in i.types for i in infos)}
+    return Inputs(shards, bad, types)
+
+
+def _inspect(path: Path, fmt: str, spec: ReadSpec) -> ShardInfo:
+    try:
+        return FORMATS[fmt].inspect(str(path), spec)
+    except READ_ERRORS as exc:
+        raise InputError(f"shard {path} cannot be read: {describe_read_error(exc)}", "replace or remove the file") from exc
+
+
+def _check_columns(name: str, present: list[str] | None, columns: list[str]) -> None:
+    """Fail early, listing what exists, when a shard lacks a needed column."""
+    if present is None:
+        return
+    missing = [c for c in columns if c not in present]
+    if missing:
+        raise InputError(
+            f"column {', '.join(repr(c) for c in missing)} not found in {name}; it has: {', '.join(present)}",
+            "fix input.text, input.id or input.keep to name existing columns, or remove the shard of another schema",
+        )
+
+
+def _expand(pattern: str, declared: str, output: str | None) -> list[Path]:
+    skip = _Skip(output)
+    if any(ch in pattern for ch in "*?["):
+        prefix = pattern[:min(pattern.index(ch) for ch in "*?[" if ch in pattern)]
+        base = Path(prefix[: prefix.rfind("/") + 1] or ".")
+        matches = [Path(p) for p in sorted(glob.glob(pattern, recursive=True)) if not skip(Path(p), base)]
+        where = f"the glob {pattern}"
+    else:
+        path = Path(pattern)
+        if not path.exists():
+            raise InputError(f"input.path {pattern} does not exist", "check the path; it is taken from the current directory")
+        matches = [path] if path.is_file() or shard_format(path) == "hf" else sorted(
+            p for p in path.rglob("*")
+            if not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts) and not skip(p, path)
+        )
+        where = f"the folder {pattern}"
+    shards = [p for p in matches if shard_format(p, declared)]
+    if not shards:
+        found = ", ".join(sorted({p.suffix or p.name for p in matches if p.is_file()})[:8]) or "nothing"
+        raise InputError(
+            f"{where} holds no .parquet, .jsonl, .jsonl.gz file or saved dataset folder (found: {found})",
+            "point input.path at your shards, or set input.format for files with another extension",
+        )
+    return shards
+
+
+class _Skip:
+    """Whether a found file is batchinfer output: under the job's output folder, or in a folder below
+    the input's root that holds a batchinfer job."""
+
+    def __init__(self, output: str | None):
+        self.output = Path(output).expanduser().resolve() if output else None
+        self.folders: dict[Path, bool] = {}
+
+    def __call__(self, path: Path, root: Path) -> bool:
+        path, root = path.resolve(), root.resolve()
+        if self.output and (path == self.output or self.output in path.parents):
+            return True
+        return any(self._is_output(folder) for folder in path.parents if root in folder.parents)
+
+    def _is_output(self, folder: Path) -> bool:
+        if folder not in self.folders:
+            self.folders[folder] = any((folder / marker).exists() for marker in JOB_MARKERS)
+        return self.folders[folder]
+
+
+def _common_root(paths: list[Path]) -> str | None:
+    if len(paths) == 1:
+        return None
+    return os.path.commonpath([str(p.resolve().parent) for p in paths])

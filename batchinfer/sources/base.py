@@ -1,0 +1,193 @@
+"""What every input format shares: shards, read specs, row blocks, and the column types of a job.
+
+A format module defines a class with `suffixes`, `inspect(path, spec) -> ShardInfo` (rows, content
+digest, columns, value types; run once per shard at discovery) and `reader(shard, spec)` (an object
+with `read(start, stop) -> RowBlock` and `close()`).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import pyarrow as pa
+
+from ..errors import InputError
+
+Problem = tuple[str, str]  # (reason, message)
+KINDS_OF = {str: "str", bool: "bool", int: "int", float: "float", list: "list", dict: "dict"}
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class Shard:
+    path: str  # absolute
+    name: str  # as shown to users and written to the `source` column
+    format: str  # parquet | jsonl | hf | openai
+    num_rows: int
+    digest: str = ""  # identifies the content: a changed file is never mixed into a resume
+    repeats: tuple[tuple[int, str], ...] = ()  # openai: (line, message) for a custom_id seen before
+
+
+@dataclass(frozen=True)
+class BadShard:
+    name: str
+    message: str
+
+
+@dataclass
+class RowBlock:
+    """Rows [start, stop) of one shard: the needed columns, plus rows that could not be read at all."""
+
+    table: pa.Table
+    bad_rows: dict[int, Problem] = field(default_factory=dict)  # offset in block -> (reason, message)
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """What a job reads from every shard."""
+
+    columns: tuple[str, ...]  # every column, in a stable order
+    text: tuple[str, ...] = ()  # columns whose values must be text
+    messages: tuple[str, ...] = ()  # columns of chat messages
+    id_column: str | None = None
+    max_line_bytes: int = 8 << 20
+    types: dict[str, pa.DataType] = field(default_factory=dict)  # the job's type of every other column
+
+    @property
+    def typed(self) -> list[str]:
+        """Columns whose type is fixed for the whole job: ids, kept columns, per-row settings."""
+        return [c for c in self.columns if c not in self.text and c not in self.messages]
+
+
+@dataclass
+class ShardInfo:
+    rows: int
+    digest: str
+    columns: list[str] | None  # None: rows are checked one by one (OpenAI requests)
+    types: dict[str, pa.DataType] = field(default_factory=dict)  # typed columns found in this shard
+    keys: list[tuple[int, str]] = field(default_factory=list)  # openai: (line, custom_id)
+
+
+class Reader(Protocol):
+    def read(self, start: int, stop: int) -> RowBlock: ...
+    def close(self) -> None: ...
+
+
+class TableReader:
+    """Rows of a typed format (Parquet, saved datasets): read(start, stop) -> table, in the job's types."""
+
+    def __init__(self, read: Callable[[int, int], pa.Table], spec: ReadSpec):
+        self._read, self.spec = read, spec
+
+    def read(self, start: int, stop: int) -> RowBlock:
+        return RowBlock(cast_columns(self._read(start, stop), self.spec.types))
+
+    def close(self) -> None:
+        pass
+
+
+# What a truncated, corrupt or foreign file raises from pyarrow, gzip, zlib or datasets.
+READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowException, ValueError, KeyError)
+
+
+def describe_read_error(exc: BaseException) -> str:
+    if isinstance(exc, EOFError):
+        return "the file ends early (truncated gzip)"
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+# --- column types -----------------------------------------------------------------------------------------
+
+
+class Kinds:
+    """The kinds of JSON value one column holds across a shard, to fix its Arrow type before reading."""
+
+    def __init__(self):
+        self.seen: set[str] = set()
+        self.nested: set[pa.DataType] = set()
+
+    def add(self, value) -> None:
+        if value is None:
+            return
+        kind = KINDS_OF.get(type(value), "other")
+        if kind == "int" and not INT64[0] <= value <= INT64[1]:
+            kind = "bigint"
+        self.seen.add(kind)
+        if kind in ("list", "dict") and len(self.nested) < 64:
+            try:
+                self.nested.add(pa.array([value]).type)
+            except (pa.ArrowException, ValueError, TypeError, OverflowError):
+                self.seen.add("other")  # read row by row later; the bad value becomes that row's error
+
+    def arrow_type(self, is_id: bool) -> pa.DataType:
+        """One kind keeps its type; numbers that mix int and float are float (ids excepted); any
+        other mix is text, each value written as it stands in the file (strings unquoted)."""
+        seen = self.seen
+        simple = {frozenset({"str"}): pa.string(), frozenset({"int"}): pa.int64(), frozenset({"float"}): pa.float64(),
+                  frozenset({"bool"}): pa.bool_()}
+        if not seen:
+            return pa.string()
+        if frozenset(seen) in simple:
+            return simple[frozenset(seen)]
+        if seen == {"int", "float"} and not is_id:
+            return pa.float64()
+        if len(seen) == 1 and seen <= {"list", "dict"} and self.nested:
+            unified = unify(list(self.nested))
+            if unified is not None:
+                return unified
+        return pa.string()
+
+
+def unify(types: list[pa.DataType]) -> pa.DataType | None:
+    """The one type all of `types` fit in, or None."""
+    try:
+        schema = pa.unify_schemas([pa.schema([("v", t)]) for t in types], promote_options="permissive")
+    except (pa.ArrowException, TypeError):
+        return None
+    return schema.field("v").type
+
+
+def job_type(column: str, found: dict[str, pa.DataType]) -> pa.DataType:
+    """The type of a column across shards (shard name -> type there): the common one, numbers widened,
+    text when the shards disagree otherwise; refused only when a value could not be written as text."""
+    types = list(dict.fromkeys(found.values()))
+    if len(types) == 1:
+        return pa.string() if pa.types.is_null(types[0]) else types[0]
+    real = [t for t in types if not pa.types.is_null(t)]
+    if all(pa.types.is_integer(t) for t in real):
+        return pa.int64()
+    if all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in real):
+        return pa.float64()
+    if all(_text_castable(t) for t in real):
+        return pa.string()
+    unified = unify(real)
+    if unified is None:
+        shown = "; ".join(f"{name}: {t}" for name, t in list(found.items())[:4])
+        raise InputError(f"column '{column}' has types that do not combine across shards ({shown})",
+                         f"give every shard the same type for '{column}', or leave it out of input.keep")
+    return unified
+
+
+def _text_castable(t: pa.DataType) -> bool:
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
+            or pa.types.is_boolean(t) or pa.types.is_dictionary(t) or pa.types.is_temporal(t)
+            or pa.types.is_decimal(t))
+
+
+def as_text(value) -> str | None:
+    """A value of a mixed column as text: strings as they are, anything else as its JSON text."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def cast_columns(table: pa.Table, types: dict[str, pa.DataType]) -> pa.Table:
+    """A block of a typed format (Parquet, saved datasets) in the job's column types."""
+    for i, name in enumerate(table.column_names):
+        want = types.get(name)
+        if want is not None and table.column(i).type != want:
+            table = table.set_column(i, name, table.column(i).cast(want))
+    return table

@@ -1,0 +1,179 @@
+"""JSON Lines shards (.jsonl, .ndjson, optionally gzipped): every line a row, parsed on its own.
+
+Discovery reads each shard once: it counts the lines, hashes the bytes (the shard's identity) and
+notes which kinds of value the id and kept columns hold, so their Arrow type is fixed for the whole
+job before the first chunk is read. Reading then streams the lines, continuing one open stream
+across consecutive chunks (a gzip needs no seeking).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import IO
+
+import pyarrow as pa
+
+from ..lines import Oversized, open_lines, parse_object, read_lines, sniff_field
+from ..prepare import message_problem
+from .base import Kinds, Problem, ReadSpec, RowBlock, Shard, ShardInfo, as_text
+
+_BLOCK = 1 << 20
+
+
+class JsonlFormat:
+    suffixes = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
+
+    def inspect(self, path: str, spec: ReadSpec) -> ShardInfo:
+        digest = hashlib.blake2b(digest_size=16)
+        kinds = {c: Kinds() for c in self.typed_columns(spec)}
+        columns, keys, rows = None, [], 0
+        with open_lines(path) as raw:
+            stream = _Hashing(raw, digest)
+            if not kinds and not self.unique_key:
+                columns = self.first_columns(path, spec)
+                rows = _count_lines(stream)
+            else:
+                for rows, line in enumerate(read_lines(stream, spec.max_line_bytes), start=1):
+                    record, _ = parse_object(line, spec.max_line_bytes)
+                    if record is None:
+                        continue
+                    columns = columns if columns is not None else list(record)
+                    for column, seen in kinds.items():
+                        seen.add(record.get(column))
+                    key = record.get(self.unique_key) if self.unique_key else None
+                    if isinstance(key, str):
+                        keys.append((rows - 1, key))
+        types = {c: k.arrow_type(c == spec.id_column) for c, k in kinds.items()}
+        return ShardInfo(rows, digest.hexdigest(), self.shown_columns(columns), types, keys)
+
+    # What the OpenAI request format changes (see openai.py).
+    unique_key: str | None = None
+
+    def typed_columns(self, spec: ReadSpec) -> list[str]:
+        return spec.typed
+
+    def shown_columns(self, columns: list[str] | None) -> list[str] | None:
+        return columns
+
+    def first_columns(self, path: str, spec: ReadSpec) -> list[str] | None:
+        """The keys of the first line that is a JSON object."""
+        with open_lines(path) as stream:
+            for line in read_lines(stream, spec.max_line_bytes):
+                record, _ = parse_object(line, spec.max_line_bytes)
+                if record is not None:
+                    return list(record)
+        return None
+
+    def reader(self, shard: Shard, spec: ReadSpec) -> "JsonlReader":
+        return JsonlReader(shard, spec, self)
+
+    def record(self, line: bytes | Oversized, spec: ReadSpec, number: int, repeats: dict[int, str]) -> tuple[dict, Problem | None]:
+        """One line → the row's values, or the reason it cannot run (with its id when readable)."""
+        record, problem = parse_object(line, spec.max_line_bytes)
+        if problem:
+            return ({spec.id_column: sniff_field(line, spec.id_column)} if spec.id_column else {}), problem
+        for column in spec.text:
+            value = record.get(column)
+            if value is not None and not isinstance(value, str):
+                problem = ("not_text", f"field '{column}' is {type(value).__name__}, not text")
+                break
+        for column in spec.messages:
+            problem = problem or message_problem(record.get(column), f"field '{column}'")
+        if problem:
+            return ({spec.id_column: record.get(spec.id_column)} if spec.id_column else {}), problem
+        return record, None
+
+
+class JsonlReader:
+    """Reads row ranges of one shard. Sequential ranges continue one open stream."""
+
+    def __init__(self, shard: Shard, spec: ReadSpec, fmt: JsonlFormat):
+        self.shard, self.spec, self.format = shard, spec, fmt
+        self.repeats = dict(shard.repeats)
+        self._stream: IO[bytes] | None = None
+        self._lines = None
+        self._line = 0
+
+    def read(self, start: int, stop: int) -> RowBlock:
+        if self._stream is None or start < self._line:
+            self.close()
+            self._stream, self._line = open_lines(self.shard.path), 0
+            self._lines = read_lines(self._stream, self.spec.max_line_bytes)
+        while self._line < start:
+            next(self._lines)
+            self._line += 1
+        values: dict[str, list] = {c: [] for c in self.spec.columns}
+        bad: dict[int, Problem] = {}
+        for offset in range(stop - start):
+            line = next(self._lines)
+            record, problem = self.format.record(line, self.spec, self._line, self.repeats)
+            self._line += 1
+            if problem:
+                bad[offset] = problem
+            for column in self.spec.columns:
+                values[column].append(record.get(column))
+        arrays = {}
+        for column, column_values in values.items():
+            arrays[column] = _to_arrow(column, column_values, self._type(column), bad)
+        return RowBlock(pa.table(arrays), bad)
+
+    def _type(self, column: str) -> pa.DataType | None:
+        if column in self.spec.text:
+            return pa.string()
+        return self.spec.types.get(column)
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream, self._lines = None, None
+
+
+def _to_arrow(column: str, values: list, type_: pa.DataType | None, bad: dict[int, Problem]) -> pa.Array:
+    """A column of one block in its job type. A value that does not convert (a lone surrogate, a shape
+    the type cannot hold) makes its row an error and is left out; the rest of the block is kept."""
+    if type_ is not None and pa.types.is_string(type_):
+        values = [as_text(v) for v in values]
+    try:
+        return pa.array(values, type_)
+    except (pa.ArrowException, ValueError, TypeError, OverflowError):
+        pass
+    for offset, value in enumerate(values):
+        try:
+            pa.array([value], type_)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+            values[offset] = None
+            bad.setdefault(offset, _value_problem(column, value, exc))
+    return pa.array(values, type_)
+
+
+def _value_problem(column: str, value, exc: BaseException) -> Problem:
+    if isinstance(exc, UnicodeEncodeError):
+        return ("bad_utf8", f"field '{column}' holds a lone UTF-16 surrogate ({exc.object[exc.start:exc.end]!a}), "
+                            "which is not valid text")
+    return ("bad_json", f"field '{column}' does not fit the column's type: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+def _count_lines(stream) -> int:
+    """Lines in a stream, as read_lines yields them: a final newline does not start another."""
+    count, last = 0, b""
+    while block := stream.read(_BLOCK):
+        count += block.count(b"\n")
+        last = block[-1:]
+    return count + (1 if last and last != b"\n" else 0)
+
+
+class _Hashing:
+    """A stream that hashes what is read through it."""
+
+    def __init__(self, stream: IO[bytes], digest):
+        self.stream, self.digest = stream, digest
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.digest.update(data)
+        return data
+
+    def readline(self, size: int = -1) -> bytes:
+        data = self.stream.readline(size)
+        self.digest.update(data)
+        return data

@@ -1,0 +1,55 @@
+"""OpenAI Batch API request files: JSON Lines whose every line is {custom_id, method, url, body}.
+
+Each line becomes one row of REQUEST_COLUMNS; a line that is not a valid request becomes an error
+row and never aborts the file. A custom_id seen before (in this file or an earlier one) is an error
+row too (reason duplicate_id): only its first request runs, so each custom_id has one response.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from ..lines import Oversized, parse_object, sniff_field
+from ..openai_batch import parse_request
+from .base import Problem, ReadSpec
+from .jsonl import JsonlFormat
+
+REQUEST_TYPES = {"custom_id": pa.string(), "url": pa.string(), "prompt": pa.string(), "max_tokens": pa.int64(),
+                 "temperature": pa.float64(), "top_p": pa.float64(), "seed": pa.int64(),
+                 "stop": pa.list_(pa.string())}  # messages: inferred per block, checked per line
+
+
+class OpenAIFormat(JsonlFormat):
+    suffixes = ()  # only by input.format: openai
+    unique_key = "custom_id"
+
+    def typed_columns(self, spec: ReadSpec) -> list[str]:
+        return []  # every request column has its type already
+
+    def shown_columns(self, columns: list[str] | None) -> None:
+        return None  # lines are checked one by one; a bad one becomes an error line
+
+    def record(self, line: bytes | Oversized, spec: ReadSpec, number: int, repeats: dict[int, str]) -> tuple[dict, Problem | None]:
+        record, problem = parse_object(line, spec.max_line_bytes)
+        if problem:
+            custom_id = sniff_field(line, "custom_id")
+            return {"custom_id": custom_id if isinstance(custom_id, str) else None}, problem
+        row, problem = parse_request(record)
+        if problem is None and number in repeats:
+            problem = ("duplicate_id", repeats[number])
+        return ({"custom_id": row.get("custom_id")} if problem else row), problem
+
+
+def find_repeats(keys_by_shard: list[tuple[str, list[tuple[int, str]]]]) -> dict[str, tuple[tuple[int, str], ...]]:
+    """shard name -> (line, message) for every custom_id already used by an earlier line."""
+    first: dict[str, tuple[str, int]] = {}
+    repeats: dict[str, list[tuple[int, str]]] = {}
+    for name, keys in keys_by_shard:
+        for line, key in keys:
+            if key in first:
+                where, at = first[key]
+                repeats.setdefault(name, []).append(
+                    (line, f"custom_id {key[:100]!r} repeats line {at + 1} of {where}; only the first request runs"))
+            else:
+                first[key] = (name, line)
+    return {name: tuple(found) for name, found in repeats.items()}

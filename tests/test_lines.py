@@ -1,0 +1,67 @@
+"""JSON Lines read with limits: any single line, however hostile, is one row with one reason."""
+
+import io
+import json
+
+import pytest
+
+from batchinfer.lines import MAX_DEPTH, Oversized, parse_object, read_lines, sniff_field, too_deep
+
+
+class _Spy(io.BytesIO):
+    """A stream that records the largest read asked of it."""
+
+    largest = 0
+
+    def readline(self, size=-1):
+        self.largest = max(self.largest, size if size >= 0 else 1 << 62)
+        return super().readline(size)
+
+
+def test_an_over_long_line_is_skipped_without_being_read_whole():
+    big = b'{"id": "h7", "text": "' + b"x" * (50 << 20) + b'"}'
+    stream = _Spy(b'{"id": 1}\n' + big + b"\n" + b'{"id": 2}')
+    lines = list(read_lines(stream, max_bytes=1 << 20))
+    assert lines[0] == b'{"id": 1}' and lines[2] == b'{"id": 2}' and len(lines) == 3
+    assert isinstance(lines[1], Oversized) and lines[1].size == len(big) and len(lines[1].head) <= 4096
+    assert stream.largest <= (1 << 20) + 1  # never asked for the whole line
+    record, problem = parse_object(lines[1], 1 << 20)
+    assert record is None and problem[0] == "too_long" and f"{len(big):,} bytes" in problem[1]
+    assert sniff_field(lines[1], "id") == "h7"
+
+
+def test_line_endings_bom_and_a_last_line_without_newline():
+    stream = io.BytesIO(b'\xef\xbb\xbf{"a": 1}\r\n\n{"b": 2}')
+    assert list(read_lines(stream, 100)) == [b'{"a": 1}', b"", b'{"b": 2}']
+    # A line exactly at the limit is whole; one byte more is over it.
+    assert list(read_lines(io.BytesIO(b"x" * 10 + b"\n"), 10)) == [b"x" * 10]
+    assert isinstance(list(read_lines(io.BytesIO(b"x" * 11), 10))[0], Oversized)
+
+
+@pytest.mark.parametrize("line,reason", [
+    (b"[" * 100_000 + b"]" * 100_000, "bad_json"),  # would raise RecursionError inside json
+    (b'{"t": ' + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1) + b"}", "bad_json"),
+    (b'{"text": "caf\xe9"}', "bad_utf8"),
+    (b"[1, 2]", "bad_json"),
+    (b"", "bad_json"),
+    (b'{"text": "unterminated', "bad_json"),
+    (b"NaN", "bad_json"),
+])
+def test_hostile_lines_give_a_reason_not_an_exception(line, reason):
+    record, problem = parse_object(line, 1 << 20)
+    assert record is None and problem[0] == reason and problem[1]
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting():
+    line = json.dumps({"text": "[" * 500, "id": "x"}).encode()
+    assert not too_deep(line) and parse_object(line, 1 << 20)[0] == {"text": "[" * 500, "id": "x"}
+    assert too_deep(b"{" + b'"a": {' * MAX_DEPTH + b"}" * MAX_DEPTH + b"}")
+    assert not too_deep(b"{" + b'"a": {' * (MAX_DEPTH - 1) + b"}" * (MAX_DEPTH - 1) + b"}")
+
+
+def test_sniff_reads_a_top_level_id_before_the_damage_only():
+    assert sniff_field(b'{"meta": {"id": 1}, "text": "a, \\" b", "id": 2, "x": [[[', "id") == 2
+    assert sniff_field(b'{"id": "h1", "t": ' + b"[" * 5000, "id") == "h1"
+    assert sniff_field(b'{"t": [[[[, "id": 3}', "id") is None  # inside the unclosed list, not top level
+    assert sniff_field(b'{"text": "x", "id": true}', "id") is None  # not an id value
+    assert sniff_field(b"[1, 2]", "id") is None and sniff_field(b'{"ids": 5}', "id") is None

@@ -1,0 +1,40 @@
+"""What every runner shares: tokenizing without paying for what truncation drops."""
+
+import copy
+
+import pytest
+from transformers import AutoTokenizer
+
+from batchinfer.runners.base import CHARS_PER_TOKEN, encode_capped
+
+
+@pytest.fixture(scope="module")
+def backend(minilm_path):
+    tokenizer = copy.deepcopy(AutoTokenizer.from_pretrained(minilm_path).backend_tokenizer)
+    tokenizer.no_padding()
+    return tokenizer
+
+
+@pytest.mark.parametrize("from_end", [False, True])
+def test_long_texts_encode_as_if_whole(backend, sms_table, from_end):
+    backend.enable_truncation(64, direction="left" if from_end else "right")
+    words = " ".join(sms_table.column("text").to_pylist()[:3000])  # ~200k characters of real text
+    texts = [words, "short one", "\u200b" * (64 * CHARS_PER_TOKEN) + " tail words after invisible ones",
+             "x" * (64 * CHARS_PER_TOKEN * 2)]
+    capped = encode_capped(backend, texts, 64, from_end=from_end)
+    whole = backend.encode_batch(texts)
+    assert [e.ids for e in capped] == [e.ids for e in whole]
+    assert [bool(e.overflowing) for e in capped] == [bool(e.overflowing) for e in whole] == [True, False, False, False]
+
+
+def test_a_megabyte_text_is_cut_before_the_tokenizer_sees_it(backend):
+    backend.enable_truncation(64)
+    seen = []
+
+    class Spy:
+        def encode_batch(self, texts, **options):
+            seen.extend(len(t) for t in texts)
+            return backend.encode_batch(texts, **options)
+
+    encode_capped(Spy(), ["word " * 400_000], 64)
+    assert seen == [64 * CHARS_PER_TOKEN]
