@@ -106,7 +106,8 @@ def openai_batch(
 
 def execute(config, command: str, *, restart: bool, retry_errors: bool, quiet: bool) -> dict:
     """Run a job with a progress bar; on SIGINT/SIGTERM stop cleanly and say how to resume."""
-    from .engine import Interrupted, StopFlag, run_job
+    from .control import Interrupted, StopFlag
+    from .driver import run_job
     from .progress import RunProgress, summary_table
 
     stop = StopFlag()

@@ -226,6 +226,37 @@ class OutputConfig(Section):
     )
 
 
+class RuntimeConfig(Section):
+    executor: Literal["local", "ray"] = Field(
+        default="local",
+        description="local: this process, reading the next chunk while the model runs. ray: one long-lived worker "
+        "(a Ray actor holding the model) per GPU or CPU slot, fed chunks by this process, which alone commits them "
+        "(pip install -e \".[ray]\").",
+    )
+    workers: Union[int, Literal["auto"]] = Field(
+        default="auto",
+        description="executor ray: how many workers. auto: one per GPU the cluster has, else 1.",
+    )
+    gpus_per_worker: float = Field(
+        default=1.0, ge=0, description="executor ray: GPUs each worker holds when the cluster has GPUs (0 on CPUs)."
+    )
+    cpus_per_worker: float = Field(
+        default=1.0, gt=0, description="executor ray: CPU cores each worker holds; its torch threads follow."
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description="executor ray: the cluster to join, e.g. ray://head:10001. Default: the running cluster "
+        "(RAY_ADDRESS, or one started with `ray start`), else a local one started for the job.",
+    )
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers_value(cls, value):
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError("write a whole number of workers such as 2, or auto")
+
+
 class JobConfig(Section):
     input: InputConfig = Field(description="Where the rows come from.")
     model: ModelConfig = Field(description="Which model runs, and how.")
@@ -234,6 +265,8 @@ class JobConfig(Section):
         default_factory=GenerationConfig, description="task generate: decoding settings and the engine."
     )
     output: OutputConfig = Field(description="Where results go.")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Who runs the chunks: this process "
+                                   "or a Ray cluster. Results do not depend on it.")
 
     @property
     def columns(self) -> list[str]:

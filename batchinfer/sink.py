@@ -268,12 +268,12 @@ class OutputDir:
 
     # --- writing ---------------------------------------------------------------------------------------------
 
+    def writer(self) -> "PartWriter":
+        """What a chunk task needs to write its part files here; picklable, holds no lock."""
+        return PartWriter(self.folder, self.compression, self.job_id)
+
     def write_chunk(self, chunk_name: str, results: pa.Table, errors: pa.Table | None) -> None:
-        name = f"part-{chunk_name}.parquet"
-        if errors is not None and errors.num_rows:
-            self._write_table(f"{ERRORS}/{name}", errors)
-        if results.num_rows:  # a chunk of error rows only has no part file; its marker records it
-            self._write_table(name, results)
+        self.writer().write_chunk(chunk_name, results, errors)
 
     def write_skipped_shards(self, skipped: list[tuple[str, str]]) -> None:
         """One error row per shard left out (input.on_bad_shard: skip); its rows were never read."""
@@ -319,14 +319,34 @@ class OutputDir:
         self.job = job
 
     def _write_table(self, name: str, table: pa.Table) -> None:
-        table = table.replace_schema_metadata({**(table.schema.metadata or {}), ID_KEY: self.job_id.encode()})
-        self._write(lambda: self.folder.write_table(name, table, self.compression))
+        self.writer().write_table(name, table)
 
     def _write(self, action):
         try:
             return action()
         except OSError as exc:
             raise _write_error(self.path, exc) from exc
+
+
+class PartWriter:
+    """Writes a chunk's part files, each whole under its final name and carrying the job's id."""
+
+    def __init__(self, folder, compression: str | None, job_id: str):
+        self.folder, self.compression, self.job_id = folder, compression, job_id
+
+    def write_chunk(self, chunk_name: str, results: pa.Table, errors: pa.Table | None) -> None:
+        name = f"part-{chunk_name}.parquet"
+        if errors is not None and errors.num_rows:
+            self.write_table(f"{ERRORS}/{name}", errors)
+        if results.num_rows:  # a chunk of error rows only has no part file; its marker records it
+            self.write_table(name, results)
+
+    def write_table(self, name: str, table: pa.Table) -> None:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), ID_KEY: self.job_id.encode()})
+        try:
+            self.folder.write_table(name, table, self.compression)
+        except OSError as exc:
+            raise _write_error(self.folder, exc) from exc
 
 
 # --- reading a folder without changing it -----------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchinfer.config import validate_job
-from batchinfer.engine import run_job
+from batchinfer.driver import run_job
 from batchinfer.errors import InputError
 
 BAD = Path(__file__).resolve().parent / "data" / "bad"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from batchinfer.config import validate_job
-from batchinfer.engine import run_job
+from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
 
 

@@ -13,7 +13,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from batchinfer.config import load_job
-from batchinfer.engine import run_job
+from batchinfer.driver import run_job
 from conftest import done_chunks, write_job
 
 KILLS = 5

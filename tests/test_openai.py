@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from batchinfer.cli import app
 from batchinfer.config import validate_job
-from batchinfer.engine import run_job
+from batchinfer.driver import run_job
 from test_generate import _alone
 from conftest import Crash
 

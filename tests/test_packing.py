@@ -5,8 +5,8 @@ import pytest
 import torch
 import transformers as tf
 
-from batchinfer.engine import probe as engine_probe
-from batchinfer.engine import run_job
+from batchinfer.runners.base import probe as engine_probe
+from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError
 from batchinfer.packing import first_position, pack, packed_forward, supports_packing
 from batchinfer.tune import GPU_PROBE_TOKENS, gpu_budget
@@ -88,7 +88,7 @@ def test_auto_probes_once_and_a_resume_reuses_its_choice(sms_parquet, sms_table,
     assert len(tuning) == 1 and {"padded@2048", "padded@32768"} <= set(tuning[0]["tokens_per_s"])
     assert f"packed@{tuning[0]['max_tokens']}" in tuning[0]["tokens_per_s"]
     probes = []
-    monkeypatch.setattr("batchinfer.engine.probe", lambda *args: probes.append(args) or engine_probe(*args))
+    monkeypatch.setattr("batchinfer.runners.base.probe", lambda *args: probes.append(args) or engine_probe(*args))
     report = run_job(job)
     assert report["complete"] and report["batching"]["probe"] == tuning[0]
     assert report["batching"]["max_tokens"] == tuning[0]["max_tokens"]

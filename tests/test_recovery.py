@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from batchinfer.config import validate_job
-from batchinfer.engine import run_job
+from batchinfer.driver import run_job
 from batchinfer.errors import ModelError
 from batchinfer.recovery import is_oom, run_resilient
 

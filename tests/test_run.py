@@ -8,7 +8,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from batchinfer.config import validate_job
-from batchinfer.engine import run_job
+from batchinfer.driver import run_job
 from batchinfer.errors import ResumeError
 from conftest import Crash, CrashAfterChunks, done_chunks, leftover_tmp
 

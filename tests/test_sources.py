@@ -144,7 +144,7 @@ HOSTILE = [
 
 def test_hostile_lines_cost_one_row_each_and_keep_their_ids(tmp_path, tiny_embed):
     from batchinfer.config import validate_job
-    from batchinfer.engine import run_job
+    from batchinfer.driver import run_job
 
     good = [json.dumps({"id": f"g{i}", "text": f"good row {i}", "label": i}).encode() for i in range(20)]
     lines = [line for pair in zip(good, [h[0] for h in HOSTILE] + [b""] * 20) for line in pair if line]
@@ -166,7 +166,7 @@ def test_mixed_id_types_are_kept_as_their_text_with_one_schema(tmp_path, tiny_em
     import pyarrow.dataset as ds
 
     from batchinfer.config import validate_job
-    from batchinfer.engine import run_job
+    from batchinfer.driver import run_job
 
     ids = [f"h{i:06d}" if i % 7 else i for i in range(40)]  # strings, and an integer every 7th line
     rows = [{"id": v, "text": f"text {i}", "score": (None if i < 10 else i / 2)} for i, v in enumerate(ids)]

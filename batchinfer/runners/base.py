@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import copy
+import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from ..packing import first_position, pack, packed_forward
+from ..batching import padding_stats
+from ..packing import first_position, pack, packed_forward, supports_packing
+from ..recovery import run_resilient
+from ..tune import plan, probe
 
 
 @dataclass
@@ -52,6 +57,60 @@ class EncoderRunner:
                 return self.head({**inputs, "packing": packing}, packing.mask).float().cpu().numpy()
         input_ids, mask = self.collate(ids)
         return self.head({"input_ids": input_ids, "attention_mask": mask}, mask).float().cpu().numpy()
+
+    def run_chunk(self, loaded, ctx) -> tuple[dict[str, pa.Array], np.ndarray, dict]:
+        """A loaded chunk's planned batches, each split and retried on failure → (result columns of the
+        rows that ran, which of loaded.index ran [n] bool, figures for the record). With ctx.probe, a
+        probe first settles `batching: auto` on slices of this chunk; the record carries its choice."""
+        prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
+        job, budget, rows = ctx.job, ctx.budget, ctx.job.batching.max_rows
+        lengths = tokens.lengths[index]
+        results = np.empty((len(index), self.width), dtype=np.float32)
+        ok = np.ones(len(index), dtype=bool)
+        totals = Counter()
+
+        def run(batches: list[np.ndarray], strategy: str) -> float:
+            """Run batches of positions in `index`; keep results and errors; return the seconds taken."""
+            self.packed = strategy == "packed"
+            batches = [b for b in batches if len(b)]
+            t0 = time.perf_counter()
+            for batch in batches:
+                ctx.stop.check()
+                outcome = run_resilient(self.run, [tokens.ids[index[i]] for i in batch.tolist()], self.width)
+                results[batch] = outcome.results
+                for position, problem in outcome.failed.items():
+                    ok[batch[position]] = False
+                    prepared.errors[int(prepared.rows[index[batch[position]]])] = problem
+                if outcome.oom_tokens and outcome.oom_tokens // 2 < budget.max_tokens:
+                    lowered = max(1, outcome.oom_tokens // 2)
+                    note = f"out of memory at {outcome.oom_tokens} padded tokens: max_tokens {budget.max_tokens} -> {lowered}"
+                    budget.max_tokens = lowered
+                    budget.lowered.append(note)
+                    ctx.log(note + " for the rest of the run")
+                ctx.heap.check()
+            seconds = time.perf_counter() - t0
+            # Packed batches compute no padding in linear layers (attention re-pads, see packing.py).
+            if batches:
+                totals["padded"] += (int(lengths[np.concatenate(batches)].sum()) if strategy == "packed"
+                                     else padding_stats(lengths, batches)[1])
+            totals["seconds"] += seconds
+            return seconds
+
+        extra = {}
+        if ctx.probe and len(index):
+            tuning, rest = probe(lengths, run, job.batching.max_tokens, job.batching.strategy, rows, self.device,
+                                 supports_packing(self.model) is None)
+            budget.max_tokens, budget.strategy = tuning.max_tokens, tuning.strategy
+            extra["tuning"] = {"max_tokens": tuning.max_tokens, "strategy": tuning.strategy,
+                               "tokens_per_s": {k: round(v) for k, v in tuning.tokens_per_s.items()}}
+            ctx.log(tuning.describe())
+            run([rest[b] for b in plan(lengths[rest], *budget.key, rows, self.device)], budget.strategy)
+        else:  # replanned when a probe or an out-of-memory changed the budget after this chunk was read ahead
+            run(loaded.batches if loaded.planned == budget.key else plan(lengths, *budget.key, rows, self.device),
+                budget.strategy)
+        ctx.stop.check()
+        return self.columns(results[ok]), ok, {"model_seconds": round(totals["seconds"], 4),
+                                               "padded_tokens": totals["padded"], **extra}
 
     def collate(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(len(row) for row in ids)

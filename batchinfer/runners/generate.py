@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ..batching import padding_stats
 from ..config import GenerationConfig
 from ..errors import ModelError
 from .base import Tokens, encode_capped
@@ -70,6 +71,43 @@ class GenerateRunner:
         lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
         truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(ids))
         return Tokens(ids, lengths, truncated)
+
+    # --- a chunk ---------------------------------------------------------------------------------------------
+
+    def run_chunk(self, loaded, ctx) -> tuple[dict[str, pa.Array], np.ndarray, dict]:
+        """The whole chunk goes to the engine, which schedules it (continuous batching) → (result columns
+        of the rows that ran, which of loaded.index ran [n] bool, figures for the record)."""
+        job = ctx.job
+        prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
+        ctx.stop.check()
+        max_new = max_new_tokens(job, loaded)
+        t0 = time.perf_counter()
+        overrides = None
+        if job.input.format == "openai":
+            take = pa.array(prepared.rows[index], pa.int64())
+            columns = {c: loaded.table.column(c).take(take).to_pylist() for c in ("temperature", "top_p", "seed", "stop")}
+            overrides = [dict(zip(columns, values)) for values in zip(*columns.values())]
+        completions = self.generate([tokens.ids[i] for i in index.tolist()], max_new, job.batching.max_rows, overrides,
+                                    check=ctx.stop.check)
+        model_seconds = time.perf_counter() - t0
+        ctx.stop.check()
+        ok = np.ones(len(index), dtype=bool)
+        for position, problem in completions.failed.items():
+            ok[position] = False
+            prepared.errors[int(prepared.rows[index[position]])] = problem
+        keep = np.flatnonzero(ok).tolist()
+        kept = Completions([completions.ids[i] for i in keep], [completions.text[i] for i in keep],
+                           [completions.finish_reason[i] for i in keep])
+        first = sorted(completions.first_token_seconds)
+        lengths = tokens.lengths[index]
+        # Continuous batching computes no padding; static batches pad to their longest prompt.
+        padded = padding_stats(lengths, loaded.batches)[1] if job.generation.engine == "static" else int(lengths.sum())
+        return self.columns(kept, tokens.lengths[index[ok]]), ok, {
+            "model_seconds": round(model_seconds, 4),
+            "padded_tokens": padded,
+            "generated_tokens": sum(len(i) for i in kept.ids),
+            "first_token_seconds": round(first[len(first) // 2], 4) if first else None,
+        }
 
     # --- generation ------------------------------------------------------------------------------------------
 
@@ -223,3 +261,14 @@ def load_vllm(path, engine_options: dict):
         raise ModelError("generation.engine vllm needs a CUDA GPU, and none is visible",
                          "use generation.engine: transformers, which runs on CPU and GPU")
     return LLM(model=str(path), **engine_options)
+
+
+def max_new_tokens(job, loaded) -> list[int]:
+    """Per row: the max_new_tokens_column value where it is a positive integer, else the job's default."""
+    default = job.generation.max_new_tokens
+    rows = loaded.prepared.rows[loaded.index]
+    column = job.max_new_tokens_column
+    if not column:
+        return [default] * len(rows)
+    values = loaded.table.column(column).take(pa.array(rows, pa.int64())).to_pylist()
+    return [v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else default for v in values]

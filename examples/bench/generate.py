@@ -65,7 +65,7 @@ def make_prompts(shared: Path, rows: int, folder: Path) -> Path:
 
 def main() -> None:
     from batchinfer.config import validate_job
-    from batchinfer.engine import run_job
+    from batchinfer.driver import run_job
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=256)

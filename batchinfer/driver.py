@@ -1,0 +1,126 @@
+"""The driver of a job: plan the chunks, open the output folder, settle `batching: auto` once, hand the
+chunks to an executor, commit each record that comes back, write the report. It owns no format, model
+or device logic, and it alone writes completion markers, so no two workers can commit the same chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Callable
+
+from .config import JobConfig
+from .control import Budget, Progress, Quiet, StopFlag
+from .executors import make_executor
+from .models import model_identity, resolve_model_path
+from .openai_batch import OPENAI_FILES
+from .openai_batch import export as export_openai
+from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
+from .report import build_report
+from .sink import OutputDir, current_errors
+from .sources import discover_shards, read_spec
+from .tune import DEFAULT_BUDGET
+
+# What --retry-errors may change: the settings that decide whether a row fits, not what a row means.
+RETRY_MAY_CHANGE = frozenset({"model.max_length", "model.truncation", "model.dtype"})
+
+
+def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False, progress: Progress | None = None,
+            stop: StopFlag | None = None, command: str = "", on_runner: Callable | None = None) -> dict:
+    """Run (or resume) a job to the end. Returns the report also saved as _report.json.
+
+    retry_errors: afterwards, run the rows listed in _errors/ again (say, after raising max_length);
+    those that now succeed move to a part file of their own, the rest stay in _errors/.
+    on_runner: wraps the loaded runner (tests use it to crash a run; in-process executor only)."""
+    progress = progress or Quiet()
+    stop = stop or StopFlag()
+    started = time.perf_counter()
+    shards, bad_shards, types = discover_shards(job.input, job.columns, output=job.output.path)
+    model_path = resolve_model_path(job.model.path)
+    chunks = plan_chunks([s.num_rows for s in shards], job.batching.chunk_rows)
+    out = OutputDir(job.output.path, job.output.compression)
+    done = out.open(fingerprint(job, model_identity(model_path), shards), restart, command,
+                    RETRY_MAY_CHANGE if retry_errors else frozenset(), inputs=tuple(s.path for s in shards),
+                    files=tuple(OPENAI_FILES) if job.output.format == "openai" else (),
+                    plan={"chunks": len(chunks), "rows": sum(s.num_rows for s in shards)})
+    try:
+        out.write_skipped_shards([(b.name, b.message) for b in bad_shards])
+        for bad in bad_shards:
+            progress.log(f"skipped shard {bad.name}: {bad.message}")
+        todo = [Work(c, c.name) for c in chunks if c.name not in done]
+        if retry_errors:
+            todo += _retries(chunks, done, out)
+        budget, auto = settle_budget(job, out.tuning())
+        run_stats, workers, lowered, device = Counter(), {}, [], "none"
+        if todo:
+            spec = read_spec(job.input, job.columns, types)
+            with make_executor(job, model_path, shards, spec, out.writer(), budget, stop, progress, on_runner) as executor:
+                device = executor.device
+                progress.start(sum(s.num_rows for s in shards) + sum(w.rows for w in todo if w.retry_of),
+                               sum(r["rows"] for r in done.values()))
+                loop_started = time.perf_counter()
+                for record in executor.run(todo, probe=auto and out.tuning() is None):
+                    _commit(out, done, record)
+                    budget.max_tokens, budget.strategy = record.pop("budget")  # the worker's, after this chunk
+                    lowered += record.get("max_tokens_lowered", [])
+                    stats = {"rows": record["rows"], "tokens": record["tokens"], "busy": record["model_seconds"],
+                             "generated": record.get("generated_tokens", 0)}
+                    run_stats.update(stats)
+                    workers.setdefault(record["worker"], Counter()).update(chunks=1, **stats)
+                    progress.advance(record["rows"], record["tokens"])
+                run_stats["loop"] = time.perf_counter() - loop_started
+        report = build_report(job, chunks, done, run_stats, time.perf_counter() - started, str(device), workers)
+        report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
+        if job.model.task != "generate":
+            report["batching"] = {"max_tokens": budget.max_tokens, "strategy": budget.strategy,
+                                  **({"probe": out.tuning()} if out.tuning() else {})}
+        if lowered:
+            report["max_tokens_lowered"] = lowered
+        if report["complete"] and job.output.format == "openai":
+            report["openai"] = export_openai(out, job.model.path, job.model.task)
+        out.write_report(report, success=report["complete"])
+        return report
+    finally:
+        out.unlock()
+
+
+def _commit(out: OutputDir, done: dict[str, dict], record: dict) -> None:
+    """Record a probe's choice, then the chunk's marker; after a retry pass, drop the error file it replaced."""
+    tuning = record.pop("tuning", None)
+    if tuning:
+        out.record_tuning(tuning)
+    replaced = current_errors(done).get(record["retry_of"]) if "retry_of" in record else None
+    out.commit(record)
+    done[record["chunk"]] = record
+    if replaced:  # after the commit: a crash before this line is mended on the next open
+        out.drop_errors(replaced)
+
+
+def settle_budget(job: JobConfig, recorded: dict | None) -> tuple[Budget, bool]:
+    """The batching settings to start with, and whether the job leaves any of them to a probe.
+
+    A probe's choice is recorded in the output folder, so a resumed run cuts batches as the first did."""
+    batching = job.batching
+    if job.model.task == "generate":
+        return Budget(DEFAULT_BUDGET, "padded"), False
+    auto = batching.max_tokens == "auto" or batching.strategy == "auto"
+    recorded = recorded or {}
+    max_tokens = batching.max_tokens if batching.max_tokens != "auto" else recorded.get("max_tokens", DEFAULT_BUDGET)
+    strategy = batching.strategy if batching.strategy != "auto" else recorded.get("strategy", "padded")
+    return Budget(max_tokens, strategy), auto
+
+
+def _retries(chunks: list[Chunk], done: dict[str, dict], out: OutputDir) -> list[Work]:
+    """A retry pass for every chunk whose current error file lists rows."""
+    by_name = {c.name: c for c in chunks}
+    work = []
+    for chunk_name, latest in current_errors(done).items():
+        errors = out.error_rows(latest)
+        if errors is None or chunk_name not in by_name:
+            continue
+        chunk = by_name[chunk_name]
+        offsets = sorted(r - chunk.start for r in errors.column("row").to_pylist() if r is not None)
+        generation = sum(1 for r in done.values() if r.get("retry_of") == chunk_name) + 1
+        if offsets:
+            work.append(Work(chunk, retry_name(chunk_name, generation), offsets, retry_of=chunk_name))
+    return work

@@ -1,0 +1,41 @@
+"""In this process: one runner, and one background thread that reads and tokenizes the next chunk
+while the model runs this one (pyarrow and the Rust tokenizer release the GIL), so the model rarely
+waits for input."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Iterator
+
+from ..task import ChunkTask, Loaded
+from ..plan import Work
+
+
+class LocalExecutor:
+    def __init__(self, task: ChunkTask, log):
+        self.task, self.log = task, log
+        self.device = str(task.runner.device)
+
+    def run(self, todo: list[Work], probe: bool) -> Iterator[dict]:
+        for loaded in self._prefetch(todo):
+            record = self.task.run(loaded, probe=probe, log=self.log)
+            probe = probe and "tuning" not in record  # a chunk with no rows to run leaves the probe to the next
+            yield record
+
+    def _prefetch(self, todo: list[Work]) -> Iterator[Loaded]:
+        """Loaded chunks in order, loading the next one while the caller computes."""
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchinfer-load")
+        pending: Future | None = None
+        try:
+            pending = pool.submit(self.task.load, todo[0])
+            for following in [*todo[1:], None]:
+                loaded = pending.result()
+                pending = pool.submit(self.task.load, following) if following else None
+                yield loaded
+        finally:
+            if pending is not None:
+                pending.cancel()
+            pool.shutdown(wait=True)
+
+    def close(self) -> None:
+        self.task.close()

@@ -1,0 +1,61 @@
+"""Totals of a job from its chunk records, and the rates of this run. Pure: no I/O."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .config import JobConfig
+from .plan import Chunk
+from .sink import current_errors
+
+
+def build_report(job: JobConfig, chunks: list[Chunk], done: dict[str, dict], run: Counter, seconds: float,
+                 device: str, workers: dict[str, Counter] | None = None) -> dict:
+    """Totals over every finished chunk and retry; rates over what this run processed.
+
+    run: this run's rows, tokens, model-busy seconds, generated tokens and `loop` (seconds from the
+    first chunk handed out to the last one committed); workers: the same per worker."""
+    records = list(done.values())
+    chunk_records = [r for r in records if "retry_of" not in r]
+    errors = Counter()
+    for name in current_errors(done).values():
+        errors.update(done[name]["errors"])
+    tokens = sum(r["tokens"] for r in records)
+    padded = sum(r["padded_tokens"] for r in records)
+    loop = run.get("loop", 0.0)
+    report = {
+        "output": job.output.path,
+        "task": job.model.task,
+        "model": job.model.path,
+        "device": device,
+        "complete": len(chunk_records) == len(chunks),
+        "chunks_done": len(chunk_records),
+        "chunks_total": len(chunks),
+        "rows": sum(r["rows"] for r in chunk_records),
+        "rows_ok": sum(r["ok"] for r in records),
+        "rows_error": sum(errors.values()),
+        "errors_by_reason": dict(sorted(errors.items())),
+        "truncated": sum(r["truncated"] for r in records),
+        "tokens": tokens,
+        "padding_efficiency": round(tokens / padded, 4) if padded else 1.0,
+        "run": {
+            "rows": run.get("rows", 0),
+            "seconds": round(seconds, 3),
+            "rows_per_s": _rate(run.get("rows", 0), loop),
+            "tokens_per_s": _rate(run.get("tokens", 0), loop),
+            "model_busy": round(run.get("busy", 0.0) / loop, 3) if loop else 0.0,
+        },
+    }
+    if workers and set(workers) != {"local"}:
+        report["run"]["workers"] = {name: {"chunks": w["chunks"], "rows": w["rows"], "rows_per_s": _rate(w["rows"], loop)}
+                                    for name, w in sorted(workers.items())}
+    if job.model.task == "generate":
+        first = sorted(r["first_token_seconds"] for r in records if r.get("first_token_seconds") is not None)
+        report["generated_tokens"] = sum(r.get("generated_tokens", 0) for r in records)
+        report["run"]["generated_tokens_per_s"] = _rate(run.get("generated", 0), loop)
+        report["run"]["time_to_first_token_s"] = first[len(first) // 2] if first else None
+    return report
+
+
+def _rate(amount: float, seconds: float) -> float:
+    return round(amount / seconds, 1) if seconds else 0.0

@@ -1,0 +1,220 @@
+"""One chunk, start to end: read → prepare → tokenize → batch → run → write its part files → its record.
+
+A ChunkTask holds a loaded runner and plain, picklable inputs (the job, the shards, the read spec,
+where the output goes); it knows nothing of who calls it. `load` does everything up to the model and
+`run` the rest, so an executor can load the next chunk while this one computes. The record it
+returns is committed by the driver, which alone writes completion markers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from .config import JobConfig
+from .control import Budget, StopFlag
+from .errors import ConfigError, InputError, ModelError
+from .heap import HeapGuard
+from .packing import supports_packing
+from .plan import Chunk, Work
+from .prepare import Prepared, prepare_messages, prepare_openai, prepare_texts
+from .runners.base import Tokens
+from .sink import ERROR_SCHEMA, PartWriter
+from .sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
+from .sources.base import as_text
+from .tune import plan
+
+
+@dataclass
+class Loaded:
+    """A chunk read, prepared and tokenized: everything up to the model."""
+
+    work: Work
+    shard: Shard
+    table: pa.Table
+    row_ids: np.ndarray  # [table rows] each row's index in its shard
+    prepared: Prepared
+    tokens: Tokens
+    index: np.ndarray  # positions in `tokens` that go to the model (the rest became errors)
+    batches: list[np.ndarray]  # positions in `index`, as the model will see them
+    planned: tuple[int, str]  # the Budget.key the batches were cut with
+    seconds: float
+
+
+@dataclass
+class ChunkContext:
+    """What a runner's chunk step uses besides the chunk: the job's settings, the batching budget it
+    may lower, the stop flag, the heap guard, where notes go, and whether to settle batching: auto."""
+
+    job: JobConfig
+    budget: Budget
+    stop: StopFlag
+    heap: HeapGuard
+    log: Callable[[str], None]
+    probe: bool = False
+
+
+class ChunkTask:
+    def __init__(self, job: JobConfig, shards: list[Shard], spec: ReadSpec, runner, writer: PartWriter,
+                 budget: Budget, stop: StopFlag, worker: str = "local"):
+        self.job, self.shards, self.spec, self.runner, self.writer = job, shards, spec, runner, writer
+        self.budget, self.stop, self.worker = budget, stop, worker
+        self.heap = HeapGuard()
+        self._readers: dict[int, object] = {}
+        check_strategy(job, runner)
+
+    # --- up to the model --------------------------------------------------------------------------------------
+
+    def load(self, work: Work) -> Loaded:
+        t0 = time.perf_counter()
+        job, chunk = self.job, work.chunk
+        shard = self.shards[chunk.shard]
+        if chunk.shard not in self._readers:
+            self.close()
+            self._readers[chunk.shard] = open_reader(shard, self.spec)
+        try:
+            block = self._readers[chunk.shard].read(chunk.start, chunk.stop)
+        except READ_ERRORS as exc:
+            self._readers.pop(chunk.shard).close()
+            block = unreadable(job, shard, chunk, exc)
+        row_ids = np.arange(chunk.start, chunk.stop)
+        if work.offsets is not None:
+            block = RowBlock(block.table.take(pa.array(work.offsets, pa.int64())),
+                             {i: block.bad_rows[o] for i, o in enumerate(work.offsets) if o in block.bad_rows})
+            row_ids = row_ids[work.offsets]
+        if job.input.format == "openai":
+            prepared = prepare_openai(block.table, job.model.task, block.bad_rows)
+        elif job.input.messages:
+            prepared = prepare_messages(block.table, job.input.messages, block.bad_rows)
+        else:
+            prepared = prepare_texts(block.table, job.input.text, block.bad_rows)
+        tokens = self.runner.tokenize(prepared.texts)
+        keep = np.ones(len(tokens.ids), dtype=bool)
+        if job.model.truncation == "error":
+            for i in np.flatnonzero(tokens.truncated).tolist():
+                prepared.errors[int(prepared.rows[i])] = ("too_long",
+                                                          f"text is longer than max_length={self.runner.max_length} tokens")
+            keep &= ~tokens.truncated
+        index = np.flatnonzero(keep)
+        planned = self.budget.key
+        if job.model.task == "generate":  # static batches are the baseline: input order, max_rows each
+            rows = job.batching.max_rows
+            batches = [np.arange(i, min(i + rows, len(index))) for i in range(0, len(index), rows)]
+        else:
+            batches = plan(tokens.lengths[index], *planned, job.batching.max_rows, self.runner.device)
+        return Loaded(work, shard, block.table, row_ids, prepared, tokens, index, batches, planned,
+                      time.perf_counter() - t0)
+
+    # --- the model and the part files ------------------------------------------------------------------------
+
+    def run(self, loaded: Loaded, probe: bool = False, log: Callable[[str], None] = lambda message: None) -> dict:
+        """Run one loaded chunk through the model and write its part files; return its record.
+
+        probe: settle `batching: auto` on this chunk first (see tune.py); the record carries the choice."""
+        t0 = time.perf_counter()
+        job = self.job
+        prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
+        lowered_before = len(self.budget.lowered)
+        ctx = ChunkContext(job, self.budget, self.stop, self.heap, log, probe)
+        task_columns, ok, extra = self.runner.run_chunk(loaded, ctx)
+        model_errors = [prepared.errors[int(prepared.rows[i])][1] for i in index[~ok]
+                        if prepared.errors[int(prepared.rows[i])][0] == "model_error"]
+        if len(index) > 1 and len(model_errors) == len(index):
+            raise ModelError(f"the model failed on every row of chunk {loaded.work.name}: {model_errors[0]}",
+                             "this is no problem of single rows; check model.device, model.dtype and the model folder")
+        real, padded = int(tokens.lengths[index].sum()), extra.pop("padded_tokens")
+        index = index[ok]
+        rows = prepared.rows[index]
+        if job.output.format == "openai" and "prompt_tokens" not in task_columns:
+            task_columns["prompt_tokens"] = pa.array(tokens.lengths[index], pa.int32())
+        table = result_table(job, loaded, rows, task_columns, tokens.truncated[index])
+        self.writer.write_chunk(loaded.work.name, table, error_table(job, loaded))
+        self.heap.trim()
+        return {
+            "chunk": loaded.work.name,
+            **({"retry_of": loaded.work.retry_of} if loaded.work.retry_of else {}),
+            "rows": loaded.work.rows,
+            "ok": table.num_rows,
+            "errors": dict(Counter(reason for reason, _ in prepared.errors.values())),
+            "truncated": int(tokens.truncated[index].sum()) if job.model.truncation is True else 0,
+            "tokens": real,
+            "padded_tokens": padded,
+            **extra,
+            "seconds": round(loaded.seconds + time.perf_counter() - t0, 4),
+            "worker": self.worker,
+            "budget": list(self.budget.key),
+            **({"max_tokens_lowered": self.budget.lowered[lowered_before:]}
+               if len(self.budget.lowered) > lowered_before else {}),
+        }
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+
+def check_strategy(job: JobConfig, runner) -> None:
+    if job.batching.strategy == "packed" and job.model.task != "generate":
+        reason = supports_packing(runner.model)
+        if reason:
+            raise ConfigError(f"batching.strategy: packed does not work with this model: {reason}",
+                              "set batching.strategy: padded (or auto)")
+
+
+def unreadable(job: JobConfig, shard: Shard, chunk: Chunk, exc: BaseException) -> RowBlock:
+    """A chunk whose rows cannot be read: stop (on_bad_shard: fail) or account every row as bad_shard."""
+    message = f"rows {chunk.start}-{chunk.stop - 1} of {shard.name} cannot be read: {describe_read_error(exc)}"
+    if job.input.on_bad_shard == "fail":
+        raise InputError(message, "replace the file and rerun to resume, or set input.on_bad_shard: skip") from exc
+    table = pa.table({c: pa.nulls(chunk.rows, pa.string()) for c in job.columns})
+    return RowBlock(table, {offset: ("bad_shard", message) for offset in range(chunk.rows)})
+
+
+def result_table(job: JobConfig, loaded: Loaded, rows: np.ndarray, task_columns: dict,
+                 truncated: np.ndarray) -> pa.Table:
+    take = pa.array(rows, pa.int64())
+    columns = {
+        "source": pa.repeat(pa.scalar(loaded.shard.name), len(rows)),
+        "row": pa.array(loaded.row_ids[rows], pa.int64()),
+    }
+    if job.input.id_column:
+        columns[job.input.id_column] = loaded.table.column(job.input.id_column).take(take)
+    for name, as_name in job.input.kept.items():
+        columns[as_name] = loaded.table.column(name).take(take)
+    columns.update(task_columns)
+    if job.model.truncation is True:
+        columns["truncated"] = pa.array(truncated, pa.bool_())
+    return pa.table(columns)
+
+
+def error_table(job: JobConfig, loaded: Loaded) -> pa.Table | None:
+    errors = loaded.prepared.errors
+    if not errors:
+        return None
+    offsets = sorted(errors)
+    ids = None
+    if job.input.id_column:
+        ids = id_text(loaded.table.column(job.input.id_column).take(pa.array(offsets, pa.int64())))
+    return pa.table(
+        {
+            "id": ids if ids is not None else pa.nulls(len(offsets), pa.string()),
+            "source": pa.repeat(pa.scalar(loaded.shard.name), len(offsets)),
+            "row": pa.array(loaded.row_ids[offsets], pa.int64()),
+            "reason": pa.array([errors[o][0] for o in offsets], pa.string()),
+            "message": pa.array([errors[o][1] for o in offsets], pa.string()),
+        },
+        schema=ERROR_SCHEMA,
+    )
+
+
+def id_text(ids: pa.ChunkedArray) -> pa.Array:
+    """Ids for the error table's text column, each exactly as the input gives it."""
+    try:
+        return ids.cast(pa.string())
+    except (pa.ArrowException, TypeError):  # a list or object column used as id
+        return pa.array([as_text(v) for v in ids.to_pylist()], pa.string())
