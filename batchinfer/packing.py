@@ -1,17 +1,20 @@
 """Packed batches: the rows of a batch laid end to end as one sequence, with no padding.
 
 An encoder spends most of its FLOPs in linear layers, which see every token on its own; packed,
-they run on real tokens only. Attention must still keep rows apart, so around each attention call
-the rows are re-padded (q, k, v gathered into [rows, heads, longest, dim], SDPA with a key mask,
-real positions gathered back). Those copies cost memory traffic, not FLOPs, and the output is
-padded again once at the end so pooling and classification heads see the usual [rows, longest,
-hidden] layout.
+they run on real tokens only. Attention must still keep rows apart. On a CUDA GPU with torch's
+varlen flash attention (torch >= 2.10, bf16/fp16) one kernel call does that from the rows'
+cumulative lengths, on the packed [T, heads, dim] layout itself. Elsewhere (CPU, fp32, older
+torch) the rows are re-padded around each attention call (q, k, v gathered into [rows, heads,
+longest, dim], SDPA with a key mask, real positions gathered back): copies that cost memory
+traffic, not FLOPs. Either way the output is padded again once at the end so pooling and
+classification heads see the usual [rows, longest, hidden] layout.
 
 Shapes: T real tokens in a batch, b rows, L the longest row.
 """
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -21,6 +24,14 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 ATTENTION = "batchinfer_packed"
+VARLEN_ATTENTION = "batchinfer_varlen"
+
+try:  # flash attention over cumulative lengths; CUDA kernels only
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:
+    varlen_attn = None
+if varlen_attn is not None and "scale" not in inspect.signature(varlen_attn).parameters:
+    varlen_attn = None  # torch 2.9's first version takes no scale
 
 
 @dataclass
@@ -31,6 +42,8 @@ class Packing:
     real: torch.Tensor  # [T] index into the b*L padded positions
     key_mask: torch.Tensor  # [b, 1, 1, L] bool, True for real tokens
     mask: torch.Tensor  # [b, L] int64 attention mask, as a padded batch would have it
+    cu_lengths: torch.Tensor  # [b + 1] int32 where each row starts in the packed sequence, then T
+    longest: int  # L
 
     def pad(self, packed: torch.Tensor, zero_padding: bool = True) -> torch.Tensor:
         """[T, *rest] → [b, L, *rest]. Inside attention the padding may hold anything (the key mask
@@ -59,13 +72,15 @@ def pack(ids: list[list[int]], device: torch.device, first_position: int = 0) ->
     real_mask = column[None, :] < lengths[:, None]  # [b, L]
     padded = np.where(real_mask, starts[:, None] + column[None, :], 0)
     real = np.flatnonzero(real_mask.reshape(-1))
+    cu_lengths = np.append(starts, total).astype(np.int32)
 
     def tensor(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
     mask = tensor(real_mask.astype(np.int64))
     inputs = {"input_ids": tensor(flat[None]), "position_ids": tensor(positions[None])}
-    return inputs, Packing(tensor(padded), tensor(real), mask.bool()[:, None, None, :], mask)
+    return inputs, Packing(tensor(padded), tensor(real), mask.bool()[:, None, None, :], mask, tensor(cu_lengths),
+                           longest)
 
 
 def packed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
@@ -82,13 +97,41 @@ def packed_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     return packing.unpad(out.transpose(1, 2))[None], None
 
 
+def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                     packing: Packing | None = None, **kwargs):
+    """transformers attention interface over torch's varlen flash attention: [1, heads, T, dim] in,
+    [1, T, heads, dim] out, with no re-padding."""
+    if packing is None:
+        raise RuntimeError("packed attention called without a packing layout")
+
+    def tokens_first(x: torch.Tensor) -> torch.Tensor:  # [1, heads, T, d] → [T, heads, d], a view
+        return x[0].transpose(0, 1)
+
+    out = varlen_attn(tokens_first(query), tokens_first(key), tokens_first(value), packing.cu_lengths,
+                      packing.cu_lengths, packing.longest, packing.longest, scale=scaling)
+    return out[None], None
+
+
 AttentionInterface.register(ATTENTION, packed_attention)
+AttentionInterface.register(VARLEN_ATTENTION, varlen_attention)
+
+
+def varlen_supported(model, device: torch.device) -> bool:
+    """Whether packed attention can be one varlen flash-attention call: torch has the kernel, the
+    device is a CUDA GPU with flash attention (sm80 or newer), the weights are bf16 or fp16, and
+    the head size is a multiple of 8 up to 256."""
+    if varlen_attn is None or device.type != "cuda" or model.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    return (head_dim % 8 == 0 and head_dim <= 256 and torch.backends.cuda.is_flash_attention_available()
+            and torch.cuda.get_device_capability(device) >= (8, 0))
 
 
 @contextmanager
 def packed_forward(model, packing: Packing):
-    """Run `model` on packed inputs: attention goes through `packed_attention`, and the encoder's
-    output is padded back to [b, L, hidden] (pooler output recomputed) before any head sees it."""
+    """Run `model` on packed inputs: attention goes through `varlen_attention` where the device and
+    model allow it, else `packed_attention`, and the encoder's output is padded back to
+    [b, L, hidden] (pooler output recomputed) before any head sees it."""
     base = model.base_model
     config = model.config
     previous = config._attn_implementation
@@ -100,7 +143,7 @@ def packed_forward(model, packing: Packing):
         return output
 
     handle = base.register_forward_hook(repad)
-    config._attn_implementation = ATTENTION
+    config._attn_implementation = VARLEN_ATTENTION if varlen_supported(model, packing.mask.device) else ATTENTION
     try:
         yield
     finally:

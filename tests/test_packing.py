@@ -3,12 +3,14 @@
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers as tf
 
-from batchinfer.runners.base import probe as engine_probe
+import batchinfer.packing
 from batchinfer.driver import run_job
+from batchinfer.runners.base import probe as engine_probe
 from batchinfer.errors import ConfigError
-from batchinfer.packing import first_position, pack, packed_forward, supports_packing
+from batchinfer.packing import first_position, pack, packed_forward, supports_packing, varlen_supported
 from batchinfer.tune import GPU_PROBE_TOKENS, gpu_budget
 from conftest import Crash, CrashAfterChunks, job_record
 from test_run import _job, _read, _vectors
@@ -53,6 +55,37 @@ def test_packed_equals_padded_for_each_family(family):
     head = head_cls(config).eval()
     assert torch.allclose(_packed(head, ROWS).logits, _padded(head, ROWS)[0].logits, atol=1e-5)
     assert head.config._attn_implementation != "batchinfer_packed"  # restored after the packed call
+
+
+def _reference_varlen(calls):
+    """torch's varlen_attn, row by row with SDPA: what the CUDA kernel computes, runnable on a CPU."""
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None):
+        assert cu_seq_q.dtype == torch.int32 and query.shape[0] == cu_seq_q[-1] and max_q == max_k
+        calls.append(scale)
+        out = torch.empty_like(query)
+        for start, stop in zip(cu_seq_q[:-1].tolist(), cu_seq_q[1:].tolist()):
+            q, k, v = (x[start:stop].transpose(0, 1) for x in (query, key, value))  # [heads, n, d]
+            out[start:stop] = F.scaled_dot_product_attention(q, k, v, scale=scale).transpose(0, 1)
+        return out
+    return varlen_attn
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@torch.inference_mode()
+def test_varlen_attention_layout_equals_padded(family, monkeypatch):
+    """The CUDA path's layout (cumulative lengths, [T, heads, dim] views, scale), checked on CPU with
+    a stand-in kernel; tests/test_gpu.py runs the real kernel."""
+    config, base_cls, _ = FAMILIES[family]
+    torch.manual_seed(0)
+    base = base_cls(config).eval()
+    assert not varlen_supported(base, torch.device("cpu"))  # no CPU kernel: packed CPU batches re-pad
+    calls = []
+    monkeypatch.setattr(batchinfer.packing, "varlen_attn", _reference_varlen(calls))
+    monkeypatch.setattr(batchinfer.packing, "varlen_supported", lambda model, device: True)
+    padded, mask = _padded(base, ROWS)
+    packed = _packed(base, ROWS)
+    assert len(calls) == config.num_hidden_layers and all(scale is not None for scale in calls)
+    assert torch.allclose(packed.last_hidden_state * mask[..., None], padded.last_hidden_state * mask[..., None], atol=1e-5)
 
 
 def test_models_that_mix_neighbouring_tokens_are_refused():

