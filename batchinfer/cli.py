@@ -161,15 +161,20 @@ def schema():
 
 
 @app.command()
-def status(folder: Path = typer.Argument(..., help="A job's output folder."), debug: bool = DebugOption):
+def status(folder: str = typer.Argument(..., help="A job's output folder (a path or a URL such as s3://bucket/out)."),
+           debug: bool = DebugOption):
     """Show how far a job's output folder is: chunks, rows, errors, the run holding it. Changes nothing."""
     from .errors import OutputError
     from .sink import JOB, LEGACY, REPORT, SUCCESS, current_errors, read_state
+    from .storage import is_uri
 
     with reported(debug):
-        state = read_state(folder)
+        try:
+            state = read_state(folder)
+        except OSError as exc:
+            raise OutputError(f"cannot read {folder}: {exc}", "check the path or URL and the credentials") from exc
         if state is None:
-            legacy = (folder / LEGACY).exists()
+            legacy = not is_uri(folder) and (Path(folder) / LEGACY).exists()
             raise OutputError(f"{folder} holds no batchinfer run (no {JOB})" + (
                 f"; its {LEGACY} was written by an earlier batchinfer, which this one cannot resume" if legacy else ""),
                 "give the output.path of a job")

@@ -29,7 +29,8 @@ class Section(BaseModel):
 class InputConfig(Section):
     path: str = Field(
         description="A file, a folder or a glob of shards: .parquet, .jsonl, .jsonl.gz, or a folder saved by "
-        "`datasets.Dataset.save_to_disk`. Relative paths are taken from the current directory."
+        "`datasets.Dataset.save_to_disk`. Relative paths are taken from the current directory. URLs too: "
+        "s3://bucket/reviews/, gs://bucket/reviews/*.parquet, or any fsspec URL."
     )
     text: str | None = Field(
         default=None,
@@ -65,6 +66,13 @@ class InputConfig(Section):
         ge=1024,
         description="JSONL: the longest line read, in bytes. A longer line is skipped without being read whole and "
         "goes to _errors/ as too_long; raise this for records with very long texts.",
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="For s3:// and gs:// paths: arguments of pyarrow.fs.S3FileSystem or GcsFileSystem (e.g. "
+        "{endpoint_override: http://127.0.0.1:9000, region: eu-west-1}); for other URLs, of the fsspec filesystem. "
+        "Empty: credentials and endpoint from the standard environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+        "AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS, ...), which keeps secrets out of job files.",
     )
 
     @field_validator("text")
@@ -213,8 +221,9 @@ class GenerationConfig(Section):
 
 
 class OutputConfig(Section):
-    path: str = Field(description="The output folder: part files, _errors/, _done/ (completion markers), _batchinfer.json "
-                      "(the job), _report.json. It must be empty, new, or this job's.")
+    path: str = Field(description="The output folder, local or a URL such as s3://bucket/out/: part files, _errors/, "
+                      "_done/ (completion markers), _batchinfer.json (the job), _report.json. It must be empty, new, "
+                      "or this job's.")
     scores: bool = Field(default=False, description="classify: add `scores`, every class probability.")
     format: Literal["parquet", "openai"] = Field(
         default="parquet",
@@ -223,6 +232,10 @@ class OutputConfig(Section):
     )
     compression: Literal["zstd", "snappy", "gzip", "none"] = Field(
         default="zstd", description="Parquet compression codec of the part files."
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="For an s3:// or gs:// output.path: as input.storage_options. Empty: the standard environment.",
     )
 
 

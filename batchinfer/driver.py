@@ -38,7 +38,7 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
     shards, bad_shards, types = discover_shards(job.input, job.columns, output=job.output.path)
     model_path = resolve_model_path(job.model.path)
     chunks = plan_chunks([s.num_rows for s in shards], job.batching.chunk_rows)
-    out = OutputDir(job.output.path, job.output.compression)
+    out = OutputDir(job.output.path, job.output.compression, job.output.storage_options)
     done = out.open(fingerprint(job, model_identity(model_path), shards), restart, command,
                     RETRY_MAY_CHANGE if retry_errors else frozenset(), inputs=tuple(s.path for s in shards),
                     files=tuple(OPENAI_FILES) if job.output.format == "openai" else (),
@@ -86,6 +86,7 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
 
 def _commit(out: OutputDir, done: dict[str, dict], record: dict) -> None:
     """Record a probe's choice, then the chunk's marker; after a retry pass, drop the error file it replaced."""
+    out.check_lock()
     tuning = record.pop("tuning", None)
     if tuning:
         out.record_tuning(tuning)

@@ -13,6 +13,9 @@ class BatchinferError(Exception):
         self.message = message
         self.hint = hint
 
+    def __reduce__(self):  # keep the hint when a worker process sends the error back
+        return self.__class__, (self.message, self.hint)
+
 
 class ConfigError(BatchinferError):
     """The job file or a --set override is wrong."""

@@ -111,15 +111,13 @@ def export(out, model: str, task: str) -> dict[str, int]:
 
     The Parquet parts stay the checkpoint; these two files are what OpenAI's batch output_file and
     error_file would hold. Returns the lines written to each."""
-    import pyarrow.parquet as pq
-
     counts = {}
-    for name, pattern, convert in (("output.jsonl", "part-*.parquet", lambda t: response_lines(t, model, task)),
-                                   ("errors.jsonl", "_errors/part-*.parquet", lambda t: error_lines(t, model))):
-        def fill(f, pattern=pattern, convert=convert, name=name):
+    for name, errors, convert in (("output.jsonl", False, lambda t: response_lines(t, model, task)),
+                                  ("errors.jsonl", True, lambda t: error_lines(t, model))):
+        def fill(f, errors=errors, convert=convert, name=name):
             counts[name] = 0
-            for part in sorted(out.path.glob(pattern), key=lambda p: p.name):
-                lines = convert(pq.read_table(part))
+            for part in out.parts(errors=errors):
+                lines = convert(out.read_table(part))
                 f.write("".join(line + "\n" for line in lines).encode())
                 counts[name] += len(lines)
 

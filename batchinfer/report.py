@@ -43,7 +43,8 @@ def build_report(job: JobConfig, chunks: list[Chunk], done: dict[str, dict], run
             "seconds": round(seconds, 3),
             "rows_per_s": _rate(run.get("rows", 0), loop),
             "tokens_per_s": _rate(run.get("tokens", 0), loop),
-            "model_busy": round(run.get("busy", 0.0) / loop, 3) if loop else 0.0,
+            # of the workers' time: 1.0 when every worker computed from the first chunk to the last
+            "model_busy": round(run.get("busy", 0.0) / loop / max(1, len(workers or {})), 3) if loop else 0.0,
         },
     }
     if workers and set(workers) != {"local"}:

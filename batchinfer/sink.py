@@ -24,15 +24,17 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from .errors import OutputError, ResumeError
 from .plan import describe_changes
-from .storage import LocalFolder, is_disk_full, same_or_inside
+from .storage import is_disk_full, is_uri, join, open_folder, reach_problem, same_or_inside
 
 JOB = "_batchinfer.json"
 DONE = "_done"
@@ -43,6 +45,8 @@ LOCK = "_lock"
 SKIPPED = f"{ERRORS}/skipped-shards.parquet"
 LEGACY = "_manifest.jsonl"  # batchinfer 0.1's appended manifest
 FORMAT = 2
+HEARTBEAT = 15.0  # seconds between rewrites of the lock while a run holds it
+LOCK_STALE = 120.0  # a lock from another host not rewritten for this long belongs to a dead run
 ID_KEY = b"batchinfer.job_id"
 ERROR_SCHEMA = pa.schema(
     [("id", pa.string()), ("source", pa.string()), ("row", pa.int64()), ("reason", pa.string()), ("message", pa.string())]
@@ -53,9 +57,9 @@ _CREATING = re.compile(r"\.tmp-(?:[0-9a-f]{12}-_batchinfer\.json|lock-[0-9a-f]{3
 
 
 class OutputDir:
-    def __init__(self, path: str | Path, compression: str = "zstd"):
-        self.path = Path(path)
-        self.folder = LocalFolder(str(path))
+    def __init__(self, path: str | Path, compression: str = "zstd", options: dict | None = None):
+        self.path = str(path).rstrip("/") if is_uri(str(path)) else Path(path)  # shown in messages
+        self.folder = open_folder(str(path), options)
         self.compression = None if compression == "none" else compression
         self.run_id = uuid.uuid4().hex
         self.job: dict = {}
@@ -86,12 +90,11 @@ class OutputDir:
         the new values are recorded for the runs that follow. `files`: other names this job writes here;
         `plan`: totals (chunks, rows) that `batchinfer status` shows."""
         refuse_location(self.path, inputs)
-        self._refuse_foreign_folder()
         try:
+            self._refuse_foreign_folder()
             self.folder.make()
         except OSError as exc:
-            raise OutputError(f"cannot create output folder {self.path}: {exc.strerror}",
-                              "choose a writable output.path") from exc
+            raise _reach_error(self.path, exc, "create output folder") from exc
         self._lock()
         try:
             return self._open(fingerprint, restart, command, may_change, files, plan or {})
@@ -147,7 +150,7 @@ class OutputDir:
                 raise ValueError("not a batchinfer job file")
             return job
         except (ValueError, AttributeError) as exc:
-            raise OutputError(f"{self.path / JOB} is damaged ({str(exc)[:100]}), so batchinfer cannot tell which "
+            raise OutputError(f"{join(str(self.path), JOB)} is damaged ({str(exc)[:100]}), so batchinfer cannot tell which "
                               "files in the folder are its own", "write to a new folder with --output NEW_FOLDER") from exc
 
     def _read_markers(self, job: dict, listing: dict[str, int]) -> dict[str, dict]:
@@ -168,7 +171,7 @@ class OutputDir:
         """Before writing anything: a folder with files but no batchinfer job is not ours."""
         if not self.folder.exists() or self.folder.read(JOB) is not None:
             return
-        if not self.path.is_dir():
+        if isinstance(self.path, Path) and not self.path.is_dir():
             raise OutputError(f"output.path {self.path} is a file", "choose a folder for output.path")
         listing = self.folder.list()
         if LEGACY in listing:
@@ -230,14 +233,13 @@ class OutputDir:
     # --- lock ------------------------------------------------------------------------------------------------
 
     def _lock(self) -> None:
-        lock = {"run_id": self.run_id, "pid": os.getpid(), "host": socket.gethostname(),
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         saved_prefix = self.folder.tmp_prefix
         self.folder.tmp_prefix = f".tmp-lock-{self.run_id}-"
         try:
             for _ in range(3):
-                if self._write(lambda: self.folder.create(LOCK, _dumps(lock))):
+                if self._write(lambda: self.folder.create(LOCK, self._lock_content())):
                     self._locked = True
+                    self._heartbeat = _Heartbeat(self)
                     return
                 holder = self.holder()
                 if holder:
@@ -245,26 +247,43 @@ class OutputDir:
                         f"output folder {self.path} is in use by another batchinfer run (pid {holder['pid']}) on "
                         f"host {holder['host']}", "wait for it to finish, stop it, or choose another output.path")
                 if read_lock(self.folder.read(LOCK)) is None and self.folder.read(LOCK) is not None:
-                    raise OutputError(f"{self.path / LOCK} is not a batchinfer lock",
+                    raise OutputError(f"{join(str(self.path), LOCK)} is not a batchinfer lock",
                                       "choose another output.path; batchinfer does not remove files it did not write")
                 self.folder.delete(LOCK)  # left by a run that died: take it over
         finally:
             self.folder.tmp_prefix = saved_prefix
-        raise OutputError(f"cannot take the lock {self.path / LOCK}", "remove it if no batchinfer run uses the folder")
+        raise OutputError(f"cannot take the lock {join(str(self.path), LOCK)}",
+                          "remove it if no batchinfer run uses the folder")
+
+    def _lock_content(self) -> bytes:
+        return _dumps({"run_id": self.run_id, "pid": os.getpid(), "host": socket.gethostname(),
+                       "heartbeat": round(time.time(), 3)})
+
+    def check_lock(self) -> None:
+        """Before a commit: the folder is still this run's (a run that stalled past LOCK_STALE may have
+        lost it to another, which must then be the only one committing)."""
+        lost = getattr(self, "_heartbeat", None) and self._heartbeat.lost
+        if lost:
+            raise OutputError(f"another batchinfer run took over {self.path} (pid {lost['pid']} on host "
+                              f"{lost['host']}) while this one stalled", "let that run finish; it resumes this job")
 
     def unlock(self) -> None:
+        if getattr(self, "_heartbeat", None):
+            self._heartbeat.stop()
         if self._locked and (read_lock(self.folder.read(LOCK)) or {}).get("run_id") == self.run_id:
             self.folder.delete(LOCK)
         self._locked = False
 
     def holder(self) -> dict | None:
-        """The live run holding the folder, if any."""
+        """The live run holding the folder, if any. On this host a run is alive while its process is;
+        elsewhere while its heartbeat is younger than LOCK_STALE."""
         lock = read_lock(self.folder.read(LOCK))
         if lock is None or lock.get("run_id") == self.run_id:
             return None
-        if lock["host"] == socket.gethostname() and not _alive(lock["pid"]):
-            return None
-        return lock
+        if lock["host"] == socket.gethostname():
+            return lock if _alive(lock["pid"]) else None
+        beat = lock.get("heartbeat") or self.folder.mtime(LOCK) or 0
+        return lock if time.time() - beat < LOCK_STALE else None
 
     # --- writing ---------------------------------------------------------------------------------------------
 
@@ -295,10 +314,16 @@ class OutputDir:
         self._save_job({**self.job, "tuning": tuning})
 
     def error_rows(self, name: str) -> pa.Table | None:
-        import pyarrow.parquet as pq
+        return self.read_table(f"{ERRORS}/part-{name}.parquet")
 
-        path = self.path / ERRORS / f"part-{name}.parquet"
-        return pq.read_table(path) if path.exists() else None
+    def read_table(self, name: str) -> pa.Table | None:
+        raw = self.folder.read(name)
+        return pq.read_table(pa.BufferReader(raw)) if raw is not None else None
+
+    def parts(self, errors: bool = False) -> list[str]:
+        """Names of the result (or error) part files, in input order."""
+        found = [n for n in self.folder.list() if _PART.fullmatch(n) and n.startswith(ERRORS) == errors]
+        return sorted(found, key=lambda n: n.rsplit("/", 1)[-1])
 
     def drop_errors(self, name: str) -> None:
         self.folder.delete(f"{ERRORS}/part-{name}.parquet")
@@ -349,13 +374,39 @@ class PartWriter:
             raise _write_error(self.folder, exc) from exc
 
 
+class _Heartbeat:
+    """Rewrites the lock every HEARTBEAT seconds while the run holds it, so runs on other machines can
+    tell a live holder from a dead one; notes it if another run has taken the lock meanwhile."""
+
+    def __init__(self, out: OutputDir):
+        self.out, self.lost = out, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="batchinfer-lock", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT):
+            try:
+                lock = read_lock(self.out.folder.read(LOCK))
+                if lock is None or lock.get("run_id") != self.out.run_id:
+                    self.lost = lock or {"pid": "?", "host": "?"}
+                    return
+                self.out.folder.write(LOCK, self.out._lock_content())
+            except OSError:
+                continue  # a passing storage error: try again at the next beat
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=HEARTBEAT)
+
+
 # --- reading a folder without changing it -----------------------------------------------------------------------
 
 
-def read_state(path: Path) -> tuple[OutputDir, dict[str, dict]] | None:
+def read_state(path: str | Path, options: dict | None = None) -> tuple[OutputDir, dict[str, dict]] | None:
     """The job and finished chunks of an output folder, read only; None when it holds no batchinfer job."""
-    out = OutputDir(path)
-    job = out._read_job() if path.is_dir() else None
+    out = OutputDir(path, options=options)
+    job = out._read_job()
     if job is None:
         return None
     out.job = job
@@ -384,14 +435,20 @@ def current_errors(done: dict[str, dict]) -> dict[str, str]:
     return current
 
 
-def refuse_location(output: Path, inputs: tuple[str, ...]) -> None:
+def refuse_location(output: Path | str, inputs: tuple[str, ...]) -> None:
     """/, the home folder and a folder holding the input are never output folders."""
+    if isinstance(output, str):  # a URI: only the input check applies
+        for path in inputs:
+            if path == output or path.startswith(output + "/"):
+                raise OutputError(f"output.path {output} holds the input {path}",
+                                  "write the output to a folder of its own, outside the input")
+        return
     resolved = output.expanduser().resolve()
     if resolved == Path(resolved.anchor) or resolved == Path.home().resolve():
         what = "the root folder" if resolved == Path(resolved.anchor) else "your home folder"
         raise OutputError(f"output.path {output} is {what}", "give the job a folder of its own, e.g. out/my-job")
     for path in inputs:
-        if same_or_inside(path, str(resolved)):
+        if not is_uri(path) and same_or_inside(path, str(resolved)):
             raise OutputError(f"output.path {output} holds the input {path}",
                               "write the output to a folder of its own, outside the input")
 
@@ -411,6 +468,14 @@ def _marker_order(name: str) -> tuple[str, int]:
 
 def _dumps(value: dict, indent: int | None = None) -> bytes:
     return (json.dumps(value, indent=indent) + "\n").encode()
+
+
+def _reach_error(path, exc: OSError, doing: str) -> OutputError:
+    """An output folder that cannot be reached or created, in words: a missing bucket, bad credentials."""
+    problem = reach_problem(exc)
+    if problem:
+        return OutputError(f"cannot {doing} {path}: {problem[0]}", problem[1].replace("the path", "output.path"))
+    return OutputError(f"cannot {doing} {path}: {exc.strerror or str(exc)[:300]}", "choose a writable output.path")
 
 
 def _write_error(path: Path, exc: OSError) -> OutputError:

@@ -8,8 +8,13 @@ final name or absent. No package imports.
 from __future__ import annotations
 
 import errno
+import io
+import json
 import os
+import re
+import time
 from pathlib import Path
+from typing import IO
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -24,9 +29,115 @@ def local_path(path: str) -> Path:
     return Path(path.removeprefix("file://")).expanduser()
 
 
-def filesystem(path: str) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path inside it) for a local path."""
-    return pafs.LocalFileSystem(), str(local_path(path).resolve())
+def filesystem(path: str, options: dict | None = None) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path inside it) for a local path or a URI: s3:// and gs:// through pyarrow's own
+    clients (credentials and endpoint from the standard environment, or `options`: the arguments of
+    pyarrow.fs.S3FileSystem / GcsFileSystem), any other scheme through fsspec."""
+    if not is_uri(path):
+        return pafs.LocalFileSystem(), str(local_path(path).resolve())
+    scheme, _, rest = path.partition("://")
+    rest = rest.rstrip("/")
+    if scheme in ("s3", "gs", "gcs") and options:
+        fs = pafs.S3FileSystem(**options) if scheme == "s3" else pafs.GcsFileSystem(**options)
+        return fs, rest
+    if scheme in ("s3", "gs", "gcs", "hdfs"):
+        fs, inner = pafs.FileSystem.from_uri(path)
+        return fs, inner.rstrip("/")
+    import fsspec
+
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem(scheme, **(options or {})))), rest
+
+
+def join(base: str, *names: str) -> str:
+    return "/".join([base.rstrip("/"), *names])
+
+
+_FILESYSTEMS: dict[tuple, pafs.FileSystem] = {}
+
+
+def input_filesystem(path: str, options: dict | None = None) -> tuple[pafs.FileSystem, str]:
+    """filesystem(), with one client per scheme, bucket and options for all the shards of a job."""
+    if not is_uri(path):
+        return filesystem(path)
+    scheme, _, rest = path.partition("://")
+    environment = sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "GOOGLE_", "GCS_")))
+    key = (scheme, rest.split("/", 1)[0], json.dumps(options or {}, sort_keys=True), tuple(environment))
+    if key not in _FILESYSTEMS:
+        _FILESYSTEMS[key] = filesystem(f"{scheme}://{rest.split('/', 1)[0]}", options)[0]
+    return _FILESYSTEMS[key], _inner(path)
+
+
+def list_files(path: str, options: dict | None = None) -> list[str]:
+    """Every file below a folder URL (paths inside the filesystem), or [path] for a file; [] if nothing."""
+    fs, inner = input_filesystem(path, options)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.File:
+        return [inner]
+    selector = pafs.FileSelector(inner, recursive=True, allow_not_found=True)
+    found = sorted(i.path for i in fs.get_file_info(selector) if i.type == pafs.FileType.File)
+    bucket = inner.split("/", 1)[0]
+    if not found and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"the bucket {bucket} does not exist")
+    return found
+
+
+def glob_regex(pattern: str) -> re.Pattern:
+    """A glob as a regex over whole paths: * and ? stay within a folder, ** crosses folders."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 1:]:
+            end = pattern.index("]", i + 1)
+            out.append("[" + pattern[i + 1:end].replace("!", "^", 1) + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out))
+
+
+def reach_problem(exc: BaseException) -> tuple[str, str] | None:
+    """A storage error in words, with the fix: a missing bucket, refused credentials; else None."""
+    text = str(exc)
+    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text or ("bucket" in text and "does not exist" in text):
+        return "the bucket does not exist", "create the bucket, or fix the path"
+    if any(code in text for code in ("ACCESS_DENIED", "INVALID_ACCESS_KEY", "SIGNATURE_DOES_NOT_MATCH",
+                                     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403")):
+        return (f"access denied ({text[:160]})", "check the credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+                "(or GOOGLE_APPLICATION_CREDENTIALS), or the job's storage_options")
+    return None
+
+
+def _inner(uri: str) -> str:
+    """The path inside its filesystem of an s3://bucket/key style URI: bucket/key."""
+    return uri.partition("://")[2].rstrip("/")
+
+
+def open_binary(path: str, options: dict | None = None) -> IO[bytes]:
+    """A file's bytes, read sequentially and buffered (readline works), local or remote."""
+    if not is_uri(path):
+        return open(local_path(path), "rb")
+    fs, inner = input_filesystem(path, options)
+    return io.BufferedReader(fs.open_input_stream(inner, compression=None), buffer_size=1 << 20)
+
+
+def open_random(path: str, options: dict | None = None):
+    """A file opened for reads at any offset (a Parquet footer, its row groups), local or remote."""
+    if not is_uri(path):
+        return open(local_path(path), "rb")
+    fs, inner = input_filesystem(path, options)
+    return fs.open_input_file(inner)
 
 
 def same_or_inside(inner: str, outer: str) -> bool:
@@ -142,6 +253,105 @@ class LocalFolder:
             tmp.unlink(missing_ok=True)
             raise
         return tmp
+
+
+class ObjectFolder:
+    """An output folder on an object store (s3://, gs://, ...), through pyarrow.fs. An object store has
+    no rename and no append, so every file is uploaded whole in one request, from memory or from a local
+    temporary file: it exists complete or not at all. Create-if-absent is write, wait, read back."""
+
+    tmp_prefix = ""  # nothing temporary is ever written here
+    SETTLE = 1.0  # seconds between writing a create-if-absent object and reading it back
+
+    def __init__(self, uri: str, options: dict | None = None):
+        self.uri = uri.rstrip("/")
+        self.options = options or {}
+        self.fs, self.base = filesystem(uri, options)
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def __reduce__(self):  # filesystems reconnect in the process that unpickles them
+        return type(self), (self.uri, self.options)
+
+    def _path(self, name: str) -> str:
+        return join(self.base, name)
+
+    def exists(self) -> bool:
+        return bool(self.list())
+
+    def make(self) -> None:
+        bucket = self.base.split("/", 1)[0]
+        if self.fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"the bucket {bucket} does not exist")
+
+    def list(self) -> dict[str, int]:
+        selector = pafs.FileSelector(self.base, recursive=True, allow_not_found=True)
+        prefix = self.base.rstrip("/") + "/"
+        return {info.path[len(prefix):]: info.size for info in self.fs.get_file_info(selector)
+                if info.type == pafs.FileType.File and info.path.startswith(prefix)}
+
+    def folders(self) -> list[str]:
+        return []
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            with self.fs.open_input_stream(self._path(name)) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def mtime(self, name: str) -> float | None:
+        info = self.fs.get_file_info(self._path(name))
+        return info.mtime.timestamp() if info.mtime else None
+
+    def parquet_metadata(self, name: str) -> pq.FileMetaData | None:
+        try:
+            return pq.read_metadata(self._path(name), filesystem=self.fs)
+        except (OSError, pa.ArrowException):
+            return None
+
+    def write(self, name: str, data: bytes) -> None:
+        with self.fs.open_output_stream(self._path(name)) as f:
+            f.write(data)
+
+    def write_with(self, name: str, fill) -> None:
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(prefix="batchinfer-") as tmp:
+            fill(tmp)
+            tmp.flush()
+            pafs.copy_files(tmp.name, self._path(name), source_filesystem=pafs.LocalFileSystem(),
+                            destination_filesystem=self.fs)
+
+    def write_table(self, name: str, table: pa.Table, compression: str | None) -> None:
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table, buffer, compression=compression)
+        self.write(name, buffer.getvalue().to_pybytes())
+
+    def create(self, name: str, data: bytes) -> bool:
+        """Write `name` only if it does not exist; False if it did or another writer won the race.
+        Two writers that both found it absent both write; the one whose content is read back after
+        SETTLE seconds won (a writer takes well under SETTLE from its check to its write)."""
+        if self.read(name) is not None:
+            return False
+        self.write(name, data)
+        time.sleep(self.SETTLE)
+        return self.read(name) == data
+
+    def delete(self, name: str) -> None:
+        try:
+            self.fs.delete_file(self._path(name))
+        except FileNotFoundError:
+            pass
+
+    def remove_folder(self, name: str) -> None:
+        pass
+
+
+def open_folder(path: str, options: dict | None = None):
+    """The output folder at a local path or a URI."""
+    return ObjectFolder(path, options) if is_uri(path) else LocalFolder(path)
 
 
 def _fsync_dir(path: Path) -> None:

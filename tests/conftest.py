@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import sys
 from pathlib import Path
@@ -169,3 +170,51 @@ def tiny_llama(tmp_path_factory, sms_table) -> Path:
 @pytest.fixture(scope="session")
 def tiny_gpt2(tmp_path_factory, sms_table) -> Path:
     return _tiny_causal("gpt2", tmp_path_factory.mktemp("tiny-gpt2"), sms_table.column("text").to_pylist())
+
+
+_BUCKETS: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 API on 127.0.0.1 (moto's server), checking credentials like S3: requests must be signed
+    with the access key of a user it knows. Yields (endpoint, key id, secret)."""
+    from moto.server import ThreadedMotoServer
+
+    pytest.importorskip("boto3")
+    import boto3
+    from moto import settings
+    from moto.core.responses import ActionAuthenticatorMixin
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    iam = boto3.client("iam", endpoint_url=endpoint, aws_access_key_id="setup", aws_secret_access_key="setup",
+                       region_name="us-east-1")
+    iam.create_user(UserName="batchinfer-tests")
+    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+    iam.put_user_policy(UserName="batchinfer-tests", PolicyName="s3", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName="batchinfer-tests")["AccessKey"]
+    previous = settings.INITIAL_NO_AUTH_ACTION_COUNT
+    settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # from here on every request must be signed with `key`
+    ActionAuthenticatorMixin.request_count = 0
+    yield endpoint, key["AccessKeyId"], key["SecretAccessKey"]
+    settings.INITIAL_NO_AUTH_ACTION_COUNT = previous
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, request):
+    """A fresh bucket, with the standard AWS environment pointing at it. Yields (bucket, boto3 client)."""
+    import boto3
+
+    endpoint, key_id, secret = s3_server
+    for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret,
+                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(name, value)
+    client = boto3.client("s3")
+    bucket = "t-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-") + f"-{len(_BUCKETS)}"
+    _BUCKETS.append(bucket)
+    client.create_bucket(Bucket=bucket)
+    return bucket, client

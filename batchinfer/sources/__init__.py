@@ -13,7 +13,7 @@ one job can feed the next).
 from __future__ import annotations
 
 import glob
-import os
+import posixpath
 from pathlib import Path
 from typing import NamedTuple
 
@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from ..config import InputConfig
 from ..errors import InputError
+from ..storage import glob_regex, is_uri, list_files, reach_problem
 from .base import READ_ERRORS, BadShard, Reader, ReadSpec, RowBlock, Shard, ShardInfo, describe_read_error, job_type
 from .hf import MARKERS as HF_MARKERS
 from .hf import HfFormat
@@ -45,19 +46,19 @@ class Inputs(NamedTuple):
 def read_spec(cfg: InputConfig, columns: list[str] | None = None, types: dict | None = None) -> ReadSpec:
     types = dict(REQUEST_TYPES) if cfg.format == "openai" else dict(types or {})
     return ReadSpec(tuple(columns or cfg.columns), tuple(cfg.text_columns), (cfg.messages,) if cfg.messages else (),
-                    cfg.id_column, cfg.max_line_bytes, types)
+                    cfg.id_column, cfg.max_line_bytes, types, dict(cfg.storage_options))
 
 
 def open_reader(shard: Shard, spec: ReadSpec) -> Reader:
     return FORMATS[shard.format].reader(shard, spec)
 
 
-def shard_format(path: Path, declared: str = "auto") -> str | None:
-    if path.is_dir():
-        return "hf" if any((path / m).exists() for m in HF_MARKERS) else None
+def shard_format(path: str, declared: str = "auto") -> str | None:
+    if not is_uri(path) and Path(path).is_dir():
+        return "hf" if any((Path(path) / m).exists() for m in HF_MARKERS) else None
     if declared != "auto":
         return declared
-    name = path.name.lower()
+    name = path.lower()
     return next((fmt for fmt, f in FORMATS.items() for suffix in f.suffixes if name.endswith(suffix)), None)
 
 
@@ -67,13 +68,17 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
     Every shard is opened and checked for the needed columns here, so a corrupt or foreign file
     stops the job before any work (on_bad_shard: fail) or is left out and reported (skip).
     """
-    paths = _expand(cfg.path, cfg.format, output)
-    root = _common_root(paths)
+    try:
+        paths = _expand_remote(cfg, output) if is_uri(cfg.path) else _expand(cfg.path, cfg.format, output)
+    except OSError as exc:  # the object store could not be listed: a missing bucket, refused credentials
+        problem = reach_problem(exc) or (str(exc)[:300], "check input.path")
+        raise InputError(f"cannot read input.path {cfg.path}: {problem[0]}", problem[1].replace("the path", "input.path"))
+    root = posixpath.commonpath([posixpath.dirname(p) for p in paths]) if len(paths) > 1 else None
     spec = read_spec(cfg, columns)
     shards, bad, infos = [], [], []
     for path in paths:
         fmt = shard_format(path, cfg.format)
-        name = os.path.relpath(path, root) if root else path.name
+        name = posixpath.relpath(path, root) if root else posixpath.basename(path.rstrip("/"))
         try:
             info = _inspect(path, fmt, spec)
             _check_columns(name, info.columns, list(spec.columns))
@@ -83,7 +88,7 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
                                                           if len(paths) > 1 else ""))
             bad.append(BadShard(name, exc.message))
             continue
-        shards.append(Shard(str(path.resolve()), name, fmt, info.rows, info.digest))
+        shards.append(Shard(path, name, fmt, info.rows, info.digest))
         infos.append(info)
     if not shards:
         raise InputError(f"no readable shard: {bad[0].message}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
@@ -96,10 +101,13 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
     return Inputs(shards, bad, types)
 
 
-def _inspect(path: Path, fmt: str, spec: ReadSpec) -> ShardInfo:
+def _inspect(path: str, fmt: str, spec: ReadSpec) -> ShardInfo:
     try:
-        return FORMATS[fmt].inspect(str(path), spec)
+        return FORMATS[fmt].inspect(path, spec)
     except READ_ERRORS as exc:
+        problem = reach_problem(exc)
+        if problem:
+            raise InputError(f"shard {path} cannot be read: {problem[0]}", problem[1]) from exc
         raise InputError(f"shard {path} cannot be read: {describe_read_error(exc)}", "replace or remove the file") from exc
 
 
@@ -115,7 +123,7 @@ def _check_columns(name: str, present: list[str] | None, columns: list[str]) -> 
         )
 
 
-def _expand(pattern: str, declared: str, output: str | None) -> list[Path]:
+def _expand(pattern: str, declared: str, output: str | None) -> list[str]:
     skip = _Skip(output)
     if any(ch in pattern for ch in "*?["):
         prefix = pattern[:min(pattern.index(ch) for ch in "*?[" if ch in pattern)]
@@ -126,19 +134,52 @@ def _expand(pattern: str, declared: str, output: str | None) -> list[Path]:
         path = Path(pattern)
         if not path.exists():
             raise InputError(f"input.path {pattern} does not exist", "check the path; it is taken from the current directory")
-        matches = [path] if path.is_file() or shard_format(path) == "hf" else sorted(
+        matches = [path] if path.is_file() or shard_format(str(path)) == "hf" else sorted(
             p for p in path.rglob("*")
             if not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts) and not skip(p, path)
         )
         where = f"the folder {pattern}"
-    shards = [p for p in matches if shard_format(p, declared)]
+    shards = [str(p.resolve()) for p in matches if shard_format(str(p), declared)]
     if not shards:
-        found = ", ".join(sorted({p.suffix or p.name for p in matches if p.is_file()})[:8]) or "nothing"
-        raise InputError(
-            f"{where} holds no .parquet, .jsonl, .jsonl.gz file or saved dataset folder (found: {found})",
-            "point input.path at your shards, or set input.format for files with another extension",
-        )
+        _nothing_found(where, [p.name for p in matches if p.is_file()])
     return shards
+
+
+def _expand_remote(cfg: InputConfig, output: str | None) -> list[str]:
+    """input.path as a URL: a file, a folder (every file below it) or a glob, as URLs in a stable order."""
+    scheme = cfg.path.partition("://")[0]
+    wildcard = [cfg.path.index(ch) for ch in "*?[" if ch in cfg.path]
+    base = cfg.path[: cfg.path.rfind("/", 0, min(wildcard)) + 1] if wildcard else cfg.path
+    found = list_files(base, cfg.storage_options)
+    root = base.partition("://")[2].rstrip("/")
+    if not found:
+        raise InputError(f"input.path {cfg.path} does not exist or holds no file", "check the URL")
+    outputs = {posixpath.dirname(p) for p in found if posixpath.basename(p) in JOB_MARKERS}
+    own = output.partition("://")[2].rstrip("/") if output and is_uri(output) else None
+    regex = glob_regex(cfg.path.partition("://")[2]) if wildcard else None
+
+    def keep(path: str) -> bool:
+        relative = posixpath.relpath(path, root) if path != root else posixpath.basename(path)
+        folders = [posixpath.dirname(path)]
+        while folders[-1] not in (root, "", "/") and folders[-1].startswith(root):
+            folders.append(posixpath.dirname(folders[-1]))
+        return ((regex.fullmatch(path) if regex else not any(p.startswith(("_", ".")) for p in relative.split("/")))
+                and not (own and (path == own or path.startswith(own + "/")))
+                and not any(f in outputs and f != root for f in folders))
+
+    shards = [f"{scheme}://{p}" for p in found if keep(p)]
+    shards = [p for p in shards if shard_format(p, cfg.format)]
+    if not shards:
+        _nothing_found(f"{'the glob' if wildcard else 'the folder'} {cfg.path}", [posixpath.basename(p) for p in found])
+    return shards
+
+
+def _nothing_found(where: str, names: list[str]) -> None:
+    found = ", ".join(sorted({(Path(n).suffix or n) for n in names})[:8]) or "nothing"
+    raise InputError(
+        f"{where} holds no .parquet, .jsonl, .jsonl.gz file or saved dataset folder (found: {found})",
+        "point input.path at your shards, or set input.format for files with another extension",
+    )
 
 
 class _Skip:
@@ -146,7 +187,7 @@ class _Skip:
     the input's root that holds a batchinfer job."""
 
     def __init__(self, output: str | None):
-        self.output = Path(output).expanduser().resolve() if output else None
+        self.output = Path(output).expanduser().resolve() if output and not is_uri(output) else None
         self.folders: dict[Path, bool] = {}
 
     def __call__(self, path: Path, root: Path) -> bool:
@@ -161,7 +202,3 @@ class _Skip:
         return self.folders[folder]
 
 
-def _common_root(paths: list[Path]) -> str | None:
-    if len(paths) == 1:
-        return None
-    return os.path.commonpath([str(p.resolve().parent) for p in paths])

@@ -55,6 +55,7 @@ class ReadSpec:
     id_column: str | None = None
     max_line_bytes: int = 8 << 20
     types: dict[str, pa.DataType] = field(default_factory=dict)  # the job's type of every other column
+    options: dict = field(default_factory=dict)  # storage options for URLs
 
     @property
     def typed(self) -> list[str]:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import InputError
+from ..storage import is_uri
 from .base import ReadSpec, Shard, ShardInfo, TableReader
 
 MARKERS = ("dataset_info.json", "state.json")
@@ -17,6 +18,10 @@ class HfFormat:
     suffixes = ()  # a folder, recognised by its MARKERS
 
     def inspect(self, path: str, spec: ReadSpec) -> ShardInfo:
+        if is_uri(path):
+            raise InputError(f"{path} is a saved dataset on an object store, which batchinfer reads from local "
+                             "folders only", "copy the folder to local disk, or write the dataset as Parquet "
+                             "(dataset.to_parquet) and point input.path at that")
         dataset = load(path)
         schema = dataset.data.schema
         types = {c: schema.field(c).type for c in spec.typed if c in schema.names}

@@ -8,12 +8,14 @@ across consecutive chunks (a gzip needs no seeking).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 from typing import IO
 
 import pyarrow as pa
 
-from ..lines import Oversized, open_lines, parse_object, read_lines, sniff_field
+from ..lines import Oversized, parse_object, read_lines, sniff_field
+from ..storage import open_binary
 from ..prepare import message_problem
 from .base import Kinds, Problem, ReadSpec, RowBlock, Shard, ShardInfo, as_text
 
@@ -27,7 +29,7 @@ class JsonlFormat:
         digest = hashlib.blake2b(digest_size=16)
         kinds = {c: Kinds() for c in self.typed_columns(spec)}
         columns, keys, rows = None, [], 0
-        with open_lines(path) as raw:
+        with open_lines(path, spec.options) as raw:
             stream = _Hashing(raw, digest)
             if not kinds and not self.unique_key:
                 columns = self.first_columns(path, spec)
@@ -57,7 +59,7 @@ class JsonlFormat:
 
     def first_columns(self, path: str, spec: ReadSpec) -> list[str] | None:
         """The keys of the first line that is a JSON object."""
-        with open_lines(path) as stream:
+        with open_lines(path, spec.options) as stream:
             for line in read_lines(stream, spec.max_line_bytes):
                 record, _ = parse_object(line, spec.max_line_bytes)
                 if record is not None:
@@ -97,7 +99,7 @@ class JsonlReader:
     def read(self, start: int, stop: int) -> RowBlock:
         if self._stream is None or start < self._line:
             self.close()
-            self._stream, self._line = open_lines(self.shard.path), 0
+            self._stream, self._line = open_lines(self.shard.path, self.spec.options), 0
             self._lines = read_lines(self._stream, self.spec.max_line_bytes)
         while self._line < start:
             next(self._lines)
@@ -151,6 +153,26 @@ def _value_problem(column: str, value, exc: BaseException) -> Problem:
         return ("bad_utf8", f"field '{column}' holds a lone UTF-16 surrogate ({exc.object[exc.start:exc.end]!a}), "
                             "which is not valid text")
     return ("bad_json", f"field '{column}' does not fit the column's type: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+def open_lines(path: str, options: dict | None = None) -> IO[bytes]:
+    """A shard's bytes, local or remote, decompressed when its name ends in .gz."""
+    raw = open_binary(path, options)
+    return _Gunzip(raw) if path.lower().endswith(".gz") else raw
+
+
+class _Gunzip(gzip.GzipFile):
+    """A GzipFile that closes the stream it reads from, too."""
+
+    def __init__(self, raw: IO[bytes]):
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
 
 
 def _count_lines(stream) -> int:

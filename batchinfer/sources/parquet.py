@@ -8,6 +8,7 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..storage import open_random
 from .base import ReadSpec, Shard, ShardInfo, TableReader
 
 
@@ -15,34 +16,38 @@ class ParquetFormat:
     suffixes = (".parquet", ".pq")
 
     def inspect(self, path: str, spec: ReadSpec) -> ShardInfo:
-        file = pq.ParquetFile(path)
-        schema = file.schema_arrow
-        types = {c: schema.field(c).type for c in spec.typed if c in schema.names}
-        return ShardInfo(file.metadata.num_rows, footer_digest(path), schema.names, types)
+        with open_random(path, spec.options) as f:
+            file = pq.ParquetFile(f)
+            schema = file.schema_arrow
+            types = {c: schema.field(c).type for c in spec.typed if c in schema.names}
+            return ShardInfo(file.metadata.num_rows, footer_digest(f), schema.names, types)
 
     def reader(self, shard: Shard, spec: ReadSpec) -> TableReader:
-        return TableReader(lambda start, stop: read_rows(shard.path, start, stop, list(spec.columns)), spec)
+        columns = list(spec.columns)
+        return TableReader(lambda start, stop: read_rows(shard.path, start, stop, columns, spec.options), spec)
 
 
-def footer_digest(path: str) -> str:
+def footer_digest(f) -> str:
     """The file's size and its footer (schema, row groups, their sizes and statistics): any rewrite of
     the data changes them, and reading them costs one small read however large the file is."""
     digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        size = f.seek(0, os.SEEK_END)
-        digest.update(str(size).encode())
-        if size >= 12:
-            f.seek(size - 8)
-            tail = f.read(8)
-            length = int.from_bytes(tail[:4], "little")
-            f.seek(max(0, size - 8 - length))
-            digest.update(f.read(min(length, size - 8)))
+    size = f.seek(0, os.SEEK_END)
+    digest.update(str(size).encode())
+    if size >= 12:
+        f.seek(size - 8)
+        length = int.from_bytes(f.read(4), "little")
+        f.seek(max(0, size - 8 - length))
+        digest.update(f.read(min(length, size - 8)))
     return digest.hexdigest()
 
 
-def read_rows(path: str, start: int, stop: int, columns: list[str]) -> pa.Table:
+def read_rows(path: str, start: int, stop: int, columns: list[str], options: dict | None = None) -> pa.Table:
     """Read only the row groups that overlap [start, stop), then slice."""
-    file = pq.ParquetFile(path)
+    with open_random(path, options) as f:
+        return _read_rows(pq.ParquetFile(f), start, stop, columns)
+
+
+def _read_rows(file: pq.ParquetFile, start: int, stop: int, columns: list[str]) -> pa.Table:
     groups, first_row, row = [], None, 0
     for index in range(file.metadata.num_row_groups):
         count = file.metadata.row_group(index).num_rows

@@ -1,0 +1,156 @@
+"""The Ray executor on a local cluster (2 CPUs): the same output as in-process, every row once, whatever
+dies — a worker killed by Ray, a worker process killed with kill -9, the driver killed with kill -9."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+from batchinfer.config import validate_job
+from batchinfer.driver import run_job
+from conftest import done_chunks, write_job
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error")
+    yield
+    ray.shutdown()
+
+
+def _job(data, model, out, task="embed", executor="ray", **batching):
+    return {"input": {"path": str(data), "text": "text", "id": "sms_id"},
+            "model": {"path": str(model), "task": task, "max_length": 64},
+            "batching": {"chunk_rows": 50, "max_tokens": 4096, "strategy": "padded", **batching},
+            "output": {"path": str(out), "scores": task == "classify"},
+            "runtime": {"executor": executor, "workers": 2}}
+
+
+def _read(out):
+    return ds.dataset(str(out), format="parquet").to_table()
+
+
+class KillWorkerAfter:
+    """Progress that kills a worker once `chunks` chunks are committed: by Ray, or with kill -9."""
+
+    def __init__(self, chunks, how):
+        self.left, self.how, self.killed = chunks, how, []
+
+    def start(self, total_rows, done_rows):
+        pass
+
+    def log(self, message):
+        pass
+
+    def advance(self, rows, tokens):
+        self.left -= 1
+        if self.left == 0:
+            name = next(n for n in ray.util.list_named_actors() if n.startswith("batchinfer-") and n.endswith("-ray-1"))
+            actor = ray.get_actor(name)
+            if self.how == "ray.kill":
+                ray.kill(actor, no_restart=True)
+            else:
+                os.kill(ray.get(actor.describe.remote())[1], signal.SIGKILL)
+            self.killed.append(name)
+
+
+@pytest.mark.parametrize("task,column,model", [("embed", "embedding", "tiny_embed"), ("classify", "scores", "tiny_classify")])
+def test_ray_output_equals_the_in_process_output(cluster, sms_parquet, tmp_path, request, task, column, model):
+    model = request.getfixturevalue(model)
+    local = run_job(validate_job(_job(sms_parquet, model, tmp_path / "local", task, executor="local")))
+    report = run_job(validate_job(_job(sms_parquet, model, tmp_path / "ray", task)))
+    assert report["complete"] and report["rows"] == local["rows"] == 600 and report["device"] == "cpu x2 (ray)"
+    assert sorted(report["run"]["workers"]) == ["ray-0", "ray-1"]
+    assert sum(w["rows"] for w in report["run"]["workers"].values()) == 600
+    ours, theirs = _read(tmp_path / "ray"), _read(tmp_path / "local")
+    assert ours.column("sms_id").to_pylist() == theirs.column("sms_id").to_pylist()  # each once, input order
+    assert np.abs(np.array(ours.column(column).to_pylist()) - np.array(theirs.column(column).to_pylist())).max() < 1e-5
+    if task == "classify":
+        assert ours.column("label").to_pylist() == theirs.column("label").to_pylist()
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "kill -9"])
+def test_a_worker_that_dies_costs_only_its_chunks_in_flight(cluster, sms_parquet, sms_table, tiny_embed, tmp_path, how):
+    progress = KillWorkerAfter(3, how)
+    report = run_job(validate_job(_job(sms_parquet, tiny_embed, tmp_path / "out")), progress=progress)
+    assert progress.killed and report["complete"] and report["rows"] == report["rows_ok"] == 600
+    ids = _read(tmp_path / "out").column("sms_id").to_pylist()
+    assert ids == sms_table.column("sms_id").to_pylist()[:600]
+    assert done_chunks(tmp_path / "out") == 12
+
+
+def test_the_driver_killed_with_kill_9_resumes_with_the_same_command(cluster, sms_parquet, sms_table, tiny_embed, tmp_path):
+    job = write_job(tmp_path, **{**_job(sms_parquet, tiny_embed, tmp_path / "out", max_rows=4), "runtime": {}})
+    command = [sys.executable, "-m", "batchinfer", "run", str(job), "-q", "--set", "runtime.executor=ray",
+               "--set", "runtime.workers=2"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 180
+    while done_chunks(tmp_path / "out") < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 2 <= done_chunks(tmp_path / "out") < 12, proc.stderr.read()  # the kill landed mid-run
+    finished = subprocess.run(command, capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
+    run_job(validate_job(_job(sms_parquet, tiny_embed, tmp_path / "whole", executor="local", max_rows=4)))
+    resumed, whole = _read(tmp_path / "out"), _read(tmp_path / "whole")
+    assert resumed.column("sms_id").to_pylist() == whole.column("sms_id").to_pylist()
+    assert np.abs(np.array(resumed.column("embedding").to_pylist()) - np.array(whole.column("embedding").to_pylist())).max() < 1e-5
+
+
+def test_a_model_error_in_a_worker_is_the_same_message(cluster, sms_parquet, tiny_embed, tmp_path):
+    from batchinfer.errors import ModelError
+
+    with pytest.raises(ModelError, match="sequence-classification head"):
+        run_job(validate_job(_job(sms_parquet, tiny_embed, tmp_path / "out", task="classify")))
+
+
+def test_more_workers_than_the_cluster_holds_is_refused(cluster, sms_parquet, tiny_embed, tmp_path):
+    from batchinfer.errors import ConfigError
+
+    job = _job(sms_parquet, tiny_embed, tmp_path / "out")
+    job["runtime"]["workers"] = 3
+    with pytest.raises(ConfigError, match="runtime.workers 3 need 3 CPUs .* the Ray cluster has 2 CPUs"):
+        run_job(validate_job(job))
+
+
+def test_without_ray_installed_the_message_says_what_to_install(sms_parquet, tiny_embed, tmp_path, monkeypatch):
+    import builtins
+
+    from batchinfer.errors import ConfigError
+
+    real_import = builtins.__import__
+
+    def no_ray(name, globals=None, locals=None, fromlist=(), level=0):
+        if name == "ray" and level == 0:
+            raise ImportError("No module named 'ray'")
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    with pytest.raises(ConfigError) as info:
+        run_job(validate_job(_job(sms_parquet, tiny_embed, tmp_path / "out")))
+    assert 'pip install -e ".[ray]"' in info.value.hint
+
+
+def test_sigterm_stops_the_workers_keeps_finished_chunks_and_says_how_to_resume(cluster, sms_parquet, tiny_embed, tmp_path):
+    job = write_job(tmp_path, **_job(sms_parquet, tiny_embed, tmp_path / "out", max_rows=2))
+    command = [sys.executable, "-m", "batchinfer", "run", str(job)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.time() + 180
+    while done_chunks(tmp_path / "out") < 1 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "stopped on SIGTERM" in output and "resume with: batchinfer run" in output
+    assert 1 <= done_chunks(tmp_path / "out") < 12
+    assert not [n for n in ray.util.list_named_actors() if n.startswith("batchinfer-")]  # no worker left behind
+    assert subprocess.run(command + ["-q"], capture_output=True).returncode == 0
+    assert len(set(_read(tmp_path / "out").column("sms_id").to_pylist())) == _read(tmp_path / "out").num_rows == 600

@@ -1,0 +1,170 @@
+"""Object stores: a job from s3:// to s3:// through a real S3 API (moto's server on 127.0.0.1), with the
+same output, resume and refusals as on local disk."""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from batchinfer.cli import app
+from batchinfer.config import validate_job
+from batchinfer.driver import run_job
+from batchinfer.errors import InputError, OutputError
+from batchinfer.storage import glob_regex
+from conftest import write_job
+
+runner = CliRunner()
+
+
+def _upload(client, bucket, sms_table):
+    """Two Parquet shards and a JSONL shard, 300 real messages."""
+    for k in range(2):
+        buffer = io.BytesIO()
+        pq.write_table(sms_table.slice(k * 100, 100), buffer, row_group_size=32)
+        client.put_object(Bucket=bucket, Key=f"reviews/part-{k}.parquet", Body=buffer.getvalue())
+    lines = "".join(json.dumps(r) + "\n" for r in sms_table.slice(200, 100).select(["sms_id", "text"]).to_pylist())
+    client.put_object(Bucket=bucket, Key="reviews/more.jsonl", Body=lines.encode())
+    client.put_object(Bucket=bucket, Key="reviews/README.txt", Body=b"not a shard")
+
+
+def _job(data, model, out, **extra):
+    return {"input": {"path": data, "text": "text", "id": "sms_id"},
+            "model": {"path": str(model), "task": "embed", "max_length": 64},
+            "batching": {"chunk_rows": 40, "max_tokens": 16384, "strategy": "padded"},
+            "output": {"path": out}, **extra}
+
+
+def _s3fs():
+    return pafs.FileSystem.from_uri("s3://x")[0]
+
+
+def _table(uri):
+    return ds.dataset(uri.removeprefix("s3://"), filesystem=_s3fs(), format="parquet").to_table()
+
+
+def test_s3_to_s3_equals_a_local_run_and_is_read_from_the_bucket(s3, sms_table, tiny_embed, tmp_path):
+    import duckdb
+
+    bucket, client = s3
+    _upload(client, bucket, sms_table)
+    report = run_job(validate_job(_job(f"s3://{bucket}/reviews/", tiny_embed, f"s3://{bucket}/out/")))
+    assert report["complete"] and report["rows"] == report["rows_ok"] == 300
+    local = tmp_path / "in"
+    local.mkdir()
+    for key in ("reviews/part-0.parquet", "reviews/part-1.parquet", "reviews/more.jsonl"):
+        (local / key.split("/")[1]).write_bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    run_job(validate_job(_job(str(local), tiny_embed, str(tmp_path / "out"))))
+    remote, here = _table(f"s3://{bucket}/out"), ds.dataset(str(tmp_path / "out"), format="parquet").to_table()
+    ids = sms_table.column("sms_id").to_pylist()
+    assert remote.column("sms_id").to_pylist() == here.column("sms_id").to_pylist() == ids[200:300] + ids[:200]
+    assert np.array_equal(np.array(remote.column("embedding").to_pylist()), np.array(here.column("embedding").to_pylist()))
+    dataset = ds.dataset(f"{bucket}/out", filesystem=_s3fs(), format="parquet")  # DuckDB scans it from the bucket
+    assert duckdb.sql("SELECT count(DISTINCT sms_id) FROM dataset").fetchall() == [(300,)]
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]}
+    assert "out/_SUCCESS" in keys and "out/_batchinfer.json" in keys and not any(".tmp" in k for k in keys)
+    result = runner.invoke(app, ["status", f"s3://{bucket}/out"])
+    assert result.exit_code == 0 and "9/9 done (complete)" in result.output
+
+
+def test_a_glob_over_a_bucket_prefix(s3, sms_table, tiny_embed):
+    bucket, client = s3
+    _upload(client, bucket, sms_table)
+    report = run_job(validate_job(_job(f"s3://{bucket}/reviews/part-*.parquet", tiny_embed, f"s3://{bucket}/out")))
+    assert report["rows"] == 200 and {s for s in _table(f"s3://{bucket}/out").column("source").to_pylist()} == {
+        "part-0.parquet", "part-1.parquet"}
+
+
+def test_glob_patterns_match_like_the_shell():
+    assert glob_regex("b/reviews/*.parquet").fullmatch("b/reviews/a.parquet")
+    assert not glob_regex("b/reviews/*.parquet").fullmatch("b/reviews/x/a.parquet")
+    assert glob_regex("b/**/*.jsonl").fullmatch("b/x/y/a.jsonl") and glob_regex("b/**/*.jsonl").fullmatch("b/a.jsonl")
+    assert glob_regex("b/part-[0-1].parquet").fullmatch("b/part-1.parquet")
+
+
+def test_kill_9_on_s3_then_the_same_command_resumes(s3, sms_table, tiny_embed, tmp_path):
+    bucket, client = s3
+    _upload(client, bucket, sms_table)
+    job = write_job(tmp_path, **_job(f"s3://{bucket}/reviews/", tiny_embed, f"s3://{bucket}/out",
+                                     batching={"chunk_rows": 20, "max_rows": 2, "max_tokens": 16384, "strategy": "padded"}))
+    command = [sys.executable, "-m", "batchinfer", "run", str(job), "-q"]
+
+    def markers():
+        listing = client.list_objects_v2(Bucket=bucket, Prefix="out/_done/")
+        return len(listing.get("Contents", []))
+
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while markers() < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = markers()
+    assert 3 <= killed_at < 15, proc.stderr.read()  # the kill landed mid-run
+    finished = subprocess.run(command, capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
+    ids = _table(f"s3://{bucket}/out").column("sms_id").to_pylist()
+    expected = sms_table.column("sms_id").to_pylist()
+    assert ids == expected[200:300] + expected[:200]  # each once, in input order (more.jsonl sorts first)
+
+
+def test_missing_bucket_and_bad_credentials_are_one_clear_message(s3, sms_table, tiny_embed, monkeypatch, tmp_path):
+    bucket, client = s3
+    _upload(client, bucket, sms_table)
+    with pytest.raises(InputError) as info:
+        run_job(validate_job(_job("s3://no-such-bucket-here/reviews/", tiny_embed, f"s3://{bucket}/out")))
+    assert "the bucket does not exist" in info.value.message and "no-such-bucket-here" in info.value.message
+    with pytest.raises(OutputError) as info:
+        run_job(validate_job(_job(f"s3://{bucket}/reviews/", tiny_embed, "s3://no-such-bucket-here/out")))
+    assert "the bucket does not exist" in info.value.message
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    result = runner.invoke(app, ["run", str(write_job(tmp_path, **_job(
+        f"s3://{bucket}/reviews/", tiny_embed, f"s3://{bucket}/out"))), "-q"])
+    assert result.exit_code == 1 and "access denied" in result.output and "AWS_SECRET_ACCESS_KEY" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_second_driver_on_the_same_s3_output_is_refused(s3, sms_table, tiny_embed):
+    from batchinfer.sink import OutputDir
+
+    bucket, client = s3
+    _upload(client, bucket, sms_table)
+    first = OutputDir(f"s3://{bucket}/out")
+    first.open({"input.path": "x"}, restart=False)
+    try:
+        with pytest.raises(OutputError, match=f"in use by another batchinfer run \\(pid {os.getpid()}\\)"):
+            run_job(validate_job(_job(f"s3://{bucket}/reviews/", tiny_embed, f"s3://{bucket}/out")))
+        # A lock from another machine is held while its heartbeat is fresh, and taken over once stale.
+        lock = json.loads(client.get_object(Bucket=bucket, Key="out/_lock")["Body"].read())
+        client.put_object(Bucket=bucket, Key="out/_lock", Body=json.dumps({**lock, "host": "elsewhere"}).encode())
+        with pytest.raises(OutputError, match="host elsewhere"):
+            OutputDir(f"s3://{bucket}/out").open({"input.path": "x"}, restart=False)
+        client.put_object(Bucket=bucket, Key="out/_lock",
+                          Body=json.dumps({**lock, "host": "elsewhere", "heartbeat": time.time() - 3600}).encode())
+        taken = OutputDir(f"s3://{bucket}/out")
+        taken.open({"input.path": "x"}, restart=False)
+        taken.unlock()
+    finally:
+        first.unlock()
+
+
+def test_foreign_objects_in_an_s3_output_are_refused_untouched(s3):
+    from batchinfer.sink import OutputDir
+
+    bucket, client = s3
+    client.put_object(Bucket=bucket, Key="out/part-00000-0a1b.snappy.parquet", Body=b"PAR1...")
+    client.put_object(Bucket=bucket, Key="out/_SUCCESS", Body=b"")
+    with pytest.raises(OutputError, match="holds no batchinfer job"):
+        OutputDir(f"s3://{bucket}/out").open({}, restart=True)
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]}
+    assert keys == {"out/part-00000-0a1b.snappy.parquet", "out/_SUCCESS"}
