@@ -1,3 +1,19 @@
 """batchinfer: offline batch inference over Parquet/JSONL shards."""
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("batchinfer")
+except PackageNotFoundError:  # run from a source tree that is not installed
+    __version__ = "0.2.0"
+
+__all__ = ["__version__", "infer", "run"]
+
+
+def __getattr__(name: str):
+    """batchinfer.run and batchinfer.infer, imported on first use (they load torch and transformers)."""
+    if name in ("run", "infer"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'batchinfer' has no attribute {name!r}")

@@ -16,7 +16,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .errors import BatchinferError
+from .errors import BatchinferError, ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Offline batch inference: Parquet/JSONL shards in, Parquet results out, resumable.")
@@ -25,12 +25,32 @@ err = Console(stderr=True, soft_wrap=True)
 
 SetOption = typer.Option(None, "--set", help="Override a job key, e.g. --set batching.max_tokens=8192 (repeatable).")
 DebugOption = typer.Option(False, "--debug", help="Show the full traceback of an error.")
+QuietOption = typer.Option(False, "--quiet", "-q", help="No progress (--progress none).")
+ProgressOption = typer.Option("auto", "--progress", help="auto (a bar on a terminal, else lines), bar, lines or none.")
+EveryOption = typer.Option(30.0, "--every", min=0.0, help="Seconds between progress lines (--progress lines).")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        print(f"batchinfer {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the version and exit.")):
+    """Offline batch inference: Parquet/JSONL/CSV shards in, Parquet results out, resumable."""
 
 
 @contextmanager
 def reported(debug: bool):
     """Turn errors into one message and an exit code; a traceback only with --debug."""
+    from . import models
+
     warnings.showwarning = lambda message, *_: err.print(f"[yellow]warning:[/] {message}", highlight=False)
+    models.SHOW_LIBRARY_LOGS = debug  # third-party logs too
     try:
         yield
     except BatchinferError as exc:
@@ -58,7 +78,11 @@ def run(
     retry_errors: bool = typer.Option(False, "--retry-errors", help="Run the rows in _errors/ again, e.g. after "
                                       "raising model.max_length; only max_length, truncation and dtype may change."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this folder instead of output.path."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Run only the first N rows, to try a job; "
+                                        "the same command without --limit (or a larger N) continues it."),
+    progress: str = ProgressOption,
+    every: float = EveryOption,
+    quiet: bool = QuietOption,
     debug: bool = DebugOption,
 ):
     """Run a job, or resume it where it stopped."""
@@ -67,8 +91,10 @@ def run(
     with reported(debug):
         overrides = list(set_ or []) + ([f"output.path={output}"] if output else [])
         config = load_job(job, overrides)
-        command = resume_command(["run", str(job)], set_ or [], output) + (" --retry-errors" if retry_errors else "")
-        execute(config, command, restart=restart, retry_errors=retry_errors, quiet=quiet)
+        command = resume_command(["run", str(job)], set_ or [], output) + (" --retry-errors" if retry_errors else "") + (
+            f" --limit {limit}" if limit else "")
+        execute(config, command, restart=restart, retry_errors=retry_errors, limit=limit,
+                progress=progress_display("none" if quiet else progress, every))
 
 
 @app.command("openai-batch")
@@ -78,7 +104,9 @@ def openai_batch(
     output: Path = typer.Option(..., "--output", "-o", help="The response file to write (JSONL)."),
     set_: Optional[List[str]] = SetOption,
     restart: bool = typer.Option(False, "--restart", help="Discard earlier results for OUTPUT and start over."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    progress: str = ProgressOption,
+    every: float = EveryOption,
+    quiet: bool = QuietOption,
     debug: bool = DebugOption,
 ):
     """Run an OpenAI Batch API file locally: responses to OUTPUT, failed requests to OUTPUT's .errors.jsonl.
@@ -98,25 +126,39 @@ def openai_batch(
         command = resume_command(["openai-batch", str(requests), "--model", model, "-o", str(output)], set_ or [], None)
         errors = output.with_name(output.name.removesuffix(".jsonl") + ".errors.jsonl")
         check_targets(work, [output, errors])
-        report = execute(config, command, restart=restart, retry_errors=False, quiet=quiet)
+        report = execute(config, command, restart=restart, retry_errors=False,
+                         progress=progress_display("none" if quiet else progress, every))
         deliver(work, {"output.jsonl": output, "errors.jsonl": errors})
         err.print(f"wrote {report['openai']['output.jsonl']:,} responses to {output} and "
                   f"{report['openai']['errors.jsonl']:,} failed requests to {errors}", highlight=False)
 
 
-def execute(config, command: str, *, restart: bool, retry_errors: bool, quiet: bool) -> dict:
-    """Run a job with a progress bar; on SIGINT/SIGTERM stop cleanly and say how to resume."""
+def progress_display(kind: str, every: float):
+    """auto: a bar when stderr is a terminal, else plain lines every `every` seconds (logs, nohup, cron)."""
+    from .progress import LineProgress, RunProgress
+
+    if kind not in ("auto", "bar", "lines", "none"):
+        raise ConfigError(f"--progress {kind!r} is not one of auto, bar, lines, none", "write e.g. --progress lines")
+    if kind == "auto":
+        kind = "bar" if err.is_terminal else "lines"
+    return {"bar": lambda: RunProgress(err), "lines": lambda: LineProgress(err, every), "none": lambda: None}[kind]()
+
+
+def execute(config, command: str, *, restart: bool, retry_errors: bool, progress, limit: int | None = None) -> dict:
+    """Run a job showing progress; on SIGINT/SIGTERM stop cleanly and say how to resume."""
     from .control import Interrupted, StopFlag
     from .driver import run_job
-    from .progress import RunProgress, summary_table
+    from .progress import summary_table
 
     stop = StopFlag()
-    progress = None if quiet else RunProgress(err)
     previous = {s: signal.signal(s, lambda signum, _: stop.set(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        report = run_job(config, restart=restart, retry_errors=retry_errors, progress=progress, stop=stop,
+        report = run_job(config, restart=restart, retry_errors=retry_errors, limit=limit, progress=progress, stop=stop,
                          command=command)
     except Interrupted as exc:
+        if progress:
+            progress.stop()
+            progress = None
         name = signal.Signals(exc.signum).name
         err.print(f"[yellow]stopped on {name}[/]: finished chunks are saved in {config.output.path}.")
         err.print(f"resume with: {command}", highlight=False)
@@ -126,30 +168,79 @@ def execute(config, command: str, *, restart: bool, retry_errors: bool, quiet: b
             progress.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    err.print(summary_table(report))
+    if report["complete"] and not report["run"]["rows"]:
+        err.print(f"already complete: {report['rows']:,} rows in {config.output.path} "
+                  "(use --restart to run it again)", highlight=False)
+    else:
+        err.print(summary_table(report))
     return report
 
 
 @app.command()
 def validate(job: Path = typer.Argument(..., help="The job file (YAML)."), set_: Optional[List[str]] = SetOption,
              debug: bool = DebugOption):
-    """Check a job file, its input and its model folder, without loading the model."""
+    """Check a job file, its input, its model (config only, no weights) and its output folder. Writes nothing."""
     from .config import load_job
-    from .models import check_model_folder, resolve_model_path
-    from .plan import plan_chunks
+    from .models import model_identity, read_config, resolve_model_path
+    from .plan import fingerprint, plan_chunks
+    from .sink import OutputDir
     from .sources import discover_shards
 
     with reported(debug):
         config = load_job(job, set_ or [])
-        shards, bad, _ = discover_shards(config.input, config.columns, output=config.output.path)
+        inputs = discover_shards(config.input, config.columns, output=config.output.path)
+        shards, bad = inputs.shards, inputs.bad
         model_path = resolve_model_path(config.model.path)
-        check_model_folder(model_path, config.model.allow_pickle)
-        chunks = plan_chunks([s.num_rows for s in shards], config.batching.chunk_rows)
+        read_config(config.model, model_path)
+        chunks = plan_chunks([s.num_rows for s in shards], config.chunk_rows)
         rows = sum(s.num_rows for s in shards)
+        folder = OutputDir(config.output.path, options=config.output.storage_options).describe(
+            fingerprint(config, model_identity(model_path), shards), len(chunks))
         for shard in bad:
             out.print(f"[yellow]skipped[/] (input.on_bad_shard: skip): {shard.message}", highlight=False)
         out.print(f"[green]ok[/]: {job} — {len(shards)} shard(s), {rows:,} rows, {len(chunks)} chunk(s); "
                   f"model {model_path}", highlight=False)
+        out.print(f"output {config.output.path}: {folder}", highlight=False)
+
+
+@app.command("plan")
+def plan_command(job: Path = typer.Argument(..., help="The job file (YAML)."), set_: Optional[List[str]] = SetOption,
+                 sample: int = typer.Option(2000, "--sample", min=1, help="Rows to tokenize and time."),
+                 debug: bool = DebugOption):
+    """What a job will do, before any output is written: rows, tokens, chunks, padding, a time estimate."""
+    from .config import load_job
+    from .dryrun import plan_job
+
+    with reported(debug):
+        config = load_job(job, set_ or [])
+        summary = plan_job(config, sample)
+        out.print(f"input    {summary['shards']} shard(s), {summary['rows']:,} rows, {summary['chunks']} chunk(s) "
+                  f"of {config.chunk_rows:,} rows" + (f"; {summary['skipped_shards']} shard(s) skipped"
+                                                       if summary["skipped_shards"] else ""), highlight=False)
+        if "tokens" in summary:
+            t = summary["tokens_per_row"]
+            out.print(f"tokens   about {summary['tokens']:,} (from {summary['sampled_rows']:,} sampled rows: mean "
+                      f"{t['mean']:.0f}, median {t['p50']}, p95 {t['p95']}, max {t['max']} per row; "
+                      f"{summary['truncated_share']:.1%} cut at max_length, {summary['error_share']:.1%} error rows)",
+                      highlight=False)
+        if "batching" in summary:
+            b = summary["batching"]
+            out.print(f"batches  {b['strategy']}, max_tokens {b['max_tokens']:,}: padding efficiency "
+                      f"{b['padding_efficiency']:.3f} on the sample (batching: auto measures more on the first chunk)",
+                      highlight=False)
+        if "estimate" in summary:
+            e = summary["estimate"]
+            out.print(f"time     about {_duration(e['seconds'])} on {e['device']} ({e['tokens_per_s']:,.0f} tokens/s "
+                      "measured on the sample)", highlight=False)
+        elif config.model.task == "generate":
+            out.print("time     generation time depends on what the model writes: try `batchinfer run JOB --limit 100`",
+                      highlight=False)
+        out.print(f"output   {config.output.path}: {summary['output']}", highlight=False)
+
+
+def _duration(seconds: float) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours} h {rest // 60:02d} min" if hours else f"{rest // 60} min {rest % 60:02d} s"
 
 
 @app.command()

@@ -28,8 +28,8 @@ class Section(BaseModel):
 
 class InputConfig(Section):
     path: str = Field(
-        description="A file, a folder or a glob of shards: .parquet, .jsonl, .jsonl.gz, or a folder saved by "
-        "`datasets.Dataset.save_to_disk`. Relative paths are taken from the current directory. URLs too: "
+        description="A file, a folder or a glob of shards: .parquet, .jsonl, .csv, .tsv (JSONL and CSV also .gz), or "
+        "a folder saved by `datasets.Dataset.save_to_disk`. Relative paths are taken from the current directory. URLs too: "
         "s3://bucket/reviews/, gs://bucket/reviews/*.parquet, or any fsspec URL."
     )
     text: str | None = Field(
@@ -56,9 +56,11 @@ class InputConfig(Section):
         description="A shard that cannot be read (truncated, corrupt, another schema): fail names it and stops; "
         "skip leaves it out, lists it in _report.json and _errors/ (reason bad_shard) and goes on.",
     )
-    format: Literal["auto", "parquet", "jsonl", "hf", "openai"] = Field(
+    format: Literal["auto", "parquet", "jsonl", "csv", "hf", "openai"] = Field(
         default="auto",
-        description="Shard format; auto decides by file extension (a folder with dataset_info.json is hf). openai: "
+        description="Shard format; auto decides by file extension (.parquet, .jsonl, .ndjson, .csv, .tsv, each also "
+        ".gz but Parquet; a folder with dataset_info.json is hf). csv: comma-separated with a header line (tab for "
+        ".tsv names). openai: "
         "OpenAI Batch API request lines {custom_id, method, url, body}; text, messages and id then come from them.",
     )
     max_line_bytes: int = Field(
@@ -182,19 +184,23 @@ class BatchingConfig(Section):
         "such as BERT). auto: the faster of the two on this machine, measured by the same probe.",
     )
     max_rows: int = Field(default=256, ge=1, description="Rows per batch, whatever their length.")
-    chunk_rows: int = Field(
-        default=4096,
-        ge=1,
+    chunk_rows: Union[int, Literal["auto"]] = Field(
+        default="auto",
         description="Rows per chunk: the unit of sorting, checkpointing and output files. Larger chunks sort "
-        "better; smaller ones lose less work to a crash. Changing it means starting over.",
+        "better; smaller ones lose less work to a crash or Ctrl-C. auto: 4096, or 256 for generate, whose rows "
+        "take far longer. Changing it means starting over.",
     )
 
     @field_validator("max_tokens", mode="before")
     @classmethod
     def _max_tokens_value(cls, value):
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            return value
-        raise ValueError("write a whole number of tokens such as 8192, or auto")
+        return count_or_auto(value, "tokens such as 8192")
+
+    @field_validator("chunk_rows", mode="before")
+    @classmethod
+    def _chunk_rows_value(cls, value):
+        return count_or_auto(value, "rows such as 4096")
+
 
 class GenerationConfig(Section):
     engine: Literal["transformers", "static", "vllm"] = Field(
@@ -213,6 +219,12 @@ class GenerationConfig(Section):
     seed: int = Field(default=0, description="Seed of the sampler, for repeatable sampling.")
     stop: list[str] = Field(default_factory=list, description='Strings that end a completion, e.g. ["\\n\\n"]; '
                             "the text is cut before them and finish_reason is stop.")
+    max_memory: Union[int, str] = Field(
+        default="auto",
+        description="engine transformers: the most memory the KV cache may take, in bytes or as 512MB, 4GB, 2GiB. "
+        "The cache is sized for the job (batching.max_rows prompts in flight, each prompt plus max_new_tokens), "
+        "up to this. auto: a quarter of the free memory on CPU, half the free GPU memory on a GPU.",
+    )
     engine_options: dict[str, Any] = Field(
         default_factory=dict,
         description="Passed to the engine: for transformers, ContinuousBatchingConfig fields such as num_blocks, "
@@ -220,15 +232,25 @@ class GenerationConfig(Section):
     )
 
 
+    @field_validator("max_memory")
+    @classmethod
+    def _memory_size(cls, value):
+        if value == "auto" or parse_size(value):
+            return value
+        raise ValueError("write a size such as 2GB, 512MB or 2147483648 (bytes), or auto")
+
+
 class OutputConfig(Section):
     path: str = Field(description="The output folder, local or a URL such as s3://bucket/out/: part files, _errors/, "
                       "_done/ (completion markers), _batchinfer.json (the job), _report.json. It must be empty, new, "
                       "or this job's.")
     scores: bool = Field(default=False, description="classify: add `scores`, every class probability.")
-    format: Literal["parquet", "openai"] = Field(
+    format: Literal["parquet", "jsonl", "openai"] = Field(
         default="parquet",
-        description="parquet: part files of result columns. openai: OpenAI Batch API response lines; when the job "
-        "is complete, output.jsonl and errors.jsonl in the output folder hold them all, in input order.",
+        description="parquet: part files of result columns. jsonl: the same, and when the job is complete "
+        "_results.jsonl in the output folder holds every result row as a JSON line, in input order (the _ keeps "
+        "Parquet readers of the folder off it). openai: OpenAI "
+        "Batch API response lines; when the job is complete, output.jsonl and errors.jsonl hold them all.",
     )
     compression: Literal["zstd", "snappy", "gzip", "none"] = Field(
         default="zstd", description="Parquet compression codec of the part files."
@@ -265,9 +287,7 @@ class RuntimeConfig(Section):
     @field_validator("workers", mode="before")
     @classmethod
     def _workers_value(cls, value):
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            return value
-        raise ValueError("write a whole number of workers such as 2, or auto")
+        return count_or_auto(value, "workers such as 2")
 
 
 class JobConfig(Section):
@@ -286,6 +306,13 @@ class JobConfig(Section):
         """Every input column the job reads."""
         extra = [self.max_new_tokens_column] if self.max_new_tokens_column else []
         return list(dict.fromkeys(self.input.columns + extra))
+
+    @property
+    def chunk_rows(self) -> int:
+        """batching.chunk_rows, with auto settled for the task."""
+        if self.batching.chunk_rows != "auto":
+            return self.batching.chunk_rows
+        return 256 if self.model.task == "generate" else 4096
 
     @property
     def max_new_tokens_column(self) -> str | None:
@@ -311,6 +338,26 @@ class JobConfig(Section):
                         f"({', '.join(sorted(reserved))}); keep it under another name: keep: {{{name}: {name}_in}}"
                     )
         return self
+
+
+def count_or_auto(value, example: str):
+    """A whole number of at least 1, or "auto"."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(f"write a whole number of {example}, or auto")
+
+
+def parse_size(value) -> int | None:
+    """Bytes in 2147483648, "512MB", "4GB" or "2GiB"; None if it is no size."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value > 0 else None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(value), re.IGNORECASE)
+    if not match:
+        return None
+    unit = (match.group(2) or "B").upper()
+    scale = 1024 if "I" in unit else 1000
+    power = "BKMGT".index(unit[0]) if unit != "B" else 0
+    return int(float(match.group(1)) * scale ** power) or None
 
 
 def template_fields(text: str) -> list[str]:

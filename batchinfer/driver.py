@@ -12,7 +12,7 @@ from typing import Callable
 from .config import JobConfig
 from .control import Budget, Progress, Quiet, StopFlag
 from .executors import make_executor
-from .models import model_identity, resolve_model_path
+from .models import model_identity, read_config, resolve_model_path
 from .openai_batch import OPENAI_FILES
 from .openai_batch import export as export_openai
 from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
@@ -21,30 +21,48 @@ from .sink import OutputDir, current_errors
 from .sources import discover_shards, read_spec
 from .tune import DEFAULT_BUDGET
 
+RESULTS_JSONL = "_results.jsonl"  # the _ keeps Parquet readers of the folder off it
+OUTPUT_FILES = {"parquet": (), "jsonl": (RESULTS_JSONL,), "openai": OPENAI_FILES}  # beside the part files
+
+
+def json_lines(table) -> list[str]:
+    """Result rows as JSON lines (embeddings and scores as arrays)."""
+    import json
+
+    return [json.dumps(row, ensure_ascii=False, default=str) for row in table.to_pylist()]
+
+
 # What --retry-errors may change: the settings that decide whether a row fits, not what a row means.
 RETRY_MAY_CHANGE = frozenset({"model.max_length", "model.truncation", "model.dtype"})
 
 
-def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False, progress: Progress | None = None,
-            stop: StopFlag | None = None, command: str = "", on_runner: Callable | None = None) -> dict:
+def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False, limit: int | None = None,
+            progress: Progress | None = None, stop: StopFlag | None = None, command: str = "",
+            on_runner: Callable | None = None) -> dict:
     """Run (or resume) a job to the end. Returns the report also saved as _report.json.
 
     retry_errors: afterwards, run the rows listed in _errors/ again (say, after raising max_length);
     those that now succeed move to a part file of their own, the rest stay in _errors/.
+    limit: run only the first `limit` rows, as a job that a run with a larger limit, or none, continues.
     on_runner: wraps the loaded runner (tests use it to crash a run; in-process executor only)."""
     progress = progress or Quiet()
     stop = stop or StopFlag()
     started = time.perf_counter()
-    shards, bad_shards, types = discover_shards(job.input, job.columns, output=job.output.path)
+    inputs = discover_shards(job.input, job.columns, output=job.output.path)
+    shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
     model_path = resolve_model_path(job.model.path)
-    chunks = plan_chunks([s.num_rows for s in shards], job.batching.chunk_rows)
+    read_config(job.model, model_path)  # a model without the task's head fails here, before the folder is touched
+    chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows, limit)
     out = OutputDir(job.output.path, job.output.compression, job.output.storage_options)
-    done = out.open(fingerprint(job, model_identity(model_path), shards), restart, command,
-                    RETRY_MAY_CHANGE if retry_errors else frozenset(), inputs=tuple(s.path for s in shards),
-                    files=tuple(OPENAI_FILES) if job.output.format == "openai" else (),
-                    plan={"chunks": len(chunks), "rows": sum(s.num_rows for s in shards)})
+    done = out.open(fingerprint(job, model_identity(model_path), shards, limit), restart, command,
+                    (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},
+                    inputs=tuple(s.path for s in shards), files=OUTPUT_FILES[job.output.format],
+                    plan={"chunks": len(chunks), "rows": sum(c.rows for c in chunks)})
     try:
-        out.write_skipped_shards([(b.name, b.message) for b in bad_shards])
+        planned = {c.name: c.rows for c in chunks}
+        # A chunk an earlier --limit cut short runs again in full; a full one also covers a shorter limit.
+        out.forget([n for n, r in done.items() if "retry_of" not in r and n in planned and r["rows"] < planned[n]], done)
+        out.write_input_errors([(b.name, b.message) for b in bad_shards], inputs.bad_records)
         for bad in bad_shards:
             progress.log(f"skipped shard {bad.name}: {bad.message}")
         todo = [Work(c, c.name) for c in chunks if c.name not in done]
@@ -56,8 +74,8 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
             spec = read_spec(job.input, job.columns, types)
             with make_executor(job, model_path, shards, spec, out.writer(), budget, stop, progress, on_runner) as executor:
                 device = executor.device
-                progress.start(sum(s.num_rows for s in shards) + sum(w.rows for w in todo if w.retry_of),
-                               sum(r["rows"] for r in done.values()))
+                progress.start(sum(c.rows for c in chunks) + sum(w.rows for w in todo if w.retry_of),
+                               sum(r["rows"] for r in done.values() if r["chunk"] in planned or "retry_of" in r))
                 loop_started = time.perf_counter()
                 for record in executor.run(todo, probe=auto and out.tuning() is None):
                     _commit(out, done, record)
@@ -69,16 +87,21 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
                     workers.setdefault(record["worker"], Counter()).update(chunks=1, **stats)
                     progress.advance(record["rows"], record["tokens"])
                 run_stats["loop"] = time.perf_counter() - loop_started
-        report = build_report(job, chunks, done, run_stats, time.perf_counter() - started, str(device), workers)
+        report = build_report(job, chunks, done, run_stats, time.perf_counter() - started, str(device), workers,
+                              Counter({"bad_csv": len(inputs.bad_records)}))
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
         if job.model.task != "generate":
             report["batching"] = {"max_tokens": budget.max_tokens, "strategy": budget.strategy,
                                   **({"probe": out.tuning()} if out.tuning() else {})}
         if lowered:
             report["max_tokens_lowered"] = lowered
+        if limit is not None:
+            report["limit"] = limit
         if report["complete"] and job.output.format == "openai":
             report["openai"] = export_openai(out, job.model.path, job.model.task)
-        out.write_report(report, success=report["complete"])
+        if report["complete"] and job.output.format == "jsonl":
+            report[RESULTS_JSONL] = out.write_lines(RESULTS_JSONL, json_lines)
+        out.write_report(report, success=report["complete"] and limit is None)
         return report
     finally:
         out.unlock()

@@ -14,7 +14,8 @@ import torch
 from .config import ModelConfig
 from .errors import ModelError
 
-_SAMPLE = 4 << 20  # bytes hashed at the start, middle and end of a large weight file
+_SAMPLE = 4 << 20
+SHOW_LIBRARY_LOGS = False  # set by the command line's --debug  # bytes hashed at the start, middle and end of a large weight file
 
 
 @dataclass
@@ -136,6 +137,45 @@ def pooling_of(path: Path) -> Pooling:
     return pooling
 
 
+def check_head(config, task: str, path: Path) -> None:
+    """The model has the head its task needs (read from config.json: no weights are loaded)."""
+    found = ", ".join(config.architectures or [config.model_type])
+    if task == "classify" and not any("ForSequenceClassification" in a for a in config.architectures or []):
+        raise ModelError(f"task classify needs a sequence-classification head, but {path} is a {found}",
+                         "use a model fine-tuned for classification, or set model.task: embed")
+    if task == "generate" and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in config.architectures or []):
+        raise ModelError(f"task generate needs a causal language model, but {path} is a {found}",
+                         "use a model saved from an AutoModelForCausalLM (Llama, GPT-2, Qwen, ...)")
+
+
+def read_config(cfg: ModelConfig, path: Path):
+    """The model's config.json, checked against the task, without loading any weight."""
+    import transformers
+
+    check_model_folder(path, cfg.allow_pickle)
+    try:
+        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read the model config in {path}: {exc}", "check that the folder was saved with "
+                         "save_pretrained") from exc
+    check_head(config, cfg.task, path)
+    return config
+
+
+def quiet_libraries() -> None:
+    """No third-party progress bars, warnings or errors in a run's output (continuous batching logs psutil
+    notes on every run, at error level); `--debug` shows them."""
+    import logging
+
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    if SHOW_LIBRARY_LOGS:
+        return
+    transformers.utils.logging.set_verbosity_error()
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -158,8 +198,7 @@ def load_model(cfg: ModelConfig, path: Path):
     import transformers
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
+    quiet_libraries()
     check_model_folder(path, cfg.allow_pickle)
     use_safetensors = any(path.glob("*.safetensors"))
     if not use_safetensors:
@@ -168,20 +207,7 @@ def load_model(cfg: ModelConfig, path: Path):
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
     config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
-    if cfg.task == "classify":
-        heads = [a for a in (config.architectures or []) if "ForSequenceClassification" in a]
-        if not heads:
-            raise ModelError(
-                f"task classify needs a sequence-classification head, but {path} is a "
-                f"{', '.join(config.architectures or [config.model_type])}",
-                "use a model fine-tuned for classification, or set model.task: embed",
-            )
-    if cfg.task == "generate" and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in config.architectures or []):
-        raise ModelError(
-            f"task generate needs a causal language model, but {path} is a "
-            f"{', '.join(config.architectures or [config.model_type])}",
-            "use a model saved from an AutoModelForCausalLM (Llama, GPT-2, Qwen, ...)",
-        )
+    check_head(config, cfg.task, path)
     loader = {"classify": AutoModelForSequenceClassification, "generate": AutoModelForCausalLM}.get(cfg.task, AutoModel)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)

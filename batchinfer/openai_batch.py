@@ -111,18 +111,8 @@ def export(out, model: str, task: str) -> dict[str, int]:
 
     The Parquet parts stay the checkpoint; these two files are what OpenAI's batch output_file and
     error_file would hold. Returns the lines written to each."""
-    counts = {}
-    for name, errors, convert in (("output.jsonl", False, lambda t: response_lines(t, model, task)),
-                                  ("errors.jsonl", True, lambda t: error_lines(t, model))):
-        def fill(f, errors=errors, convert=convert, name=name):
-            counts[name] = 0
-            for part in out.parts(errors=errors):
-                lines = convert(out.read_table(part))
-                f.write("".join(line + "\n" for line in lines).encode())
-                counts[name] += len(lines)
-
-        out.write_file(name, fill)
-    return counts
+    return {"output.jsonl": out.write_lines("output.jsonl", lambda t: response_lines(t, model, task)),
+            "errors.jsonl": out.write_lines("errors.jsonl", lambda t: error_lines(t, model), errors=True)}
 
 
 def task_of_requests(path) -> str:

@@ -48,15 +48,21 @@ def retry_name(chunk: str, generation: int) -> str:
     return f"{chunk}-r{generation}"
 
 
-def plan_chunks(row_counts: list[int], chunk_rows: int) -> list[Chunk]:
-    chunks = []
+def plan_chunks(row_counts: list[int], chunk_rows: int, limit: int | None = None) -> list[Chunk]:
+    """Chunks of `chunk_rows` rows, shard by shard. With `limit`, only those holding the first `limit`
+    rows, the last one cut short; a later run without the limit runs that one again in full."""
+    chunks, left = [], limit if limit is not None else sum(row_counts)
     for shard, count in enumerate(row_counts):
         for index, start in enumerate(range(0, count, chunk_rows)):
-            chunks.append(Chunk(shard, index, start, min(start + chunk_rows, count)))
+            if left <= 0:
+                return chunks
+            stop = min(start + chunk_rows, count, start + left)
+            chunks.append(Chunk(shard, index, start, stop))
+            left -= stop - start
     return chunks
 
 
-def fingerprint(job: JobConfig, model_id: str, shards: list[Shard]) -> dict:
+def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int | None = None) -> dict:
     """Everything that changes which rows there are or what a row's result is: the job's settings, the
     model's weights, and what every shard holds (its rows and a digest of its content).
 
@@ -77,9 +83,10 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard]) -> dict:
         "model.truncation": job.model.truncation,
         "model.dtype": job.model.dtype,
         "model.quantize": job.model.quantize,
-        "batching.chunk_rows": job.batching.chunk_rows,
+        "batching.chunk_rows": job.chunk_rows,
         "output.scores": job.output.scores,
         **({"generation": job.generation.model_dump(exclude={"engine_options"})} if job.model.task == "generate" else {}),
+        "limit": limit,
     }
 
 

@@ -52,12 +52,63 @@ class RunProgress:
         self._bar.stop()
 
 
+class LineProgress:
+    """Plain lines for logs (nohup, cron, a scheduler): one when the run starts, one every `every`
+    seconds, one at the end: rows done of total, rows/s over this run, and the time left."""
+
+    def __init__(self, console: Console, every: float = 30.0):
+        self.console, self.every = console, every
+        self.rows = self.tokens = self.total = self.before = 0
+        self.t0 = self.last = time.perf_counter()
+
+    def start(self, total_rows: int, done_rows: int) -> None:
+        self.total, self.before = total_rows, done_rows
+        self.t0 = self.last = time.perf_counter()
+        self._print(f"started: {total_rows - done_rows:,} rows to run" + (f" ({done_rows:,} done before)" if done_rows else ""))
+
+    def advance(self, rows: int, tokens: int) -> None:
+        self.rows += rows
+        self.tokens += tokens
+        if time.perf_counter() - self.last >= self.every:
+            self._line()
+
+    def log(self, message: str) -> None:
+        self._print(f"note: {message}")
+
+    def stop(self) -> None:
+        if self.rows and time.perf_counter() > self.last:
+            self._line()
+
+    def _line(self) -> None:
+        self.last = time.perf_counter()
+        elapsed = max(self.last - self.t0, 1e-9)
+        rate = self.rows / elapsed
+        done = self.before + self.rows
+        left = max(self.total - done, 0)
+        eta = _duration(left / rate) if rate else "?"
+        share = f" ({done / self.total:.1%})" if self.total else ""
+        self._print(f"{done:,}/{self.total:,} rows{share}, {rate:,.1f} rows/s, {self.tokens / elapsed:,.0f} tokens/s, "
+                    f"{eta} left")
+
+    def _print(self, text: str) -> None:
+        self.console.print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
 def summary_table(report: dict) -> Table:
     table = Table(title=f"batchinfer {report['task']} → {report['output']}", show_header=False, box=None)
     run = report["run"]
     errors = ", ".join(f"{k} {v:,}" for k, v in report["errors_by_reason"].items()) or "none"
+    limit = report.get("limit")
+    status = "complete" if report["complete"] else f"{report['chunks_done']}/{report['chunks_total']} chunks"
     rows = [
-        ("status", "complete" if report["complete"] else f"{report['chunks_done']}/{report['chunks_total']} chunks"),
+        ("status", f"{status}: the first {limit:,} rows (--limit)" if limit else status),
         ("rows", f"{report['rows']:,} ({report['rows_ok']:,} ok, {report['rows_error']:,} errors)"),
         ("errors", errors),
         ("truncated", f"{report['truncated']:,}"),

@@ -10,16 +10,19 @@ from .sink import current_errors
 
 
 def build_report(job: JobConfig, chunks: list[Chunk], done: dict[str, dict], run: Counter, seconds: float,
-                 device: str, workers: dict[str, Counter] | None = None) -> dict:
+                 device: str, workers: dict[str, Counter] | None = None, unread: Counter | None = None) -> dict:
     """Totals over every finished chunk and retry; rates over what this run processed.
 
     run: this run's rows, tokens, model-busy seconds, generated tokens and `loop` (seconds from the
-    first chunk handed out to the last one committed); workers: the same per worker."""
-    records = list(done.values())
+    first chunk handed out to the last one committed); workers: the same per worker; unread: error rows
+    found before any chunk (CSV records the parser left out), by reason."""
+    planned = {c.name for c in chunks}
+    records = [r for r in done.values() if r.get("retry_of", r["chunk"]) in planned]  # a larger earlier run's aside
     chunk_records = [r for r in records if "retry_of" not in r]
-    errors = Counter()
-    for name in current_errors(done).values():
-        errors.update(done[name]["errors"])
+    errors = Counter({reason: n for reason, n in (unread or {}).items() if n})
+    for chunk, name in current_errors(done).items():
+        if chunk in planned:
+            errors.update(done[name]["errors"])
     tokens = sum(r["tokens"] for r in records)
     padded = sum(r["padded_tokens"] for r in records)
     loop = run.get("loop", 0.0)
@@ -31,7 +34,7 @@ def build_report(job: JobConfig, chunks: list[Chunk], done: dict[str, dict], run
         "complete": len(chunk_records) == len(chunks),
         "chunks_done": len(chunk_records),
         "chunks_total": len(chunks),
-        "rows": sum(r["rows"] for r in chunk_records),
+        "rows": sum(r["rows"] for r in chunk_records) + sum((unread or {}).values()),
         "rows_ok": sum(r["ok"] for r in records),
         "rows_error": sum(errors.values()),
         "errors_by_reason": dict(sorted(errors.items())),

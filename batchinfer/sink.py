@@ -3,6 +3,7 @@
     part-SSSSS-CCCCC.parquet          results of chunk C of shard S (lexical order = input order)
     _errors/part-SSSSS-CCCCC.parquet  rows that could not run, each with a reason
     _errors/skipped-shards.parquet    shards left out (input.on_bad_shard: skip)
+    _errors/bad-records.parquet       CSV records the parser could not split into the header's fields
     _done/SSSSS-CCCCC.json            completion marker: the chunk's record
     _batchinfer.json                  the job: its id, fingerprint and the batching a probe chose
     _lock                             the run holding the folder
@@ -43,6 +44,7 @@ REPORT = "_report.json"
 SUCCESS = "_SUCCESS"
 LOCK = "_lock"
 SKIPPED = f"{ERRORS}/skipped-shards.parquet"
+BAD_RECORDS = f"{ERRORS}/bad-records.parquet"
 LEGACY = "_manifest.jsonl"  # batchinfer 0.1's appended manifest
 FORMAT = 2
 HEARTBEAT = 15.0  # seconds between rewrites of the lock while a run holds it
@@ -102,6 +104,28 @@ class OutputDir:
             self.unlock()
             raise
 
+    def describe(self, fingerprint: dict, chunks_total: int) -> str:
+        """What a run of the job with `fingerprint` would find here, without changing anything; raises the
+        errors a run would raise (foreign files, a damaged job file)."""
+        refuse_location(self.path, ())
+        try:
+            self._refuse_foreign_folder()
+            job = self._read_job()
+            listing = self.folder.list() if job else {}
+        except OSError as exc:
+            raise _reach_error(self.path, exc, "read output folder") from exc
+        if not job:
+            return "a new folder" if not listing else "an empty folder"
+        done = self._read_markers(job, listing)
+        self._refuse_foreign(job, listing, done)
+        changed = describe_changes(job["fingerprint"], fingerprint)
+        changed.pop("limit", None)
+        chunks = sum(1 for r in done.values() if "retry_of" not in r)
+        if changed and done:
+            return (f"holds {chunks} finished chunk(s) of a different job ({'; '.join(changed.values())}): the run "
+                    "will refuse; add --restart to discard them, or --output NEW_FOLDER")
+        return f"holds this job: {chunks}/{chunks_total} chunks done; the run resumes"
+
     def _open(self, fingerprint: dict, restart: bool, command: str, may_change: frozenset,
               files: tuple[str, ...], plan: dict) -> dict[str, dict]:
         job = self._read_job()
@@ -127,6 +151,8 @@ class OutputDir:
                 f"{self.path} holds results of a different job ({'; '.join(changed.values())})",
                 "rerun with --restart to discard them and start over, or --output NEW_FOLDER to keep them",
             )
+        if set(files) - set(self.job.get("files", [])):  # declared before it is ever written
+            self._save_job({**self.job, "files": sorted(set(self.job.get("files", [])) | set(files))})
         self._remove_leftovers(listing, done)
         return done
 
@@ -206,7 +232,7 @@ class OutputDir:
         part = _PART.fullmatch(name)
         if part and part.group(1) in done:
             return True
-        if part or name == SKIPPED:
+        if part or name in (SKIPPED, BAD_RECORDS):
             metadata = self.folder.parquet_metadata(name)
             return metadata is not None and (metadata.metadata or {}).get(ID_KEY) == job_id.encode()
         return False
@@ -294,16 +320,18 @@ class OutputDir:
     def write_chunk(self, chunk_name: str, results: pa.Table, errors: pa.Table | None) -> None:
         self.writer().write_chunk(chunk_name, results, errors)
 
-    def write_skipped_shards(self, skipped: list[tuple[str, str]]) -> None:
-        """One error row per shard left out (input.on_bad_shard: skip); its rows were never read."""
-        if not skipped:
-            self.folder.delete(SKIPPED)
-            return
-        names, messages = zip(*skipped)
-        table = pa.table({"id": pa.nulls(len(names), pa.string()), "source": list(names),
-                          "row": pa.nulls(len(names), pa.int64()), "reason": ["bad_shard"] * len(names),
-                          "message": list(messages)}, schema=ERROR_SCHEMA)
-        self._write_table(SKIPPED, table)
+    def write_input_errors(self, skipped: list[tuple[str, str]], records: list[tuple[str, str]]) -> None:
+        """Error rows found before any chunk runs, written once per run: shards left out
+        (input.on_bad_shard: skip; their rows were never read) and CSV records with the wrong number of
+        fields (the parser left them out). Each item: (source, message)."""
+        for target, rows, reason in ((SKIPPED, skipped, "bad_shard"), (BAD_RECORDS, records, "bad_csv")):
+            if not rows:
+                self.folder.delete(target)
+                continue
+            names, messages = zip(*rows)
+            self._write_table(target, pa.table({
+                "id": pa.nulls(len(names), pa.string()), "source": list(names), "row": pa.nulls(len(names), pa.int64()),
+                "reason": [reason] * len(names), "message": list(messages)}, schema=ERROR_SCHEMA))
 
     def commit(self, record: dict) -> None:
         """The chunk is done once this returns."""
@@ -325,6 +353,18 @@ class OutputDir:
         found = [n for n in self.folder.list() if _PART.fullmatch(n) and n.startswith(ERRORS) == errors]
         return sorted(found, key=lambda n: n.rsplit("/", 1)[-1])
 
+    def forget(self, chunks: list[str], done: dict[str, dict]) -> None:
+        """Un-commit chunks (a chunk cut short by --limit, before it runs in full): each marker first,
+        then the part files, so a crash on the way leaves the chunk to run again."""
+        for chunk in chunks:
+            passes = [chunk] + [name for name, r in done.items() if r.get("retry_of") == chunk]
+            for name in passes:
+                self.folder.delete(f"{DONE}/{name}.json")
+                done.pop(name, None)
+            for name in passes:
+                self.folder.delete(f"part-{name}.parquet")
+                self.folder.delete(f"{ERRORS}/part-{name}.parquet")
+
     def drop_errors(self, name: str) -> None:
         self.folder.delete(f"{ERRORS}/part-{name}.parquet")
 
@@ -333,6 +373,21 @@ class OutputDir:
         if name not in self.job.get("files", []):
             raise ValueError(f"{name} is not among the files this job declared")
         self._write(lambda: self.folder.write_with(name, fill))
+
+    def write_lines(self, name: str, convert, errors: bool = False) -> int:
+        """One of the job's other files, from every result (or error) part in input order: each part's
+        table → lines by `convert`. Returns the lines written."""
+        count = 0
+
+        def fill(f) -> None:
+            nonlocal count
+            for part in self.parts(errors=errors):
+                lines = convert(self.read_table(part))
+                f.write("".join(line + "\n" for line in lines).encode())
+                count += len(lines)
+
+        self.write_file(name, fill)
+        return count
 
     def write_report(self, report: dict, success: bool) -> None:
         self._write(lambda: self.folder.write(REPORT, _dumps({"job_id": self.job_id, **report}, indent=2)))

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pyarrow.dataset as ds
 import pytest
 from typer.testing import CliRunner
@@ -125,3 +126,74 @@ def test_status_knows_the_total_before_the_first_chunk(tmp_path, sms_parquet, ti
     finally:
         out.unlock()
     assert "chunks  0/6 done" in result.output and f"active  yes, pid {os.getpid()}" in result.output
+
+
+def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)  # 600 rows, chunks of 100
+    result = runner.invoke(app, ["run", str(job), "--limit", "250", "--progress", "none"])
+    assert result.exit_code == 0 and "the first 250 rows (--limit)" in result.output
+    limited = ds.dataset(str(tmp_path / "out")).to_table()
+    assert limited.num_rows == 250 and not (tmp_path / "out" / "_SUCCESS").exists()
+    result = runner.invoke(app, ["run", str(job), "-q"])  # the rest, and chunk 00001-00000 again in full
+    assert result.exit_code == 0, result.output
+    assert runner.invoke(app, ["run", str(job), "-q", "--output", str(tmp_path / "whole")]).exit_code == 0
+    resumed, whole = ds.dataset(str(tmp_path / "out")).to_table(), ds.dataset(str(tmp_path / "whole")).to_table()
+    assert resumed.column("sms_id").to_pylist() == whole.column("sms_id").to_pylist()
+    difference = np.array(resumed.column("embedding").to_pylist()) - np.array(whole.column("embedding").to_pylist())
+    assert np.abs(difference).max() < 1e-5  # batching: auto, probed on each run's own first chunk
+    result = runner.invoke(app, ["run", str(job)])
+    assert result.exit_code == 0 and "already complete: 600 rows" in result.output and "--restart" in result.output
+
+
+def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    result = subprocess.run([sys.executable, "-m", "batchinfer", "run", str(job), "--every", "0"],
+                            capture_output=True, text=True)  # stderr is a pipe, as under nohup or cron
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if " rows/s, " in line and " left" in line]
+    assert len(lines) >= 6 and lines[-1].split(" ", 2)[2].startswith("600/600 rows (100.0%)")
+    assert "started: 600 rows to run" in result.stderr and "━" not in result.stderr  # no bar drawn into a log
+
+
+def test_version():
+    from batchinfer import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"batchinfer {__version__}"
+
+
+def test_plan_says_what_a_job_will_do_and_writes_nothing(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    result = runner.invoke(app, ["plan", str(job), "--sample", "120"])
+    assert result.exit_code == 0, result.output
+    assert "3 shard(s), 600 rows, 6 chunk(s) of 100 rows" in result.output
+    assert "tokens   about" in result.output and "padding efficiency" in result.output and "time     about" in result.output
+    assert "output" in result.output and "a new folder" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_validate_reads_the_head_and_the_output_folder_and_a_failed_run_leaves_no_trap(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    result = runner.invoke(app, ["validate", str(job), "--set", "model.task=classify"])
+    assert result.exit_code == 1 and "needs a sequence-classification head" in result.output
+    result = runner.invoke(app, ["run", str(job), "-q", "--set", "model.task=classify"])
+    assert result.exit_code == 1 and "needs a sequence-classification head" in result.output
+    assert not (tmp_path / "out").exists()  # nothing written that could refuse the corrected job
+    assert runner.invoke(app, ["run", str(job), "-q", "--limit", "100"]).exit_code == 0
+    result = runner.invoke(app, ["validate", str(job)])
+    assert result.exit_code == 0 and "holds this job: 1/6 chunks done" in result.output
+    result = runner.invoke(app, ["validate", str(job), "--set", "model.max_length=32"])
+    assert "different job" in result.output and "model.max_length: 64 -> 32" in result.output
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    result = runner.invoke(app, ["validate", str(job)])
+    assert result.exit_code == 1 and "notes.txt" in result.output
+
+
+def test_jsonl_output_holds_every_result_row_in_input_order(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed, format="jsonl")
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    rows = [json.loads(line) for line in (tmp_path / "out" / "_results.jsonl").read_text().splitlines()]
+    table = ds.dataset(str(tmp_path / "out")).to_table()
+    assert [r["sms_id"] for r in rows] == table.column("sms_id").to_pylist() and len(rows) == 600
+    assert rows[0]["embedding"] == table.column("embedding").to_pylist()[0]
+    assert runner.invoke(app, ["run", str(job), "-q", "--restart"]).exit_code == 0  # its own file: replaced

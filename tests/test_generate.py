@@ -3,7 +3,6 @@ text `model.generate` gives for that row alone."""
 
 import json
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
@@ -121,3 +120,47 @@ def test_generate_errors_are_clear(tmp_path, tiny_embed, tiny_llama, sms_table):
                       "generation": {"max_new_tokens": 3}, "output": {"path": "o"}})
     with pytest.raises(ModelError, match="engine_options"):
         run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "out3", engine_options={"no_such_option": 1}))
+
+
+def test_the_kv_cache_is_sized_from_the_job_not_the_machine():
+    from batchinfer.runners.generate import cache_blocks, kv_bytes_per_block
+
+    # 300 prompts of 40 tokens with 32 new: one 256-token page each; 64 in flight.
+    assert cache_blocks([72] * 300, 256, 64, 1000, 10**9) == 64
+    assert cache_blocks([72] * 300, 256, 64, 1000, 20_000) == 20  # capped by max_memory
+    assert cache_blocks([600, 72, 72], 256, 64, 1000, 1000) == 3  # never fewer than the longest request needs
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    assert kv_bytes_per_block(config, torch.float32, 256) == 2 * 2 * 2 * 16 * 256 * 4
+
+
+def test_ctrl_c_stops_generation_within_seconds_and_keeps_finished_chunks(tmp_path, sms_table, tiny_llama):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    pq.write_table(pa.table({"text": sms_table.column("text").to_pylist()[:2000]}), tmp_path / "prompts.parquet")
+    job = {"input": {"path": str(tmp_path / "prompts.parquet"), "text": "text"},
+           "model": {"path": str(tiny_llama), "task": "generate", "max_length": 64},
+           "batching": {"chunk_rows": 32}, "generation": {"max_new_tokens": 64}, "output": {"path": str(tmp_path / "out")}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    proc = subprocess.Popen([sys.executable, "-m", "batchinfer", "run", str(tmp_path / "job.yaml"), "--progress", "lines"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((tmp_path / "out" / "_done").glob("*.json")):
+        time.sleep(0.05)
+    time.sleep(0.5)  # inside the next chunk's generation
+    sent = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    waited = time.perf_counter() - sent
+    assert proc.returncode == 130 and "stopped on SIGINT" in output, output
+    assert waited < 5, f"took {waited:.1f} s to stop"
+    assert "Traceback" not in output and "Batch processor" not in output and "WARNING" not in output.upper()
+    assert list((tmp_path / "out" / "_done").glob("*.json"))

@@ -20,7 +20,8 @@ def _jsonl(path, rows, opener=open):
 
 def _read_all(cfg: InputConfig) -> list[dict]:
     rows = []
-    shards, _, types = discover_shards(cfg)
+    inputs = discover_shards(cfg)
+    shards, types = inputs.shards, inputs.types
     for shard in shards:
         reader = open_reader(shard, read_spec(cfg, types=types))
         for start in range(0, shard.num_rows, 7):  # odd ranges: cross row groups and line boundaries
@@ -189,3 +190,51 @@ def test_parquet_shards_that_disagree_on_the_id_type_give_text_ids(tmp_path):
     cfg = InputConfig(path=str(tmp_path), text="text", id="id")
     assert discover_shards(cfg).types == {"id": pa.string()}
     assert [r["id"] for r in _read_all(cfg)] == ["1", "2", "x", "y"]
+
+
+# --- CSV ---------------------------------------------------------------------------------------------------------
+
+
+def _csv(path, rows, delimiter=","):
+    import csv
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wt", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter=delimiter)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+@pytest.mark.parametrize("name", ["a.csv", "a.tsv", "a.csv.gz"])
+def test_csv_reads_every_row_in_order_with_kept_types(tmp_path, name):
+    rows = [{**r, "text": r["text"] + (',\n "quoted"' if r["id"] == 7 else "")} for r in ROWS]
+    _csv(tmp_path / name, rows, "\t" if ".tsv" in name else ",")
+    cfg = InputConfig(path=str(tmp_path / name), text="text", id="id", keep=["label"])
+    inputs = discover_shards(cfg)
+    assert inputs.types == {"id": pa.string(), "label": pa.int64()}  # ids as their text; numbers stay numbers
+    assert _read_all(cfg) == [{**r, "id": str(r["id"])} for r in rows]
+
+
+def test_csv_records_with_the_wrong_field_count_are_error_rows(tmp_path, tiny_embed):
+    from batchinfer.config import validate_job
+    from batchinfer.driver import run_job
+
+    lines = ["id,text,label", "1,first,0", "2,second,1,extra", "3,third", '4,"a, quoted",1', "5,,0", "6,sixth,x"]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "rows.csv").write_text("\n".join(lines) + "\n")
+    job = validate_job({"input": {"path": str(tmp_path / "in"), "text": "text", "id": "id", "keep": ["label"]},
+                        "model": {"path": str(tiny_embed), "task": "embed"}, "output": {"path": str(tmp_path / "out")}})
+    report = run_job(job)
+    assert report["rows"] == 6 and report["rows_ok"] == 3 and report["errors_by_reason"] == {"bad_csv": 2, "empty_text": 1}
+    errors = pq.read_table(tmp_path / "out" / "_errors").to_pylist()
+    assert sorted(e["message"][:7] for e in errors if e["reason"] == "bad_csv") == ["line 3:", "line 4:"]
+    out = pq.read_table(tmp_path / "out")
+    assert out.column("id").to_pylist() == ["1", "4", "6"] and out.column("label").to_pylist() == ["0", "1", "x"]
+
+
+def test_a_file_of_unknown_extension_says_so_and_names_the_formats(tmp_path):
+    (tmp_path / "rows.txt").write_text("hello\n")
+    with pytest.raises(InputError) as info:
+        discover_shards(InputConfig(path=str(tmp_path / "rows.txt"), text="t"))
+    assert "the file" in info.value.message and "extension" in info.value.message and "csv" in info.value.hint

@@ -10,7 +10,6 @@ import sys
 import time
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -69,7 +68,7 @@ def test_s3_to_s3_equals_a_local_run_and_is_read_from_the_bucket(s3, sms_table, 
     ids = sms_table.column("sms_id").to_pylist()
     assert remote.column("sms_id").to_pylist() == here.column("sms_id").to_pylist() == ids[200:300] + ids[:200]
     assert np.array_equal(np.array(remote.column("embedding").to_pylist()), np.array(here.column("embedding").to_pylist()))
-    dataset = ds.dataset(f"{bucket}/out", filesystem=_s3fs(), format="parquet")  # DuckDB scans it from the bucket
+    dataset = ds.dataset(f"{bucket}/out", filesystem=_s3fs(), format="parquet")  # noqa: F841 - DuckDB scans it by name
     assert duckdb.sql("SELECT count(DISTINCT sms_id) FROM dataset").fetchall() == [(300,)]
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]}
     assert "out/_SUCCESS" in keys and "out/_batchinfer.json" in keys and not any(".tmp" in k for k in keys)

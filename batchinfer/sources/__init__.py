@@ -27,12 +27,14 @@ from .hf import MARKERS as HF_MARKERS
 from .hf import HfFormat
 from .jsonl import JsonlFormat
 from .openai import REQUEST_TYPES, OpenAIFormat, find_repeats
+from .csv import CsvFormat
 from .parquet import ParquetFormat
 
 __all__ = ["READ_ERRORS", "BadShard", "Inputs", "ReadSpec", "RowBlock", "Shard", "describe_read_error",
            "discover_shards", "open_reader", "read_spec"]
 
-FORMATS = {"parquet": ParquetFormat(), "jsonl": JsonlFormat(), "hf": HfFormat(), "openai": OpenAIFormat()}
+FORMATS = {"parquet": ParquetFormat(), "jsonl": JsonlFormat(), "csv": CsvFormat(), "hf": HfFormat(),
+           "openai": OpenAIFormat()}
 # Files and folders batchinfer writes into an output folder: a folder holding one is its output.
 JOB_MARKERS = ("_batchinfer.json", "_manifest.jsonl")
 
@@ -41,6 +43,7 @@ class Inputs(NamedTuple):
     shards: list[Shard]
     bad: list[BadShard]
     types: dict[str, pa.DataType]  # the output type of every id and kept column, for the whole job
+    bad_records: list[tuple[str, str]] = []  # (shard name, message): CSV records the parser left out
 
 
 def read_spec(cfg: InputConfig, columns: list[str] | None = None, types: dict | None = None) -> ReadSpec:
@@ -98,7 +101,8 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
         shards = [Shard(s.path, s.name, s.format, s.num_rows, s.digest, repeats.get(s.name, ())) for s in shards]
     types = {c: job_type(c, {s.name: i.types[c] for s, i in zip(shards, infos) if c in i.types})
              for c in spec.typed if any(c in i.types for i in infos)}
-    return Inputs(shards, bad, types)
+    bad_records = [(s.name, message) for s, info in zip(shards, infos) for _, message in info.bad_records]
+    return Inputs(shards, bad, types, bad_records)
 
 
 def _inspect(path: str, fmt: str, spec: ReadSpec) -> ShardInfo:
@@ -138,7 +142,8 @@ def _expand(pattern: str, declared: str, output: str | None) -> list[str]:
             p for p in path.rglob("*")
             if not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts) and not skip(p, path)
         )
-        where = f"the folder {pattern}"
+        where = f"the file {pattern}, whose extension batchinfer does not know," if path.is_file() else \
+            f"the folder {pattern}"
     shards = [str(p.resolve()) for p in matches if shard_format(str(p), declared)]
     if not shards:
         _nothing_found(where, [p.name for p in matches if p.is_file()])
@@ -177,8 +182,9 @@ def _expand_remote(cfg: InputConfig, output: str | None) -> list[str]:
 def _nothing_found(where: str, names: list[str]) -> None:
     found = ", ".join(sorted({(Path(n).suffix or n) for n in names})[:8]) or "nothing"
     raise InputError(
-        f"{where} holds no .parquet, .jsonl, .jsonl.gz file or saved dataset folder (found: {found})",
-        "point input.path at your shards, or set input.format for files with another extension",
+        f"{where} holds no .parquet, .jsonl, .csv or .tsv file (or .gz of them) nor a saved dataset folder "
+        f"(found: {found})",
+        "point input.path at your shards, or set input.format (parquet, jsonl, csv) for files with another extension",
     )
 
 
