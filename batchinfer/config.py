@@ -12,14 +12,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError, shorten
+from .tasks import TASKS
 
 # Columns every output row gets; user columns (id, keep) must not collide with them.
 KEY_COLUMNS = ("source", "row")
-TASK_COLUMNS = {
-    "embed": ("embedding", "truncated"),
-    "classify": ("label", "label_id", "score", "scores", "truncated"),
-    "generate": ("text", "finish_reason", "prompt_tokens", "completion_tokens", "truncated"),
-}
+TASK_COLUMNS = {name: spec.columns for name, spec in TASKS.items()}
 
 
 class Section(BaseModel):
@@ -63,6 +60,11 @@ class InputConfig(Section):
         ".tsv names). openai: "
         "OpenAI Batch API request lines {custom_id, method, url, body}; text, messages and id then come from them.",
     )
+    text_pair: str | None = Field(
+        default=None,
+        description="task score: the second text of each pair (a column or a template), e.g. the document a "
+        "query in input.text is scored against. A row missing either side goes to _errors/.",
+    )
     max_line_bytes: int = Field(
         default=8 << 20,
         ge=1024,
@@ -77,7 +79,7 @@ class InputConfig(Section):
         "AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS, ...), which keeps secrets out of job files.",
     )
 
-    @field_validator("text")
+    @field_validator("text", "text_pair")
     @classmethod
     def _template_parses(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
@@ -98,7 +100,8 @@ class InputConfig(Section):
     @property
     def text_columns(self) -> list[str]:
         """Columns whose values must be strings."""
-        return template_fields(self.text) if self.text is not None else []
+        specs = [t for t in (self.text, self.text_pair) if t is not None]
+        return list(dict.fromkeys(c for spec in specs for c in template_fields(spec)))
 
     @property
     def id_column(self) -> str | None:
@@ -127,9 +130,23 @@ class ModelConfig(Section):
         description="A local model folder, a hub id (when online), or pkg:<module> for a model shipped inside an "
         "installed Python package (the package's get_model_path(), or its model/ folder)."
     )
-    task: Literal["classify", "embed", "generate"] = Field(
-        description="classify: label, label_id and score per row. embed: one embedding vector per row. "
-        "generate: a completion per row (settings under generation)."
+    task: Literal[tuple(TASKS)] = Field(  # type: ignore[valid-type]
+        description=" ".join(f"{name}: {spec.summary}." for name, spec in TASKS.items())
+    )
+    labels: list[str] = Field(
+        default_factory=list,
+        description="task zero-shot: the candidate labels, e.g. [billing, shipping, refund]; every row is scored "
+        "against each.",
+    )
+    hypothesis_template: str = Field(
+        default="This example is {}.",
+        description="task zero-shot: the hypothesis each label is put in, {} standing for the label (as "
+        "transformers' zero-shot pipeline).",
+    )
+    multi_label: bool = Field(
+        default=False,
+        description="task zero-shot: false: the labels' scores sum to 1 (one label per row); true: each label is "
+        "scored on its own (entailment against contradiction).",
     )
     max_length: int = Field(default=256, ge=2, description="Tokens per row, special tokens included.")
     truncation: Union[bool, Literal["error"]] = Field(
@@ -244,7 +261,14 @@ class OutputConfig(Section):
     path: str = Field(description="The output folder, local or a URL such as s3://bucket/out/: part files, _errors/, "
                       "_done/ (completion markers), _batchinfer.json (the job), _report.json. It must be empty, new, "
                       "or this job's.")
-    scores: bool = Field(default=False, description="classify: add `scores`, every class probability.")
+    scores: bool = Field(default=False, description="classify: add `scores`, every class probability. score: add "
+                         "`scores`, every output of a multi-output head (after the activation).")
+    aggregation: Literal["none", "simple", "first", "average", "max"] = Field(
+        default="simple",
+        description="task token-classify: how tokens become entities, as transformers' token-classification "
+        "pipeline's aggregation_strategy: none (every token), simple (B-/I- tags grouped), first, average, max "
+        "(a word's tokens agree on its label by their first, mean or highest scores).",
+    )
     format: Literal["parquet", "jsonl", "openai"] = Field(
         default="parquet",
         description="parquet: part files of result columns. jsonl: the same, and when the job is complete "
@@ -324,6 +348,16 @@ class JobConfig(Section):
             raise ValueError("input.messages: chat messages are for model.task: generate; use input.text")
         if self.model.task != "generate" and "generation" in self.model_fields_set:
             raise ValueError("generation: only for model.task: generate; remove the section")
+        pairs = TASKS[self.model.task].pairs
+        if pairs != (self.input.text_pair is not None):
+            raise ValueError(f"input.text_pair: task {self.model.task} scores pairs: give input.text and input.text_pair"
+                             if pairs else "input.text_pair: only for tasks on pairs (model.task: score); remove it")
+        if self.model.task == "zero-shot" and not self.model.labels:
+            raise ValueError("model.labels: task zero-shot needs the candidate labels, e.g. labels: [billing, refund]")
+        if self.model.labels and self.model.task != "zero-shot":
+            raise ValueError("model.labels: only for model.task: zero-shot; remove it")
+        if "{}" not in self.model.hypothesis_template:
+            raise ValueError("model.hypothesis_template: write {} where the label goes, e.g. 'This text is about {}.'")
         if self.output.format == "openai" and self.input.format != "openai":
             raise ValueError("output.format openai writes responses to OpenAI batch requests: set input.format: openai")
         reserved = set(KEY_COLUMNS) | set(TASK_COLUMNS[self.model.task])

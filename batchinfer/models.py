@@ -13,6 +13,7 @@ import torch
 
 from .config import ModelConfig
 from .errors import ModelError
+from .tasks import TASKS
 
 _SAMPLE = 4 << 20
 SHOW_LIBRARY_LOGS = False  # set by the command line's --debug  # bytes hashed at the start, middle and end of a large weight file
@@ -139,13 +140,13 @@ def pooling_of(path: Path) -> Pooling:
 
 def check_head(config, task: str, path: Path) -> None:
     """The model has the head its task needs (read from config.json: no weights are loaded)."""
+    spec = TASKS[task]
     found = ", ".join(config.architectures or [config.model_type])
-    if task == "classify" and not any("ForSequenceClassification" in a for a in config.architectures or []):
-        raise ModelError(f"task classify needs a sequence-classification head, but {path} is a {found}",
-                         "use a model fine-tuned for classification, or set model.task: embed")
-    if task == "generate" and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in config.architectures or []):
-        raise ModelError(f"task generate needs a causal language model, but {path} is a {found}",
-                         "use a model saved from an AutoModelForCausalLM (Llama, GPT-2, Qwen, ...)")
+    if spec.head and not any(part in a for a in config.architectures or [] for part in spec.head):
+        raise ModelError(f"task {task} needs {spec.needs}, but {path} is a {found}", spec.head_fix)
+    if task == "zero-shot" and not any(str(label).lower().startswith("entail") for label in config.label2id):
+        raise ModelError(f"task zero-shot needs an NLI model, whose labels name entailment; {path} has "
+                         f"{', '.join(map(str, config.label2id)) or 'none'}", spec.head_fix)
 
 
 def read_config(cfg: ModelConfig, path: Path):
@@ -196,7 +197,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 def load_model(cfg: ModelConfig, path: Path):
     """(tokenizer, model, device) for the task; raises ModelError with what to do."""
     import transformers
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
     quiet_libraries()
     check_model_folder(path, cfg.allow_pickle)
@@ -208,7 +209,7 @@ def load_model(cfg: ModelConfig, path: Path):
     dtype = pick_dtype(cfg.dtype, device)
     config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     check_head(config, cfg.task, path)
-    loader = {"classify": AutoModelForSequenceClassification, "generate": AutoModelForCausalLM}.get(cfg.task, AutoModel)
+    loader = getattr(transformers, TASKS[cfg.task].auto_class)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
         model = loader.from_pretrained(

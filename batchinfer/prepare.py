@@ -22,14 +22,29 @@ BLANK = r"^[\s\p{Z}\p{Cc}\p{Cf}]*$"
 
 @dataclass
 class Prepared:
-    texts: list[str]  # usable rows only, in input order
+    texts: list  # usable rows only, in input order: strings, (text, text_pair) tuples, or chat messages
     rows: np.ndarray  # [len(texts)] offsets of those rows in the block
     errors: dict[int, tuple[str, str]]  # offset -> (reason, message) for every other row
 
 
-def prepare_texts(table: pa.Table, text_spec: str, bad_rows: dict[int, tuple[str, str]]) -> Prepared:
+def prepare_texts(table: pa.Table, text_spec: str, bad_rows: dict[int, tuple[str, str]],
+                  pair_spec: str | None = None) -> Prepared:
+    """Each row's text (a column or a template over columns); with `pair_spec`, (text, text_pair)
+    tuples, a row missing either side being an error row."""
     errors = dict(bad_rows)
-    parts = template_parts(text_spec)
+    sides = [_render(table, spec, errors, name) for spec, name in ((text_spec, "text"), (pair_spec, "text_pair"))
+             if spec is not None]
+    usable = np.ones(table.num_rows, dtype=bool)
+    usable[list(errors)] = False
+    rows = np.flatnonzero(usable)
+    take = pa.array(rows)
+    values = [side.take(take).to_pylist() if len(rows) else [] for side in sides]
+    return Prepared(values[0] if len(values) == 1 else list(zip(*values)), rows, errors)
+
+
+def _render(table: pa.Table, spec: str, errors: dict[int, tuple[str, str]], name: str) -> pa.Array:
+    """One text per row from a column or template; rows without a usable one are marked in `errors`."""
+    parts = template_parts(spec)
     pieces = []
     for literal, field in parts:
         if literal:
@@ -46,18 +61,12 @@ def prepare_texts(table: pa.Table, text_spec: str, bad_rows: dict[int, tuple[str
         null = column.is_null().to_numpy(zero_copy_only=False)
         _mark(errors, np.flatnonzero(null), "null_text", f"column '{field}' is null")
         pieces.append(column)
-    if len(parts) == 1 and not parts[0][0]:
-        text = pieces[0]
-    else:
-        text = pc.binary_join_element_wise(*pieces, "")
+    text = pieces[0] if len(parts) == 1 and not parts[0][0] else pc.binary_join_element_wise(*pieces, "")
     blank = pc.match_substring_regex(text, BLANK).fill_null(False)
+    what = "text" if name == "text" else f"input.{name}"
     _mark(errors, np.flatnonzero(blank.to_numpy(zero_copy_only=False)), "empty_text",
-          "text is empty, or only whitespace, invisible or control characters")
-    usable = np.ones(table.num_rows, dtype=bool)
-    usable[list(errors)] = False
-    rows = np.flatnonzero(usable)
-    texts = text.take(pa.array(rows)).to_pylist() if len(rows) else []
-    return Prepared(texts, rows, errors)
+          f"{what} is empty, or only whitespace, invisible or control characters")
+    return text
 
 
 def _mark(errors: dict[int, tuple[str, str]], offsets: np.ndarray, reason: str, message: str) -> None:

@@ -10,13 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 
 
 @dataclass
 class BatchOutcome:
-    results: np.ndarray  # [n, width]; rows listed in `failed` hold garbage
+    results: list  # one per row; rows listed in `failed` hold None
     failed: dict[int, tuple[str, str]] = field(default_factory=dict)  # position -> (reason, message)
     oom_tokens: int | None = None  # smallest padded size that ran out of memory
 
@@ -31,12 +30,13 @@ def is_oom(exc: BaseException) -> bool:
     )
 
 
-def run_resilient(run: Callable[[list[list[int]]], np.ndarray], rows: list[list[int]], width: int) -> BatchOutcome:
-    outcome = BatchOutcome(np.zeros((len(rows), width), dtype=np.float32))
+def run_resilient(run: Callable[[list], list], rows: list) -> BatchOutcome:
+    """run(rows) → one result per row; on failure halves the batch down to single rows."""
+    outcome = BatchOutcome([None] * len(rows))
 
     def attempt(lo: int, hi: int) -> None:
         try:
-            outcome.results[lo:hi] = run(rows[lo:hi])
+            outcome.results[lo:hi] = list(run(rows[lo:hi]))
             return
         except Exception as exc:  # noqa: BLE001 - any failure is narrowed down to the rows that cause it
             oom = is_oom(exc)

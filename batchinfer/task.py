@@ -92,15 +92,16 @@ class ChunkTask:
         elif job.input.messages:
             prepared = prepare_messages(block.table, job.input.messages, block.bad_rows)
         else:
-            prepared = prepare_texts(block.table, job.input.text, block.bad_rows)
+            prepared = prepare_texts(block.table, job.input.text, block.bad_rows, job.input.text_pair)
         tokens = self.runner.tokenize(prepared.texts)
-        keep = np.ones(len(tokens.ids), dtype=bool)
+        owners = tokens.owners()
         if job.model.truncation == "error":
             for i in np.flatnonzero(tokens.truncated).tolist():
-                prepared.errors[int(prepared.rows[i])] = ("too_long",
-                                                          f"text is longer than max_length={self.runner.max_length} tokens")
-            keep &= ~tokens.truncated
-        index = np.flatnonzero(keep)
+                prepared.errors[int(prepared.rows[owners[i]])] = (
+                    "too_long", f"text is longer than max_length={self.runner.max_length} tokens")
+        # the items of rows with no error so far (a row whose text was too long loses all its items)
+        failed = np.isin(prepared.rows[owners], np.fromiter(prepared.errors, dtype=np.int64, count=len(prepared.errors)))
+        index = np.flatnonzero(~failed) if len(owners) else np.zeros(0, dtype=np.int64)
         planned = self.budget.key
         if job.model.task == "generate":  # static batches are the baseline: input order, max_rows each
             rows = job.batching.max_rows
@@ -121,18 +122,21 @@ class ChunkTask:
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
         lowered_before = len(self.budget.lowered)
         ctx = ChunkContext(job, self.budget, self.stop, self.heap, log, probe)
-        task_columns, ok, extra = self.runner.run_chunk(loaded, ctx)
-        model_errors = [prepared.errors[int(prepared.rows[i])][1] for i in index[~ok]
-                        if prepared.errors[int(prepared.rows[i])][0] == "model_error"]
-        if len(index) > 1 and len(model_errors) == len(index):
+        task_columns, kept, extra = self.runner.run_chunk(loaded, ctx)
+        owners = tokens.owners()
+        sent = np.unique(owners[index])  # the rows (positions in the chunk's texts) that went to the model
+        errors = [prepared.errors.get(int(prepared.rows[t]), ("", "")) for t in np.setdiff1d(sent, kept)]
+        model_errors = [message for reason, message in errors if reason == "model_error"]
+        if len(sent) > 1 and len(model_errors) == len(sent):
             raise ModelError(f"the model failed on every row of chunk {loaded.work.name}: {model_errors[0]}",
                              "this is no problem of single rows; check model.device, model.dtype and the model folder")
         real, padded = int(tokens.lengths[index].sum()), extra.pop("padded_tokens")
-        index = index[ok]
-        rows = prepared.rows[index]
+        cut = np.zeros(len(prepared.texts), dtype=bool)
+        np.logical_or.at(cut, owners, tokens.truncated)  # a row is cut when any of its items is
+        rows = prepared.rows[kept]
         if job.output.format == "openai" and "prompt_tokens" not in task_columns:
-            task_columns["prompt_tokens"] = pa.array(tokens.lengths[index], pa.int32())
-        table = result_table(job, loaded, rows, task_columns, tokens.truncated[index])
+            task_columns["prompt_tokens"] = pa.array(tokens.lengths[kept], pa.int32())  # one item per row
+        table = result_table(job, loaded, rows, task_columns, cut[kept])
         self.writer.write_chunk(loaded.work.name, table, error_table(job, loaded))
         self.heap.trim()
         return {
@@ -141,7 +145,7 @@ class ChunkTask:
             "rows": loaded.work.rows,
             "ok": table.num_rows,
             "errors": dict(Counter(reason for reason, _ in prepared.errors.values())),
-            "truncated": int(tokens.truncated[index].sum()) if job.model.truncation is True else 0,
+            "truncated": int(cut[kept].sum()) if job.model.truncation is True else 0,
             "tokens": real,
             "padded_tokens": padded,
             **extra,

@@ -94,6 +94,35 @@ def tiny_classify(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_cross_encoder(tmp_path_factory) -> Path:
+    """A one-output cross-encoder (sequence classification on pairs)."""
+    from transformers import BertForSequenceClassification
+
+    model = _tiny_bert(BertForSequenceClassification, num_labels=1, initializer_range=0.5)
+    return _save(model, tmp_path_factory.mktemp("tiny-cross-encoder"))
+
+
+@pytest.fixture(scope="session")
+def tiny_ner(tmp_path_factory) -> Path:
+    from transformers import BertForTokenClassification
+
+    labels = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+    model = _tiny_bert(BertForTokenClassification, num_labels=len(labels), id2label=dict(enumerate(labels)),
+                       label2id={name: i for i, name in enumerate(labels)}, initializer_range=0.5)
+    return _save(model, tmp_path_factory.mktemp("tiny-ner"))
+
+
+@pytest.fixture(scope="session")
+def tiny_nli(tmp_path_factory) -> Path:
+    from transformers import BertForSequenceClassification
+
+    labels = ["contradiction", "neutral", "entailment"]
+    model = _tiny_bert(BertForSequenceClassification, num_labels=3, id2label=dict(enumerate(labels)),
+                       label2id={name: i for i, name in enumerate(labels)}, initializer_range=0.5)
+    return _save(model, tmp_path_factory.mktemp("tiny-nli"))
+
+
+@pytest.fixture(scope="session")
 def sms_table() -> pa.Table:
     """The shipped quickstart data: 5,574 real SMS messages."""
     return pa.concat_tables(pq.read_table(p) for p in sorted((EXAMPLES / "sms_spam").glob("*.parquet")))

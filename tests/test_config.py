@@ -59,7 +59,8 @@ def test_wrong_type_and_bad_value():
     message = _error({**GOOD, "batching": {"max_tokens": "lots"}, "model": {"path": "m", "task": "embedd"}})
     assert "batching.max_tokens: write a whole number of tokens such as 8192, or auto (got 'lots')" in message
     assert message.count("batching.max_tokens") == 1
-    assert "model.task: Input should be 'classify', 'embed' or 'generate' (got 'embedd')" in message
+    assert ("model.task: Input should be 'embed', 'classify', 'score', 'token-classify', 'zero-shot' or 'generate' "
+            "(got 'embedd')") in message
 
 
 def test_missing_key_says_what_to_write():

@@ -62,7 +62,7 @@ def test_one_poisonous_row_costs_only_that_row():
             raise IndexError("index out of range in self")
         return np.ones((len(rows), 2), dtype=np.float32)
 
-    outcome = run_resilient(run, [[i] for i in range(32)], width=2)
+    outcome = run_resilient(run, [[i] for i in range(32)])
     assert outcome.failed == {13: ("model_error", "IndexError: index out of range in self")}
     assert outcome.oom_tokens is None and outcome.results[12].tolist() == [1, 1]
 

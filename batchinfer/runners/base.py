@@ -1,4 +1,11 @@
-"""What classify and embed share: fast batch tokenization and padded forward passes of an encoder."""
+"""The runner contract, and what every encoder task shares: batch tokenization, padded or packed
+forward passes, split-and-retry, the probe.
+
+A runner turns texts into items (token ids: one per row, or several, as zero-shot makes one per
+candidate label), runs batches of items, and turns each row's item results into result columns
+(Arrow arrays of any type). Batching, out-of-memory splitting, packing, the probe and the error
+accounting work on items, so every task gets them without code of its own.
+"""
 
 from __future__ import annotations
 
@@ -19,53 +26,75 @@ from ..tune import plan, probe
 
 @dataclass
 class Tokens:
-    ids: list[list[int]]
-    lengths: np.ndarray  # [n] int64, special tokens included
-    truncated: np.ndarray  # [n] bool
+    ids: list[list[int]]  # per item; a Pair for (text, text_pair) items
+    lengths: np.ndarray  # [items] int64, special tokens included
+    truncated: np.ndarray  # [items] bool
+    owner: np.ndarray | None = None  # [items] the text each item belongs to; None: item i is text i
+    encodings: list | None = None  # the tokenizer's encodings, for runners that read offsets
+
+    def owners(self) -> np.ndarray:
+        return self.owner if self.owner is not None else np.arange(len(self.ids))
+
+
+class Pair(list):
+    """The token ids of a (text, text_pair) item, with its token type ids; len() counts its tokens."""
+
+    def __init__(self, ids: list[int], type_ids: list[int]):
+        super().__init__(ids)
+        self.type_ids = type_ids
 
 
 class EncoderRunner:
-    """Subclasses define `head(inputs, mask) -> [b, width]` and `columns(results)`.
+    """Subclasses define `head(inputs, mask)` (the model's output for a batch, one entry per item) and
+    `columns(results, texts, loaded)` (result columns from each row's item results, [rows][items]).
 
-    `packed` (set by the engine) runs batches as one unpadded sequence; see packing.py."""
+    `packed` (set per batch) runs a batch as one unpadded sequence; see packing.py."""
 
     packed = False
 
-    def __init__(self, tokenizer, model, device: torch.device, max_length: int):
+    @classmethod
+    def load(cls, job, model_path):
+        """The runner for `job`, with its model loaded from `model_path`."""
+        from ..models import load_model
+
+        tokenizer, model, device = load_model(job.model, model_path)
+        return cls(tokenizer, model, device, job, model_path)
+
+    def __init__(self, tokenizer, model, device: torch.device, job, model_path=None):
         self.model = model
         self.device = device
-        self.max_length = min(max_length, _position_limit(model.config))
+        self.max_length = min(job.model.max_length, _position_limit(model.config))
         # The Rust tokenizer, truncating but never padding: padding happens per batch, after sorting.
         self.tokenizer = copy.deepcopy(tokenizer.backend_tokenizer)
         self.tokenizer.enable_truncation(self.max_length)
         self.tokenizer.no_padding()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    def tokenize(self, texts: list[str]) -> Tokens:
-        encodings = encode_capped(self.tokenizer, texts, self.max_length)
-        ids = [e.ids for e in encodings]
-        lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
-        truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(ids))
-        return Tokens(ids, lengths, truncated)
+    def tokenize(self, texts: list) -> Tokens:
+        return tokens_of(encode_capped(self.tokenizer, texts, self.max_length))
 
     @torch.inference_mode()
-    def run(self, ids: list[list[int]]) -> np.ndarray:
-        """One batch → [b, width] float32 results in the same row order."""
+    def run(self, ids: list[list[int]]) -> list:
+        """One batch of items → one result per item, in the same order."""
         if self.packed:
             inputs, packing = pack(ids, self.device, first_position(self.model.config))
+            if isinstance(ids[0], Pair):
+                inputs["token_type_ids"] = torch.tensor([t for row in ids for t in row.type_ids], device=self.device)[None]
             with packed_forward(self.model, packing):
-                return self.head({**inputs, "packing": packing}, packing.mask).float().cpu().numpy()
-        input_ids, mask = self.collate(ids)
-        return self.head({"input_ids": input_ids, "attention_mask": mask}, mask).float().cpu().numpy()
+                return self.head({**inputs, "packing": packing}, packing.mask)
+        inputs, mask = self.collate(ids)
+        return self.head(inputs, mask)
 
     def run_chunk(self, loaded, ctx) -> tuple[dict[str, pa.Array], np.ndarray, dict]:
-        """A loaded chunk's planned batches, each split and retried on failure → (result columns of the
-        rows that ran, which of loaded.index ran [n] bool, figures for the record). With ctx.probe, a
-        probe first settles `batching: auto` on slices of this chunk; the record carries its choice."""
+        """A loaded chunk's planned batches of items, each split and retried on failure → (result columns
+        of the rows whose every item ran, those rows as positions in the chunk's texts, figures for the
+        record). With ctx.probe, a probe first settles `batching: auto` on slices of this chunk; the
+        record carries its choice."""
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
         job, budget, rows = ctx.job, ctx.budget, ctx.job.batching.max_rows
         lengths = tokens.lengths[index]
-        results = np.empty((len(index), self.width), dtype=np.float32)
+        owners = tokens.owners()[index]
+        results: list = [None] * len(index)
         ok = np.ones(len(index), dtype=bool)
         totals = Counter()
 
@@ -76,11 +105,12 @@ class EncoderRunner:
             t0 = time.perf_counter()
             for batch in batches:
                 ctx.stop.check()
-                outcome = run_resilient(self.run, [tokens.ids[index[i]] for i in batch.tolist()], self.width)
-                results[batch] = outcome.results
-                for position, problem in outcome.failed.items():
-                    ok[batch[position]] = False
-                    prepared.errors[int(prepared.rows[index[batch[position]]])] = problem
+                outcome = run_resilient(self.run, [tokens.ids[index[i]] for i in batch.tolist()])
+                for k, position in enumerate(batch.tolist()):
+                    results[position] = outcome.results[k]
+                for k, problem in outcome.failed.items():
+                    ok[batch[k]] = False
+                    prepared.errors.setdefault(int(prepared.rows[owners[batch[k]]]), problem)
                 if outcome.oom_tokens and outcome.oom_tokens // 2 < budget.max_tokens:
                     lowered = max(1, outcome.oom_tokens // 2)
                     note = f"out of memory at {outcome.oom_tokens} padded tokens: max_tokens {budget.max_tokens} -> {lowered}"
@@ -109,25 +139,53 @@ class EncoderRunner:
             run(loaded.batches if loaded.planned == budget.key else plan(lengths, *budget.key, rows, self.device),
                 budget.strategy)
         ctx.stop.check()
-        return self.columns(results[ok]), ok, {"model_seconds": round(totals["seconds"], 4),
-                                               "padded_tokens": totals["padded"], **extra}
+        failed = set(owners[~ok].tolist())
+        items: dict[int, list] = {}
+        for position, text in enumerate(owners.tolist()):
+            if text not in failed:
+                items.setdefault(text, []).append(results[position])
+        kept = np.fromiter(items, dtype=np.int64, count=len(items))
+        return self.columns(list(items.values()), kept, loaded), kept, {
+            "model_seconds": round(totals["seconds"], 4), "padded_tokens": totals["padded"], **extra}
 
-    def collate(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def collate(self, ids: list[list[int]]) -> tuple[dict, torch.Tensor]:
+        """Items → padded model inputs (with token type ids for pairs) and the [b, L] attention mask."""
         longest = max(len(row) for row in ids)
         input_ids = np.full((len(ids), longest), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(ids), longest), dtype=np.int64)
         for i, row in enumerate(ids):
             input_ids[i, : len(row)] = row
             mask[i, : len(row)] = 1
-        return torch.from_numpy(input_ids).to(self.device), torch.from_numpy(mask).to(self.device)
+        inputs = {"input_ids": torch.from_numpy(input_ids).to(self.device)}
+        if isinstance(ids[0], Pair):
+            types = np.zeros((len(ids), longest), dtype=np.int64)
+            for i, row in enumerate(ids):
+                types[i, : len(row)] = row.type_ids
+            inputs["token_type_ids"] = torch.from_numpy(types).to(self.device)
+        mask = torch.from_numpy(mask).to(self.device)
+        return {**inputs, "attention_mask": mask}, mask
 
-    def head(self, inputs: dict, mask: torch.Tensor) -> torch.Tensor:
+    def head(self, inputs: dict, mask: torch.Tensor) -> list:
         """inputs: keyword arguments for the model; mask: [b, L], 1 for real tokens. The model's
         hidden states come back as [b, L, hidden] whether the batch ran padded or packed."""
         raise NotImplementedError
 
-    def columns(self, results: np.ndarray) -> dict[str, pa.Array]:
+    def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
+        """results: each row's item results, for the rows at `texts` (positions in loaded.prepared.texts)."""
         raise NotImplementedError
+
+
+def tokens_of(encodings: list, owner: np.ndarray | None = None, pairs: bool = False) -> Tokens:
+    """Tokens from the Rust tokenizer's encodings."""
+    ids = [Pair(e.ids, e.type_ids) for e in encodings] if pairs else [e.ids for e in encodings]
+    lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
+    truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(ids))
+    return Tokens(ids, lengths, truncated, owner, encodings)
+
+
+def rows_of(results: list[list]) -> np.ndarray:
+    """Single-item rows' results stacked: [rows, ...]."""
+    return np.stack([items[0] for items in results]) if results else np.zeros((0, 0), dtype=np.float32)
 
 
 CHARS_PER_TOKEN = 64  # more than any vocabulary's longest token
@@ -142,12 +200,16 @@ def encode_capped(tokenizer, texts: list[str], max_length: int, from_end: bool =
     invisible characters, one enormous word) the whole text is tokenized after all. An 8 MB line costs
     milliseconds this way instead of 14 s and 1.8 GB of overflow encodings."""
     limit = max_length * CHARS_PER_TOKEN
-    long = [i for i, text in enumerate(texts) if len(text) > limit]
+
+    def shorten(text: str) -> str:
+        return text[-limit:] if from_end else text[:limit]
+
+    long = [i for i, text in enumerate(texts) if max(map(len, text) if isinstance(text, tuple) else [len(text)]) > limit]
     if not long:
         return tokenizer.encode_batch(texts, **options)
     cut = list(texts)
-    for i in long:
-        cut[i] = texts[i][-limit:] if from_end else texts[i][:limit]
+    for i in long:  # a pair: each side
+        cut[i] = tuple(map(shorten, texts[i])) if isinstance(texts[i], tuple) else shorten(texts[i])
     encodings = tokenizer.encode_batch(cut, **options)
     whole = [i for i in long if not encodings[i].overflowing]
     for i, encoding in zip(whole, tokenizer.encode_batch([texts[i] for i in whole], **options) if whole else []):

@@ -6,24 +6,25 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .base import EncoderRunner, fixed_size_list
+from .base import EncoderRunner, fixed_size_list, rows_of
 
 
 class ClassifyRunner(EncoderRunner):
-    def __init__(self, tokenizer, model, device, max_length: int, scores: bool = False):
-        super().__init__(tokenizer, model, device, max_length)
+    def __init__(self, tokenizer, model, device, job, model_path=None):
+        super().__init__(tokenizer, model, device, job)
         config = model.config
         self.width = config.num_labels
         self.labels = pa.array([str(config.id2label.get(i, f"LABEL_{i}")) for i in range(self.width)])
         # As transformers' text-classification pipeline: sigmoid for multi-label or single-logit heads.
         self.sigmoid = config.problem_type == "multi_label_classification" or self.width == 1
-        self.scores = scores
+        self.scores = job.output.scores
 
-    def head(self, inputs: dict, mask: torch.Tensor) -> torch.Tensor:
+    def head(self, inputs: dict, mask: torch.Tensor) -> list:
         logits = self.model(**inputs).logits.float()  # [b, num_labels]
-        return logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)
+        return list((logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)).cpu().numpy())
 
-    def columns(self, results: np.ndarray) -> dict[str, pa.Array]:
+    def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
+        results = rows_of(results).reshape(len(results), self.width)
         label_id = results.argmax(axis=1).astype(np.int32)
         columns = {
             "label": self.labels.take(pa.array(label_id)),

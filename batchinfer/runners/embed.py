@@ -9,16 +9,16 @@ import pyarrow as pa
 import torch
 
 from ..models import pooling_of
-from .base import EncoderRunner, fixed_size_list
+from .base import EncoderRunner, fixed_size_list, rows_of
 
 
 class EmbedRunner(EncoderRunner):
-    def __init__(self, tokenizer, model, device, max_length: int, model_path: Path):
-        super().__init__(tokenizer, model, device, max_length)
+    def __init__(self, tokenizer, model, device, job, model_path: Path):
+        super().__init__(tokenizer, model, device, job)
         self.pooling = pooling_of(model_path)
         self.width = model.config.hidden_size
 
-    def head(self, inputs: dict, mask: torch.Tensor) -> torch.Tensor:
+    def head(self, inputs: dict, mask: torch.Tensor) -> list:
         hidden = self.model(**inputs).last_hidden_state  # [b, L, h]
         if self.pooling.mode == "cls":
             pooled = hidden[:, 0]
@@ -31,7 +31,7 @@ class EmbedRunner(EncoderRunner):
         pooled = pooled.float()
         if self.pooling.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return pooled
+        return list(pooled.cpu().numpy())  # [b] x [hidden]
 
-    def columns(self, results: np.ndarray) -> dict[str, pa.Array]:
-        return {"embedding": fixed_size_list(results)}
+    def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
+        return {"embedding": fixed_size_list(rows_of(results).reshape(len(results), self.width))}

@@ -42,6 +42,17 @@ class Completions:
 class GenerateRunner:
     """Prompts → token ids (chat template for messages) → completions, by the configured engine."""
 
+    @classmethod
+    def load(cls, job, model_path):
+        """The runner for `job`: transformers' model, or vllm.LLM for generation.engine: vllm."""
+        if job.generation.engine == "vllm":
+            llm = load_vllm(model_path, job.generation.engine_options)
+            return cls(llm.get_tokenizer(), llm, torch.device("cuda"), job.model.max_length, job.generation)
+        from ..models import load_model
+
+        tokenizer, model, device = load_model(job.model, model_path)
+        return cls(tokenizer, model, device, job.model.max_length, job.generation)
+
     def __init__(self, tokenizer, model, device: torch.device, max_length: int, gen: GenerationConfig):
         self.tokenizer = tokenizer
         self.model = model
@@ -80,7 +91,7 @@ class GenerateRunner:
 
     def run_chunk(self, loaded, ctx) -> tuple[dict[str, pa.Array], np.ndarray, dict]:
         """The whole chunk goes to the engine, which schedules it (continuous batching) → (result columns
-        of the rows that ran, which of loaded.index ran [n] bool, figures for the record)."""
+        of the rows that ran, those rows as positions in the chunk's texts, figures for the record)."""
         job = ctx.job
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
         ctx.stop.check()
@@ -106,7 +117,7 @@ class GenerateRunner:
         lengths = tokens.lengths[index]
         # Continuous batching computes no padding; static batches pad to their longest prompt.
         padded = padding_stats(lengths, loaded.batches)[1] if job.generation.engine == "static" else int(lengths.sum())
-        return self.columns(kept, tokens.lengths[index[ok]]), ok, {
+        return self.columns(kept, tokens.lengths[index[ok]]), index[ok], {
             "model_seconds": round(model_seconds, 4),
             "padded_tokens": padded,
             "generated_tokens": sum(len(i) for i in kept.ids),

@@ -1,0 +1,46 @@
+"""task: score — cross-encoders and rerankers on (text, text_pair): a score per pair, as
+sentence-transformers' CrossEncoder.predict gives it. Pairs are one item each, so they sort and batch
+by their joint token count like any row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from .base import EncoderRunner, encode_capped, fixed_size_list, rows_of, tokens_of
+
+# CrossEncoder's activation, by the class name its config stores (sentence_transformers.activation_fn).
+ACTIVATIONS = {"Sigmoid": torch.sigmoid, "Identity": lambda x: x, "Tanh": torch.tanh,
+               "Softmax": lambda x: x.softmax(dim=-1)}
+
+
+class ScoreRunner(EncoderRunner):
+    def __init__(self, tokenizer, model, device, job, model_path=None):
+        super().__init__(tokenizer, model, device, job)
+        self.width = model.config.num_labels
+        self.activation = activation(model.config)
+        self.scores = job.output.scores
+
+    def tokenize(self, texts: list) -> "Tokens":  # noqa: F821 - (text, text_pair) tuples, cut longest first
+        return tokens_of(encode_capped(self.tokenizer, texts, self.max_length), pairs=True)
+
+    def head(self, inputs: dict, mask: torch.Tensor) -> list:
+        return list(self.activation(self.model(**inputs).logits.float()).cpu().numpy())  # [b] x [outputs]
+
+    def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
+        values = rows_of(results).reshape(len(results), self.width)
+        columns = {"score": pa.array(values.max(axis=1).astype(np.float32))}  # one output: that output
+        if self.scores:
+            columns["scores"] = fixed_size_list(values)
+        return columns
+
+
+def activation(config):
+    """CrossEncoder's default: the activation the model's config names, else sigmoid for one output and
+    none for several."""
+    named = (getattr(config, "sentence_transformers", None) or {}).get("activation_fn") or ""
+    chosen = ACTIVATIONS.get(named.rsplit(".", 1)[-1])
+    if chosen is not None:
+        return chosen
+    return torch.sigmoid if config.num_labels == 1 else ACTIVATIONS["Identity"]

@@ -1,0 +1,49 @@
+"""task: token-classify — entities per row (NER, PII), with character offsets into the row's text.
+
+Tokens are classified in length-sorted batches like any task; each row's entities are then made by
+transformers' own token-classification pipeline code (gather_pre_entities, aggregate), so every
+aggregation strategy groups tokens exactly as `pipeline("token-classification")` does."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from .base import EncoderRunner
+
+ENTITY = pa.struct([("label", pa.string()), ("score", pa.float32()), ("start", pa.int32()), ("end", pa.int32()),
+                    ("text", pa.string())])
+
+
+class TokenClassifyRunner(EncoderRunner):
+    def __init__(self, tokenizer, model, device, job, model_path=None):
+        from transformers import pipeline
+        from transformers.pipelines.token_classification import AggregationStrategy
+
+        super().__init__(tokenizer, model, device, job)
+        self.pipeline = pipeline("token-classification", model=model, tokenizer=tokenizer, device=device)
+        self.aggregation = AggregationStrategy(job.output.aggregation)
+
+    def head(self, inputs: dict, mask: torch.Tensor) -> list:
+        logits = self.model(**inputs).logits.float().cpu().numpy()  # [b, L, labels]
+        return [logits[i, :n] for i, n in enumerate(mask.sum(dim=1).tolist())]  # each [tokens, labels]
+
+    def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
+        rows = []
+        with warnings.catch_warnings():  # the pipeline warns per row when a tokenizer does not mark words
+            warnings.simplefilter("ignore")
+            for items, text in zip(results, texts.tolist()):
+                rows.append(self._entities(items[0], loaded.prepared.texts[text], loaded.tokens.encodings[text]))
+        return {"entities": pa.array(rows, pa.list_(ENTITY))}
+
+    def _entities(self, logits: np.ndarray, text: str, encoding) -> list[dict]:
+        outputs = {"logits": torch.from_numpy(logits)[None], "sentence": text,
+                   "input_ids": torch.tensor(encoding.ids)[None],
+                   "offset_mapping": torch.tensor(encoding.offsets)[None],
+                   "special_tokens_mask": torch.tensor(encoding.special_tokens_mask)[None]}
+        found = self.pipeline.postprocess([outputs], aggregation_strategy=self.aggregation)
+        return [{"label": e.get("entity_group", e.get("entity")), "score": float(e["score"]), "start": int(e["start"]),
+                 "end": int(e["end"]), "text": text[e["start"]:e["end"]]} for e in found]

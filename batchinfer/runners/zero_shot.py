@@ -1,0 +1,48 @@
+"""task: zero-shot — labels from the job file, scored by an NLI model, as transformers'
+zero-shot-classification pipeline scores them.
+
+Every (row, label) pair is one premise-hypothesis item ("This example is {label}."), sorted and batched
+by token count with every other item; a row's items come back together for its scores: the entailment
+logits softmaxed over the labels, or with model.multi_label each label's entailment against
+contradiction on its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from .base import EncoderRunner, encode_capped, fixed_size_list, tokens_of
+
+
+class ZeroShotRunner(EncoderRunner):
+    def __init__(self, tokenizer, model, device, job, model_path=None):
+        super().__init__(tokenizer, model, device, job)
+        self.tokenizer.enable_truncation(self.max_length, strategy="only_first")  # never cut the hypothesis
+        self.labels = list(job.model.labels)
+        self.hypotheses = [job.model.hypothesis_template.format(label) for label in self.labels]
+        self.multi_label = job.model.multi_label or len(self.labels) == 1
+        self.entailment = next(i for label, i in model.config.label2id.items() if str(label).lower().startswith("entail"))
+        self.contradiction = -1 if self.entailment == 0 else 0
+
+    def tokenize(self, texts: list[str]) -> "Tokens":  # noqa: F821
+        pairs = [(text, hypothesis) for text in texts for hypothesis in self.hypotheses]
+        owner = np.repeat(np.arange(len(texts)), len(self.labels))
+        return tokens_of(encode_capped(self.tokenizer, pairs, self.max_length), owner, pairs=True)
+
+    def head(self, inputs: dict, mask: torch.Tensor) -> list:
+        return list(self.model(**inputs).logits.float().cpu().numpy())  # [b] x [classes]
+
+    def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
+        logits = np.array(results, dtype=np.float32).reshape(len(results), len(self.labels), -1)  # [rows, labels, classes]
+        if self.multi_label:
+            pair = logits[..., [self.contradiction, self.entailment]]
+            scores = np.exp(pair) / np.exp(pair).sum(-1, keepdims=True)
+            scores = scores[..., 1]
+        else:
+            entail = logits[..., self.entailment]
+            scores = np.exp(entail) / np.exp(entail).sum(-1, keepdims=True)
+        best = scores.argmax(axis=1) if len(results) else np.zeros(0, dtype=np.int64)
+        return {"label": pa.array([self.labels[i] for i in best.tolist()], pa.string()),
+                "score": pa.array(scores.max(axis=1).astype(np.float32) if len(results) else [], pa.float32()),
+                "scores": fixed_size_list(scores.reshape(len(results), len(self.labels)))}
