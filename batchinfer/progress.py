@@ -30,8 +30,13 @@ class RunProgress:
         self.rows = self.tokens = 0
         self.t0 = time.perf_counter()
         self._bar = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), _Rate(self),
-            TimeRemainingColumn(), console=console, transient=False,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            _Rate(self),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
         )
         self._task = None
 
@@ -64,7 +69,9 @@ class LineProgress:
     def start(self, total_rows: int, done_rows: int) -> None:
         self.total, self.before = total_rows, done_rows
         self.t0 = self.last = time.perf_counter()
-        self._print(f"started: {total_rows - done_rows:,} rows to run" + (f" ({done_rows:,} done before)" if done_rows else ""))
+        self._print(
+            f"started: {total_rows - done_rows:,} rows to run" + (f" ({done_rows:,} done before)" if done_rows else "")
+        )
 
     def advance(self, rows: int, tokens: int) -> None:
         self.rows += rows
@@ -87,11 +94,15 @@ class LineProgress:
         left = max(self.total - done, 0)
         eta = _duration(left / rate) if rate else "?"
         share = f" ({done / self.total:.1%})" if self.total else ""
-        self._print(f"{done:,}/{self.total:,} rows{share}, {rate:,.1f} rows/s, {self.tokens / elapsed:,.0f} tokens/s, "
-                    f"{eta} left")
+        self._print(
+            f"{done:,}/{self.total:,} rows{share}, {rate:,.1f} rows/s, {self.tokens / elapsed:,.0f} tokens/s, "
+            f"{eta} left"
+        )
 
     def _print(self, text: str) -> None:
-        self.console.print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", highlight=False, markup=False, soft_wrap=True)
+        self.console.print(
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", highlight=False, markup=False, soft_wrap=True
+        )
 
 
 def _duration(seconds: float) -> str:
@@ -119,8 +130,13 @@ def summary_table(report: dict) -> Table:
     ]
     if "generated_tokens" in report:
         ttft = run.get("time_to_first_token_s")
-        rows.append(("generated", f"{report['generated_tokens']:,} tokens, {run['generated_tokens_per_s']:,.1f} tokens/s"
-                     + (f", median time to first token {ttft:.2f} s" if ttft is not None else "")))
+        rows.append(
+            (
+                "generated",
+                f"{report['generated_tokens']:,} tokens, {run['generated_tokens_per_s']:,.1f} tokens/s"
+                + (f", median time to first token {ttft:.2f} s" if ttft is not None else ""),
+            )
+        )
     for key, value in rows:
         table.add_row(key, value)
     return table

@@ -9,8 +9,16 @@ from .plan import Chunk
 from .sink import current_errors
 
 
-def build_report(job: JobConfig, chunks: list[Chunk], done: dict[str, dict], run: Counter, seconds: float,
-                 device: str, workers: dict[str, Counter] | None = None, unread: Counter | None = None) -> dict:
+def build_report(
+    job: JobConfig,
+    chunks: list[Chunk],
+    done: dict[str, dict],
+    run: Counter,
+    seconds: float,
+    device: str,
+    workers: dict[str, Counter] | None = None,
+    unread: Counter | None = None,
+) -> dict:
     """Totals over every finished chunk and retry; rates over what this run processed.
 
     run: this run's rows, tokens, model-busy seconds, generated tokens and `loop` (seconds from the
@@ -51,8 +59,10 @@ def build_report(job: JobConfig, chunks: list[Chunk], done: dict[str, dict], run
         },
     }
     if workers and set(workers) != {"local"}:
-        report["run"]["workers"] = {name: {"chunks": w["chunks"], "rows": w["rows"], "rows_per_s": _rate(w["rows"], loop)}
-                                    for name, w in sorted(workers.items())}
+        report["run"]["workers"] = {
+            name: {"chunks": w["chunks"], "rows": w["rows"], "rows_per_s": _rate(w["rows"], loop)}
+            for name, w in sorted(workers.items())
+        }
     if job.model.task == "generate":
         first = sorted(r["first_token_seconds"] for r in records if r.get("first_token_seconds") is not None)
         report["generated_tokens"] = sum(r.get("generated_tokens", 0) for r in records)

@@ -51,7 +51,13 @@ HEARTBEAT = 15.0  # seconds between rewrites of the lock while a run holds it
 LOCK_STALE = 120.0  # a lock from another host not rewritten for this long belongs to a dead run
 ID_KEY = b"batchinfer.job_id"
 ERROR_SCHEMA = pa.schema(
-    [("id", pa.string()), ("source", pa.string()), ("row", pa.int64()), ("reason", pa.string()), ("message", pa.string())]
+    [
+        ("id", pa.string()),
+        ("source", pa.string()),
+        ("row", pa.int64()),
+        ("reason", pa.string()),
+        ("message", pa.string()),
+    ]
 )
 _PART = re.compile(rf"(?:{ERRORS}/)?part-(\d{{5}}-\d{{5}}(?:-r\d+)?)\.parquet")
 _MARKER = re.compile(rf"{DONE}/(\d{{5}}-\d{{5}}(?:-r\d+)?)\.json")
@@ -84,8 +90,16 @@ class OutputDir:
 
     # --- opening ---------------------------------------------------------------------------------------------
 
-    def open(self, fingerprint: dict, restart: bool, command: str = "", may_change: frozenset = frozenset(),
-             inputs: tuple[str, ...] = (), files: tuple[str, ...] = (), plan: dict | None = None) -> dict[str, dict]:
+    def open(
+        self,
+        fingerprint: dict,
+        restart: bool,
+        command: str = "",
+        may_change: frozenset = frozenset(),
+        inputs: tuple[str, ...] = (),
+        files: tuple[str, ...] = (),
+        plan: dict | None = None,
+    ) -> dict[str, dict]:
         """Lock the folder, check it holds this job (or nothing), clear leftovers; return finished chunks.
 
         Keys in `may_change` may differ from the recorded job (--retry-errors after raising max_length);
@@ -122,12 +136,15 @@ class OutputDir:
         changed.pop("limit", None)
         chunks = sum(1 for r in done.values() if "retry_of" not in r)
         if changed and done:
-            return (f"holds {chunks} finished chunk(s) of a different job ({'; '.join(changed.values())}): the run "
-                    "will refuse; add --restart to discard them, or --output NEW_FOLDER")
+            return (
+                f"holds {chunks} finished chunk(s) of a different job ({'; '.join(changed.values())}): the run "
+                "will refuse; add --restart to discard them, or --output NEW_FOLDER"
+            )
         return f"holds this job: {chunks}/{chunks_total} chunks done; the run resumes"
 
-    def _open(self, fingerprint: dict, restart: bool, command: str, may_change: frozenset,
-              files: tuple[str, ...], plan: dict) -> dict[str, dict]:
+    def _open(
+        self, fingerprint: dict, restart: bool, command: str, may_change: frozenset, files: tuple[str, ...], plan: dict
+    ) -> dict[str, dict]:
         job = self._read_job()
         listing = self.folder.list()
         done = self._read_markers(job, listing) if job else {}
@@ -144,8 +161,15 @@ class OutputDir:
         if changed and (not done or set(changed) <= may_change):
             # Nothing done yet (a run that failed before its first chunk), or only what --retry-errors may
             # change: no result of the old settings can mix with the new ones.
-            self._save_job({**job, "fingerprint": fingerprint, "plan": plan, "command": command or self.command,
-                            **({} if done else {"tuning": None})})
+            self._save_job(
+                {
+                    **job,
+                    "fingerprint": fingerprint,
+                    "plan": plan,
+                    "command": command or self.command,
+                    **({} if done else {"tuning": None}),
+                }
+            )
         elif changed:
             raise ResumeError(
                 f"{self.path} holds results of a different job ({'; '.join(changed.values())})",
@@ -159,11 +183,18 @@ class OutputDir:
     def _create_job(self, fields: dict) -> None:
         job_id = uuid.uuid4().hex
         self.folder.tmp_prefix = f".tmp-{job_id[:12]}-"
-        job = {"batchinfer": FORMAT, "job_id": job_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields,
-               "tuning": None}
+        job = {
+            "batchinfer": FORMAT,
+            "job_id": job_id,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **fields,
+            "tuning": None,
+        }
         if not self._write(lambda: self.folder.create(JOB, _dumps(job))):
-            raise OutputError(f"another batchinfer run started a job in {self.path} at the same moment",
-                              "let one run use the folder; rerun the same command to resume its job")
+            raise OutputError(
+                f"another batchinfer run started a job in {self.path} at the same moment",
+                "let one run use the folder; rerun the same command to resume its job",
+            )
         self.job = job
 
     def _read_job(self) -> dict | None:
@@ -176,8 +207,11 @@ class OutputDir:
                 raise ValueError("not a batchinfer job file")
             return job
         except (ValueError, AttributeError) as exc:
-            raise OutputError(f"{join(str(self.path), JOB)} is damaged ({str(exc)[:100]}), so batchinfer cannot tell which "
-                              "files in the folder are its own", "write to a new folder with --output NEW_FOLDER") from exc
+            raise OutputError(
+                f"{join(str(self.path), JOB)} is damaged ({str(exc)[:100]}), so batchinfer cannot tell which "
+                "files in the folder are its own",
+                "write to a new folder with --output NEW_FOLDER",
+            ) from exc
 
     def _read_markers(self, job: dict, listing: dict[str, int]) -> dict[str, dict]:
         """Finished chunks by name, in order (a retry after what it retries)."""
@@ -205,7 +239,8 @@ class OutputDir:
                 f"{self.path} was written by an earlier batchinfer (it has {LEGACY}), whose checkpoints cannot "
                 "show that the input is unchanged, so it cannot be resumed",
                 "write to a new folder with --output NEW_FOLDER; delete the old one yourself when you no longer "
-                "need its results")
+                "need its results",
+            )
         foreign = [n for n in listing if n != LOCK and not _CREATING.fullmatch(n)]
         if foreign:
             raise _foreign_error(self.path, foreign, "holds no batchinfer job")
@@ -252,7 +287,9 @@ class OutputDir:
         current = set(current_errors(done).values())
         for name in listing:
             part = _PART.fullmatch(name)
-            stale_part = part and (part.group(1) not in done or (name.startswith(ERRORS) and part.group(1) not in current))
+            stale_part = part and (
+                part.group(1) not in done or (name.startswith(ERRORS) and part.group(1) not in current)
+            )
             if stale_part or name.rsplit("/", 1)[-1].startswith(".tmp-") or name == SUCCESS:
                 self.folder.delete(name)
 
@@ -271,27 +308,41 @@ class OutputDir:
                 if holder:
                     raise OutputError(
                         f"output folder {self.path} is in use by another batchinfer run (pid {holder['pid']}) on "
-                        f"host {holder['host']}", "wait for it to finish, stop it, or choose another output.path")
+                        f"host {holder['host']}",
+                        "wait for it to finish, stop it, or choose another output.path",
+                    )
                 if read_lock(self.folder.read(LOCK)) is None and self.folder.read(LOCK) is not None:
-                    raise OutputError(f"{join(str(self.path), LOCK)} is not a batchinfer lock",
-                                      "choose another output.path; batchinfer does not remove files it did not write")
+                    raise OutputError(
+                        f"{join(str(self.path), LOCK)} is not a batchinfer lock",
+                        "choose another output.path; batchinfer does not remove files it did not write",
+                    )
                 self.folder.delete(LOCK)  # left by a run that died: take it over
         finally:
             self.folder.tmp_prefix = saved_prefix
-        raise OutputError(f"cannot take the lock {join(str(self.path), LOCK)}",
-                          "remove it if no batchinfer run uses the folder")
+        raise OutputError(
+            f"cannot take the lock {join(str(self.path), LOCK)}", "remove it if no batchinfer run uses the folder"
+        )
 
     def _lock_content(self) -> bytes:
-        return _dumps({"run_id": self.run_id, "pid": os.getpid(), "host": socket.gethostname(),
-                       "heartbeat": round(time.time(), 3)})
+        return _dumps(
+            {
+                "run_id": self.run_id,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "heartbeat": round(time.time(), 3),
+            }
+        )
 
     def check_lock(self) -> None:
         """Before a commit: the folder is still this run's (a run that stalled past LOCK_STALE may have
         lost it to another, which must then be the only one committing)."""
         lost = getattr(self, "_heartbeat", None) and self._heartbeat.lost
         if lost:
-            raise OutputError(f"another batchinfer run took over {self.path} (pid {lost['pid']} on host "
-                              f"{lost['host']}) while this one stalled", "let that run finish; it resumes this job")
+            raise OutputError(
+                f"another batchinfer run took over {self.path} (pid {lost['pid']} on host "
+                f"{lost['host']}) while this one stalled",
+                "let that run finish; it resumes this job",
+            )
 
     def unlock(self) -> None:
         if getattr(self, "_heartbeat", None):
@@ -329,9 +380,19 @@ class OutputDir:
                 self.folder.delete(target)
                 continue
             names, messages = zip(*rows)
-            self._write_table(target, pa.table({
-                "id": pa.nulls(len(names), pa.string()), "source": list(names), "row": pa.nulls(len(names), pa.int64()),
-                "reason": [reason] * len(names), "message": list(messages)}, schema=ERROR_SCHEMA))
+            self._write_table(
+                target,
+                pa.table(
+                    {
+                        "id": pa.nulls(len(names), pa.string()),
+                        "source": list(names),
+                        "row": pa.nulls(len(names), pa.int64()),
+                        "reason": [reason] * len(names),
+                        "message": list(messages),
+                    },
+                    schema=ERROR_SCHEMA,
+                ),
+            )
 
     def commit(self, record: dict) -> None:
         """The chunk is done once this returns."""
@@ -495,8 +556,10 @@ def refuse_location(output: Path | str, inputs: tuple[str, ...]) -> None:
     if isinstance(output, str):  # a URI: only the input check applies
         for path in inputs:
             if path == output or path.startswith(output + "/"):
-                raise OutputError(f"output.path {output} holds the input {path}",
-                                  "write the output to a folder of its own, outside the input")
+                raise OutputError(
+                    f"output.path {output} holds the input {path}",
+                    "write the output to a folder of its own, outside the input",
+                )
         return
     resolved = output.expanduser().resolve()
     if resolved == Path(resolved.anchor) or resolved == Path.home().resolve():
@@ -504,15 +567,19 @@ def refuse_location(output: Path | str, inputs: tuple[str, ...]) -> None:
         raise OutputError(f"output.path {output} is {what}", "give the job a folder of its own, e.g. out/my-job")
     for path in inputs:
         if not is_uri(path) and same_or_inside(path, str(resolved)):
-            raise OutputError(f"output.path {output} holds the input {path}",
-                              "write the output to a folder of its own, outside the input")
+            raise OutputError(
+                f"output.path {output} holds the input {path}",
+                "write the output to a folder of its own, outside the input",
+            )
 
 
 def _foreign_error(path: Path, names: list[str], what: str) -> OutputError:
     shown = ", ".join(sorted(names)[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    return OutputError(f"output folder {path} {what}: {shown}",
-                       "choose an empty or new output.path (--output DIR); batchinfer never deletes files it did "
-                       "not write, so move them away yourself if the folder must be reused")
+    return OutputError(
+        f"output folder {path} {what}: {shown}",
+        "choose an empty or new output.path (--output DIR); batchinfer never deletes files it did "
+        "not write, so move them away yourself if the folder must be reused",
+    )
 
 
 def _marker_order(name: str) -> tuple[str, int]:
@@ -536,7 +603,9 @@ def _reach_error(path, exc: OSError, doing: str) -> OutputError:
 def _write_error(path: Path, exc: OSError) -> OutputError:
     if is_disk_full(exc):
         return OutputError(f"the disk holding {path} is full", "free space, then rerun the same command to resume")
-    return OutputError(f"cannot write in {path}: {exc.strerror or exc}", "check the folder's permissions, then rerun to resume")
+    return OutputError(
+        f"cannot write in {path}: {exc.strerror or exc}", "check the folder's permissions, then rerun to resume"
+    )
 
 
 def _alive(pid: int) -> bool:

@@ -97,9 +97,9 @@ def glob_regex(pattern: str) -> re.Pattern:
         elif pattern[i] == "?":
             out.append("[^/]")
             i += 1
-        elif pattern[i] == "[" and "]" in pattern[i + 1:]:
+        elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
             end = pattern.index("]", i + 1)
-            out.append("[" + pattern[i + 1:end].replace("!", "^", 1) + "]")
+            out.append("[" + pattern[i + 1 : end].replace("!", "^", 1) + "]")
             i = end + 1
         else:
             out.append(re.escape(pattern[i]))
@@ -112,10 +112,23 @@ def reach_problem(exc: BaseException) -> tuple[str, str] | None:
     text = str(exc)
     if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text or ("bucket" in text and "does not exist" in text):
         return "the bucket does not exist", "create the bucket, or fix the path"
-    if any(code in text for code in ("ACCESS_DENIED", "INVALID_ACCESS_KEY", "SIGNATURE_DOES_NOT_MATCH",
-                                     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403")):
-        return (f"access denied ({text[:160]})", "check the credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
-                "(or GOOGLE_APPLICATION_CREDENTIALS), or the job's storage_options")
+    if any(
+        code in text
+        for code in (
+            "ACCESS_DENIED",
+            "INVALID_ACCESS_KEY",
+            "SIGNATURE_DOES_NOT_MATCH",
+            "AccessDenied",
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "403",
+        )
+    ):
+        return (
+            f"access denied ({text[:160]})",
+            "check the credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+            "(or GOOGLE_APPLICATION_CREDENTIALS), or the job's storage_options",
+        )
     return None
 
 
@@ -177,8 +190,11 @@ class LocalFolder:
 
     def folders(self) -> list[str]:
         """Relative names of the folders below, deepest first."""
-        return [Path(root).relative_to(self.path).as_posix() for root, _, _ in os.walk(self.path, topdown=False)
-                if Path(root) != self.path]
+        return [
+            Path(root).relative_to(self.path).as_posix()
+            for root, _, _ in os.walk(self.path, topdown=False)
+            if Path(root) != self.path
+        ]
 
     def read(self, name: str) -> bytes | None:
         try:
@@ -288,8 +304,11 @@ class ObjectFolder:
     def list(self) -> dict[str, int]:
         selector = pafs.FileSelector(self.base, recursive=True, allow_not_found=True)
         prefix = self.base.rstrip("/") + "/"
-        return {info.path[len(prefix):]: info.size for info in self.fs.get_file_info(selector)
-                if info.type == pafs.FileType.File and info.path.startswith(prefix)}
+        return {
+            info.path[len(prefix) :]: info.size
+            for info in self.fs.get_file_info(selector)
+            if info.type == pafs.FileType.File and info.path.startswith(prefix)
+        }
 
     def folders(self) -> list[str]:
         return []
@@ -321,8 +340,9 @@ class ObjectFolder:
         with tempfile.NamedTemporaryFile(prefix="batchinfer-") as tmp:
             fill(tmp)
             tmp.flush()
-            pafs.copy_files(tmp.name, self._path(name), source_filesystem=pafs.LocalFileSystem(),
-                            destination_filesystem=self.fs)
+            pafs.copy_files(
+                tmp.name, self._path(name), source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs
+            )
 
     def write_table(self, name: str, table: pa.Table, compression: str | None) -> None:
         buffer = pa.BufferOutputStream()

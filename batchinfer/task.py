@@ -60,8 +60,17 @@ class ChunkContext:
 
 
 class ChunkTask:
-    def __init__(self, job: JobConfig, shards: list[Shard], spec: ReadSpec, runner, writer: PartWriter,
-                 budget: Budget, stop: StopFlag, worker: str = "local"):
+    def __init__(
+        self,
+        job: JobConfig,
+        shards: list[Shard],
+        spec: ReadSpec,
+        runner,
+        writer: PartWriter,
+        budget: Budget,
+        stop: StopFlag,
+        worker: str = "local",
+    ):
         self.job, self.shards, self.spec, self.runner, self.writer = job, shards, spec, runner, writer
         self.budget, self.stop, self.worker = budget, stop, worker
         self.heap = HeapGuard()
@@ -84,8 +93,10 @@ class ChunkTask:
             block = unreadable(job, shard, chunk, exc)
         row_ids = np.arange(chunk.start, chunk.stop)
         if work.offsets is not None:
-            block = RowBlock(block.table.take(pa.array(work.offsets, pa.int64())),
-                             {i: block.bad_rows[o] for i, o in enumerate(work.offsets) if o in block.bad_rows})
+            block = RowBlock(
+                block.table.take(pa.array(work.offsets, pa.int64())),
+                {i: block.bad_rows[o] for i, o in enumerate(work.offsets) if o in block.bad_rows},
+            )
             row_ids = row_ids[work.offsets]
         if job.input.format == "openai":
             prepared = prepare_openai(block.table, job.model.task, block.bad_rows)
@@ -98,9 +109,13 @@ class ChunkTask:
         if job.model.truncation == "error":
             for i in np.flatnonzero(tokens.truncated).tolist():
                 prepared.errors[int(prepared.rows[owners[i]])] = (
-                    "too_long", f"text is longer than max_length={self.runner.max_length} tokens")
+                    "too_long",
+                    f"text is longer than max_length={self.runner.max_length} tokens",
+                )
         # the items of rows with no error so far (a row whose text was too long loses all its items)
-        failed = np.isin(prepared.rows[owners], np.fromiter(prepared.errors, dtype=np.int64, count=len(prepared.errors)))
+        failed = np.isin(
+            prepared.rows[owners], np.fromiter(prepared.errors, dtype=np.int64, count=len(prepared.errors))
+        )
         index = np.flatnonzero(~failed) if len(owners) else np.zeros(0, dtype=np.int64)
         planned = self.budget.key
         if job.model.task == "generate":  # static batches are the baseline: input order, max_rows each
@@ -108,8 +123,9 @@ class ChunkTask:
             batches = [np.arange(i, min(i + rows, len(index))) for i in range(0, len(index), rows)]
         else:
             batches = plan(tokens.lengths[index], *planned, job.batching.max_rows, self.runner.device)
-        return Loaded(work, shard, block.table, row_ids, prepared, tokens, index, batches, planned,
-                      time.perf_counter() - t0)
+        return Loaded(
+            work, shard, block.table, row_ids, prepared, tokens, index, batches, planned, time.perf_counter() - t0
+        )
 
     # --- the model and the part files ------------------------------------------------------------------------
 
@@ -128,8 +144,10 @@ class ChunkTask:
         errors = [prepared.errors.get(int(prepared.rows[t]), ("", "")) for t in np.setdiff1d(sent, kept)]
         model_errors = [message for reason, message in errors if reason == "model_error"]
         if len(sent) > 1 and len(model_errors) == len(sent):
-            raise ModelError(f"the model failed on every row of chunk {loaded.work.name}: {model_errors[0]}",
-                             "this is no problem of single rows; check model.device, model.dtype and the model folder")
+            raise ModelError(
+                f"the model failed on every row of chunk {loaded.work.name}: {model_errors[0]}",
+                "this is no problem of single rows; check model.device, model.dtype and the model folder",
+            )
         real, padded = int(tokens.lengths[index].sum()), extra.pop("padded_tokens")
         cut = np.zeros(len(prepared.texts), dtype=bool)
         np.logical_or.at(cut, owners, tokens.truncated)  # a row is cut when any of its items is
@@ -152,8 +170,11 @@ class ChunkTask:
             "seconds": round(loaded.seconds + time.perf_counter() - t0, 4),
             "worker": self.worker,
             "budget": list(self.budget.key),
-            **({"max_tokens_lowered": self.budget.lowered[lowered_before:]}
-               if len(self.budget.lowered) > lowered_before else {}),
+            **(
+                {"max_tokens_lowered": self.budget.lowered[lowered_before:]}
+                if len(self.budget.lowered) > lowered_before
+                else {}
+            ),
         }
 
     def close(self) -> None:
@@ -166,8 +187,10 @@ def check_strategy(job: JobConfig, runner) -> None:
     if job.batching.strategy == "packed" and job.model.task != "generate":
         reason = supports_packing(runner.model)
         if reason:
-            raise ConfigError(f"batching.strategy: packed does not work with this model: {reason}",
-                              "set batching.strategy: padded (or auto)")
+            raise ConfigError(
+                f"batching.strategy: packed does not work with this model: {reason}",
+                "set batching.strategy: padded (or auto)",
+            )
 
 
 def unreadable(job: JobConfig, shard: Shard, chunk: Chunk, exc: BaseException) -> RowBlock:
@@ -179,8 +202,9 @@ def unreadable(job: JobConfig, shard: Shard, chunk: Chunk, exc: BaseException) -
     return RowBlock(table, {offset: ("bad_shard", message) for offset in range(chunk.rows)})
 
 
-def result_table(job: JobConfig, loaded: Loaded, rows: np.ndarray, task_columns: dict,
-                 truncated: np.ndarray) -> pa.Table:
+def result_table(
+    job: JobConfig, loaded: Loaded, rows: np.ndarray, task_columns: dict, truncated: np.ndarray
+) -> pa.Table:
     take = pa.array(rows, pa.int64())
     columns = {
         "source": pa.repeat(pa.scalar(loaded.shard.name), len(rows)),

@@ -22,23 +22,55 @@ class TaskSpec:
     pairs: bool = False  # rows are (text, text_pair)
 
 
-TASKS = {spec.name: spec for spec in (
-    TaskSpec("embed", "one embedding vector per row", ("embedding", "truncated"), "AutoModel"),
-    TaskSpec("classify", "label, label_id and score per row", ("label", "label_id", "score", "scores", "truncated"),
-             "AutoModelForSequenceClassification", ("ForSequenceClassification",), "a sequence-classification head",
-             "use a model fine-tuned for classification, or set model.task: embed"),
-    TaskSpec("score", "a relevance score per (text, text_pair): cross-encoders, rerankers", ("score", "scores", "truncated"),
-             "AutoModelForSequenceClassification", ("ForSequenceClassification",), "a sequence-classification head",
-             "use a cross-encoder (a sequence-classification model trained on pairs)", pairs=True),
-    TaskSpec("token-classify", "entities per row (NER, PII): label, score and character offsets",
-             ("entities", "truncated"), "AutoModelForTokenClassification", ("ForTokenClassification",),
-             "a token-classification head", "use a model fine-tuned for token classification (NER)"),
-    TaskSpec("zero-shot", "label, score and scores over model.labels, with an NLI model",
-             ("label", "score", "scores", "truncated"), "AutoModelForSequenceClassification",
-             ("ForSequenceClassification",), "a sequence-classification head",
-             "use an NLI model (labels entailment, neutral, contradiction)"),
-    TaskSpec("generate", "a completion per row (settings under generation)",
-             ("text", "finish_reason", "prompt_tokens", "completion_tokens", "truncated"), "AutoModelForCausalLM",
-             ("ForCausalLM", "LMHeadModel"), "a causal language model",
-             "use a model saved from an AutoModelForCausalLM (Llama, GPT-2, Qwen, ...)"),
-)}
+TASKS = {
+    spec.name: spec
+    for spec in (
+        TaskSpec("embed", "one embedding vector per row", ("embedding", "truncated"), "AutoModel"),
+        TaskSpec(
+            "classify",
+            "label, label_id and score per row",
+            ("label", "label_id", "score", "scores", "truncated"),
+            "AutoModelForSequenceClassification",
+            ("ForSequenceClassification",),
+            "a sequence-classification head",
+            "use a model fine-tuned for classification, or set model.task: embed",
+        ),
+        TaskSpec(
+            "score",
+            "a relevance score per (text, text_pair): cross-encoders, rerankers",
+            ("score", "scores", "truncated"),
+            "AutoModelForSequenceClassification",
+            ("ForSequenceClassification",),
+            "a sequence-classification head",
+            "use a cross-encoder (a sequence-classification model trained on pairs)",
+            pairs=True,
+        ),
+        TaskSpec(
+            "token-classify",
+            "entities per row (NER, PII): label, score and character offsets",
+            ("entities", "truncated"),
+            "AutoModelForTokenClassification",
+            ("ForTokenClassification",),
+            "a token-classification head",
+            "use a model fine-tuned for token classification (NER)",
+        ),
+        TaskSpec(
+            "zero-shot",
+            "label, score and scores over model.labels, with an NLI model",
+            ("label", "score", "scores", "truncated"),
+            "AutoModelForSequenceClassification",
+            ("ForSequenceClassification",),
+            "a sequence-classification head",
+            "use an NLI model (labels entailment, neutral, contradiction)",
+        ),
+        TaskSpec(
+            "generate",
+            "a completion per row (settings under generation)",
+            ("text", "finish_reason", "prompt_tokens", "completion_tokens", "truncated"),
+            "AutoModelForCausalLM",
+            ("ForCausalLM", "LMHeadModel"),
+            "a causal language model",
+            "use a model saved from an AutoModelForCausalLM (Llama, GPT-2, Qwen, ...)",
+        ),
+    )
+}

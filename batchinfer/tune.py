@@ -56,13 +56,22 @@ def gpu_budget(bytes_per_token: float, free_bytes: int) -> int:
 RunBatches = Callable[[list[np.ndarray], str], float]
 
 
-def probe(lengths: np.ndarray, run: RunBatches, max_tokens: int | str, strategy: str, max_rows: int,
-          device: torch.device, packable: bool) -> tuple[Tuning, np.ndarray]:
+def probe(
+    lengths: np.ndarray,
+    run: RunBatches,
+    max_tokens: int | str,
+    strategy: str,
+    max_rows: int,
+    device: torch.device,
+    packable: bool,
+) -> tuple[Tuning, np.ndarray]:
     """Settle `auto` in max_tokens and strategy on the first chunk's rows (their token `lengths`).
 
     Each candidate runs its own random slice of about SAMPLE_TOKENS tokens, whose results are kept,
     so every row still runs exactly once. Returns the choice and the positions not yet run."""
-    strategies = ["padded", "packed"] if strategy == "auto" and packable else [strategy if strategy != "auto" else "padded"]
+    strategies = (
+        ["padded", "packed"] if strategy == "auto" and packable else [strategy if strategy != "auto" else "padded"]
+    )
     left = np.random.default_rng(0).permutation(len(lengths))
     rates: dict[str, float] = {}
     # A small first chunk (a short shard) still gets a slice per candidate, each a little noisier.

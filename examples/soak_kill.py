@@ -40,9 +40,12 @@ def main() -> None:
 
     work = Path(args.work or tempfile.mkdtemp(prefix="batchinfer-soak-"))
     data = write_shards(build_mix(Path(args.shared), args.rows), work / "data")
-    job = {"input": {"path": str(data), "text": "text", "id": "id", "keep": ["set"]},
-           "model": {"path": args.model, "task": "embed", "max_length": 256},
-           "batching": {"chunk_rows": 1000}, "output": {"path": str(work / "reference")}}
+    job = {
+        "input": {"path": str(data), "text": "text", "id": "id", "keep": ["set"]},
+        "model": {"path": args.model, "task": "embed", "max_length": 256},
+        "batching": {"chunk_rows": 1000},
+        "output": {"path": str(work / "reference")},
+    }
     (work / "job.yaml").write_text(yaml.safe_dump(job))
     command = [sys.executable, "-m", "batchinfer", "run", str(work / "job.yaml"), "-q"]
 
@@ -72,10 +75,17 @@ def main() -> None:
     resumed = ds.dataset(str(work / "soak"), format="parquet").to_table().sort_by([("id", "ascending")])
     ids_equal = reference.column("id").to_pylist() == resumed.column("id").to_pylist()
     duplicates = resumed.num_rows - len(set(resumed.column("id").to_pylist()))
-    diff = np.abs(np.array(reference.column("embedding").to_pylist()) -
-                  np.array(resumed.column("embedding").to_pylist())).max() if ids_equal else float("nan")
-    print(f"rows: reference {reference.num_rows:,}, after {args.kills} kills {resumed.num_rows:,}; "
-          f"duplicates {duplicates}; ids equal {ids_equal}; max |embedding difference| {diff:.2e}")
+    diff = (
+        np.abs(
+            np.array(reference.column("embedding").to_pylist()) - np.array(resumed.column("embedding").to_pylist())
+        ).max()
+        if ids_equal
+        else float("nan")
+    )
+    print(
+        f"rows: reference {reference.num_rows:,}, after {args.kills} kills {resumed.num_rows:,}; "
+        f"duplicates {duplicates}; ids equal {ids_equal}; max |embedding difference| {diff:.2e}"
+    )
     ok = ids_equal and duplicates == 0 and diff == 0
     print("PASS" if ok else "FAIL")
     sys.exit(0 if ok else 1)

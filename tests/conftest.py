@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -30,8 +30,15 @@ def _tiny_bert(cls, **extra):
     from transformers import BertConfig
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=512, **extra)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        **extra,
+    )
     return cls(config).eval()
 
 
@@ -44,17 +51,25 @@ def _save(model, folder: Path) -> Path:
 
 
 def _sentence_transformers_config(folder: Path, pooling: str, normalize: bool) -> None:
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
     if normalize:
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
         (folder / "2_Normalize").mkdir()
     (folder / "modules.json").write_text(json.dumps(modules))
     (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": 32, "pooling_mode_cls_token": pooling == "cls",
-        "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_lasttoken": pooling == "lasttoken",
-    }))
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": 32,
+                "pooling_mode_cls_token": pooling == "cls",
+                "pooling_mode_mean_tokens": pooling == "mean",
+                "pooling_mode_lasttoken": pooling == "lasttoken",
+            }
+        )
+    )
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
 
 
@@ -88,8 +103,9 @@ def tiny_classify(tmp_path_factory) -> Path:
     from transformers import BertForSequenceClassification
 
     labels = {0: "negative", 1: "neutral", 2: "positive"}
-    model = _tiny_bert(BertForSequenceClassification, num_labels=3, id2label=labels,
-                       label2id={v: k for k, v in labels.items()})
+    model = _tiny_bert(
+        BertForSequenceClassification, num_labels=3, id2label=labels, label2id={v: k for k, v in labels.items()}
+    )
     return _save(model, tmp_path_factory.mktemp("tiny-classify"))
 
 
@@ -107,8 +123,13 @@ def tiny_ner(tmp_path_factory) -> Path:
     from transformers import BertForTokenClassification
 
     labels = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
-    model = _tiny_bert(BertForTokenClassification, num_labels=len(labels), id2label=dict(enumerate(labels)),
-                       label2id={name: i for i, name in enumerate(labels)}, initializer_range=0.5)
+    model = _tiny_bert(
+        BertForTokenClassification,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={name: i for i, name in enumerate(labels)},
+        initializer_range=0.5,
+    )
     return _save(model, tmp_path_factory.mktemp("tiny-ner"))
 
 
@@ -117,8 +138,13 @@ def tiny_nli(tmp_path_factory) -> Path:
     from transformers import BertForSequenceClassification
 
     labels = ["contradiction", "neutral", "entailment"]
-    model = _tiny_bert(BertForSequenceClassification, num_labels=3, id2label=dict(enumerate(labels)),
-                       label2id={name: i for i, name in enumerate(labels)}, initializer_range=0.5)
+    model = _tiny_bert(
+        BertForSequenceClassification,
+        num_labels=3,
+        id2label=dict(enumerate(labels)),
+        label2id={name: i for i, name in enumerate(labels)},
+        initializer_range=0.5,
+    )
     return _save(model, tmp_path_factory.mktemp("tiny-nli"))
 
 
@@ -136,52 +162,6 @@ def sms_parquet(tmp_path, sms_table) -> Path:
     for k in range(3):
         pq.write_table(sms_table.slice(k * 200, 200), folder / f"part-{k}.parquet", row_group_size=64)
     return folder
-
-
-class Crash(BaseException):  # not an Exception: nothing may catch it, as nothing catches a kill
-    pass
-
-
-class CrashAfterChunks:
-    """A progress display that dies once `chunks` chunks are committed, as a killed process would."""
-
-    def __init__(self, chunks: int):
-        self.left = chunks
-
-    def start(self, total_rows, done_rows):
-        pass
-
-    def advance(self, rows, tokens):  # called once a chunk is committed
-        self.left -= 1
-        if self.left == 0:
-            raise Crash()
-
-    def log(self, message):
-        pass
-
-
-def done_chunks(out: Path) -> int:
-    """Chunks (and retry passes) an output folder has committed: its completion markers."""
-    return len(list((out / "_done").glob("*.json"))) if (out / "_done").exists() else 0
-
-
-def job_record(out: Path) -> dict:
-    """The output folder's job file: id, fingerprint, batching chosen by a probe."""
-    return json.loads((out / "_batchinfer.json").read_text())
-
-
-def leftover_tmp(out: Path, name: str) -> Path:
-    """Where a kill in the middle of writing `name` leaves its temporary file."""
-    return out / f".tmp-{job_record(out)['job_id'][:12]}-{name}"
-
-
-def write_job(tmp_path: Path, **sections) -> Path:
-    """A job file from nested dicts; returns its path."""
-    import yaml
-
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(sections))
-    return path
 
 
 def _tiny_causal(kind: str, folder: Path, texts: list[str]) -> Path:
@@ -219,8 +199,9 @@ def s3_server():
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    iam = boto3.client("iam", endpoint_url=endpoint, aws_access_key_id="setup", aws_secret_access_key="setup",
-                       region_name="us-east-1")
+    iam = boto3.client(
+        "iam", endpoint_url=endpoint, aws_access_key_id="setup", aws_secret_access_key="setup", region_name="us-east-1"
+    )
     iam.create_user(UserName="batchinfer-tests")
     policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
     iam.put_user_policy(UserName="batchinfer-tests", PolicyName="s3", PolicyDocument=json.dumps(policy))
@@ -239,8 +220,14 @@ def s3(s3_server, monkeypatch, request):
     import boto3
 
     endpoint, key_id, secret = s3_server
-    for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret,
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+    for name, value in {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": key_id,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
         monkeypatch.setenv(name, value)
     client = boto3.client("s3")
     bucket = "t-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-") + f"-{len(_BUCKETS)}"

@@ -4,18 +4,22 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
+from helpers import write_job
 
 import batchinfer
 from batchinfer.cli import app
-from conftest import write_job
 
 
 def test_run_equals_the_cli(tmp_path, sms_parquet, tiny_embed):
     from typer.testing import CliRunner
 
-    job = write_job(tmp_path, input={"path": str(sms_parquet), "text": "text", "id": "sms_id"},
-                    model={"path": str(tiny_embed), "task": "embed", "max_length": 64},
-                    batching={"max_tokens": 4096, "strategy": "padded"}, output={"path": str(tmp_path / "cli")})
+    job = write_job(
+        tmp_path,
+        input={"path": str(sms_parquet), "text": "text", "id": "sms_id"},
+        model={"path": str(tiny_embed), "task": "embed", "max_length": 64},
+        batching={"max_tokens": 4096, "strategy": "padded"},
+        output={"path": str(tmp_path / "cli")},
+    )
     assert CliRunner().invoke(app, ["run", str(job), "-q"]).exit_code == 0
     report = batchinfer.run(job, output__path=str(tmp_path / "api"))
     assert report["complete"] and report["rows"] == 600

@@ -44,11 +44,13 @@ SHARD_KINDS = {
 
 
 def _job(folder: Path, out: Path, model: Path, **input_extra):
-    return validate_job({
-        "input": {"path": str(folder), "text": "text", "id": "id", **input_extra},
-        "model": {"path": str(model), "task": "embed", "max_length": 64, "truncation": "error"},
-        "output": {"path": str(out)},
-    })
+    return validate_job(
+        {
+            "input": {"path": str(folder), "text": "text", "id": "id", **input_extra},
+            "model": {"path": str(model), "task": "embed", "max_length": 64, "truncation": "error"},
+            "output": {"path": str(out)},
+        }
+    )
 
 
 def _count_errors(out: Path) -> dict:

@@ -10,18 +10,22 @@ import time
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
+from helpers import done_chunks, write_job
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
-from conftest import done_chunks, write_job
 
 runner = CliRunner()
 
 
 def _job(tmp_path, data, model, **output):
-    return write_job(tmp_path, input={"path": str(data), "text": "text", "id": "sms_id"},
-                     model={"path": str(model), "task": "embed", "max_length": 64},
-                     batching={"chunk_rows": 100}, output={"path": str(tmp_path / "out"), **output})
+    return write_job(
+        tmp_path,
+        input={"path": str(data), "text": "text", "id": "sms_id"},
+        model={"path": str(model), "task": "embed", "max_length": 64},
+        batching={"chunk_rows": 100},
+        output={"path": str(tmp_path / "out"), **output},
+    )
 
 
 def test_run_validate_status(tmp_path, sms_parquet, tiny_embed):
@@ -109,7 +113,9 @@ def test_status_changes_nothing_and_explains_a_damaged_report(tmp_path, sms_parq
     (out / "_report.json").write_text('{"rows": 6')  # damaged
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()}
     result = runner.invoke(app, ["status", str(out)])
-    assert result.exit_code == 0 and "6/6 done (complete)" in result.output and "_report.json is damaged" in result.output
+    assert (
+        result.exit_code == 0 and "6/6 done (complete)" in result.output and "_report.json is damaged" in result.output
+    )
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == before
     (out / "_batchinfer.json").write_text("{")
     result = runner.invoke(app, ["status", str(out)])
@@ -147,8 +153,9 @@ def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_p
 
 def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet, tiny_embed):
     job = _job(tmp_path, sms_parquet, tiny_embed)
-    result = subprocess.run([sys.executable, "-m", "batchinfer", "run", str(job), "--every", "0"],
-                            capture_output=True, text=True)  # stderr is a pipe, as under nohup or cron
+    result = subprocess.run(
+        [sys.executable, "-m", "batchinfer", "run", str(job), "--every", "0"], capture_output=True, text=True
+    )  # stderr is a pipe, as under nohup or cron
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if " rows/s, " in line and " left" in line]
     assert len(lines) >= 6 and lines[-1].split(" ", 2)[2].startswith("600/600 rows (100.0%)")
@@ -167,12 +174,18 @@ def test_plan_says_what_a_job_will_do_and_writes_nothing(tmp_path, sms_parquet, 
     result = runner.invoke(app, ["plan", str(job), "--sample", "120"])
     assert result.exit_code == 0, result.output
     assert "3 shard(s), 600 rows, 6 chunk(s) of 100 rows" in result.output
-    assert "tokens   about" in result.output and "padding efficiency" in result.output and "time     about" in result.output
+    assert (
+        "tokens   about" in result.output
+        and "padding efficiency" in result.output
+        and "time     about" in result.output
+    )
     assert "output" in result.output and "a new folder" in result.output
     assert not (tmp_path / "out").exists()
 
 
-def test_validate_reads_the_head_and_the_output_folder_and_a_failed_run_leaves_no_trap(tmp_path, sms_parquet, tiny_embed):
+def test_validate_reads_the_head_and_the_output_folder_and_a_failed_run_leaves_no_trap(
+    tmp_path, sms_parquet, tiny_embed
+):
     job = _job(tmp_path, sms_parquet, tiny_embed)
     result = runner.invoke(app, ["validate", str(job), "--set", "model.task=classify"])
     assert result.exit_code == 1 and "needs a sequence-classification head" in result.output

@@ -59,8 +59,10 @@ def test_wrong_type_and_bad_value():
     message = _error({**GOOD, "batching": {"max_tokens": "lots"}, "model": {"path": "m", "task": "embedd"}})
     assert "batching.max_tokens: write a whole number of tokens such as 8192, or auto (got 'lots')" in message
     assert message.count("batching.max_tokens") == 1
-    assert ("model.task: Input should be 'embed', 'classify', 'score', 'token-classify', 'zero-shot' or 'generate' "
-            "(got 'embedd')") in message
+    assert (
+        "model.task: Input should be 'embed', 'classify', 'score', 'token-classify', 'zero-shot' or 'generate' "
+        "(got 'embedd')"
+    ) in message
 
 
 def test_missing_key_says_what_to_write():
@@ -73,7 +75,9 @@ def test_missing_key_says_what_to_write():
 def test_bad_device_and_limits():
     assert "model.device: Value error" not in _error({**GOOD, "model": {**GOOD["model"], "device": "gpu"}})
     assert "write auto, cpu, cuda or cuda:N" in _error({**GOOD, "model": {**GOOD["model"], "device": "gpu"}})
-    assert "batching.max_rows: Input should be greater than or equal to 1" in _error({**GOOD, "batching": {"max_rows": 0}})
+    assert "batching.max_rows: Input should be greater than or equal to 1" in _error(
+        {**GOOD, "batching": {"max_rows": 0}}
+    )
 
 
 def test_keep_column_clashing_with_output_is_refused():
@@ -89,7 +93,9 @@ def test_templates():
     assert template_fields("{{literal}} {x}") == ["x"]
     assert "does not parse" in _error({**GOOD, "input": {"path": "d", "text": "{title"}})
     assert "names no column" in _error({**GOOD, "input": {"path": "d", "text": "{{just braces}}"}})
-    assert JobConfig.model_validate({**GOOD, "input": {"path": "d", "text": "{a}: {b}", "keep": ["a"]}}).input.columns == ["a", "b"]
+    assert JobConfig.model_validate(
+        {**GOOD, "input": {"path": "d", "text": "{a}: {b}", "keep": ["a"]}}
+    ).input.columns == ["a", "b"]
 
 
 def test_set_overrides_parse_yaml_values(tmp_path):

@@ -8,37 +8,24 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers import generate_alone as _alone
+from helpers import prompt_table as _prompts
 
 from batchinfer.config import validate_job
 from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
 
 
-def _prompts(sms_table, n=24):
-    texts = sms_table.column("text").to_pylist()[:n]
-    return pa.table({"id": [f"p{i}" for i in range(n)], "text": texts,
-                     "budget": [4 + (i * 7) % 20 if i % 3 else None for i in range(n)]})
-
-
 def _job(data, model, out, engine="transformers", **generation):
-    return validate_job({
-        "input": {"path": str(data), "text": "text", "id": "id"},
-        "model": {"path": str(model), "task": "generate", "max_length": 128},
-        "batching": {"max_rows": 8},
-        "generation": {"engine": engine, "max_new_tokens": 16, "max_new_tokens_column": "budget", **generation},
-        "output": {"path": str(out)},
-    })
-
-
-def _alone(model_path, prompt_ids: list[int], max_new: int) -> list[int]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
-    out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-                         max_new_tokens=max_new, do_sample=False)
-    tokens = out[0, len(prompt_ids):].tolist()
-    eos = model.generation_config.eos_token_id
-    return tokens[: tokens.index(eos)] if eos in tokens else tokens
+    return validate_job(
+        {
+            "input": {"path": str(data), "text": "text", "id": "id"},
+            "model": {"path": str(model), "task": "generate", "max_length": 128},
+            "batching": {"max_rows": 8},
+            "generation": {"engine": engine, "max_new_tokens": 16, "max_new_tokens_column": "budget", **generation},
+            "output": {"path": str(out)},
+        }
+    )
 
 
 @pytest.mark.parametrize("engine", ["transformers", "static"])
@@ -68,14 +55,22 @@ def test_greedy_equals_model_generate_row_by_row(sms_table, tmp_path, request, e
 def test_chat_messages_use_the_chat_template(tmp_path, tiny_llama):
     from transformers import AutoTokenizer
 
-    messages = [[{"role": "user", "content": "Free entry in 2 a wkly comp?"}],
-                [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ok lar"}],
-                None, "not a list"]
+    messages = [
+        [{"role": "user", "content": "Free entry in 2 a wkly comp?"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ok lar"}],
+        None,
+        "not a list",
+    ]
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps({"id": i, "messages": m}) + "\n" for i, m in enumerate(messages)))
-    job = validate_job({"input": {"path": str(path), "messages": "messages", "id": "id"},
-                        "model": {"path": str(tiny_llama), "task": "generate"},
-                        "generation": {"max_new_tokens": 8}, "output": {"path": str(tmp_path / "out")}})
+    job = validate_job(
+        {
+            "input": {"path": str(path), "messages": "messages", "id": "id"},
+            "model": {"path": str(tiny_llama), "task": "generate"},
+            "generation": {"max_new_tokens": 8},
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
     report = run_job(job)
     assert report["errors_by_reason"] == {"null_text": 1, "not_text": 1}
     rows = ds.dataset(str(tmp_path / "out"), format="parquet").to_table().to_pylist()
@@ -116,8 +111,14 @@ def test_generate_errors_are_clear(tmp_path, tiny_embed, tiny_llama, sms_table):
     with pytest.raises(ModelError, match="needs vLLM|needs a CUDA GPU"):
         run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "out2", engine="vllm"))
     with pytest.raises(ConfigError, match="generation: only for model.task: generate"):
-        validate_job({"input": {"path": "x", "text": "t"}, "model": {"path": "m", "task": "embed"},
-                      "generation": {"max_new_tokens": 3}, "output": {"path": "o"}})
+        validate_job(
+            {
+                "input": {"path": "x", "text": "t"},
+                "model": {"path": "m", "task": "embed"},
+                "generation": {"max_new_tokens": 3},
+                "output": {"path": "o"},
+            }
+        )
     with pytest.raises(ModelError, match="engine_options"):
         run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "out3", engine_options={"no_such_option": 1}))
 
@@ -145,13 +146,21 @@ def test_ctrl_c_stops_generation_within_seconds_and_keeps_finished_chunks(tmp_pa
     import yaml
 
     pq.write_table(pa.table({"text": sms_table.column("text").to_pylist()[:2000]}), tmp_path / "prompts.parquet")
-    job = {"input": {"path": str(tmp_path / "prompts.parquet"), "text": "text"},
-           "model": {"path": str(tiny_llama), "task": "generate", "max_length": 64},
-           "batching": {"chunk_rows": 32}, "generation": {"max_new_tokens": 64}, "output": {"path": str(tmp_path / "out")}}
+    job = {
+        "input": {"path": str(tmp_path / "prompts.parquet"), "text": "text"},
+        "model": {"path": str(tiny_llama), "task": "generate", "max_length": 64},
+        "batching": {"chunk_rows": 32},
+        "generation": {"max_new_tokens": 64},
+        "output": {"path": str(tmp_path / "out")},
+    }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    proc = subprocess.Popen([sys.executable, "-m", "batchinfer", "run", str(tmp_path / "job.yaml"), "--progress", "lines"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batchinfer", "run", str(tmp_path / "job.yaml"), "--progress", "lines"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not list((tmp_path / "out" / "_done").glob("*.json")):
         time.sleep(0.05)

@@ -21,9 +21,11 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import EXAMPLES, write_job
-from test_generate import _prompts
-from test_run import _job, _read, _vectors
+from helpers import EXAMPLES, write_job
+from helpers import prompt_table as _prompts
+from helpers import read_output as _read
+from helpers import sms_job as _job
+from helpers import vectors as _vectors
 
 import batchinfer.packing
 from batchinfer.config import load_job, validate_job
@@ -70,10 +72,12 @@ def base_cls(tmp_path_factory, minilm_path):
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
-    config = BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-                        num_labels=4)
-    return _save_with_tokenizer(BertForSequenceClassification(config).eval(), tmp_path_factory.mktemp("base-cls"),
-                                minilm_path)
+    config = BertConfig(
+        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, num_labels=4
+    )
+    return _save_with_tokenizer(
+        BertForSequenceClassification(config).eval(), tmp_path_factory.mktemp("base-cls"), minilm_path
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,16 +93,27 @@ def long_rows(tmp_path_factory, sms_table):
 
 
 def _long_job(data, model, out, task="embed", **extra):
-    return _cuda_job(data, model, out, task, model__max_length=512, batching__chunk_rows=LONG_ROWS,
-                     batching__max_rows=LONG_ROWS, **extra)
+    return _cuda_job(
+        data,
+        model,
+        out,
+        task,
+        model__max_length=512,
+        batching__chunk_rows=LONG_ROWS,
+        batching__max_rows=LONG_ROWS,
+        **extra,
+    )
 
 
 def test_bf16_agrees_with_fp32(sms_parquet, minilm_path, minilm_cls, tmp_path):
     assert pick_dtype("auto", CUDA) == (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
     for dtype in ("auto", "float32"):
         run_job(_cuda_job(sms_parquet, minilm_path, tmp_path / f"embed-{dtype}", model__dtype=dtype))
-        run_job(_cuda_job(sms_parquet, minilm_cls, tmp_path / f"cls-{dtype}", "classify", model__dtype=dtype,
-                          output__scores=True))
+        run_job(
+            _cuda_job(
+                sms_parquet, minilm_cls, tmp_path / f"cls-{dtype}", "classify", model__dtype=dtype, output__scores=True
+            )
+        )
     low, full = (_vectors(_read(tmp_path / f"embed-{d}"), "embedding") for d in ("auto", "float32"))
     cosine = _cosine(low, full)
     print(f"bf16 vs fp32 embeddings: cosine mean {cosine.mean():.6f}, min {cosine.min():.6f}")
@@ -115,8 +130,11 @@ def test_budget_probe_picks_a_budget_that_runs_without_oom(long_rows, base_cls, 
     free_before = torch.cuda.mem_get_info(CUDA)[0]
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    report = run_job(_long_job(long_rows, base_cls, tmp_path / "out", "classify", batching__max_tokens="auto",
-                               batching__strategy="auto"))
+    report = run_job(
+        _long_job(
+            long_rows, base_cls, tmp_path / "out", "classify", batching__max_tokens="auto", batching__strategy="auto"
+        )
+    )
     peak = torch.cuda.max_memory_allocated() - before
     batching = report["batching"]
     print(f"probe: {batching}; peak {peak / 2**30:.1f} GiB of {free_before / 2**30:.1f} GiB free")
@@ -136,8 +154,9 @@ def test_a_real_cuda_out_of_memory_is_split_and_retried(long_rows, minilm_path, 
     limit = torch.cuda.memory_allocated() + (1 << 30)
     torch.cuda.set_per_process_memory_fraction(limit / torch.cuda.get_device_properties(CUDA).total_memory)
     try:
-        report = run_job(_long_job(long_rows, minilm_path, tmp_path / "oom", model__dtype="float32",
-                                   batching__max_tokens=1 << 21))  # a whole 2M-token chunk in one batch
+        report = run_job(
+            _long_job(long_rows, minilm_path, tmp_path / "oom", model__dtype="float32", batching__max_tokens=1 << 21)
+        )  # a whole 2M-token chunk in one batch
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         torch.cuda.empty_cache()
@@ -167,15 +186,24 @@ def test_packed_equals_padded_on_cuda(sms_parquet, minilm_path, tmp_path, monkey
     for dtype in ("float32", "bfloat16"):
         for strategy in ("padded", "packed"):
             calls.clear()
-            report = run_job(_cuda_job(sms_parquet, minilm_path, tmp_path / f"{dtype}-{strategy}", model__dtype=dtype,
-                                       batching__strategy=strategy))
+            report = run_job(
+                _cuda_job(
+                    sms_parquet,
+                    minilm_path,
+                    tmp_path / f"{dtype}-{strategy}",
+                    model__dtype=dtype,
+                    batching__strategy=strategy,
+                )
+            )
             assert report["rows_ok"] == 600
             out[dtype, strategy] = _vectors(_read(tmp_path / f"{dtype}-{strategy}"), "embedding")
             assert bool(calls) == (kernel is not None and flash_gpu and dtype == "bfloat16" and strategy == "packed")
     assert np.abs(out["float32", "packed"] - out["float32", "padded"]).max() < 1e-5
     packed, padded, full = out["bfloat16", "packed"], out["bfloat16", "padded"], out["float32", "padded"]
-    print(f"bf16 packed vs padded: max abs {np.abs(packed - padded).max():.2e}, "
-          f"cosine min {_cosine(packed, padded).min():.6f}")
+    print(
+        f"bf16 packed vs padded: max abs {np.abs(packed - padded).max():.2e}, "
+        f"cosine min {_cosine(packed, padded).min():.6f}"
+    )
     assert (1 - _cosine(packed, padded)).max() < 1e-3
     assert np.abs(packed - full).max() <= 2 * np.abs(padded - full).max() + 1e-4
 
@@ -194,10 +222,13 @@ def test_kill_9_then_resume_on_cuda(tmp_path, minilm_path):
     """All 5,574 SMS messages in chunks of 200, killed twice mid-run; the same command then finishes
     with every id once and embeddings bit-equal to an uninterrupted run (batching pinned)."""
     out = tmp_path / "out"
-    job = write_job(tmp_path, input={"path": str(EXAMPLES / "sms_spam"), "text": "text", "id": "sms_id"},
-                    model={"path": str(minilm_path), "task": "embed", "device": "cuda", "max_length": 128},
-                    batching={"chunk_rows": 200, "max_rows": 4, "max_tokens": 16384, "strategy": "padded"},
-                    output={"path": str(out)})
+    job = write_job(
+        tmp_path,
+        input={"path": str(EXAMPLES / "sms_spam"), "text": "text", "id": "sms_id"},
+        model={"path": str(minilm_path), "task": "embed", "device": "cuda", "max_length": 128},
+        batching={"chunk_rows": 200, "max_rows": 4, "max_tokens": 16384, "strategy": "padded"},
+        output={"path": str(out)},
+    )
     run_job(load_job(job, [f"output.path={tmp_path / 'reference'}"]))
     command = [sys.executable, "-m", "batchinfer", "run", str(job), "-q"]
     rng = random.Random(16)
@@ -226,13 +257,23 @@ def test_greedy_generation_equals_model_generate_on_cuda(sms_table, tiny_llama, 
 
     table = _prompts(sms_table)
     pq.write_table(table, tmp_path / "prompts.parquet")
-    report = run_job(validate_job({
-        "input": {"path": str(tmp_path / "prompts.parquet"), "text": "text", "id": "id"},
-        "model": {"path": str(tiny_llama), "task": "generate", "max_length": 128, "device": "cuda", "dtype": "float32"},
-        "batching": {"max_rows": 8},
-        "generation": {"engine": engine, "max_new_tokens": 16, "max_new_tokens_column": "budget"},
-        "output": {"path": str(tmp_path / "out")},
-    }))
+    report = run_job(
+        validate_job(
+            {
+                "input": {"path": str(tmp_path / "prompts.parquet"), "text": "text", "id": "id"},
+                "model": {
+                    "path": str(tiny_llama),
+                    "task": "generate",
+                    "max_length": 128,
+                    "device": "cuda",
+                    "dtype": "float32",
+                },
+                "batching": {"max_rows": 8},
+                "generation": {"engine": engine, "max_new_tokens": 16, "max_new_tokens_column": "budget"},
+                "output": {"path": str(tmp_path / "out")},
+            }
+        )
+    )
     assert report["rows_ok"] == table.num_rows and report["device"].startswith("cuda")
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
     model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).to(CUDA).eval()
@@ -242,7 +283,8 @@ def test_greedy_generation_equals_model_generate_on_cuda(sms_table, tiny_llama, 
         prompt = tokenizer(table.column("text")[i].as_py())["input_ids"]
         limit = table.column("budget")[i].as_py() or 16
         ids = torch.tensor([prompt], device=CUDA)
-        generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=limit,
-                                   do_sample=False)[0, len(prompt):].tolist()
+        generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=limit, do_sample=False)[
+            0, len(prompt) :
+        ].tolist()
         expected = generated[: generated.index(eos)] if eos in generated else generated
         assert row["text"] == tokenizer.decode(expected, skip_special_tokens=True), f"row {i}"

@@ -11,10 +11,11 @@ import time
 import numpy as np
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+import pytest
+from helpers import done_chunks, write_job
 
 from batchinfer.config import load_job
 from batchinfer.driver import run_job
-from conftest import done_chunks, write_job
 
 KILLS = 5
 
@@ -34,28 +35,49 @@ def _visible_files_are_whole(out):
         json.loads(marker.read_text())
 
 
-def test_kill_9_at_random_points_then_resume(tmp_path, sms_parquet, tiny_embed):
-    job = write_job(tmp_path, input={"path": str(sms_parquet), "text": "text", "id": "sms_id"},
-                    model={"path": str(tiny_embed), "task": "embed", "max_length": 64},
-                    batching={"chunk_rows": 40, "max_rows": 2, "max_tokens": 16384, "strategy": "padded"}, output={"path": str(tmp_path / "out")})
+def _kill_and_resume(tmp_path, sms_parquet, tiny_embed, kills: int, chunk_rows: int, seed: int) -> None:
+    job = write_job(
+        tmp_path,
+        input={"path": str(sms_parquet), "text": "text", "id": "sms_id"},
+        model={"path": str(tiny_embed), "task": "embed", "max_length": 64},
+        batching={"chunk_rows": chunk_rows, "max_rows": 2, "max_tokens": 16384, "strategy": "padded"},
+        output={"path": str(tmp_path / "out")},
+    )
     reference = load_job(job, [f"output.path={tmp_path / 'reference'}"])
     run_job(reference)
-    rng = random.Random(20261129)
+    total = -(-200 // chunk_rows) * 3  # three shards of 200 rows
+    rng = random.Random(seed)
     command = [sys.executable, "-m", "batchinfer", "run", str(job), "-q"]
-    for _ in range(KILLS):
+    landed = []
+    for _ in range(kills):
         done = done_chunks(tmp_path / "out")
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_for_chunks(tmp_path / "out", done + rng.randint(0, 2), proc)
         time.sleep(rng.uniform(0, 0.05))  # somewhere inside a chunk: mid-batch, mid-write or mid-commit
+        running = proc.poll() is None
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        landed.append(running and done_chunks(tmp_path / "out") < total)
         _visible_files_are_whole(tmp_path / "out")
-        assert not (tmp_path / "out" / "_SUCCESS").exists() or proc.returncode == 0
+        assert not (tmp_path / "out" / "_SUCCESS").exists()
+    assert landed == [True] * kills  # every kill hit a run in progress, with chunks still to do
+    assert 0 < done_chunks(tmp_path / "out") < total
     finished = subprocess.run(command, capture_output=True, text=True)
     assert finished.returncode == 0, finished.stderr
     resumed = ds.dataset(str(tmp_path / "out"), format="parquet").to_table()
     whole = ds.dataset(str(tmp_path / "reference"), format="parquet").to_table()
     assert resumed.column("sms_id").to_pylist() == whole.column("sms_id").to_pylist()  # same ids, order, no duplicate
-    assert np.array_equal(np.array(resumed.column("embedding").to_pylist()),
-                          np.array(whole.column("embedding").to_pylist()))
+    assert np.array_equal(
+        np.array(resumed.column("embedding").to_pylist()), np.array(whole.column("embedding").to_pylist())
+    )
     assert not list((tmp_path / "out").glob(".tmp-*")) and not (tmp_path / "out" / "_lock").exists()
+
+
+def test_kill_9_at_random_points_then_resume(tmp_path, sms_parquet, tiny_embed):
+    _kill_and_resume(tmp_path, sms_parquet, tiny_embed, kills=KILLS, chunk_rows=40, seed=20261129)
+
+
+@pytest.mark.slow
+def test_kill_9_soak(tmp_path, sms_parquet, tiny_embed):
+    """python -m pytest -m slow: twenty kills over smaller chunks."""
+    _kill_and_resume(tmp_path, sms_parquet, tiny_embed, kills=20, chunk_rows=10, seed=7)

@@ -38,15 +38,18 @@ def test_line_endings_bom_and_a_last_line_without_newline():
     assert isinstance(list(read_lines(io.BytesIO(b"x" * 11), 10))[0], Oversized)
 
 
-@pytest.mark.parametrize("line,reason", [
-    (b"[" * 100_000 + b"]" * 100_000, "bad_json"),  # would raise RecursionError inside json
-    (b'{"t": ' + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1) + b"}", "bad_json"),
-    (b'{"text": "caf\xe9"}', "bad_utf8"),
-    (b"[1, 2]", "bad_json"),
-    (b"", "bad_json"),
-    (b'{"text": "unterminated', "bad_json"),
-    (b"NaN", "bad_json"),
-])
+@pytest.mark.parametrize(
+    "line,reason",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "bad_json"),  # would raise RecursionError inside json
+        (b'{"t": ' + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1) + b"}", "bad_json"),
+        (b'{"text": "caf\xe9"}', "bad_utf8"),
+        (b"[1, 2]", "bad_json"),
+        (b"", "bad_json"),
+        (b'{"text": "unterminated', "bad_json"),
+        (b"NaN", "bad_json"),
+    ],
+)
 def test_hostile_lines_give_a_reason_not_an_exception(line, reason):
     record, problem = parse_object(line, 1 << 20)
     assert record is None and problem[0] == reason and problem[1]

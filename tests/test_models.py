@@ -32,7 +32,9 @@ def test_missing_and_incomplete_folders(tmp_path, tiny_embed):
     partial = tmp_path / "partial"
     shutil.copytree(tiny_embed, partial)
     (partial / "model.safetensors").unlink()
-    with pytest.raises(ModelError, match=r"missing \*.safetensors weights; it holds: 1_Pooling, 2_Normalize, config.json"):
+    with pytest.raises(
+        ModelError, match=r"missing \*.safetensors weights; it holds: 1_Pooling, 2_Normalize, config.json"
+    ):
         check_model_folder(partial)
 
 

@@ -5,13 +5,13 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import Crash
+from helpers import generate_alone as _alone
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
 from batchinfer.config import validate_job
 from batchinfer.driver import run_job
-from test_generate import _alone
-from conftest import Crash
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "openai" / "requests.jsonl"
 runner = CliRunner()
@@ -27,9 +27,17 @@ BAD_LINES = [
     '{"custom_id": "broken", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [',
     json.dumps({"custom_id": "wrong-url", "method": "POST", "url": "/v1/images", "body": {}}),
     json.dumps({"method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}}),
-    json.dumps({"custom_id": "bad-messages", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": "hi"}}),
-    json.dumps({"custom_id": "completion", "method": "POST", "url": "/v1/completions",
-                "body": {"model": "x", "prompt": "Free entry in 2 a wkly comp", "max_tokens": 5, "stop": "\n"}}),
+    json.dumps(
+        {"custom_id": "bad-messages", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": "hi"}}
+    ),
+    json.dumps(
+        {
+            "custom_id": "completion",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "x", "prompt": "Free entry in 2 a wkly comp", "max_tokens": 5, "stop": "\n"},
+        }
+    ),
 ]
 
 
@@ -37,8 +45,9 @@ def test_openai_batch_command_writes_openai_shaped_lines(tmp_path, tiny_llama):
     from transformers import AutoTokenizer
 
     requests = _requests(tmp_path, BAD_LINES)
-    result = runner.invoke(app, ["openai-batch", str(requests), "--model", str(tiny_llama), "-o",
-                                 str(tmp_path / "results.jsonl"), "-q"])
+    result = runner.invoke(
+        app, ["openai-batch", str(requests), "--model", str(tiny_llama), "-o", str(tmp_path / "results.jsonl"), "-q"]
+    )
     assert result.exit_code == 0, result.output
     assert "wrote 3 responses" in result.output and "4 failed requests" in result.output
     lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
@@ -64,17 +73,31 @@ def test_openai_batch_command_writes_openai_shaped_lines(tmp_path, tiny_llama):
     assert "\n" not in completion["choices"][0]["text"]
     errors = [json.loads(line) for line in (tmp_path / "results.errors.jsonl").read_text().splitlines()]
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
-        ("broken", "bad_json"), ("wrong-url", "bad_request"), (None, "bad_request"), ("bad-messages", "bad_request")]
+        ("broken", "bad_json"),
+        ("wrong-url", "bad_request"),
+        (None, "bad_request"),
+        ("bad-messages", "bad_request"),
+    ]
     assert all(e["response"] is None and e["error"]["message"] for e in errors)
 
 
 def test_embeddings_requests(tmp_path, tiny_embed):
-    lines = [json.dumps({"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
-                         "body": {"model": "text-embedding-3-small", "input": text}})
-             for i, text in enumerate(["Ok lar... Joking wif u oni...", "Free entry in 2 a wkly comp"])]
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"e{i}",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": "text-embedding-3-small", "input": text},
+            }
+        )
+        for i, text in enumerate(["Ok lar... Joking wif u oni...", "Free entry in 2 a wkly comp"])
+    ]
     path = tmp_path / "embed.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    result = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(tmp_path / "out.jsonl"), "-q"])
+    result = runner.invoke(
+        app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(tmp_path / "out.jsonl"), "-q"]
+    )
     assert result.exit_code == 0, result.output
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     body = out[0]["response"]["body"]
@@ -83,13 +106,27 @@ def test_embeddings_requests(tmp_path, tiny_embed):
 
 
 def test_resume_neither_repeats_nor_loses_a_custom_id(tmp_path, tiny_llama):
-    lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
-                         "body": {"model": "x", "prompt": f"message number {i}", "max_tokens": 4}}) for i in range(40)]
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"model": "x", "prompt": f"message number {i}", "max_tokens": 4},
+            }
+        )
+        for i in range(40)
+    ]
     path = tmp_path / "many.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    job = validate_job({"input": {"path": str(path), "format": "openai"},
-                        "model": {"path": str(tiny_llama), "task": "generate"},
-                        "batching": {"chunk_rows": 10}, "output": {"path": str(tmp_path / "out"), "format": "openai"}})
+    job = validate_job(
+        {
+            "input": {"path": str(path), "format": "openai"},
+            "model": {"path": str(tiny_llama), "task": "generate"},
+            "batching": {"chunk_rows": 10},
+            "output": {"path": str(tmp_path / "out"), "format": "openai"},
+        }
+    )
     calls = {"n": 0}
 
     def die_in_third_chunk(runner):
@@ -100,6 +137,7 @@ def test_resume_neither_repeats_nor_loses_a_custom_id(tmp_path, tiny_llama):
             if calls["n"] == 3:
                 raise Crash()
             return original(*args, **kwargs)
+
         runner.generate = generate
         return runner
 
@@ -116,36 +154,72 @@ def test_openai_config_errors(tmp_path):
     from batchinfer.errors import ConfigError
 
     with pytest.raises(ConfigError, match="text, messages and id come from the request lines"):
-        validate_job({"input": {"path": "x", "format": "openai", "text": "t"}, "model": {"path": "m", "task": "generate"},
-                      "output": {"path": "o"}})
+        validate_job(
+            {
+                "input": {"path": "x", "format": "openai", "text": "t"},
+                "model": {"path": "m", "task": "generate"},
+                "output": {"path": "o"},
+            }
+        )
     with pytest.raises(ConfigError, match="set input.format: openai"):
-        validate_job({"input": {"path": "x", "text": "t"}, "model": {"path": "m", "task": "generate"},
-                      "output": {"path": "o", "format": "openai"}})
-    result = runner.invoke(app, ["openai-batch", str(tmp_path / "none.jsonl"), "-m", "m", "-o", str(tmp_path / "o.jsonl")])
+        validate_job(
+            {
+                "input": {"path": "x", "text": "t"},
+                "model": {"path": "m", "task": "generate"},
+                "output": {"path": "o", "format": "openai"},
+            }
+        )
+    result = runner.invoke(
+        app, ["openai-batch", str(tmp_path / "none.jsonl"), "-m", "m", "-o", str(tmp_path / "o.jsonl")]
+    )
     assert result.exit_code == 1 and "error:" in result.output and "Traceback" not in result.output
 
 
 def _embedding_request(custom_id, text):
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
-                       "body": {"model": "text-embedding-3-small", "input": text}})
+    return json.dumps(
+        {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "text-embedding-3-small", "input": text},
+        }
+    )
 
 
 def test_repeated_custom_ids_and_hostile_lines_become_error_lines(tmp_path, tiny_embed):
     lines = [_embedding_request("dup", f"repeat {i}") for i in range(1000)]
     lines += [_embedding_request(f"u{i}", f"unique {i}") for i in range(5)]
-    lines += ['{"custom_id": "deep", "body": ' + "[" * 5000 + "]" * 5000 + "}",
-              '{"custom_id": "surrogate", "method": "POST", "url": "/v1/embeddings", "body": {"input": "a \\ud800"}}',
-              '{"custom_id": "huge", "method": "POST", "url": "/v1/embeddings", "body": {"input": "' + "x" * 20000 + '"}}']
+    lines += [
+        '{"custom_id": "deep", "body": ' + "[" * 5000 + "]" * 5000 + "}",
+        '{"custom_id": "surrogate", "method": "POST", "url": "/v1/embeddings", "body": {"input": "a \\ud800"}}',
+        '{"custom_id": "huge", "method": "POST", "url": "/v1/embeddings", "body": {"input": "' + "x" * 20000 + '"}}',
+    ]
     path = tmp_path / "requests.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    result = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(tmp_path / "out.jsonl"),
-                                 "--set", "input.max_line_bytes=16384", "-q"])
+    result = runner.invoke(
+        app,
+        [
+            "openai-batch",
+            str(path),
+            "-m",
+            str(tiny_embed),
+            "-o",
+            str(tmp_path / "out.jsonl"),
+            "--set",
+            "input.max_line_bytes=16384",
+            "-q",
+        ],
+    )
     assert result.exit_code == 0, result.output
     out = [json.loads(line)["custom_id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert out == ["dup"] + [f"u{i}" for i in range(5)]  # one response per custom_id, the first request's
     errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
     codes = [(e["custom_id"], e["error"]["code"]) for e in errors]
-    assert codes == [("dup", "duplicate_id")] * 999 + [("deep", "bad_json"), ("surrogate", "bad_utf8"), ("huge", "too_long")]
+    assert codes == [("dup", "duplicate_id")] * 999 + [
+        ("deep", "bad_json"),
+        ("surrogate", "bad_utf8"),
+        ("huge", "too_long"),
+    ]
     assert "repeats line 1 of requests.jsonl" in errors[0]["error"]["message"]
 
 

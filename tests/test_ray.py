@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
+from helpers import done_chunks, write_job
 
 from batchinfer.config import validate_job
 from batchinfer.driver import run_job
-from conftest import done_chunks, write_job
 
 ray = pytest.importorskip("ray")
 
@@ -26,11 +26,13 @@ def cluster():
 
 
 def _job(data, model, out, task="embed", executor="ray", **batching):
-    return {"input": {"path": str(data), "text": "text", "id": "sms_id"},
-            "model": {"path": str(model), "task": task, "max_length": 64},
-            "batching": {"chunk_rows": 50, "max_tokens": 4096, "strategy": "padded", **batching},
-            "output": {"path": str(out), "scores": task == "classify"},
-            "runtime": {"executor": executor, "workers": 2}}
+    return {
+        "input": {"path": str(data), "text": "text", "id": "sms_id"},
+        "model": {"path": str(model), "task": task, "max_length": 64},
+        "batching": {"chunk_rows": 50, "max_tokens": 4096, "strategy": "padded", **batching},
+        "output": {"path": str(out), "scores": task == "classify"},
+        "runtime": {"executor": executor, "workers": 2},
+    }
 
 
 def _read(out):
@@ -61,7 +63,9 @@ class KillWorkerAfter:
             self.killed.append(name)
 
 
-@pytest.mark.parametrize("task,column,model", [("embed", "embedding", "tiny_embed"), ("classify", "scores", "tiny_classify")])
+@pytest.mark.parametrize(
+    "task,column,model", [("embed", "embedding", "tiny_embed"), ("classify", "scores", "tiny_classify")]
+)
 def test_ray_output_equals_the_in_process_output(cluster, sms_parquet, tmp_path, request, task, column, model):
     model = request.getfixturevalue(model)
     local = run_job(validate_job(_job(sms_parquet, model, tmp_path / "local", task, executor="local")))
@@ -86,10 +90,22 @@ def test_a_worker_that_dies_costs_only_its_chunks_in_flight(cluster, sms_parquet
     assert done_chunks(tmp_path / "out") == 12
 
 
-def test_the_driver_killed_with_kill_9_resumes_with_the_same_command(cluster, sms_parquet, sms_table, tiny_embed, tmp_path):
+def test_the_driver_killed_with_kill_9_resumes_with_the_same_command(
+    cluster, sms_parquet, sms_table, tiny_embed, tmp_path
+):
     job = write_job(tmp_path, **{**_job(sms_parquet, tiny_embed, tmp_path / "out", max_rows=4), "runtime": {}})
-    command = [sys.executable, "-m", "batchinfer", "run", str(job), "-q", "--set", "runtime.executor=ray",
-               "--set", "runtime.workers=2"]
+    command = [
+        sys.executable,
+        "-m",
+        "batchinfer",
+        "run",
+        str(job),
+        "-q",
+        "--set",
+        "runtime.executor=ray",
+        "--set",
+        "runtime.workers=2",
+    ]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 180
     while done_chunks(tmp_path / "out") < 2 and time.time() < deadline and proc.poll() is None:
@@ -102,7 +118,12 @@ def test_the_driver_killed_with_kill_9_resumes_with_the_same_command(cluster, sm
     run_job(validate_job(_job(sms_parquet, tiny_embed, tmp_path / "whole", executor="local", max_rows=4)))
     resumed, whole = _read(tmp_path / "out"), _read(tmp_path / "whole")
     assert resumed.column("sms_id").to_pylist() == whole.column("sms_id").to_pylist()
-    assert np.abs(np.array(resumed.column("embedding").to_pylist()) - np.array(whole.column("embedding").to_pylist())).max() < 1e-5
+    assert (
+        np.abs(
+            np.array(resumed.column("embedding").to_pylist()) - np.array(whole.column("embedding").to_pylist())
+        ).max()
+        < 1e-5
+    )
 
 
 def test_a_model_error_in_a_worker_is_the_same_message(cluster, sms_parquet, tiny_embed, tmp_path):
@@ -139,11 +160,18 @@ def test_without_ray_installed_the_message_says_what_to_install(sms_parquet, tin
     assert 'pip install -e ".[ray]"' in info.value.hint
 
 
-def test_sigterm_stops_the_workers_keeps_finished_chunks_and_says_how_to_resume(cluster, sms_parquet, tiny_embed, tmp_path):
+def test_sigterm_stops_the_workers_keeps_finished_chunks_and_says_how_to_resume(
+    cluster, sms_parquet, tiny_embed, tmp_path
+):
     job = write_job(tmp_path, **_job(sms_parquet, tiny_embed, tmp_path / "out", max_rows=2))
     command = [sys.executable, "-m", "batchinfer", "run", str(job)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     deadline = time.time() + 180
     while done_chunks(tmp_path / "out") < 1 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)

@@ -13,6 +13,7 @@ from batchinfer.recovery import is_oom, run_resilient
 
 def _fail_above(tokens: int, error=torch.OutOfMemoryError):
     """A runner wrapper that raises for batches of more than `tokens` padded tokens, as a small GPU would."""
+
     def wrap(runner):
         original = runner.run
 
@@ -20,15 +21,22 @@ def _fail_above(tokens: int, error=torch.OutOfMemoryError):
             if len(ids) * max(len(r) for r in ids) > tokens:
                 raise error("CUDA out of memory. Tried to allocate 2.00 GiB")
             return original(ids)
+
         runner.run = run
         return runner
+
     return wrap
 
 
 def _job(data, model, out, **batching):
-    return validate_job({"input": {"path": str(data), "text": "text", "id": "sms_id"},
-                         "model": {"path": str(model), "task": "embed", "max_length": 128},
-                         "batching": {"chunk_rows": 200, **batching}, "output": {"path": str(out)}})
+    return validate_job(
+        {
+            "input": {"path": str(data), "text": "text", "id": "sms_id"},
+            "model": {"path": str(model), "task": "embed", "max_length": 128},
+            "batching": {"chunk_rows": 200, **batching},
+            "output": {"path": str(out)},
+        }
+    )
 
 
 def _embeddings(out):

@@ -6,33 +6,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from helpers import Crash, CrashAfterChunks, done_chunks, leftover_tmp
+from helpers import read_output as _read
+from helpers import sms_job as _job
+from helpers import vectors as _vectors
 
 from batchinfer.config import validate_job
 from batchinfer.driver import run_job
 from batchinfer.errors import ResumeError
-from conftest import Crash, CrashAfterChunks, done_chunks, leftover_tmp
-
-
-def _job(data, model, out, task="embed", **extra):
-    job = {
-        "input": {"path": str(data), "text": "text", "id": "sms_id", "keep": {"label": "gold"}},
-        "model": {"path": str(model), "task": task, "max_length": 128},
-        # Pinned, not auto: tests that compare two output folders bit for bit need both cut the same way.
-        "batching": {"chunk_rows": 100, "max_tokens": 16384, "strategy": "padded"},
-        "output": {"path": str(out)},
-    }
-    for key, value in extra.items():
-        section, name = key.split("__")
-        job[section][name] = value
-    return validate_job(job)
-
-
-def _read(out):
-    return ds.dataset(str(out), format="parquet").to_table()
-
-
-def _vectors(table, column):
-    return np.array(table.column(column).to_pylist(), dtype=np.float32)
 
 
 def test_embed_output_schema_order_and_report(sms_parquet, sms_table, tiny_embed, tmp_path):
@@ -48,8 +29,14 @@ def test_embed_output_schema_order_and_report(sms_parquet, sms_table, tiny_embed
     assert (tmp_path / "out" / "_SUCCESS").exists() and (tmp_path / "out" / "_report.json").exists()
 
 
-@pytest.mark.parametrize("task,column,model", [("embed", "embedding", "tiny_embed"), ("embed", "embedding", "tiny_embed_cls"),
-                                               ("classify", "scores", "tiny_classify")])
+@pytest.mark.parametrize(
+    "task,column,model",
+    [
+        ("embed", "embedding", "tiny_embed"),
+        ("embed", "embedding", "tiny_embed_cls"),
+        ("classify", "scores", "tiny_classify"),
+    ],
+)
 def test_batching_does_not_change_results(sms_parquet, tmp_path, request, task, column, model):
     """Each row's result equals the result of running that row alone."""
     model = request.getfixturevalue(model)
@@ -66,7 +53,8 @@ def test_classify_agrees_with_transformers_pipeline(sms_table, sms_parquet, tiny
     table = _read(tmp_path / "out")
     texts = sms_table.column("text").to_pylist()[:600]
     expected = pipeline("text-classification", model=str(tiny_classify), device="cpu")(
-        texts, batch_size=16, truncation=True, max_length=128)
+        texts, batch_size=16, truncation=True, max_length=128
+    )
     assert table.column("label").to_pylist() == [e["label"] for e in expected]
     assert np.allclose(table.column("score").to_numpy(), [e["score"] for e in expected], atol=1e-5)
     labels = dict(zip(table.column("label_id").to_pylist(), table.column("label").to_pylist()))
@@ -91,8 +79,35 @@ def test_embeddings_agree_with_sentence_transformers(sms_table, tmp_path, reques
     assert cosine.min() >= 0.9999
 
 
+class _PassesAtCommit:
+    """Counts forward passes, and notes the count each time a chunk is committed."""
+
+    def __init__(self):
+        self.calls, self.at_commit = 0, []
+
+    def count(self, runner):
+        original = runner.run
+
+        def run(ids):
+            self.calls += 1
+            return original(ids)
+
+        runner.run = run
+        return runner
+
+    def start(self, total_rows, done_rows):
+        pass
+
+    def advance(self, rows, tokens):
+        self.at_commit.append(self.calls)
+
+    def log(self, message):
+        pass
+
+
 def _crash_after(batches: int):
     """A runner wrapper that dies after `batches` forward passes, as a killed process would."""
+
     def wrap(runner):
         original, calls = runner.run, [0]
 
@@ -101,20 +116,27 @@ def _crash_after(batches: int):
             if calls[0] > batches:
                 raise Crash()
             return original(ids)
+
         runner.run = run
         return runner
+
     return wrap
 
 
 @pytest.mark.parametrize("crash_at", [0, 10, 40])  # forward passes before the crash
 def test_crash_then_resume_equals_uninterrupted_run(sms_parquet, sms_table, tiny_embed, tmp_path, crash_at):
-    run_job(_job(sms_parquet, tiny_embed, tmp_path / "whole", batching__max_rows=16))
+    passes = _PassesAtCommit()
+    run_job(
+        _job(sms_parquet, tiny_embed, tmp_path / "whole", batching__max_rows=16),
+        on_runner=passes.count,
+        progress=passes,
+    )
     job = _job(sms_parquet, tiny_embed, tmp_path / "out", batching__max_rows=16)
     with pytest.raises(Crash):
         run_job(job, on_runner=_crash_after(crash_at))
     assert not (tmp_path / "out" / "_SUCCESS").exists()
     finished = done_chunks(tmp_path / "out")
-    assert (finished == 0) if crash_at == 0 else (0 <= finished < 6)
+    assert finished == sum(1 for n in passes.at_commit if n <= crash_at)  # every chunk whose passes all ran
     # A half-written temporary file, and a whole part of the next chunk whose marker was never written,
     # as kills leave them.
     leftover_tmp(tmp_path / "out", "part-00002-00001.parquet").write_bytes(b"PAR1 half")
@@ -157,12 +179,19 @@ def test_template_and_row_errors(tmp_path, tiny_embed):
 
     rows = pa.table({"title": ["A", None, "C", "D"], "body": ["one", "two", "   ", "four"], "k": [1, 2, 3, 4]})
     pq.write_table(rows, tmp_path / "t.parquet")
-    job = validate_job({"input": {"path": str(tmp_path / "t.parquet"), "text": "{title}: {body}", "keep": ["k"]},
-                        "model": {"path": str(tiny_embed), "task": "embed"}, "output": {"path": str(tmp_path / "out")}})
+    job = validate_job(
+        {
+            "input": {"path": str(tmp_path / "t.parquet"), "text": "{title}: {body}", "keep": ["k"]},
+            "model": {"path": str(tiny_embed), "task": "embed"},
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
     report = run_job(job)
     assert _read(tmp_path / "out").column("k").to_pylist() == [1, 3, 4]  # "C:    " is not blank
     errors = ds.dataset(str(tmp_path / "out" / "_errors"), format="parquet").to_table().to_pylist()
-    assert errors == [{"id": None, "source": "t.parquet", "row": 1, "reason": "null_text", "message": "column 'title' is null"}]
+    assert errors == [
+        {"id": None, "source": "t.parquet", "row": 1, "reason": "null_text", "message": "column 'title' is null"}
+    ]
     assert report["errors_by_reason"] == {"null_text": 1} and report["rows"] == 4
 
 
@@ -171,7 +200,10 @@ def test_truncation_flag_and_error_mode(tmp_path, tiny_embed):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"text": ["short", "word " * 300]}), tmp_path / "t.parquet")
-    base = {"input": {"path": str(tmp_path / "t.parquet"), "text": "text"}, "model": {"path": str(tiny_embed), "task": "embed", "max_length": 32}}
+    base = {
+        "input": {"path": str(tmp_path / "t.parquet"), "text": "text"},
+        "model": {"path": str(tiny_embed), "task": "embed", "max_length": 32},
+    }
     run_job(validate_job({**base, "output": {"path": str(tmp_path / "flag")}}))
     assert _read(tmp_path / "flag").column("truncated").to_pylist() == [False, True]
     base["model"]["truncation"] = "error"
@@ -186,16 +218,23 @@ def test_retry_errors_after_raising_max_length(sms_parquet, sms_table, tiny_embe
     assert 0 < too_long < 600 and first["rows_ok"] == 600 - too_long
     with pytest.raises(ResumeError, match="model.hash"):  # only what decides whether a row fits may change
         run_job(_job(sms_parquet, tiny_embed_cls, tmp_path / "out", model__max_length=128), retry_errors=True)
-    retried = run_job(_job(sms_parquet, tiny_embed, tmp_path / "out", model__max_length=128,
-                           model__truncation="error"), retry_errors=True)
+    retried = run_job(
+        _job(sms_parquet, tiny_embed, tmp_path / "out", model__max_length=128, model__truncation="error"),
+        retry_errors=True,
+    )
     assert retried["rows_ok"] == 600 and retried["errors_by_reason"] == {} and retried["rows"] == 600
     assert not list((tmp_path / "out" / "_errors").glob("*.parquet"))
     table = _read(tmp_path / "out")
     assert sorted(table.column("sms_id").to_pylist()) == sorted(sms_table.column("sms_id").to_pylist()[:600])
     assert list((tmp_path / "out").glob("part-00000-00000-r1.parquet"))
     # Nothing left to retry: a second retry changes nothing.
-    assert run_job(_job(sms_parquet, tiny_embed, tmp_path / "out", model__max_length=128,
-                        model__truncation="error"), retry_errors=True)["run"]["rows"] == 0
+    assert (
+        run_job(
+            _job(sms_parquet, tiny_embed, tmp_path / "out", model__max_length=128, model__truncation="error"),
+            retry_errors=True,
+        )["run"]["rows"]
+        == 0
+    )
 
 
 def test_retry_keeps_rows_that_fail_again_and_survives_a_crash(tmp_path, tiny_embed):
@@ -203,9 +242,11 @@ def test_retry_keeps_rows_that_fail_again_and_survives_a_crash(tmp_path, tiny_em
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"text": ["fine", None, "word " * 100, "also fine"]}), tmp_path / "t.parquet")
-    job = {"input": {"path": str(tmp_path / "t.parquet"), "text": "text"},
-           "model": {"path": str(tiny_embed), "task": "embed", "max_length": 16, "truncation": "error"},
-           "output": {"path": str(tmp_path / "out")}}
+    job = {
+        "input": {"path": str(tmp_path / "t.parquet"), "text": "text"},
+        "model": {"path": str(tiny_embed), "task": "embed", "max_length": 16, "truncation": "error"},
+        "output": {"path": str(tmp_path / "out")},
+    }
     assert run_job(validate_job(job))["errors_by_reason"] == {"null_text": 1, "too_long": 1}
     job["model"]["max_length"] = 256
     with pytest.raises(Crash):

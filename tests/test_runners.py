@@ -19,8 +19,12 @@ def backend(minilm_path):
 def test_long_texts_encode_as_if_whole(backend, sms_table, from_end):
     backend.enable_truncation(64, direction="left" if from_end else "right")
     words = " ".join(sms_table.column("text").to_pylist()[:3000])  # ~200k characters of real text
-    texts = [words, "short one", "\u200b" * (64 * CHARS_PER_TOKEN) + " tail words after invisible ones",
-             "x" * (64 * CHARS_PER_TOKEN * 2)]
+    texts = [
+        words,
+        "short one",
+        "\u200b" * (64 * CHARS_PER_TOKEN) + " tail words after invisible ones",
+        "x" * (64 * CHARS_PER_TOKEN * 2),
+    ]
     capped = encode_capped(backend, texts, 64, from_end=from_end)
     whole = backend.encode_batch(texts)
     assert [e.ids for e in capped] == [e.ids for e in whole]

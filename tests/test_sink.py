@@ -46,7 +46,10 @@ def test_another_tools_output_is_refused_untouched(tmp_path, restart):
     before = _snapshot(folder)
     with pytest.raises(OutputError) as info:
         OutputDir(folder).open(FINGERPRINT, restart=restart)
-    assert "holds no batchinfer job" in info.value.message and "part-00000-6f1c2a4e-c000.snappy.parquet" in info.value.message
+    assert (
+        "holds no batchinfer job" in info.value.message
+        and "part-00000-6f1c2a4e-c000.snappy.parquet" in info.value.message
+    )
     assert "--output" in info.value.hint
     assert _snapshot(folder) == before  # nothing deleted, nothing added (no lock left behind)
 
@@ -165,3 +168,15 @@ def test_a_damaged_job_file_and_an_old_format_folder_get_messages(tmp_path):
     with pytest.raises(OutputError, match="earlier batchinfer") as info:
         OutputDir(tmp_path / "old").open(FINGERPRINT, restart=True)
     assert "--output" in info.value.hint and (tmp_path / "old" / "_manifest.jsonl").exists()
+
+
+def test_the_current_error_file_of_a_chunk_is_its_latest_retry():
+    from batchinfer.sink import current_errors
+
+    done = {
+        "00000-00000": {},
+        "00000-00001": {},
+        "00000-00000-r1": {"retry_of": "00000-00000"},
+        "00000-00000-r2": {"retry_of": "00000-00000"},
+    }
+    assert current_errors(done) == {"00000-00000": "00000-00000-r2", "00000-00001": "00000-00001"}

@@ -133,7 +133,7 @@ def test_discovery_skips_the_output_folder_and_other_batchinfer_outputs_below_th
 # --- hostile lines and ids ---------------------------------------------------------------------------------------
 
 HOSTILE = [
-    (b"{\"id\": \"h1\", \"text\": " + b"[" * 5000 + b"]" * 5000 + b"}", "h1", "bad_json"),
+    (b'{"id": "h1", "text": ' + b"[" * 5000 + b"]" * 5000 + b"}", "h1", "bad_json"),
     (b'{"id": "h2", "text": "lone \\ud800 surrogate"}', "h2", "bad_utf8"),
     (b'{"id": "h3", "text": "ok", "label": "\\udfff"}', "h3", "bad_utf8"),
     (b'{"id": "h4", "text": "' + b"long " * 5000 + b'"}', "h4", "too_long"),
@@ -151,10 +151,20 @@ def test_hostile_lines_cost_one_row_each_and_keep_their_ids(tmp_path, tiny_embed
     lines = [line for pair in zip(good, [h[0] for h in HOSTILE] + [b""] * 20) for line in pair if line]
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "rows.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    job = validate_job({"input": {"path": str(tmp_path / "in"), "text": "text", "id": "id", "keep": ["label"],
-                                  "max_line_bytes": 16384},
-                        "model": {"path": str(tiny_embed), "task": "embed", "max_length": 32},
-                        "batching": {"chunk_rows": 8}, "output": {"path": str(tmp_path / "out")}})
+    job = validate_job(
+        {
+            "input": {
+                "path": str(tmp_path / "in"),
+                "text": "text",
+                "id": "id",
+                "keep": ["label"],
+                "max_line_bytes": 16384,
+            },
+            "model": {"path": str(tiny_embed), "task": "embed", "max_length": 32},
+            "batching": {"chunk_rows": 8},
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
     report = run_job(job)  # on_bad_shard: fail, and still nothing stops
     assert report["complete"] and report["rows"] == 27 and report["rows_ok"] == 20
     errors = pq.read_table(tmp_path / "out" / "_errors").to_pylist()
@@ -172,9 +182,14 @@ def test_mixed_id_types_are_kept_as_their_text_with_one_schema(tmp_path, tiny_em
     ids = [f"h{i:06d}" if i % 7 else i for i in range(40)]  # strings, and an integer every 7th line
     rows = [{"id": v, "text": f"text {i}", "score": (None if i < 10 else i / 2)} for i, v in enumerate(ids)]
     _jsonl(tmp_path / "rows.jsonl", rows)
-    job = validate_job({"input": {"path": str(tmp_path / "rows.jsonl"), "text": "text", "id": "id", "keep": ["score"]},
-                        "model": {"path": str(tiny_embed), "task": "embed", "max_length": 32},
-                        "batching": {"chunk_rows": 10}, "output": {"path": str(tmp_path / "out")}})
+    job = validate_job(
+        {
+            "input": {"path": str(tmp_path / "rows.jsonl"), "text": "text", "id": "id", "keep": ["score"]},
+            "model": {"path": str(tiny_embed), "task": "embed", "max_length": 32},
+            "batching": {"chunk_rows": 10},
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
     run_job(job)
     parts = sorted((tmp_path / "out").glob("part-*.parquet"))
     schemas = {str(pq.read_schema(p).remove_metadata()) for p in parts}
@@ -223,10 +238,17 @@ def test_csv_records_with_the_wrong_field_count_are_error_rows(tmp_path, tiny_em
     lines = ["id,text,label", "1,first,0", "2,second,1,extra", "3,third", '4,"a, quoted",1', "5,,0", "6,sixth,x"]
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "rows.csv").write_text("\n".join(lines) + "\n")
-    job = validate_job({"input": {"path": str(tmp_path / "in"), "text": "text", "id": "id", "keep": ["label"]},
-                        "model": {"path": str(tiny_embed), "task": "embed"}, "output": {"path": str(tmp_path / "out")}})
+    job = validate_job(
+        {
+            "input": {"path": str(tmp_path / "in"), "text": "text", "id": "id", "keep": ["label"]},
+            "model": {"path": str(tiny_embed), "task": "embed"},
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
     report = run_job(job)
-    assert report["rows"] == 6 and report["rows_ok"] == 3 and report["errors_by_reason"] == {"bad_csv": 2, "empty_text": 1}
+    assert (
+        report["rows"] == 6 and report["rows_ok"] == 3 and report["errors_by_reason"] == {"bad_csv": 2, "empty_text": 1}
+    )
     errors = pq.read_table(tmp_path / "out" / "_errors").to_pylist()
     assert sorted(e["message"][:7] for e in errors if e["reason"] == "bad_csv") == ["line 3:", "line 4:"]
     out = pq.read_table(tmp_path / "out")

@@ -14,6 +14,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from helpers import write_job
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
@@ -21,7 +22,6 @@ from batchinfer.config import validate_job
 from batchinfer.driver import run_job
 from batchinfer.errors import InputError, OutputError
 from batchinfer.storage import glob_regex
-from conftest import write_job
 
 runner = CliRunner()
 
@@ -38,10 +38,13 @@ def _upload(client, bucket, sms_table):
 
 
 def _job(data, model, out, **extra):
-    return {"input": {"path": data, "text": "text", "id": "sms_id"},
-            "model": {"path": str(model), "task": "embed", "max_length": 64},
-            "batching": {"chunk_rows": 40, "max_tokens": 16384, "strategy": "padded"},
-            "output": {"path": out}, **extra}
+    return {
+        "input": {"path": data, "text": "text", "id": "sms_id"},
+        "model": {"path": str(model), "task": "embed", "max_length": 64},
+        "batching": {"chunk_rows": 40, "max_tokens": 16384, "strategy": "padded"},
+        "output": {"path": out},
+        **extra,
+    }
 
 
 def _s3fs():
@@ -67,7 +70,9 @@ def test_s3_to_s3_equals_a_local_run_and_is_read_from_the_bucket(s3, sms_table, 
     remote, here = _table(f"s3://{bucket}/out"), ds.dataset(str(tmp_path / "out"), format="parquet").to_table()
     ids = sms_table.column("sms_id").to_pylist()
     assert remote.column("sms_id").to_pylist() == here.column("sms_id").to_pylist() == ids[200:300] + ids[:200]
-    assert np.array_equal(np.array(remote.column("embedding").to_pylist()), np.array(here.column("embedding").to_pylist()))
+    assert np.array_equal(
+        np.array(remote.column("embedding").to_pylist()), np.array(here.column("embedding").to_pylist())
+    )
     dataset = ds.dataset(f"{bucket}/out", filesystem=_s3fs(), format="parquet")  # noqa: F841 - DuckDB scans it by name
     assert duckdb.sql("SELECT count(DISTINCT sms_id) FROM dataset").fetchall() == [(300,)]
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]}
@@ -81,7 +86,9 @@ def test_a_glob_over_a_bucket_prefix(s3, sms_table, tiny_embed):
     _upload(client, bucket, sms_table)
     report = run_job(validate_job(_job(f"s3://{bucket}/reviews/part-*.parquet", tiny_embed, f"s3://{bucket}/out")))
     assert report["rows"] == 200 and {s for s in _table(f"s3://{bucket}/out").column("source").to_pylist()} == {
-        "part-0.parquet", "part-1.parquet"}
+        "part-0.parquet",
+        "part-1.parquet",
+    }
 
 
 def test_glob_patterns_match_like_the_shell():
@@ -94,8 +101,15 @@ def test_glob_patterns_match_like_the_shell():
 def test_kill_9_on_s3_then_the_same_command_resumes(s3, sms_table, tiny_embed, tmp_path):
     bucket, client = s3
     _upload(client, bucket, sms_table)
-    job = write_job(tmp_path, **_job(f"s3://{bucket}/reviews/", tiny_embed, f"s3://{bucket}/out",
-                                     batching={"chunk_rows": 20, "max_rows": 2, "max_tokens": 16384, "strategy": "padded"}))
+    job = write_job(
+        tmp_path,
+        **_job(
+            f"s3://{bucket}/reviews/",
+            tiny_embed,
+            f"s3://{bucket}/out",
+            batching={"chunk_rows": 20, "max_rows": 2, "max_tokens": 16384, "strategy": "padded"},
+        ),
+    )
     command = [sys.executable, "-m", "batchinfer", "run", str(job), "-q"]
 
     def markers():
@@ -127,8 +141,10 @@ def test_missing_bucket_and_bad_credentials_are_one_clear_message(s3, sms_table,
         run_job(validate_job(_job(f"s3://{bucket}/reviews/", tiny_embed, "s3://no-such-bucket-here/out")))
     assert "the bucket does not exist" in info.value.message
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
-    result = runner.invoke(app, ["run", str(write_job(tmp_path, **_job(
-        f"s3://{bucket}/reviews/", tiny_embed, f"s3://{bucket}/out"))), "-q"])
+    result = runner.invoke(
+        app,
+        ["run", str(write_job(tmp_path, **_job(f"s3://{bucket}/reviews/", tiny_embed, f"s3://{bucket}/out"))), "-q"],
+    )
     assert result.exit_code == 1 and "access denied" in result.output and "AWS_SECRET_ACCESS_KEY" in result.output
     assert "Traceback" not in result.output
 
@@ -148,8 +164,11 @@ def test_a_second_driver_on_the_same_s3_output_is_refused(s3, sms_table, tiny_em
         client.put_object(Bucket=bucket, Key="out/_lock", Body=json.dumps({**lock, "host": "elsewhere"}).encode())
         with pytest.raises(OutputError, match="host elsewhere"):
             OutputDir(f"s3://{bucket}/out").open({"input.path": "x"}, restart=False)
-        client.put_object(Bucket=bucket, Key="out/_lock",
-                          Body=json.dumps({**lock, "host": "elsewhere", "heartbeat": time.time() - 3600}).encode())
+        client.put_object(
+            Bucket=bucket,
+            Key="out/_lock",
+            Body=json.dumps({**lock, "host": "elsewhere", "heartbeat": time.time() - 3600}).encode(),
+        )
         taken = OutputDir(f"s3://{bucket}/out")
         taken.open({"input.path": "x"}, restart=False)
         taken.unlock()

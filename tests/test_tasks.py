@@ -6,11 +6,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from helpers import Crash, CrashAfterChunks
 
 from batchinfer.config import validate_job
 from batchinfer.driver import run_job
 from batchinfer.errors import ModelError
-from conftest import Crash, CrashAfterChunks
 
 
 def _pairs(sms_table, n=120):
@@ -20,10 +20,12 @@ def _pairs(sms_table, n=120):
 
 
 def _job(data, model_path, out, task, **sections):
-    job = {"input": {"path": str(data), "text": "text", "id": "pair_id"},
-           "model": {"path": str(model_path), "task": task, "max_length": 128},
-           "batching": {"chunk_rows": 40, "max_tokens": 2048, "strategy": "padded"},
-           "output": {"path": str(out)}}
+    job = {
+        "input": {"path": str(data), "text": "text", "id": "pair_id"},
+        "model": {"path": str(model_path), "task": task, "max_length": 128},
+        "batching": {"chunk_rows": 40, "max_tokens": 2048, "strategy": "padded"},
+        "output": {"path": str(out)},
+    }
     for section, values in sections.items():
         job[section] = {**job.get(section, {}), **values}
     return validate_job(job)
@@ -44,12 +46,20 @@ def test_score_agrees_with_cross_encoder_predict(sms_table, tiny_cross_encoder, 
 
     pairs = _pairs(sms_table)
     pq.write_table(pairs, tmp_path / "pairs.parquet")
-    report = run_job(_job(tmp_path / "pairs.parquet", tiny_cross_encoder, tmp_path / "out", "score",
-                          input={"text": "query", "text_pair": "message"}))
+    report = run_job(
+        _job(
+            tmp_path / "pairs.parquet",
+            tiny_cross_encoder,
+            tmp_path / "out",
+            "score",
+            input={"text": "query", "text_pair": "message"},
+        )
+    )
     assert report["rows_ok"] == 120
     ours = _read(tmp_path / "out")
     theirs = CrossEncoder(str(tiny_cross_encoder), max_length=128, device="cpu").predict(
-        list(zip(pairs.column("query").to_pylist(), pairs.column("message").to_pylist())), batch_size=16)
+        list(zip(pairs.column("query").to_pylist(), pairs.column("message").to_pylist())), batch_size=16
+    )
     assert ours.column("pair_id").to_pylist() == pairs.column("pair_id").to_pylist()
     assert np.abs(ours.column("score").to_numpy() - theirs).max() < 1e-5
 
@@ -60,8 +70,16 @@ def test_score_packed_equals_padded_and_a_missing_side_is_an_error_row(sms_table
     pq.write_table(pa.Table.from_pylist(pairs), tmp_path / "pairs.parquet")
     results = {}
     for strategy in ("padded", "packed"):
-        report = run_job(_job(tmp_path / "pairs.parquet", tiny_cross_encoder, tmp_path / strategy, "score",
-                              input={"text": "query", "text_pair": "message"}, batching={"strategy": strategy}))
+        report = run_job(
+            _job(
+                tmp_path / "pairs.parquet",
+                tiny_cross_encoder,
+                tmp_path / strategy,
+                "score",
+                input={"text": "query", "text_pair": "message"},
+                batching={"strategy": strategy},
+            )
+        )
         assert report["errors_by_reason"] == {"null_text": 1, "empty_text": 1} and report["rows_ok"] == 118
         results[strategy] = _read(tmp_path / strategy).column("score").to_numpy()
     assert np.abs(results["packed"] - results["padded"]).max() < 1e-5
@@ -72,16 +90,20 @@ def test_token_classify_agrees_with_the_pipeline(sms_table, tiny_ner, tmp_path, 
     from transformers import pipeline
 
     rows = _texts(sms_table, tmp_path, 60)
-    run_job(_job(tmp_path / "rows.parquet", tiny_ner, tmp_path / "out", "token-classify",
-                 output={"aggregation": aggregation}))
+    run_job(
+        _job(
+            tmp_path / "rows.parquet", tiny_ner, tmp_path / "out", "token-classify", output={"aggregation": aggregation}
+        )
+    )
     ours = _read(tmp_path / "out").column("entities").to_pylist()
     ner = pipeline("token-classification", model=str(tiny_ner), aggregation_strategy=aggregation, device="cpu")
     texts = rows.column("text").to_pylist()
     for text, mine, expected in zip(texts, ours, ner(texts)):
         assert [(e["label"], e["start"], e["end"]) for e in mine] == [
-            (e.get("entity_group", e.get("entity")), e["start"], e["end"]) for e in expected]
+            (e.get("entity_group", e.get("entity")), e["start"], e["end"]) for e in expected
+        ]
         assert np.allclose([e["score"] for e in mine], [e["score"] for e in expected], atol=1e-5)
-        assert all(e["text"] == text[e["start"]:e["end"]] for e in mine)
+        assert all(e["text"] == text[e["start"] : e["end"]] for e in mine)
     assert sum(len(e) for e in ours) > 0
 
 
@@ -91,26 +113,37 @@ def test_zero_shot_agrees_with_the_pipeline(sms_table, tiny_nli, tmp_path, multi
 
     labels = ["prize offer", "personal chat", "business"]
     rows = _texts(sms_table, tmp_path, 40)
-    report = run_job(_job(tmp_path / "rows.parquet", tiny_nli, tmp_path / "out", "zero-shot",
-                          model={"labels": labels, "hypothesis_template": "This message is about {}.",
-                                 "multi_label": multi_label}))
+    report = run_job(
+        _job(
+            tmp_path / "rows.parquet",
+            tiny_nli,
+            tmp_path / "out",
+            "zero-shot",
+            model={"labels": labels, "hypothesis_template": "This message is about {}.", "multi_label": multi_label},
+        )
+    )
     assert report["rows_ok"] == 40 and report["tokens"] > 0
     ours = _read(tmp_path / "out")
     classifier = pipeline("zero-shot-classification", model=str(tiny_nli), device="cpu")
-    for text, label, score, scores in zip(rows.column("text").to_pylist(), *(ours.column(c).to_pylist()
-                                                                            for c in ("label", "score", "scores"))):
-        expected = classifier(text, candidate_labels=labels, hypothesis_template="This message is about {}.",
-                              multi_label=multi_label)
+    for text, label, score, scores in zip(
+        rows.column("text").to_pylist(), *(ours.column(c).to_pylist() for c in ("label", "score", "scores"))
+    ):
+        expected = classifier(
+            text, candidate_labels=labels, hypothesis_template="This message is about {}.", multi_label=multi_label
+        )
         by_label = dict(zip(expected["labels"], expected["scores"]))
         assert np.allclose(scores, [by_label[name] for name in labels], atol=1e-5)
         assert label == expected["labels"][0] and abs(score - expected["scores"][0]) < 1e-5
 
 
-@pytest.mark.parametrize("task,fixture,extra", [
-    ("score", "tiny_cross_encoder", {"input": {"text": "query", "text_pair": "message"}}),
-    ("token-classify", "tiny_ner", {}),
-    ("zero-shot", "tiny_nli", {"model": {"labels": ["prize offer", "personal chat"]}}),
-])
+@pytest.mark.parametrize(
+    "task,fixture,extra",
+    [
+        ("score", "tiny_cross_encoder", {"input": {"text": "query", "text_pair": "message"}}),
+        ("token-classify", "tiny_ner", {}),
+        ("zero-shot", "tiny_nli", {"model": {"labels": ["prize offer", "personal chat"]}}),
+    ],
+)
 def test_each_task_resumes_after_a_crash_as_if_uninterrupted(sms_table, tmp_path, request, task, fixture, extra):
     model = request.getfixturevalue(fixture)
     data = tmp_path / "rows.parquet"
@@ -123,15 +156,22 @@ def test_each_task_resumes_after_a_crash_as_if_uninterrupted(sms_table, tmp_path
     report = run_job(job)
     assert report["complete"] and report["run"]["rows"] == 80
     resumed, whole = _read(tmp_path / "out"), _read(tmp_path / "whole")
-    assert resumed.column("pair_id").to_pylist() == whole.column("pair_id").to_pylist() == pairs.column("pair_id").to_pylist()
+    assert (
+        resumed.column("pair_id").to_pylist()
+        == whole.column("pair_id").to_pylist()
+        == pairs.column("pair_id").to_pylist()
+    )
     assert resumed.drop(["truncated"]).to_pylist() == whole.drop(["truncated"]).to_pylist()
 
 
-@pytest.mark.parametrize("task,extra,says", [
-    ("token-classify", {}, "needs a token-classification head, but .* is a BertModel"),
-    ("score", {"input": {"text": "query", "text_pair": "message"}}, "needs a sequence-classification head"),
-    ("zero-shot", {"model": {"labels": ["a", "b"]}}, "needs a sequence-classification head"),
-])
+@pytest.mark.parametrize(
+    "task,extra,says",
+    [
+        ("token-classify", {}, "needs a token-classification head, but .* is a BertModel"),
+        ("score", {"input": {"text": "query", "text_pair": "message"}}, "needs a sequence-classification head"),
+        ("zero-shot", {"model": {"labels": ["a", "b"]}}, "needs a sequence-classification head"),
+    ],
+)
 def test_a_model_without_the_task_head_is_named(sms_table, tiny_embed, tiny_classify, tmp_path, task, extra, says):
     pq.write_table(_pairs(sms_table).append_column("text", pa.array(["x"] * 120)), tmp_path / "rows.parquet")
     with pytest.raises(ModelError, match=says):

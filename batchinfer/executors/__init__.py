@@ -27,8 +27,17 @@ class Executor(Protocol):
 
 
 @contextmanager
-def make_executor(job: JobConfig, model_path: Path, shards: list[Shard], spec: ReadSpec, writer: PartWriter,
-                  budget: Budget, stop: StopFlag, progress: Progress, on_runner: Callable | None = None):
+def make_executor(
+    job: JobConfig,
+    model_path: Path,
+    shards: list[Shard],
+    spec: ReadSpec,
+    writer: PartWriter,
+    budget: Budget,
+    stop: StopFlag,
+    progress: Progress,
+    on_runner: Callable | None = None,
+):
     """The executor the job's runtime section asks for, closed on the way out."""
     if job.runtime.executor == "ray":
         from .ray import RayExecutor

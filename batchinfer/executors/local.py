@@ -7,8 +7,8 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
-from ..task import ChunkTask, Loaded
 from ..plan import Work
+from ..task import ChunkTask, Loaded
 
 
 class LocalExecutor:

@@ -32,8 +32,17 @@ class Worker:
     """The actor: a ChunkTask with its runner, loaded once. Loading one chunk overlaps computing another
     (a threaded actor); each step runs one at a time."""
 
-    def __init__(self, job: JobConfig, model_path: Path, shards: list[Shard], spec: ReadSpec, writer: PartWriter,
-                 budget: Budget, name: str, threads: int):
+    def __init__(
+        self,
+        job: JobConfig,
+        model_path: Path,
+        shards: list[Shard],
+        spec: ReadSpec,
+        writer: PartWriter,
+        budget: Budget,
+        name: str,
+        threads: int,
+    ):
         import torch
 
         from ..runners import make_runner
@@ -64,8 +73,17 @@ class Worker:
 
 
 class RayExecutor:
-    def __init__(self, job: JobConfig, model_path: Path, shards: list[Shard], spec: ReadSpec, writer: PartWriter,
-                 budget: Budget, stop: StopFlag, progress: Progress):
+    def __init__(
+        self,
+        job: JobConfig,
+        model_path: Path,
+        shards: list[Shard],
+        spec: ReadSpec,
+        writer: PartWriter,
+        budget: Budget,
+        stop: StopFlag,
+        progress: Progress,
+    ):
         self.ray = _import_ray()
         self.stop, self.progress = stop, progress
         self.started_ray = _connect(self.ray, job.runtime.ray_address)
@@ -80,7 +98,8 @@ class RayExecutor:
             raise ConfigError(
                 f"runtime.workers {count} need {count * runtime.cpus_per_worker:g} CPUs and {count * per_gpu:g} GPUs; "
                 f"the Ray cluster has {cpus:g} CPUs and {gpus:g} GPUs",
-                "lower runtime.workers or runtime.cpus_per_worker, or add machines to the cluster")
+                "lower runtime.workers or runtime.cpus_per_worker, or add machines to the cluster",
+            )
         remote = self.ray.remote(Worker)
         options = dict(num_cpus=runtime.cpus_per_worker, num_gpus=per_gpu, max_concurrency=IN_FLIGHT + 1)
         args = (job, model_path, shards, spec, writer, budget)
@@ -106,7 +125,9 @@ class RayExecutor:
         while queue or in_flight:
             for name, actor in self.actors.items():
                 # While probing, the first chunk runs alone: the others wait for the batching it settles.
-                while queue and sum(n == name for n, _, _ in in_flight.values()) < IN_FLIGHT and not (probe and in_flight):
+                while (
+                    queue and sum(n == name for n, _, _ in in_flight.values()) < IN_FLIGHT and not (probe and in_flight)
+                ):
                     work = queue.popleft()
                     in_flight[actor.run.remote(work, probe, tuning)] = (name, actor, work)
             ready, _ = self.ray.wait(list(in_flight), num_returns=1, timeout=POLL)
@@ -130,8 +151,10 @@ class RayExecutor:
         """A fresh worker in place of one that died; its chunks in flight went back to the queue."""
         self.replacements -= 1
         if self.replacements < 0:
-            raise ModelError(f"Ray workers keep dying ({type(exc).__name__}: {str(exc)[:300]})",
-                             "check the workers' memory (ray memory, dmesg) and logs; rerun the same command to resume")
+            raise ModelError(
+                f"Ray workers keep dying ({type(exc).__name__}: {str(exc)[:300]})",
+                "check the workers' memory (ray memory, dmesg) and logs; rerun the same command to resume",
+            )
         self.progress.log(f"worker {name} died ({type(exc).__name__}); its chunks go to the other workers")
         self.ray.kill(self.actors[name], no_restart=True)
         self.actors[name] = self._new(f"{name}-r{self.replacements}")
@@ -158,8 +181,10 @@ def _import_ray():
     try:
         import ray
     except ImportError as exc:
-        raise ConfigError("runtime.executor: ray needs Ray, which is not installed",
-                          'pip install -e ".[ray]" (or pip install "batchinfer[ray]")') from exc
+        raise ConfigError(
+            "runtime.executor: ray needs Ray, which is not installed",
+            'pip install -e ".[ray]" (or pip install "batchinfer[ray]")',
+        ) from exc
     return ray
 
 
@@ -178,14 +203,15 @@ def _connect(ray, address: str | None) -> bool:
 
 
 def _init(ray, address: str | None) -> bool:
-    options = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                   configure_logging=True)
+    options = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, configure_logging=True)
     if address:
         try:
             ray.init(address=address, **options)
         except (ConnectionError, ValueError, RuntimeError) as exc:
-            raise ConfigError(f"cannot reach the Ray cluster at {address}: {exc}",
-                              "check runtime.ray_address (e.g. ray://head:10001), or remove it to start a local one")
+            raise ConfigError(
+                f"cannot reach the Ray cluster at {address}: {exc}",
+                "check runtime.ray_address (e.g. ray://head:10001), or remove it to start a local one",
+            ) from exc
         return True
     try:
         ray.init(address="auto", **options)

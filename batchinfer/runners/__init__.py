@@ -13,8 +13,14 @@ from .score import ScoreRunner
 from .token_classify import TokenClassifyRunner
 from .zero_shot import ZeroShotRunner
 
-RUNNERS = {"embed": EmbedRunner, "classify": ClassifyRunner, "score": ScoreRunner,
-           "token-classify": TokenClassifyRunner, "zero-shot": ZeroShotRunner, "generate": GenerateRunner}
+RUNNERS = {
+    "embed": EmbedRunner,
+    "classify": ClassifyRunner,
+    "score": ScoreRunner,
+    "token-classify": TokenClassifyRunner,
+    "zero-shot": ZeroShotRunner,
+    "generate": GenerateRunner,
+}
 
 
 def make_runner(job: JobConfig, model_path: Path):

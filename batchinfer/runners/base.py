@@ -79,7 +79,9 @@ class EncoderRunner:
         if self.packed:
             inputs, packing = pack(ids, self.device, first_position(self.model.config))
             if isinstance(ids[0], Pair):
-                inputs["token_type_ids"] = torch.tensor([t for row in ids for t in row.type_ids], device=self.device)[None]
+                inputs["token_type_ids"] = torch.tensor([t for row in ids for t in row.type_ids], device=self.device)[
+                    None
+                ]
             with packed_forward(self.model, packing):
                 return self.head({**inputs, "packing": packing}, packing.mask)
         inputs, mask = self.collate(ids)
@@ -113,7 +115,10 @@ class EncoderRunner:
                     prepared.errors.setdefault(int(prepared.rows[owners[batch[k]]]), problem)
                 if outcome.oom_tokens and outcome.oom_tokens // 2 < budget.max_tokens:
                     lowered = max(1, outcome.oom_tokens // 2)
-                    note = f"out of memory at {outcome.oom_tokens} padded tokens: max_tokens {budget.max_tokens} -> {lowered}"
+                    note = (
+                        f"out of memory at {outcome.oom_tokens} padded tokens: "
+                        f"max_tokens {budget.max_tokens} -> {lowered}"
+                    )
                     budget.max_tokens = lowered
                     budget.lowered.append(note)
                     ctx.log(note + " for the rest of the run")
@@ -121,23 +126,38 @@ class EncoderRunner:
             seconds = time.perf_counter() - t0
             # Packed batches compute no padding in linear layers (attention re-pads, see packing.py).
             if batches:
-                totals["padded"] += (int(lengths[np.concatenate(batches)].sum()) if strategy == "packed"
-                                     else padding_stats(lengths, batches)[1])
+                totals["padded"] += (
+                    int(lengths[np.concatenate(batches)].sum())
+                    if strategy == "packed"
+                    else padding_stats(lengths, batches)[1]
+                )
             totals["seconds"] += seconds
             return seconds
 
         extra = {}
         if ctx.probe and len(index):
-            tuning, rest = probe(lengths, run, job.batching.max_tokens, job.batching.strategy, rows, self.device,
-                                 supports_packing(self.model) is None)
+            tuning, rest = probe(
+                lengths,
+                run,
+                job.batching.max_tokens,
+                job.batching.strategy,
+                rows,
+                self.device,
+                supports_packing(self.model) is None,
+            )
             budget.max_tokens, budget.strategy = tuning.max_tokens, tuning.strategy
-            extra["tuning"] = {"max_tokens": tuning.max_tokens, "strategy": tuning.strategy,
-                               "tokens_per_s": {k: round(v) for k, v in tuning.tokens_per_s.items()}}
+            extra["tuning"] = {
+                "max_tokens": tuning.max_tokens,
+                "strategy": tuning.strategy,
+                "tokens_per_s": {k: round(v) for k, v in tuning.tokens_per_s.items()},
+            }
             ctx.log(tuning.describe())
             run([rest[b] for b in plan(lengths[rest], *budget.key, rows, self.device)], budget.strategy)
         else:  # replanned when a probe or an out-of-memory changed the budget after this chunk was read ahead
-            run(loaded.batches if loaded.planned == budget.key else plan(lengths, *budget.key, rows, self.device),
-                budget.strategy)
+            run(
+                loaded.batches if loaded.planned == budget.key else plan(lengths, *budget.key, rows, self.device),
+                budget.strategy,
+            )
         ctx.stop.check()
         failed = set(owners[~ok].tolist())
         items: dict[int, list] = {}
@@ -145,8 +165,11 @@ class EncoderRunner:
             if text not in failed:
                 items.setdefault(text, []).append(results[position])
         kept = np.fromiter(items, dtype=np.int64, count=len(items))
-        return self.columns(list(items.values()), kept, loaded), kept, {
-            "model_seconds": round(totals["seconds"], 4), "padded_tokens": totals["padded"], **extra}
+        return (
+            self.columns(list(items.values()), kept, loaded),
+            kept,
+            {"model_seconds": round(totals["seconds"], 4), "padded_tokens": totals["padded"], **extra},
+        )
 
     def collate(self, ids: list[list[int]]) -> tuple[dict, torch.Tensor]:
         """Items → padded model inputs (with token type ids for pairs) and the [b, L] attention mask."""
@@ -204,7 +227,9 @@ def encode_capped(tokenizer, texts: list[str], max_length: int, from_end: bool =
     def shorten(text: str) -> str:
         return text[-limit:] if from_end else text[:limit]
 
-    long = [i for i, text in enumerate(texts) if max(map(len, text) if isinstance(text, tuple) else [len(text)]) > limit]
+    long = [
+        i for i, text in enumerate(texts) if max(map(len, text) if isinstance(text, tuple) else [len(text)]) > limit
+    ]
     if not long:
         return tokenizer.encode_batch(texts, **options)
     cut = list(texts)

@@ -26,7 +26,6 @@ from ..config import GenerationConfig
 from ..errors import ModelError
 from .base import Tokens, encode_capped
 
-
 CPU_BATCH_TOKENS = 1024
 
 
@@ -74,13 +73,19 @@ class GenerateRunner:
         encodings: list = [None] * len(prompts)
         plain = [i for i, p in enumerate(prompts) if isinstance(p, str)]
         chats = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
-        for i, encoding in zip(plain, encode_capped(self.backend, [prompts[i] for i in plain], self.max_length,
-                                                    from_end=True) if plain else []):
+        for i, encoding in zip(
+            plain,
+            encode_capped(self.backend, [prompts[i] for i in plain], self.max_length, from_end=True) if plain else [],
+        ):
             encodings[i] = encoding
         if chats:  # the template writes its own special tokens
-            texts = [self.tokenizer.apply_chat_template(prompts[i], add_generation_prompt=True, tokenize=False) for i in chats]
-            for i, encoding in zip(chats, encode_capped(self.backend, texts, self.max_length, from_end=True,
-                                                        add_special_tokens=False)):
+            texts = [
+                self.tokenizer.apply_chat_template(prompts[i], add_generation_prompt=True, tokenize=False)
+                for i in chats
+            ]
+            for i, encoding in zip(
+                chats, encode_capped(self.backend, texts, self.max_length, from_end=True, add_special_tokens=False)
+            ):
                 encodings[i] = encoding
         ids = [e.ids for e in encodings]
         lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
@@ -100,10 +105,13 @@ class GenerateRunner:
         overrides = None
         if job.input.format == "openai":
             take = pa.array(prepared.rows[index], pa.int64())
-            columns = {c: loaded.table.column(c).take(take).to_pylist() for c in ("temperature", "top_p", "seed", "stop")}
+            columns = {
+                c: loaded.table.column(c).take(take).to_pylist() for c in ("temperature", "top_p", "seed", "stop")
+            }
             overrides = [dict(zip(columns, values)) for values in zip(*columns.values())]
-        completions = self.generate([tokens.ids[i] for i in index.tolist()], max_new, job.batching.max_rows, overrides,
-                                    check=ctx.stop.check)
+        completions = self.generate(
+            [tokens.ids[i] for i in index.tolist()], max_new, job.batching.max_rows, overrides, check=ctx.stop.check
+        )
         model_seconds = time.perf_counter() - t0
         ctx.stop.check()
         ok = np.ones(len(index), dtype=bool)
@@ -111,23 +119,36 @@ class GenerateRunner:
             ok[position] = False
             prepared.errors[int(prepared.rows[index[position]])] = problem
         keep = np.flatnonzero(ok).tolist()
-        kept = Completions([completions.ids[i] for i in keep], [completions.text[i] for i in keep],
-                           [completions.finish_reason[i] for i in keep])
+        kept = Completions(
+            [completions.ids[i] for i in keep],
+            [completions.text[i] for i in keep],
+            [completions.finish_reason[i] for i in keep],
+        )
         first = sorted(completions.first_token_seconds)
         lengths = tokens.lengths[index]
         # Continuous batching computes no padding; static batches pad to their longest prompt.
         padded = padding_stats(lengths, loaded.batches)[1] if job.generation.engine == "static" else int(lengths.sum())
-        return self.columns(kept, tokens.lengths[index[ok]]), index[ok], {
-            "model_seconds": round(model_seconds, 4),
-            "padded_tokens": padded,
-            "generated_tokens": sum(len(i) for i in kept.ids),
-            "first_token_seconds": round(first[len(first) // 2], 4) if first else None,
-        }
+        return (
+            self.columns(kept, tokens.lengths[index[ok]]),
+            index[ok],
+            {
+                "model_seconds": round(model_seconds, 4),
+                "padded_tokens": padded,
+                "generated_tokens": sum(len(i) for i in kept.ids),
+                "first_token_seconds": round(first[len(first) // 2], 4) if first else None,
+            },
+        )
 
     # --- generation ------------------------------------------------------------------------------------------
 
-    def generate(self, prompts: list[list[int]], max_new: list[int], batch_rows: int,
-                 overrides: list[dict] | None = None, check: Callable[[], None] = lambda: None) -> Completions:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new: list[int],
+        batch_rows: int,
+        overrides: list[dict] | None = None,
+        check: Callable[[], None] = lambda: None,
+    ) -> Completions:
         """Completions in input order. `overrides` holds per-row decoding settings (temperature, top_p,
         seed, stop: an OpenAI request's own); rows that share settings are generated together.
         `check` is called while waiting and may raise to stop (Ctrl-C)."""
@@ -143,7 +164,9 @@ class GenerateRunner:
             gen = self.gen.model_copy(update=json.loads(key))
             sub_prompts, sub_max = [prompts[p] for p in positions], [max_new[p] for p in positions]
             if gen.engine == "static":
-                batches = [np.arange(i, min(i + batch_rows, len(positions))) for i in range(0, len(positions), batch_rows)]
+                batches = [
+                    np.arange(i, min(i + batch_rows, len(positions))) for i in range(0, len(positions), batch_rows)
+                ]
                 results, first = self._static(gen, sub_prompts, sub_max, batches)
             elif gen.engine == "vllm":
                 results, first = self._vllm(gen, sub_prompts, sub_max)
@@ -200,18 +223,25 @@ class GenerateRunner:
             options.setdefault("max_batch_tokens", CPU_BATCH_TOKENS)
         if "num_blocks" not in options and "max_memory_percent" not in options:
             page = options.get("page_size", 256)
-            options["num_blocks"] = cache_blocks([len(p) + m for p, m in zip(prompts, max_new)], page, concurrency,
-                                                 kv_bytes_per_block(self.model.config, self.model.dtype, page),
-                                                 memory_budget(gen.max_memory, self.device))
+            options["num_blocks"] = cache_blocks(
+                [len(p) + m for p, m in zip(prompts, max_new)],
+                page,
+                concurrency,
+                kv_bytes_per_block(self.model.config, self.model.dtype, page),
+                memory_budget(gen.max_memory, self.device),
+            )
         try:
             cb_config = ContinuousBatchingConfig(seed=gen.seed, **options)
         except TypeError as exc:
-            raise ModelError(f"generation.engine_options: {exc}",
-                             "use fields of transformers.ContinuousBatchingConfig, e.g. num_blocks, max_batch_tokens")
+            raise ModelError(
+                f"generation.engine_options: {exc}",
+                "use fields of transformers.ContinuousBatchingConfig, e.g. num_blocks, max_batch_tokens",
+            ) from exc
         started = time.perf_counter()
         results = {}
-        manager = self.model.init_continuous_batching(generation_config=self._generation_config(gen, max(max_new)),
-                                                      continuous_batching_config=cb_config)
+        manager = self.model.init_continuous_batching(
+            generation_config=self._generation_config(gen, max(max_new)), continuous_batching_config=cb_config
+        )
         manager.start()
         stopped = True
         try:
@@ -253,11 +283,14 @@ class GenerateRunner:
             input_ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
             mask = torch.zeros_like(input_ids)
             for k, row in enumerate(rows):  # left padding: every row's next token lands in the last column
-                input_ids[k, longest - len(row):] = torch.tensor(row)
-                mask[k, longest - len(row):] = 1
+                input_ids[k, longest - len(row) :] = torch.tensor(row)
+                mask[k, longest - len(row) :] = 1
             limit = max(max_new[i] for i in batch.tolist())
-            out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                                      generation_config=self._generation_config(gen, limit))
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                generation_config=self._generation_config(gen, limit),
+            )
             first.extend([time.perf_counter() - started] * len(rows))  # a static batch returns all at once
             for k, i in enumerate(batch.tolist()):
                 raw[i] = (out[k, longest:].tolist(), None)
@@ -266,8 +299,18 @@ class GenerateRunner:
     def _vllm(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int]):
         from vllm import SamplingParams  # checked importable when the runner was built
 
-        params = [SamplingParams(max_tokens=m, temperature=gen.temperature, top_p=gen.top_p, top_k=gen.top_k or -1,
-                                 seed=gen.seed, stop=gen.stop or None, skip_special_tokens=True) for m in max_new]
+        params = [
+            SamplingParams(
+                max_tokens=m,
+                temperature=gen.temperature,
+                top_p=gen.top_p,
+                top_k=gen.top_k or -1,
+                seed=gen.seed,
+                stop=gen.stop or None,
+                skip_special_tokens=True,
+            )
+            for m in max_new
+        ]
         outputs = self.model.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [(list(o.outputs[0].token_ids), None) for o in outputs], []
 
@@ -287,11 +330,15 @@ def load_vllm(path, engine_options: dict):
     try:
         from vllm import LLM
     except ImportError as exc:
-        raise ModelError("generation.engine vllm needs vLLM, which is not installed",
-                         "pip install 'batchinfer[vllm]' on a machine with a CUDA GPU, or use engine: transformers") from exc
+        raise ModelError(
+            "generation.engine vllm needs vLLM, which is not installed",
+            "pip install 'batchinfer[vllm]' on a machine with a CUDA GPU, or use engine: transformers",
+        ) from exc
     if not torch.cuda.is_available():
-        raise ModelError("generation.engine vllm needs a CUDA GPU, and none is visible",
-                         "use generation.engine: transformers, which runs on CPU and GPU")
+        raise ModelError(
+            "generation.engine vllm needs a CUDA GPU, and none is visible",
+            "use generation.engine: transformers, which runs on CPU and GPU",
+        )
     return LLM(model=str(path), **engine_options)
 
 

@@ -11,8 +11,12 @@ import torch
 from .base import EncoderRunner, encode_capped, fixed_size_list, rows_of, tokens_of
 
 # CrossEncoder's activation, by the class name its config stores (sentence_transformers.activation_fn).
-ACTIVATIONS = {"Sigmoid": torch.sigmoid, "Identity": lambda x: x, "Tanh": torch.tanh,
-               "Softmax": lambda x: x.softmax(dim=-1)}
+ACTIVATIONS = {
+    "Sigmoid": torch.sigmoid,
+    "Identity": lambda x: x,
+    "Tanh": torch.tanh,
+    "Softmax": lambda x: x.softmax(dim=-1),
+}
 
 
 class ScoreRunner(EncoderRunner):

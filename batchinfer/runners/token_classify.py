@@ -14,8 +14,9 @@ import torch
 
 from .base import EncoderRunner
 
-ENTITY = pa.struct([("label", pa.string()), ("score", pa.float32()), ("start", pa.int32()), ("end", pa.int32()),
-                    ("text", pa.string())])
+ENTITY = pa.struct(
+    [("label", pa.string()), ("score", pa.float32()), ("start", pa.int32()), ("end", pa.int32()), ("text", pa.string())]
+)
 
 
 class TokenClassifyRunner(EncoderRunner):
@@ -40,10 +41,21 @@ class TokenClassifyRunner(EncoderRunner):
         return {"entities": pa.array(rows, pa.list_(ENTITY))}
 
     def _entities(self, logits: np.ndarray, text: str, encoding) -> list[dict]:
-        outputs = {"logits": torch.from_numpy(logits)[None], "sentence": text,
-                   "input_ids": torch.tensor(encoding.ids)[None],
-                   "offset_mapping": torch.tensor(encoding.offsets)[None],
-                   "special_tokens_mask": torch.tensor(encoding.special_tokens_mask)[None]}
+        outputs = {
+            "logits": torch.from_numpy(logits)[None],
+            "sentence": text,
+            "input_ids": torch.tensor(encoding.ids)[None],
+            "offset_mapping": torch.tensor(encoding.offsets)[None],
+            "special_tokens_mask": torch.tensor(encoding.special_tokens_mask)[None],
+        }
         found = self.pipeline.postprocess([outputs], aggregation_strategy=self.aggregation)
-        return [{"label": e.get("entity_group", e.get("entity")), "score": float(e["score"]), "start": int(e["start"]),
-                 "end": int(e["end"]), "text": text[e["start"]:e["end"]]} for e in found]
+        return [
+            {
+                "label": e.get("entity_group", e.get("entity")),
+                "score": float(e["score"]),
+                "start": int(e["start"]),
+                "end": int(e["end"]),
+                "text": text[e["start"] : e["end"]],
+            }
+            for e in found
+        ]

@@ -22,7 +22,9 @@ class ZeroShotRunner(EncoderRunner):
         self.labels = list(job.model.labels)
         self.hypotheses = [job.model.hypothesis_template.format(label) for label in self.labels]
         self.multi_label = job.model.multi_label or len(self.labels) == 1
-        self.entailment = next(i for label, i in model.config.label2id.items() if str(label).lower().startswith("entail"))
+        self.entailment = next(
+            i for label, i in model.config.label2id.items() if str(label).lower().startswith("entail")
+        )
         self.contradiction = -1 if self.entailment == 0 else 0
 
     def tokenize(self, texts: list[str]) -> "Tokens":  # noqa: F821
@@ -34,7 +36,9 @@ class ZeroShotRunner(EncoderRunner):
         return list(self.model(**inputs).logits.float().cpu().numpy())  # [b] x [classes]
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
-        logits = np.array(results, dtype=np.float32).reshape(len(results), len(self.labels), -1)  # [rows, labels, classes]
+        logits = np.array(results, dtype=np.float32).reshape(
+            len(results), len(self.labels), -1
+        )  # [rows, labels, classes]
         if self.multi_label:
             pair = logits[..., [self.contradiction, self.entailment]]
             scores = np.exp(pair) / np.exp(pair).sum(-1, keepdims=True)
@@ -43,6 +47,8 @@ class ZeroShotRunner(EncoderRunner):
             entail = logits[..., self.entailment]
             scores = np.exp(entail) / np.exp(entail).sum(-1, keepdims=True)
         best = scores.argmax(axis=1) if len(results) else np.zeros(0, dtype=np.int64)
-        return {"label": pa.array([self.labels[i] for i in best.tolist()], pa.string()),
-                "score": pa.array(scores.max(axis=1).astype(np.float32) if len(results) else [], pa.float32()),
-                "scores": fixed_size_list(scores.reshape(len(results), len(self.labels)))}
+        return {
+            "label": pa.array([self.labels[i] for i in best.tolist()], pa.string()),
+            "score": pa.array(scores.max(axis=1).astype(np.float32) if len(results) else [], pa.float32()),
+            "scores": fixed_size_list(scores.reshape(len(results), len(self.labels))),
+        }

@@ -23,18 +23,33 @@ from ..config import InputConfig
 from ..errors import InputError
 from ..storage import glob_regex, is_uri, list_files, reach_problem
 from .base import READ_ERRORS, BadShard, Reader, ReadSpec, RowBlock, Shard, ShardInfo, describe_read_error, job_type
+from .csv import CsvFormat
 from .hf import MARKERS as HF_MARKERS
 from .hf import HfFormat
 from .jsonl import JsonlFormat
 from .openai import REQUEST_TYPES, OpenAIFormat, find_repeats
-from .csv import CsvFormat
 from .parquet import ParquetFormat
 
-__all__ = ["READ_ERRORS", "BadShard", "Inputs", "ReadSpec", "RowBlock", "Shard", "describe_read_error",
-           "discover_shards", "open_reader", "read_spec"]
+__all__ = [
+    "READ_ERRORS",
+    "BadShard",
+    "Inputs",
+    "ReadSpec",
+    "RowBlock",
+    "Shard",
+    "describe_read_error",
+    "discover_shards",
+    "open_reader",
+    "read_spec",
+]
 
-FORMATS = {"parquet": ParquetFormat(), "jsonl": JsonlFormat(), "csv": CsvFormat(), "hf": HfFormat(),
-           "openai": OpenAIFormat()}
+FORMATS = {
+    "parquet": ParquetFormat(),
+    "jsonl": JsonlFormat(),
+    "csv": CsvFormat(),
+    "hf": HfFormat(),
+    "openai": OpenAIFormat(),
+}
 # Files and folders batchinfer writes into an output folder: a folder holding one is its output.
 JOB_MARKERS = ("_batchinfer.json", "_manifest.jsonl")
 
@@ -48,8 +63,15 @@ class Inputs(NamedTuple):
 
 def read_spec(cfg: InputConfig, columns: list[str] | None = None, types: dict | None = None) -> ReadSpec:
     types = dict(REQUEST_TYPES) if cfg.format == "openai" else dict(types or {})
-    return ReadSpec(tuple(columns or cfg.columns), tuple(cfg.text_columns), (cfg.messages,) if cfg.messages else (),
-                    cfg.id_column, cfg.max_line_bytes, types, dict(cfg.storage_options))
+    return ReadSpec(
+        tuple(columns or cfg.columns),
+        tuple(cfg.text_columns),
+        (cfg.messages,) if cfg.messages else (),
+        cfg.id_column,
+        cfg.max_line_bytes,
+        types,
+        dict(cfg.storage_options),
+    )
 
 
 def open_reader(shard: Shard, spec: ReadSpec) -> Reader:
@@ -75,7 +97,9 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
         paths = _expand_remote(cfg, output) if is_uri(cfg.path) else _expand(cfg.path, cfg.format, output)
     except OSError as exc:  # the object store could not be listed: a missing bucket, refused credentials
         problem = reach_problem(exc) or (str(exc)[:300], "check input.path")
-        raise InputError(f"cannot read input.path {cfg.path}: {problem[0]}", problem[1].replace("the path", "input.path"))
+        raise InputError(
+            f"cannot read input.path {cfg.path}: {problem[0]}", problem[1].replace("the path", "input.path")
+        ) from exc
     root = posixpath.commonpath([posixpath.dirname(p) for p in paths]) if len(paths) > 1 else None
     spec = read_spec(cfg, columns)
     shards, bad, infos = [], [], []
@@ -87,20 +111,27 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
             _check_columns(name, info.columns, list(spec.columns))
         except InputError as exc:
             if cfg.on_bad_shard == "fail":
-                raise InputError(exc.message, exc.hint + ("; or set input.on_bad_shard: skip to leave it out"
-                                                          if len(paths) > 1 else ""))
+                raise InputError(
+                    exc.message,
+                    exc.hint + ("; or set input.on_bad_shard: skip to leave it out" if len(paths) > 1 else ""),
+                ) from exc
             bad.append(BadShard(name, exc.message))
             continue
         shards.append(Shard(path, name, fmt, info.rows, info.digest))
         infos.append(info)
     if not shards:
-        raise InputError(f"no readable shard: {bad[0].message}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
-                         "fix the input files or input.text / input.id / input.keep")
+        raise InputError(
+            f"no readable shard: {bad[0].message}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
+            "fix the input files or input.text / input.id / input.keep",
+        )
     if cfg.format == "openai":
         repeats = find_repeats([(s.name, info.keys) for s, info in zip(shards, infos)])
         shards = [Shard(s.path, s.name, s.format, s.num_rows, s.digest, repeats.get(s.name, ())) for s in shards]
-    types = {c: job_type(c, {s.name: i.types[c] for s, i in zip(shards, infos) if c in i.types})
-             for c in spec.typed if any(c in i.types for i in infos)}
+    types = {
+        c: job_type(c, {s.name: i.types[c] for s, i in zip(shards, infos) if c in i.types})
+        for c in spec.typed
+        if any(c in i.types for i in infos)
+    }
     bad_records = [(s.name, message) for s, info in zip(shards, infos) for _, message in info.bad_records]
     return Inputs(shards, bad, types, bad_records)
 
@@ -112,7 +143,9 @@ def _inspect(path: str, fmt: str, spec: ReadSpec) -> ShardInfo:
         problem = reach_problem(exc)
         if problem:
             raise InputError(f"shard {path} cannot be read: {problem[0]}", problem[1]) from exc
-        raise InputError(f"shard {path} cannot be read: {describe_read_error(exc)}", "replace or remove the file") from exc
+        raise InputError(
+            f"shard {path} cannot be read: {describe_read_error(exc)}", "replace or remove the file"
+        ) from exc
 
 
 def _check_columns(name: str, present: list[str] | None, columns: list[str]) -> None:
@@ -130,20 +163,30 @@ def _check_columns(name: str, present: list[str] | None, columns: list[str]) -> 
 def _expand(pattern: str, declared: str, output: str | None) -> list[str]:
     skip = _Skip(output)
     if any(ch in pattern for ch in "*?["):
-        prefix = pattern[:min(pattern.index(ch) for ch in "*?[" if ch in pattern)]
+        prefix = pattern[: min(pattern.index(ch) for ch in "*?[" if ch in pattern)]
         base = Path(prefix[: prefix.rfind("/") + 1] or ".")
         matches = [Path(p) for p in sorted(glob.glob(pattern, recursive=True)) if not skip(Path(p), base)]
         where = f"the glob {pattern}"
     else:
         path = Path(pattern)
         if not path.exists():
-            raise InputError(f"input.path {pattern} does not exist", "check the path; it is taken from the current directory")
-        matches = [path] if path.is_file() or shard_format(str(path)) == "hf" else sorted(
-            p for p in path.rglob("*")
-            if not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts) and not skip(p, path)
+            raise InputError(
+                f"input.path {pattern} does not exist", "check the path; it is taken from the current directory"
+            )
+        matches = (
+            [path]
+            if path.is_file() or shard_format(str(path)) == "hf"
+            else sorted(
+                p
+                for p in path.rglob("*")
+                if not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts) and not skip(p, path)
+            )
         )
-        where = f"the file {pattern}, whose extension batchinfer does not know," if path.is_file() else \
-            f"the folder {pattern}"
+        where = (
+            f"the file {pattern}, whose extension batchinfer does not know,"
+            if path.is_file()
+            else f"the folder {pattern}"
+        )
     shards = [str(p.resolve()) for p in matches if shard_format(str(p), declared)]
     if not shards:
         _nothing_found(where, [p.name for p in matches if p.is_file()])
@@ -168,9 +211,11 @@ def _expand_remote(cfg: InputConfig, output: str | None) -> list[str]:
         folders = [posixpath.dirname(path)]
         while folders[-1] not in (root, "", "/") and folders[-1].startswith(root):
             folders.append(posixpath.dirname(folders[-1]))
-        return ((regex.fullmatch(path) if regex else not any(p.startswith(("_", ".")) for p in relative.split("/")))
-                and not (own and (path == own or path.startswith(own + "/")))
-                and not any(f in outputs and f != root for f in folders))
+        return (
+            (regex.fullmatch(path) if regex else not any(p.startswith(("_", ".")) for p in relative.split("/")))
+            and not (own and (path == own or path.startswith(own + "/")))
+            and not any(f in outputs and f != root for f in folders)
+        )
 
     shards = [f"{scheme}://{p}" for p in found if keep(p)]
     shards = [p for p in shards if shard_format(p, cfg.format)]
@@ -206,5 +251,3 @@ class _Skip:
         if folder not in self.folders:
             self.folders[folder] = any((folder / marker).exists() for marker in JOB_MARKERS)
         return self.folders[folder]
-
-

@@ -128,8 +128,12 @@ class Kinds:
         """One kind keeps its type; numbers that mix int and float are float (ids excepted); any
         other mix is text, each value written as it stands in the file (strings unquoted)."""
         seen = self.seen
-        simple = {frozenset({"str"}): pa.string(), frozenset({"int"}): pa.int64(), frozenset({"float"}): pa.float64(),
-                  frozenset({"bool"}): pa.bool_()}
+        simple = {
+            frozenset({"str"}): pa.string(),
+            frozenset({"int"}): pa.int64(),
+            frozenset({"float"}): pa.float64(),
+            frozenset({"bool"}): pa.bool_(),
+        }
         if not seen:
             return pa.string()
         if frozenset(seen) in simple:
@@ -168,15 +172,24 @@ def job_type(column: str, found: dict[str, pa.DataType]) -> pa.DataType:
     unified = unify(real)
     if unified is None:
         shown = "; ".join(f"{name}: {t}" for name, t in list(found.items())[:4])
-        raise InputError(f"column '{column}' has types that do not combine across shards ({shown})",
-                         f"give every shard the same type for '{column}', or leave it out of input.keep")
+        raise InputError(
+            f"column '{column}' has types that do not combine across shards ({shown})",
+            f"give every shard the same type for '{column}', or leave it out of input.keep",
+        )
     return unified
 
 
 def _text_castable(t: pa.DataType) -> bool:
-    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
-            or pa.types.is_boolean(t) or pa.types.is_dictionary(t) or pa.types.is_temporal(t)
-            or pa.types.is_decimal(t))
+    return (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_dictionary(t)
+        or pa.types.is_temporal(t)
+        or pa.types.is_decimal(t)
+    )
 
 
 def as_text(value) -> str | None:

@@ -42,8 +42,9 @@ class CsvFormat:
                         if fits[k]:
                             fits[k] = _casts(values, target)
         types = {c: pa.string() for c in spec.typed if c in columns}
-        types.update({c: pa.int64() if fits[0] else pa.float64() if fits[1] else pa.string()
-                      for c, fits in numeric.items()})
+        types.update(
+            {c: pa.int64() if fits[0] else pa.float64() if fits[1] else pa.string() for c, fits in numeric.items()}
+        )
         return ShardInfo(rows, digest.hexdigest(), columns, types, bad_records=bad)
 
     def reader(self, shard: Shard, spec: ReadSpec) -> "CsvReader":
@@ -100,8 +101,12 @@ def _open(path: str, spec: ReadSpec, digest=None) -> IO[bytes]:
 def _reader(stream: IO[bytes], path: str, bad: list[tuple[int, str]], spec: ReadSpec) -> pcsv.CSVStreamingReader:
     def invalid(row) -> str:
         text = row.text if len(row.text) <= _TEXT_HEAD else row.text[:_TEXT_HEAD] + "..."
-        bad.append((row.number, f"line {row.number}: {row.actual_columns} fields where the header has "
-                                f"{row.expected_columns}: {text!r}"))
+        bad.append(
+            (
+                row.number,
+                f"line {row.number}: {row.actual_columns} fields where the header has {row.expected_columns}: {text!r}",
+            )
+        )
         return "skip"
 
     delimiter = "\t" if path.lower().removesuffix(".gz").endswith(".tsv") else ","

@@ -19,9 +19,11 @@ class HfFormat:
 
     def inspect(self, path: str, spec: ReadSpec) -> ShardInfo:
         if is_uri(path):
-            raise InputError(f"{path} is a saved dataset on an object store, which batchinfer reads from local "
-                             "folders only", "copy the folder to local disk, or write the dataset as Parquet "
-                             "(dataset.to_parquet) and point input.path at that")
+            raise InputError(
+                f"{path} is a saved dataset on an object store, which batchinfer reads from local folders only",
+                "copy the folder to local disk, or write the dataset as Parquet "
+                "(dataset.to_parquet) and point input.path at that",
+            )
         dataset = load(path)
         schema = dataset.data.schema
         types = {c: schema.field(c).type for c in spec.typed if c in schema.names}
@@ -29,8 +31,9 @@ class HfFormat:
 
     def reader(self, shard: Shard, spec: ReadSpec) -> TableReader:
         columns = list(spec.columns)
-        return TableReader(lambda start, stop: load(shard.path).data.table.select(columns).slice(start, stop - start),
-                           spec)
+        return TableReader(
+            lambda start, stop: load(shard.path).data.table.select(columns).slice(start, stop - start), spec
+        )
 
 
 def folder_digest(path: Path) -> str:

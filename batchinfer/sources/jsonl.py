@@ -15,8 +15,8 @@ from typing import IO
 import pyarrow as pa
 
 from ..lines import Oversized, parse_object, read_lines, sniff_field
+from ..messages import message_problem
 from ..storage import open_binary
-from ..prepare import message_problem
 from .base import Kinds, Problem, ReadSpec, RowBlock, Shard, ShardInfo, as_text
 
 _BLOCK = 1 << 20
@@ -69,7 +69,9 @@ class JsonlFormat:
     def reader(self, shard: Shard, spec: ReadSpec) -> "JsonlReader":
         return JsonlReader(shard, spec, self)
 
-    def record(self, line: bytes | Oversized, spec: ReadSpec, number: int, repeats: dict[int, str]) -> tuple[dict, Problem | None]:
+    def record(
+        self, line: bytes | Oversized, spec: ReadSpec, number: int, repeats: dict[int, str]
+    ) -> tuple[dict, Problem | None]:
         """One line → the row's values, or the reason it cannot run (with its id when readable)."""
         record, problem = parse_object(line, spec.max_line_bytes)
         if problem:
@@ -150,8 +152,11 @@ def _to_arrow(column: str, values: list, type_: pa.DataType | None, bad: dict[in
 
 def _value_problem(column: str, value, exc: BaseException) -> Problem:
     if isinstance(exc, UnicodeEncodeError):
-        return ("bad_utf8", f"field '{column}' holds a lone UTF-16 surrogate ({exc.object[exc.start:exc.end]!a}), "
-                            "which is not valid text")
+        return (
+            "bad_utf8",
+            f"field '{column}' holds a lone UTF-16 surrogate ({exc.object[exc.start : exc.end]!a}), "
+            "which is not valid text",
+        )
     return ("bad_json", f"field '{column}' does not fit the column's type: {type(exc).__name__}: {str(exc)[:200]}")
 
 

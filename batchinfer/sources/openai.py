@@ -14,9 +14,16 @@ from ..openai_batch import parse_request
 from .base import Problem, ReadSpec
 from .jsonl import JsonlFormat
 
-REQUEST_TYPES = {"custom_id": pa.string(), "url": pa.string(), "prompt": pa.string(), "max_tokens": pa.int64(),
-                 "temperature": pa.float64(), "top_p": pa.float64(), "seed": pa.int64(),
-                 "stop": pa.list_(pa.string())}  # messages: inferred per block, checked per line
+REQUEST_TYPES = {
+    "custom_id": pa.string(),
+    "url": pa.string(),
+    "prompt": pa.string(),
+    "max_tokens": pa.int64(),
+    "temperature": pa.float64(),
+    "top_p": pa.float64(),
+    "seed": pa.int64(),
+    "stop": pa.list_(pa.string()),
+}  # messages: inferred per block, checked per line
 
 
 class OpenAIFormat(JsonlFormat):
@@ -29,7 +36,9 @@ class OpenAIFormat(JsonlFormat):
     def shown_columns(self, columns: list[str] | None) -> None:
         return None  # lines are checked one by one; a bad one becomes an error line
 
-    def record(self, line: bytes | Oversized, spec: ReadSpec, number: int, repeats: dict[int, str]) -> tuple[dict, Problem | None]:
+    def record(
+        self, line: bytes | Oversized, spec: ReadSpec, number: int, repeats: dict[int, str]
+    ) -> tuple[dict, Problem | None]:
         record, problem = parse_object(line, spec.max_line_bytes)
         if problem:
             custom_id = sniff_field(line, "custom_id")
@@ -49,7 +58,8 @@ def find_repeats(keys_by_shard: list[tuple[str, list[tuple[int, str]]]]) -> dict
             if key in first:
                 where, at = first[key]
                 repeats.setdefault(name, []).append(
-                    (line, f"custom_id {key[:100]!r} repeats line {at + 1} of {where}; only the first request runs"))
+                    (line, f"custom_id {key[:100]!r} repeats line {at + 1} of {where}; only the first request runs")
+                )
             else:
                 first[key] = (name, line)
     return {name: tuple(found) for name, found in repeats.items()}

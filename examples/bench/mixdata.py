@@ -36,7 +36,9 @@ def load_sets(data: Path) -> dict[str, list[str]]:
         ag = [f"{title}. {body}".replace("\\", " ") for _, title, body in csv.reader(f)]
     with open(data / "bbc_news" / "bbc_news.jsonl", encoding="utf-8") as f:
         bbc = [json.loads(line)["text"] for line in f]
-    tweets = [t for task in ("emoji", "hate", "offensive") for t in _lines(data / "tweeteval" / task / "train_text.txt")]
+    tweets = [
+        t for task in ("emoji", "hate", "offensive") for t in _lines(data / "tweeteval" / task / "train_text.txt")
+    ]
     mpqa = _lines(data / "mpqa" / "mpqa.pos") + _lines(data / "mpqa" / "mpqa.neg")
     return {"sst2": sst2, "mpqa": mpqa, "tweeteval": tweets, "ag_news": ag, "bbc_news": bbc}
 

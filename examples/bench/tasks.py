@@ -37,18 +37,24 @@ def head_model(kind: str, folder: Path) -> Path:
     torch.manual_seed(0)
     names = ["contradiction", "neutral", "entailment"] if kind == "nli" else ["score"]
     model = BertForSequenceClassification.from_pretrained(
-        minilm, num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+        minilm, num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)}
+    )
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(minilm).save_pretrained(folder)
     return folder
 
 
 def data(shared: Path, rows: int) -> tuple[list[tuple[str, str]], list[str]]:
-    questions = [line.split(" ", 1)[1].strip() for line in (shared / "trec" / "TREC.train").read_text(
-        encoding="latin-1").splitlines() if " " in line]
+    questions = [
+        line.split(" ", 1)[1].strip()
+        for line in (shared / "trec" / "TREC.train").read_text(encoding="latin-1").splitlines()
+        if " " in line
+    ]
     with open(shared / "ag_news" / "test.csv", encoding="utf-8") as f:
         news = [body.replace("\\", " ") for _, _, body in csv.reader(f)]
-    tweets = [t for t in (shared / "tweeteval" / "emoji" / "train_text.txt").read_text(encoding="utf-8").splitlines() if t]
+    tweets = [
+        t for t in (shared / "tweeteval" / "emoji" / "train_text.txt").read_text(encoding="utf-8").splitlines() if t
+    ]
     pairs = [(questions[i % len(questions)], news[(i * 7) % len(news)]) for i in range(rows)]
     return pairs, [tweets[i % len(tweets)] for i in range(rows)]
 
@@ -75,32 +81,47 @@ def main() -> None:
     cross, nli = head_model("cross", work / "cross"), head_model("nli", work / "nli")
     pq.write_table(pa.table({"query": [q for q, _ in pairs], "doc": [d for _, d in pairs]}), work / "pairs.parquet")
     pq.write_table(pa.table({"text": tweets}), work / "tweets.parquet")
-    lines = [f"{args.rows:,} rows each, MiniLM-sized models, max_length 256, {torch.get_num_threads()} threads\n",
-             "| task | run | seconds | rows/s | speed-up |", "|---|---|---|---|---|"]
+    lines = [
+        f"{args.rows:,} rows each, MiniLM-sized models, max_length 256, {torch.get_num_threads()} threads\n",
+        "| task | run | seconds | rows/s | speed-up |",
+        "|---|---|---|---|---|",
+    ]
 
-    seconds = run_batchinfer({"input": {"path": str(work / "pairs.parquet"), "text": "query", "text_pair": "doc"},
-                              "model": {"path": str(cross), "task": "score", "max_length": 256},
-                              "output": {"path": str(work / "out-score")}})
+    seconds = run_batchinfer(
+        {
+            "input": {"path": str(work / "pairs.parquet"), "text": "query", "text_pair": "doc"},
+            "model": {"path": str(cross), "task": "score", "max_length": 256},
+            "output": {"path": str(work / "out-score")},
+        }
+    )
     from sentence_transformers import CrossEncoder
 
     encoder = CrossEncoder(str(cross), max_length=256, device="cpu")
     started = time.perf_counter()
     encoder.predict(pairs, batch_size=32)
     peer = time.perf_counter() - started
-    lines += [f"| score | batchinfer | {seconds:.1f} | {args.rows / seconds:,.1f} | {peer / seconds:.2f}x |",
-              f"| score | CrossEncoder.predict, batch 32 | {peer:.1f} | {args.rows / peer:,.1f} | 1.00x |"]
+    lines += [
+        f"| score | batchinfer | {seconds:.1f} | {args.rows / seconds:,.1f} | {peer / seconds:.2f}x |",
+        f"| score | CrossEncoder.predict, batch 32 | {peer:.1f} | {args.rows / peer:,.1f} | 1.00x |",
+    ]
 
-    seconds = run_batchinfer({"input": {"path": str(work / "tweets.parquet"), "text": "text"},
-                              "model": {"path": str(nli), "task": "zero-shot", "max_length": 256, "labels": LABELS},
-                              "output": {"path": str(work / "out-zero-shot")}})
+    seconds = run_batchinfer(
+        {
+            "input": {"path": str(work / "tweets.parquet"), "text": "text"},
+            "model": {"path": str(nli), "task": "zero-shot", "max_length": 256, "labels": LABELS},
+            "output": {"path": str(work / "out-zero-shot")},
+        }
+    )
     from transformers import pipeline
 
     classifier = pipeline("zero-shot-classification", model=str(nli), device="cpu")
     started = time.perf_counter()
     classifier(tweets, candidate_labels=LABELS, batch_size=32)
     peer = time.perf_counter() - started
-    lines += [f"| zero-shot | batchinfer | {seconds:.1f} | {args.rows / seconds:,.1f} | {peer / seconds:.2f}x |",
-              f"| zero-shot | pipeline, batch 32 | {peer:.1f} | {args.rows / peer:,.1f} | 1.00x |"]
+    lines += [
+        f"| zero-shot | batchinfer | {seconds:.1f} | {args.rows / seconds:,.1f} | {peer / seconds:.2f}x |",
+        f"| zero-shot | pipeline, batch 32 | {peer:.1f} | {args.rows / peer:,.1f} | 1.00x |",
+    ]
     print("\n".join(lines))
 
 

@@ -23,8 +23,9 @@ def make_tokenizer(folder: Path, texts: list[str]):
     bpe = ByteLevelBPETokenizer()
     specials = ["<|endoftext|>", "<|pad|>", "<|user|>", "<|assistant|>", "<|system|>"]
     bpe.train_from_iterator(texts, vocab_size=600, min_frequency=2, special_tokens=specials, show_progress=False)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                        pad_token="<|pad|>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<|pad|>"
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
     return tokenizer
@@ -38,11 +39,23 @@ def make_tiny_causal(kind: str, folder: Path, texts: list[str]) -> Path:
 
     tokenizer = make_tokenizer(folder, texts)
     torch.manual_seed(0)
-    ids = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-               pad_token_id=tokenizer.pad_token_id)
+    ids = dict(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     if kind == "llama":
-        config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.3, **ids)
+        config = LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            initializer_range=0.3,
+            **ids,
+        )
         model = LlamaForCausalLM(config)
     else:
         config = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=2048, initializer_range=0.3, **ids)
@@ -57,7 +70,11 @@ def sms_texts() -> list[str]:
     import pyarrow.parquet as pq
 
     folder = Path(__file__).resolve().parents[1] / "sms_spam"
-    return [t for p in sorted(folder.glob("*.parquet")) for t in pq.read_table(p, columns=["text"]).column("text").to_pylist()]
+    return [
+        t
+        for p in sorted(folder.glob("*.parquet"))
+        for t in pq.read_table(p, columns=["text"]).column("text").to_pylist()
+    ]
 
 
 if __name__ == "__main__":

@@ -28,13 +28,21 @@ def make_tokenizer(texts: list[str]):
     wordpiece.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     wordpiece.decoder = decoders.WordPiece()
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    wordpiece.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=2000, special_tokens=specials,
-                                                                   show_progress=False))
+    wordpiece.train_from_iterator(
+        texts, trainers.WordPieceTrainer(vocab_size=2000, special_tokens=specials, show_progress=False)
+    )
     cls, sep = wordpiece.token_to_id("[CLS]"), wordpiece.token_to_id("[SEP]")
     wordpiece.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
-    return PreTrainedTokenizerFast(tokenizer_object=wordpiece, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]")
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=wordpiece,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
 
 
 def make_tiny_encoder(kind: str, folder: Path, tokenizer) -> Path:
@@ -43,9 +51,18 @@ def make_tiny_encoder(kind: str, folder: Path, tokenizer) -> Path:
 
     labels = KINDS[kind]
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-                        num_labels=len(labels), id2label={i: name for name, i in labels.items()}, label2id=labels)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        num_labels=len(labels),
+        id2label={i: name for name, i in labels.items()},
+        label2id=labels,
+    )
     model = (BertForTokenClassification if kind == "ner" else BertForSequenceClassification)(config)
     model.eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)

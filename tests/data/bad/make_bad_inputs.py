@@ -10,7 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
-GOOD = [{"id": "good-1", "text": "Ok lar... Joking wif u oni..."}, {"id": "good-2", "text": "Free entry in 2 a wkly comp"}]
+GOOD = [
+    {"id": "good-1", "text": "Ok lar... Joking wif u oni..."},
+    {"id": "good-2", "text": "Free entry in 2 a wkly comp"},
+]
 
 
 def jsonl(name: str, *middle: bytes) -> None:
@@ -42,9 +45,11 @@ def main() -> None:
     jsonl("blank_line.jsonl", b"")
     jsonl("too_long.jsonl", row("word " * 2000))
     (HERE / "crlf_and_bom.jsonl").write_bytes(
-        b"\xef\xbb\xbf" + b"\r\n".join(json.dumps(r).encode() for r in GOOD) + b"\r\n")
-    table = pa.table({"id": ["good-1", "bad-null", "bad-empty", "good-2"],
-                      "text": [GOOD[0]["text"], None, "", GOOD[1]["text"]]})
+        b"\xef\xbb\xbf" + b"\r\n".join(json.dumps(r).encode() for r in GOOD) + b"\r\n"
+    )
+    table = pa.table(
+        {"id": ["good-1", "bad-null", "bad-empty", "good-2"], "text": [GOOD[0]["text"], None, "", GOOD[1]["text"]]}
+    )
     pq.write_table(table, HERE / "null_and_empty.parquet")
     pq.write_table(pa.table({"id": ["bad-1", "bad-2"], "text": [1, 2]}), HERE / "int_text_column.parquet")
     pq.write_table(pa.table({"id": ["bad-1"], "body": ["no text column"]}), HERE / "other_schema.parquet")

@@ -1,0 +1,53 @@
+"""`openai-batch -o RESULTS.jsonl`: the finished folder's output.jsonl and errors.jsonl copied to where the
+user asked, replacing a file there only if batchinfer wrote it (the folder keeps their digests)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+from .errors import OutputError
+from .openai_batch import EXPORTED
+from .sink import read_state
+from .storage import LocalFolder
+
+
+def check_targets(work, targets: list) -> None:
+    """Before any work: refuse to overwrite a file that batchinfer did not write there itself."""
+    known = _exported(work)
+    for target in targets:
+        if target.exists() and known.get(str(target.resolve())) != _digest(target):
+            raise OutputError(
+                f"{target} exists and was not written by batchinfer (or was changed since)",
+                "give another -o path, or move the file away",
+            )
+
+
+def deliver(work, targets: dict) -> None:
+    """Copy the folder's output.jsonl and errors.jsonl to where the user asked ({name: path}), whole
+    or not at all, and note what was written so a rerun may replace it."""
+    known = _exported(work)
+    for name, target in targets.items():
+        with open(work / name, "rb") as source:
+            LocalFolder(str(target.parent)).write_with(
+                target.name, lambda f, source=source: shutil.copyfileobj(source, f)
+            )
+        known[str(target.resolve())] = _digest(target)
+    sink, _ = read_state(work)
+    sink.write_file(EXPORTED, lambda f: f.write(json.dumps(known, indent=2).encode()))
+
+
+def _exported(work) -> dict:
+    try:
+        return json.loads((work / EXPORTED).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _digest(path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,84 @@
+"""The package's import graph: imports only go down, so there is no cycle, and no import inside a
+function hides one."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "batchinfer"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> dict[str, bool]:
+    """batchinfer modules imported by `path` -> whether only inside a function."""
+    module = _module(path)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found: dict[str, bool] = {}
+    tree = ast.parse(path.read_text())
+    inner = {
+        id(node)
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for node in ast.walk(fn)
+    }
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.startswith("batchinfer")]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            if base.startswith("batchinfer"):
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+        for name in names:
+            if (PACKAGE.parent / name.replace(".", "/")).with_suffix(".py").exists() or (
+                PACKAGE.parent / name.replace(".", "/") / "__init__.py"
+            ).exists():
+                found[name] = found.get(name, True) and id(node) in inner
+    found.pop(module, None)
+    return found
+
+
+def _graph(top_level_only: bool) -> dict[str, set[str]]:
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        graph[_module(path)] = {m for m, inside in _imports(path).items() if not (top_level_only and inside)}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> list[str] | None:
+        state[node] = 1
+        for child in sorted(graph.get(node, ())):
+            if state.get(child) == 1:
+                return trail[trail.index(child) :] + [child] if child in trail else [node, child]
+            if child not in state and (found := visit(child, trail + [child])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_no_import_cycle_at_module_level():
+    assert _cycle(_graph(top_level_only=True)) is None
+
+
+def test_no_import_inside_a_function_hides_a_cycle():
+    cycle = _cycle(_graph(top_level_only=False))
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_graph_is_read():
+    graph = _graph(top_level_only=False)
+    assert "batchinfer.config" in graph["batchinfer.driver"] and "batchinfer.lines" in graph["batchinfer.sources.jsonl"]
