@@ -316,6 +316,84 @@ def _duration(seconds: float) -> str:
 
 
 @app.command()
+def serve(
+    job: Optional[Path] = typer.Argument(None, help="A job file: its model, batching, generation and serve sections."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="The model (instead of a job file)."),
+    task: Optional[str] = typer.Option(None, "--task", help="embed, classify, score or generate (with --model)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8000, "--port", help="Port to listen on."),
+    set_: Optional[List[str]] = SetOption,
+    debug: bool = DebugOption,
+):
+    """Serve the model over HTTP, batching concurrent requests (pip install -e ".[serve]")."""
+    from .config import apply_override, load_job, validate_job
+    from .models import read_config, resolve_model_path
+
+    with reported(debug):
+        try:
+            import uvicorn
+
+            from .server import BadInput, create_app
+        except ImportError as exc:
+            raise ConfigError(
+                f"batchinfer serve needs FastAPI and uvicorn ({exc})", 'pip install -e ".[serve]"'
+            ) from exc
+        if job is not None:
+            config = load_job(job, set_ or [])
+        elif model and task:
+            data = {
+                "input": {"path": "-", "text": "text", **({"text_pair": "text_pair"} if task == "score" else {})},
+                "model": {"path": model, "task": task},
+                "output": {"path": "-"},
+            }
+            for item in set_ or []:
+                apply_override(data, item)
+            config = validate_job(data, "batchinfer serve")
+        else:
+            raise ConfigError(
+                "give a job file, or --model and --task", "e.g. batchinfer serve --model PATH --task embed"
+            )
+        model_path = resolve_model_path(config.model.path)
+        read_config(config.model, model_path)
+        try:
+            app = create_app(config, model_path)
+        except BadInput as exc:
+            raise ConfigError(str(exc), "use batchinfer run for this task") from exc
+        err.print(
+            f"serving {config.model.task} with {config.model.path} on http://{host}:{port} "
+            "(Ctrl-C or SIGTERM: stop taking requests, answer the queued ones, exit)",
+            highlight=False,
+        )
+        settings = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="info" if debug else "warning",
+            access_log=debug,
+            timeout_graceful_shutdown=60,
+        )
+        _graceful_server()(settings).run()
+
+
+def _graceful_server():
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn, but a drained stop on SIGTERM exits 0 (uvicorn raises the signal again once stopped)."""
+
+        @contextmanager
+        def capture_signals(self):
+            previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+    return GracefulServer
+
+
+@app.command()
 def schema():
     """Print the job file's JSON schema."""
     from .config import JobConfig

@@ -325,6 +325,21 @@ class RuntimeConfig(Section):
         return count_or_auto(value, "workers such as 2")
 
 
+class ServeConfig(Section):
+    max_wait_ms: float = Field(
+        default=5.0,
+        ge=0,
+        description="batchinfer serve: how long the oldest queued row may wait for others to fill a batch. A batch "
+        "runs once its rows reach batching.max_tokens or the oldest has waited this long; 0 runs whatever is queued.",
+    )
+    max_queue_tokens: int = Field(
+        default=262144,
+        ge=1,
+        description="batchinfer serve: tokens that may wait in the queue; a request that would pass it is answered "
+        "429 with Retry-After, never queued without bound.",
+    )
+
+
 class JobConfig(Section):
     input: InputConfig = Field(description="Where the rows come from.")
     model: ModelConfig = Field(description="Which model runs, and how.")
@@ -336,6 +351,11 @@ class JobConfig(Section):
     runtime: RuntimeConfig = Field(
         default_factory=RuntimeConfig,
         description="Who runs the chunks: this process or a Ray cluster. Results do not depend on it.",
+    )
+    serve: ServeConfig = Field(
+        default_factory=ServeConfig,
+        description="batchinfer serve: how online requests are batched (the server takes model, batching, "
+        "generation and this section from a job file).",
     )
 
     @property

@@ -45,7 +45,7 @@ def test_output_option_and_schema(tmp_path, sms_parquet, tiny_embed):
     result = runner.invoke(app, ["run", str(job), "-q", "--output", str(tmp_path / "other")])
     assert result.exit_code == 0 and (tmp_path / "other" / "_SUCCESS").exists() and not (tmp_path / "out").exists()
     schema = json.loads(runner.invoke(app, ["schema"]).output)
-    assert set(schema["properties"]) == {"input", "model", "batching", "generation", "output", "runtime"}
+    assert set(schema["properties"]) == {"input", "model", "batching", "generation", "output", "runtime", "serve"}
 
 
 def test_errors_are_one_message_with_a_fix_and_no_traceback(tmp_path, sms_parquet, tiny_embed):

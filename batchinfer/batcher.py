@@ -1,0 +1,171 @@
+"""Online batching for encoder runners: requests that arrive close together share batches.
+
+Rows of every request wait in one queue. A window closes when the queued tokens reach the budget or
+the oldest row has waited max_wait; the window's rows are then sorted by token count and cut into
+batches by the same planner as offline jobs (tune.plan), and each batch runs with the same
+split-and-retry (recovery.run_resilient). A request's rows may span batches; its results are put back
+in order when its last row is done. The queue is bounded in tokens: past it, a request is refused
+at once (the server answers 429) instead of waiting without bound.
+
+The model runs on one thread of its own; requests are asyncio futures resolved from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .recovery import run_resilient
+from .tune import plan
+
+
+class Overloaded(Exception):
+    """The queue holds too many tokens to take this request now."""
+
+    def __init__(self, queued: int, limit: int):
+        super().__init__(f"{queued:,} tokens are queued, the limit is {limit:,}")
+
+
+@dataclass
+class Request:
+    """One caller's rows; `future` resolves to (results in row order, {row: (reason, message)})."""
+
+    size: int
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    results: list = field(default_factory=list)
+    failed: dict = field(default_factory=dict)
+    left: int = 0
+    cancelled: bool = False
+    arrived: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self):
+        self.results = [None] * self.size
+        self.left = self.size
+
+
+@dataclass
+class _Row:
+    request: Request
+    position: int
+    ids: list
+    arrived: float
+
+
+@dataclass
+class BatchStats:
+    """What one batch was, for the metrics."""
+
+    rows: int
+    requests: int
+    tokens: int
+    waited: list[float]  # seconds each row waited in the queue
+    seconds: float
+
+
+class Batcher:
+    def __init__(
+        self,
+        runner,
+        max_tokens: int,
+        strategy: str,
+        max_rows: int,
+        max_wait: float,
+        max_queue_tokens: int,
+        on_batch=lambda stats: None,
+    ):
+        self.runner, self.max_tokens, self.strategy, self.max_rows = runner, max_tokens, strategy, max_rows
+        self.max_wait, self.max_queue_tokens, self.on_batch = max_wait, max_queue_tokens, on_batch
+        self._queue: deque[_Row] = deque()
+        self._queued_tokens = 0
+        self._stopping = False
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._serve, name="batchinfer-batcher", daemon=True)
+        self._thread.start()
+
+    @property
+    def queued_tokens(self) -> int:
+        return self._queued_tokens
+
+    def submit(self, items: list, loop: asyncio.AbstractEventLoop) -> Request:
+        """Queue a request's items (token ids, one per row); raises Overloaded when the queue is full."""
+        tokens = sum(len(item) for item in items)
+        request = Request(len(items), loop.create_future(), loop)
+        now = time.monotonic()
+        with self._wake:
+            if self._stopping:
+                raise Overloaded(self._queued_tokens, 0)
+            if self._queued_tokens and self._queued_tokens + tokens > self.max_queue_tokens:
+                raise Overloaded(self._queued_tokens, self.max_queue_tokens)
+            self._queue.extend(_Row(request, i, item, now) for i, item in enumerate(items))
+            self._queued_tokens += tokens
+            self._wake.notify()
+        if not items:
+            loop.call_soon(request.future.set_result, ([], {}))
+        return request
+
+    def stop(self) -> None:
+        """Finish what is queued, then stop."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join()
+
+    # --- the model's thread ----------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._stopping:
+                    self._wake.wait()
+                if not self._queue:
+                    return
+                deadline = self._queue[0].arrived + self.max_wait
+                while self._queued_tokens < self.max_tokens and not self._stopping:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._wake.wait(left)
+                rows = [row for row in self._queue if not row.request.cancelled]
+                self._queue.clear()
+                self._queued_tokens = 0
+            if rows:
+                self._run(rows)
+
+    def _run(self, rows: list[_Row]) -> None:
+        lengths = np.array([len(row.ids) for row in rows], dtype=np.int64)
+        self.runner.packed = self.strategy == "packed"
+        for batch in plan(lengths, self.max_tokens, self.strategy, self.max_rows, self.runner.device):
+            members = [rows[i] for i in batch.tolist()]
+            started = time.monotonic()
+            outcome = run_resilient(self.runner.run, [row.ids for row in members])
+            self.on_batch(
+                BatchStats(
+                    len(members),
+                    len({id(r.request) for r in members}),
+                    int(lengths[batch].sum()),
+                    [started - row.arrived for row in members],
+                    time.monotonic() - started,
+                )
+            )
+            for k, row in enumerate(members):
+                self._deliver(row, outcome.results[k], outcome.failed.get(k))
+
+    def _deliver(self, row: _Row, result, problem) -> None:
+        request = row.request
+        if problem:
+            request.failed[row.position] = problem
+        request.results[row.position] = result
+        request.left -= 1
+        if request.left == 0 and not request.cancelled:
+            request.loop.call_soon_threadsafe(_resolve, request.future, (request.results, request.failed))
+
+
+def _resolve(future: asyncio.Future, value) -> None:
+    if not future.done():
+        future.set_result(value)

@@ -1,0 +1,486 @@
+"""`batchinfer serve`: the job's runners behind HTTP, with online batching (pip install -e ".[serve]").
+
+    POST /v1/embeddings        task embed     OpenAI's shape: {input: str | [str], encoding_format}
+    POST /classify             task classify  {input: str | [str]} -> {data: [{label, label_id, score}]}
+    POST /score                task score     {pairs: [[text, text_pair], ...]} or {query, documents}
+    POST /v1/completions       task generate  OpenAI's shape, stream: true for server-sent events
+    POST /v1/chat/completions  task generate  OpenAI's shape, stream: true for server-sent events
+    GET  /health, /metrics     status, and Prometheus text (requests, rows, tokens, batches, waits, latency)
+
+Encoder rows go through the Batcher (batcher.py); generation requests join the continuous-batching
+engine's running batch at its next step. Results are the same as `batchinfer run` gives for the same
+rows: the same runner, tokenizer and model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict
+
+from .batcher import Batcher, BatchStats, Overloaded
+from .config import JobConfig
+from .errors import shorten
+from .messages import is_blank, message_problem
+from .packing import supports_packing
+from .runners import make_runner
+from .tune import DEFAULT_BUDGET
+
+SERVED = ("embed", "classify", "score", "generate")
+LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class BadInput(Exception):
+    """A request body that is valid JSON but not a valid request; the message names what is wrong."""
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "batchinfer_requests", "Requests by endpoint and status", ["endpoint", "status"], registry=self.registry
+        )
+        self.rows = Counter("batchinfer_rows", "Rows (texts, pairs, prompts) answered", registry=self.registry)
+        self.tokens = Counter("batchinfer_tokens", "Input tokens run", registry=self.registry)
+        self.batch_rows = Histogram(
+            "batchinfer_batch_rows",
+            "Rows per batch",
+            registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        )
+        self.batch_requests = Histogram(
+            "batchinfer_batch_requests",
+            "Requests sharing a batch",
+            registry=self.registry,
+            buckets=(1, 2, 3, 4, 8, 16, 32, 64),
+        )
+        self.queue_wait = Histogram(
+            "batchinfer_queue_wait_seconds", "Time a row waited for its batch", registry=self.registry, buckets=LATENCY
+        )
+        self.latency = Histogram(
+            "batchinfer_request_seconds",
+            "Time from request to response",
+            ["endpoint"],
+            registry=self.registry,
+            buckets=LATENCY,
+        )
+
+    def batch(self, stats: BatchStats) -> None:
+        self.batch_rows.observe(stats.rows)
+        self.batch_requests.observe(stats.requests)
+        self.tokens.inc(stats.tokens)
+        for waited in stats.waited:
+            self.queue_wait.observe(waited)
+
+
+# --- request bodies ----------------------------------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields such as user
+
+
+class EmbeddingsBody(_Body):
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: str = "float"
+
+
+class ClassifyBody(_Body):
+    input: str | list[str]
+
+
+class ScoreBody(_Body):
+    pairs: list[tuple[str, str]] | None = None
+    query: str | None = None
+    documents: list[str] | None = None
+
+
+class CompletionBody(_Body):
+    prompt: str
+    max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    model: str | None = None
+
+
+class ChatBody(_Body):
+    messages: list[dict[str, Any]]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    model: str | None = None
+
+
+# --- the services ------------------------------------------------------------------------------------------------
+
+
+class EncoderService:
+    """embed, classify and score: rows through the Batcher, results through the runner's own columns."""
+
+    def __init__(self, job: JobConfig, model_path, metrics: Metrics):
+        self.job, self.metrics = job, metrics
+        self.runner = make_runner(job, model_path)
+        batching = job.batching
+        strategy = batching.strategy
+        if strategy == "auto":  # packed where the model allows it: no padding computed, the same results
+            strategy = "packed" if supports_packing(self.runner.model) is None else "padded"
+        max_tokens = batching.max_tokens if batching.max_tokens != "auto" else DEFAULT_BUDGET
+        self.batcher = Batcher(
+            self.runner,
+            max_tokens,
+            strategy,
+            batching.max_rows,
+            job.serve.max_wait_ms / 1000,
+            job.serve.max_queue_tokens,
+            metrics.batch,
+        )
+
+    async def run(self, texts: list, request: Request) -> tuple[dict, int]:
+        """Each text's result columns (as Python lists) and the request's token count."""
+        tokens = await asyncio.to_thread(self.runner.tokenize, texts)
+        pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop())
+        results, failed = await _until_done(pending, request)
+        if failed:
+            position, (reason, message) = next(iter(sorted(failed.items())))
+            raise RuntimeError(f"input[{position}]: {reason}: {message}")
+        columns = self.runner.columns([[r] for r in results], np.arange(len(texts)), None)
+        self.metrics.rows.inc(len(texts))
+        cut = tokens.truncated.tolist()
+        return {name: array.to_pylist() for name, array in columns.items()} | {"truncated": cut}, int(
+            tokens.lengths.sum()
+        )
+
+    def stop(self) -> None:
+        self.batcher.stop()
+
+
+class GenerateService:
+    """generate: each request joins the continuous-batching engine's running batch at its next step."""
+
+    def __init__(self, job: JobConfig, model_path, metrics: Metrics):
+        from .runners.generate import cache_blocks, kv_bytes_per_block, memory_budget
+
+        self.job, self.metrics = job, metrics
+        self.runner = make_runner(job, model_path)
+        gen, runner = job.generation, self.runner
+        if gen.engine != "transformers":
+            raise BadInput(f"serve runs generation.engine transformers (continuous batching), not {gen.engine}")
+        from transformers import ContinuousBatchingConfig
+
+        options = dict(gen.engine_options)
+        options.setdefault("max_requests_per_batch", job.batching.max_rows)
+        if "num_blocks" not in options and "max_memory_percent" not in options:
+            page = options.get("page_size", 256)
+            longest = job.model.max_length + gen.max_new_tokens
+            options["num_blocks"] = cache_blocks(
+                [longest] * job.batching.max_rows,
+                page,
+                job.batching.max_rows,
+                kv_bytes_per_block(runner.model.config, runner.model.dtype, page),
+                memory_budget(gen.max_memory, runner.device),
+            )
+        if runner.device.type == "cpu":
+            from .runners.generate import CPU_BATCH_TOKENS
+
+            options.setdefault("max_batch_tokens", CPU_BATCH_TOKENS)
+        self.manager = runner.model.init_continuous_batching(
+            generation_config=runner._generation_config(gen, gen.max_new_tokens),
+            continuous_batching_config=ContinuousBatchingConfig(seed=gen.seed, **options),
+        )
+        self.manager.start()
+
+    def check(self, temperature: float | None, top_p: float | None) -> None:
+        gen = self.job.generation
+        for name, asked, served in (("temperature", temperature, gen.temperature), ("top_p", top_p, gen.top_p)):
+            if asked is not None and abs(asked - served) > 1e-9:
+                raise BadInput(
+                    f"{name}: this server decodes with {name} {served}; start it with "
+                    f"--set generation.{name}={asked}, or leave {name} out"
+                )
+
+    async def stream(self, ids: list[int], max_new: int, request: Request):
+        """Generation outputs for one prompt as the engine produces them; cancelled if the client leaves."""
+        queue: asyncio.Queue = asyncio.Queue()
+        request_id = f"req-{uuid.uuid4().hex}"
+        self.manager.register_result_handler(request_id, queue.put_nowait)
+        self.manager.add_request(ids, request_id=request_id, max_new_tokens=max_new, streaming=True)
+        try:
+            while True:
+                try:
+                    output = await asyncio.wait_for(queue.get(), timeout=0.25)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        raise asyncio.CancelledError() from None
+                    continue
+                yield output
+                if output.is_finished():
+                    return
+        except BaseException:
+            self.manager.cancel_request(request_id)
+            raise
+
+    def stop(self) -> None:
+        self.manager.stop(block=True, timeout=60)  # flush: what is running finishes
+
+
+async def _until_done(pending, request: Request):
+    """Wait for a queued request; if the client goes away, its rows are dropped before they run."""
+    while True:
+        done, _ = await asyncio.wait({pending.future}, timeout=0.25)
+        if done:
+            return pending.future.result()
+        if await request.is_disconnected():
+            pending.cancelled = True
+            raise asyncio.CancelledError()
+
+
+# --- the app -----------------------------------------------------------------------------------------------------
+
+
+def create_app(job: JobConfig, model_path) -> FastAPI:
+    if job.model.task not in SERVED:
+        raise BadInput(f"serve runs tasks {', '.join(SERVED)}; {job.model.task} runs offline with batchinfer run")
+    metrics = Metrics()
+    state: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service = GenerateService if job.model.task == "generate" else EncoderService
+        state["service"] = await asyncio.to_thread(service, job, model_path, metrics)
+        yield
+        await asyncio.to_thread(state["service"].stop)  # what is queued is answered before the server exits
+
+    app = FastAPI(title="batchinfer", lifespan=lifespan)
+    name = job.model.path
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return _error(request, 400, describe(exc.errors()))
+
+    @app.exception_handler(BadInput)
+    async def _bad(request: Request, exc: BadInput):
+        return _error(request, 400, str(exc))
+
+    @app.exception_handler(Overloaded)
+    async def _busy(request: Request, exc: Overloaded):
+        return _error(request, 429, f"the server is busy: {exc}; retry shortly", {"Retry-After": "1"})
+
+    @app.exception_handler(RuntimeError)
+    async def _failed(request: Request, exc: RuntimeError):
+        return _error(request, 500, str(exc))
+
+    def _error(request: Request, status: int, message: str, headers: dict | None = None) -> JSONResponse:
+        metrics.requests.labels(request.url.path, str(status)).inc()
+        kind = {400: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
+        return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status, headers=headers)
+
+    def _served(task: str) -> None:
+        if job.model.task != task:
+            raise BadInput(f"this server runs task {job.model.task}; {task} needs a server started with --task {task}")
+
+    def _done(request: Request, started: float) -> None:
+        metrics.requests.labels(request.url.path, "200").inc()
+        metrics.latency.labels(request.url.path).observe(time.perf_counter() - started)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok" if "service" in state else "loading", "task": job.model.task, "model": name}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(generate_latest(metrics.registry).decode(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingsBody, request: Request):
+        started = time.perf_counter()
+        _served("embed")
+        if body.encoding_format not in ("float", "base64"):
+            raise BadInput(f"encoding_format: {body.encoding_format!r} is not float or base64")
+        texts = _texts(body.input, "input")
+        columns, tokens = await state["service"].run(texts, request)
+        data = [
+            {"object": "embedding", "index": i, "embedding": _encode(vector, body.encoding_format)}
+            for i, vector in enumerate(columns["embedding"])
+        ]
+        _done(request, started)
+        return {
+            "object": "list",
+            "data": data,
+            "model": body.model or name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    @app.post("/classify")
+    async def classify(body: ClassifyBody, request: Request):
+        started = time.perf_counter()
+        _served("classify")
+        texts = _texts(body.input, "input")
+        columns, tokens = await state["service"].run(texts, request)
+        data = [dict(zip(columns, values)) for values in zip(*columns.values())]
+        _done(request, started)
+        return {
+            "data": [{"index": i, **row} for i, row in enumerate(data)],
+            "model": name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    @app.post("/score")
+    async def score(body: ScoreBody, request: Request):
+        started = time.perf_counter()
+        _served("score")
+        if body.pairs is not None:
+            pairs = [tuple(p) for p in body.pairs]
+            where = "pairs"
+        elif body.query is not None and body.documents is not None:
+            pairs = [(body.query, doc) for doc in body.documents]
+            where = "documents"
+        else:
+            raise BadInput("give pairs: [[text, text_pair], ...], or query and documents")
+        for i, pair in enumerate(pairs):
+            if any(is_blank(side) for side in pair):
+                raise BadInput(f"{where}[{i}]: both texts must hold something to read")
+        if not pairs:
+            raise BadInput(f"{where}: empty")
+        columns, tokens = await state["service"].run(pairs, request)
+        data = [
+            {"index": i, "score": s, "truncated": t}
+            for i, (s, t) in enumerate(zip(columns["score"], columns["truncated"]))
+        ]
+        _done(request, started)
+        return {"data": data, "model": name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody, request: Request):
+        _served("generate")
+        if is_blank(body.prompt):
+            raise BadInput("prompt: empty, or only whitespace")
+        return await _generate(request, body, body.prompt, "text_completion", body.max_tokens)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatBody, request: Request):
+        _served("generate")
+        problem = message_problem(body.messages, "messages")
+        if problem:
+            raise BadInput(problem[1])
+        return await _generate(
+            request, body, body.messages, "chat.completion", body.max_completion_tokens or body.max_tokens
+        )
+
+    async def _generate(request: Request, body, prompt, kind: str, max_tokens: int | None):
+        started = time.perf_counter()
+        service: GenerateService = state["service"]
+        service.check(body.temperature, body.top_p)
+        if max_tokens is not None and max_tokens < 1:
+            raise BadInput("max_tokens: must be at least 1")
+        max_new = max_tokens or job.generation.max_new_tokens
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or job.generation.stop)
+        tokens = await asyncio.to_thread(service.runner.tokenize, [prompt])
+        ids = tokens.ids[0]
+        created, request_id = (
+            int(time.time()),
+            f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
+        )
+        if body.stream:
+            events = _stream(service, request, ids, max_new, stops, kind, request_id, created, started)
+            return StreamingResponse(events, media_type="text/event-stream")
+        last = None
+        async for output in service.stream(ids, max_new, request):
+            last = output
+        generated, text, reason = service.runner._finish(last.generated_tokens, max_new, stops)
+        completion = len(generated)
+        choice = (
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+            if kind == "chat.completion"
+            else {"index": 0, "text": text, "finish_reason": reason}
+        )
+        _done(request, started)
+        metrics.rows.inc()
+        return {
+            "id": request_id,
+            "object": kind,
+            "created": created,
+            "model": name,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(ids),
+                "completion_tokens": completion,
+                "total_tokens": len(ids) + completion,
+            },
+        }
+
+    async def _stream(service, request, ids, max_new, stops, kind, request_id, created, started):
+        sent = ""
+        chunk_kind = "chat.completion.chunk" if kind == "chat.completion" else "text_completion"
+        async for output in service.stream(ids, max_new, request):
+            generated, text, reason = service.runner._finish(output.generated_tokens, max_new, stops)
+            # a stop string ends the completion before the engine does (it knows no stop strings)
+            finished = output.is_finished() or len(generated) < len(output.generated_tokens)
+            delta, sent = text[len(sent) :], text
+            if delta or finished:
+                piece = {"delta": {"content": delta}} if kind == "chat.completion" else {"text": delta}
+                event = {
+                    "id": request_id,
+                    "object": chunk_kind,
+                    "created": created,
+                    "model": name,
+                    "choices": [{"index": 0, **piece, "finish_reason": reason if finished else None}],
+                }
+                yield f"data: {json.dumps(event)}\n\n"
+            if finished:
+                break
+        yield "data: [DONE]\n\n"
+        _done(request, started)
+        metrics.rows.inc()
+
+    return app
+
+
+def describe(errors: list[dict]) -> str:
+    """Validation errors as `field[index]: what is wrong (got ...)`, without pydantic's union branch names."""
+    if any(e["type"] == "json_invalid" for e in errors):
+        return "the body is not valid JSON"
+    lists = {e["loc"][1] for e in errors if len(e["loc"]) > 2 and str(e["loc"][2]).startswith("list[")}
+    problems = []
+    for e in errors:
+        loc = [p for p in e["loc"] if p != "body"]
+        branch = len(loc) > 1 and isinstance(loc[1], str) and (loc[1] in ("str", "int") or "[" in loc[1])
+        if branch and loc[1] == "str" and loc[0] in lists:
+            continue  # the list branch says more
+        parts = [loc[0]] + loc[2 if branch else 1 :]
+        where = str(parts[0]) + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts[1:])
+        got = "" if e["type"] == "missing" else f" (got {shorten(e.get('input'), 60)})"
+        problems.append(f"{where}: {e['msg'].lower()}{got}")
+    return "; ".join(problems[:5])
+
+
+def _texts(value: str | list[str], where: str) -> list[str]:
+    texts = [value] if isinstance(value, str) else value
+    if not texts:
+        raise BadInput(f"{where}: empty; give a string or a list of strings")
+    for i, text in enumerate(texts):
+        if is_blank(text):
+            raise BadInput(f"{where}[{i}]: empty, or only whitespace, invisible or control characters")
+    return texts
+
+
+def _encode(vector: list[float], encoding: str):
+    if encoding == "base64":
+        return base64.b64encode(np.asarray(vector, dtype=np.float32).tobytes()).decode()
+    return vector

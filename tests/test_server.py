@@ -1,0 +1,242 @@
+"""batchinfer serve: concurrent requests share batches, results equal the offline job's, overload is
+refused with 429, a bad body is a 400 naming the problem, SIGTERM drains the queue."""
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+from helpers import generate_alone
+
+from batchinfer.config import validate_job
+from batchinfer.driver import run_job
+from batchinfer.models import resolve_model_path
+
+pytest.importorskip("fastapi")
+from batchinfer.server import create_app  # noqa: E402
+
+
+def _serving(model, task, **serve):
+    data = {
+        "input": {"path": "-", "text": "text", **({"text_pair": "text_pair"} if task == "score" else {})},
+        "model": {"path": str(model), "task": task, "max_length": 128},
+        "batching": {"max_tokens": 4096, "strategy": "padded"},
+        "output": {"path": "-"},
+        "serve": {"max_wait_ms": 50, **serve},
+    }
+    if task == "generate":
+        data["generation"] = {"max_new_tokens": 12}
+    return validate_job(data)
+
+
+@contextlib.asynccontextmanager
+async def _client(job):
+    app = create_app(job, resolve_model_path(job.model.path))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://batchinfer", timeout=60) as client:
+            yield client
+
+
+def _offline(model, task, rows, tmp_path, **input_extra):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    pq.write_table(rows, tmp_path / "rows.parquet")
+    run_job(
+        validate_job(
+            {
+                "input": {"path": str(tmp_path / "rows.parquet"), "text": "text", **input_extra},
+                "model": {"path": str(model), "task": task, "max_length": 128},
+                "batching": {"max_tokens": 4096, "strategy": "padded"},
+                "output": {"path": str(tmp_path / "offline")},
+            }
+        )
+    )
+    return ds.dataset(str(tmp_path / "offline"), format="parquet").to_table()
+
+
+def test_concurrent_embedding_requests_share_batches_and_equal_the_offline_job(sms_table, tiny_embed, tmp_path):
+    texts = sms_table.column("text").to_pylist()[:48]
+    requests = [texts[i : i + 4] for i in range(0, 48, 4)]  # 12 requests of 4 rows
+
+    async def go():
+        async with _client(_serving(tiny_embed, "embed")) as client:
+            answers = await asyncio.gather(*(client.post("/v1/embeddings", json={"input": r}) for r in requests))
+            metrics = (await client.get("/metrics")).text
+            return answers, metrics
+
+    answers, metrics = asyncio.run(go())
+    assert all(a.status_code == 200 for a in answers)
+    online = np.array([d["embedding"] for a in answers for d in a.json()["data"]])
+    offline = np.array(
+        _offline(tiny_embed, "embed", pa.table({"text": texts}), tmp_path).column("embedding").to_pylist()
+    )
+    assert np.abs(online - offline).max() < 1e-5
+    assert answers[0].json()["usage"]["prompt_tokens"] > 0 and answers[0].json()["object"] == "list"
+    batches = _metric(metrics, "batchinfer_batch_requests_count")
+    alone = _metric(metrics, 'batchinfer_batch_requests_bucket{le="1.0"}')
+    assert batches < 12 and alone < batches  # some batch held rows of several requests
+
+
+def test_classify_and_score_equal_the_offline_job(sms_table, tiny_classify, tiny_cross_encoder, tmp_path):
+    texts = sms_table.column("text").to_pylist()[:20]
+    queries = [" ".join(t.split()[:3]) for t in reversed(texts)]
+
+    async def go():
+        async with _client(_serving(tiny_classify, "classify")) as client:
+            labels = (await client.post("/classify", json={"input": texts})).json()["data"]
+        async with _client(_serving(tiny_cross_encoder, "score")) as client:
+            scores = (await client.post("/score", json={"pairs": list(zip(queries, texts))})).json()["data"]
+            ranked = (await client.post("/score", json={"query": queries[0], "documents": texts[:3]})).json()["data"]
+        return labels, scores, ranked
+
+    labels, scores, ranked = asyncio.run(go())
+    offline = _offline(tiny_classify, "classify", pa.table({"text": texts}), tmp_path)
+    assert [row["label"] for row in labels] == offline.column("label").to_pylist()
+    assert np.allclose([row["score"] for row in labels], offline.column("score").to_pylist(), atol=1e-5)
+    pairs = _offline(
+        tiny_cross_encoder, "score", pa.table({"text": queries, "doc": texts}), tmp_path / "pairs", text_pair="doc"
+    )
+    assert np.allclose([row["score"] for row in scores], pairs.column("score").to_pylist(), atol=1e-5)
+    assert len(ranked) == 3 and abs(ranked[0]["score"] - scores[0]["score"]) < 1e-5  # the same pair both ways
+
+
+def test_a_full_queue_answers_429_and_a_bad_body_400_naming_the_problem(tiny_embed):
+    async def go():
+        async with _client(_serving(tiny_embed, "embed", max_wait_ms=1000, max_queue_tokens=30)) as client:
+            long = "word " * 20
+            answers = await asyncio.gather(*(client.post("/v1/embeddings", json={"input": [long]}) for _ in range(3)))
+            bad = [
+                await client.post("/v1/embeddings", json=body)
+                for body in (
+                    {"input": ["fine", 7]},
+                    {"inputs": "x"},
+                    {"input": ["fine", " "]},
+                    {"input": "x", "encoding_format": "hex"},
+                )
+            ]
+            raw = await client.post("/v1/embeddings", content=b"{nope", headers={"content-type": "application/json"})
+            wrong_task = await client.post("/classify", json={"input": "x"})
+            return answers, bad, raw, wrong_task
+
+    answers, bad, raw, wrong_task = asyncio.run(go())
+    codes = sorted(a.status_code for a in answers)
+    assert codes[0] == 200 and 429 in codes
+    busy = next(a for a in answers if a.status_code == 429)
+    assert busy.headers["retry-after"] == "1" and "busy" in busy.json()["error"]["message"]
+    messages = [b.json()["error"]["message"] for b in bad]
+    assert all(b.status_code == 400 for b in bad)
+    assert messages[0] == "input[1]: input should be a valid string (got 7)"
+    assert messages[1] == "input: field required" and messages[2].startswith("input[1]: empty")
+    assert "encoding_format" in messages[3]
+    assert raw.status_code == 400 and raw.json()["error"]["message"] == "the body is not valid JSON"
+    assert wrong_task.status_code == 400 and "--task classify" in wrong_task.json()["error"]["message"]
+
+
+def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
+    async def go():
+        async with _client(_serving(tiny_llama, "generate")) as client:
+            plain = await asyncio.gather(
+                *(
+                    client.post("/v1/completions", json={"prompt": p, "max_tokens": 8})
+                    for p in ("Hello there", "Are you coming tonight")
+                )
+            )
+            chunks = []
+            async with client.stream(
+                "POST", "/v1/completions", json={"prompt": "Hello there", "max_tokens": 8, "stream": True}
+            ) as streamed:
+                async for line in streamed.aiter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        chunks.append(json.loads(line[6:]))
+            chat = await client.post(
+                "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}
+            )
+            hot = await client.post("/v1/completions", json={"prompt": "x", "temperature": 0.9})
+            return plain, chunks, chat, hot
+
+    plain, chunks, chat, hot = asyncio.run(go())
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    for answer, prompt in zip(plain, ("Hello there", "Are you coming tonight")):
+        expected = generate_alone(tiny_llama, tokenizer(prompt)["input_ids"], 8)
+        body = answer.json()
+        assert body["choices"][0]["text"] == tokenizer.decode(expected, skip_special_tokens=True)
+        assert body["usage"]["completion_tokens"] == len(expected)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == plain[0].json()["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
+    assert hot.status_code == 400 and "temperature" in hot.json()["error"]["message"]
+
+
+def _metric(text: str, name: str) -> float:
+    return next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + " ") or line.startswith(name + "{") and line.split(" ")[0] == name
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_real_server_drains_its_queue_on_sigterm(tiny_embed):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "batchinfer",
+            "serve",
+            "--model",
+            str(tiny_embed),
+            "--task",
+            "embed",
+            "--port",
+            str(port),
+            "--set",
+            "serve.max_wait_ms=1500",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/health", timeout=1).json()["status"] == "ok":
+                    break
+            time.sleep(0.2)
+        answer = {}
+        sender = threading.Thread(
+            target=lambda: answer.update(
+                r=httpx.post(f"{base}/v1/embeddings", json={"input": ["queued before the stop"]}, timeout=30)
+            )
+        )
+        sender.start()
+        time.sleep(0.5)  # the request waits in the queue (max_wait 1.5 s)
+        proc.send_signal(signal.SIGTERM)
+        sender.join(timeout=30)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+    assert answer["r"].status_code == 200 and len(answer["r"].json()["data"][0]["embedding"]) == 32
+    assert proc.returncode == 0, output
