@@ -107,25 +107,22 @@ class ScoreBody(_Body):
     documents: list[str] | None = None
 
 
-class CompletionBody(_Body):
+class _GenerationBody(_Body):
+    max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    model: str | None = None
+
+
+class CompletionBody(_GenerationBody):
     prompt: str
-    max_tokens: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    model: str | None = None
 
 
-class ChatBody(_Body):
+class ChatBody(_GenerationBody):
     messages: list[dict[str, Any]]
-    max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    model: str | None = None
 
 
 # --- the services ------------------------------------------------------------------------------------------------
@@ -175,34 +172,14 @@ class GenerateService:
     """generate: each request joins the continuous-batching engine's running batch at its next step."""
 
     def __init__(self, job: JobConfig, model_path, metrics: Metrics):
-        from .runners.generate import cache_blocks, kv_bytes_per_block, memory_budget
-
         self.job, self.metrics = job, metrics
         self.runner = make_runner(job, model_path)
-        gen, runner = job.generation, self.runner
+        gen, runner, rows = job.generation, self.runner, job.batching.max_rows
         if gen.engine != "transformers":
             raise BadInput(f"serve runs generation.engine transformers (continuous batching), not {gen.engine}")
-        from transformers import ContinuousBatchingConfig
-
-        options = dict(gen.engine_options)
-        options.setdefault("max_requests_per_batch", job.batching.max_rows)
-        if "num_blocks" not in options and "max_memory_percent" not in options:
-            page = options.get("page_size", 256)
-            longest = job.model.max_length + gen.max_new_tokens
-            options["num_blocks"] = cache_blocks(
-                [longest] * job.batching.max_rows,
-                page,
-                job.batching.max_rows,
-                kv_bytes_per_block(runner.model.config, runner.model.dtype, page),
-                memory_budget(gen.max_memory, runner.device),
-            )
-        if runner.device.type == "cpu":
-            from .runners.generate import CPU_BATCH_TOKENS
-
-            options.setdefault("max_batch_tokens", CPU_BATCH_TOKENS)
+        cb_config = runner.engine_config(gen, [job.model.max_length + gen.max_new_tokens] * rows, rows)
         self.manager = runner.model.init_continuous_batching(
-            generation_config=runner._generation_config(gen, gen.max_new_tokens),
-            continuous_batching_config=ContinuousBatchingConfig(seed=gen.seed, **options),
+            generation_config=runner._generation_config(gen, gen.max_new_tokens), continuous_batching_config=cb_config
         )
         self.manager.start()
 

@@ -211,11 +211,12 @@ class GenerateRunner:
         config.pad_token_id = self.pad_id
         return config
 
-    def _continuous(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int]):
+    def engine_config(self, gen: GenerationConfig, lengths: list[int], concurrency: int):
+        """transformers' ContinuousBatchingConfig for requests of `lengths` tokens (prompt plus new tokens),
+        `concurrency` of them in flight: the KV cache sized from them, unless engine_options size it."""
         from transformers import ContinuousBatchingConfig
 
         options = dict(gen.engine_options)
-        concurrency = min(len(prompts), options.get("max_requests_per_batch") or self.max_rows)
         options.setdefault("max_requests_per_batch", concurrency)
         if self.device.type == "cpu":
             # On CPU each step builds a dense mask of batch tokens x cache tokens: 8,192 (the default) x 65,536
@@ -224,19 +225,23 @@ class GenerateRunner:
         if "num_blocks" not in options and "max_memory_percent" not in options:
             page = options.get("page_size", 256)
             options["num_blocks"] = cache_blocks(
-                [len(p) + m for p, m in zip(prompts, max_new)],
+                lengths,
                 page,
-                concurrency,
+                options["max_requests_per_batch"],
                 kv_bytes_per_block(self.model.config, self.model.dtype, page),
                 memory_budget(gen.max_memory, self.device),
             )
         try:
-            cb_config = ContinuousBatchingConfig(seed=gen.seed, **options)
+            return ContinuousBatchingConfig(seed=gen.seed, **options)
         except TypeError as exc:
             raise ModelError(
                 f"generation.engine_options: {exc}",
                 "use fields of transformers.ContinuousBatchingConfig, e.g. num_blocks, max_batch_tokens",
             ) from exc
+
+    def _continuous(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int]):
+        concurrency = min(len(prompts), gen.engine_options.get("max_requests_per_batch") or self.max_rows)
+        cb_config = self.engine_config(gen, [len(p) + m for p, m in zip(prompts, max_new)], concurrency)
         started = time.perf_counter()
         results = {}
         manager = self.model.init_continuous_batching(
