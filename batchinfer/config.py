@@ -392,8 +392,16 @@ class JobConfig(Section):
             raise ValueError("model.labels: task zero-shot needs the candidate labels, e.g. labels: [billing, refund]")
         if self.model.labels and self.model.task != "zero-shot":
             raise ValueError("model.labels: only for model.task: zero-shot; remove it")
-        if "{}" not in self.model.hypothesis_template:
-            raise ValueError("model.hypothesis_template: write {} where the label goes, e.g. 'This text is about {}.'")
+        try:
+            self.model.hypothesis_template.format("label")
+            placed = "{}" in self.model.hypothesis_template
+        except (KeyError, IndexError, ValueError):
+            placed = False
+        if not placed:
+            raise ValueError(
+                "model.hypothesis_template: write one {} where the label goes and no other braces, "
+                "e.g. 'This text is about {}.'"
+            )
         if self.output.format == "openai" and self.input.format != "openai":
             raise ValueError("output.format openai writes responses to OpenAI batch requests: set input.format: openai")
         reserved = set(KEY_COLUMNS) | set(TASK_COLUMNS[self.model.task])

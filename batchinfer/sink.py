@@ -49,6 +49,7 @@ LEGACY = "_manifest.jsonl"  # batchinfer 0.1's appended manifest
 FORMAT = 2
 HEARTBEAT = 15.0  # seconds between rewrites of the lock while a run holds it
 LOCK_STALE = 120.0  # a lock from another host not rewritten for this long belongs to a dead run
+TAKEOVER_SETTLE = 1.0  # seconds between taking over a dead run's lock and reading it back
 ID_KEY = b"batchinfer.job_id"
 ERROR_SCHEMA = pa.schema(
     [
@@ -61,7 +62,7 @@ ERROR_SCHEMA = pa.schema(
 )
 _PART = re.compile(rf"(?:{ERRORS}/)?part-(\d{{5}}-\d{{5}}(?:-r\d+)?)\.parquet")
 _MARKER = re.compile(rf"{DONE}/(\d{{5}}-\d{{5}}(?:-r\d+)?)\.json")
-_CREATING = re.compile(r"\.tmp-(?:[0-9a-f]{12}-_batchinfer\.json|lock-[0-9a-f]{32}-_lock)")
+_CREATING = re.compile(r"\.tmp-(?:[0-9a-f]{12}-[0-9a-f]{8}-_batchinfer\.json|lock-[0-9a-f]{32}-[0-9a-f]{8}-_lock)")
 
 
 class OutputDir:
@@ -299,35 +300,45 @@ class OutputDir:
         saved_prefix = self.folder.tmp_prefix
         self.folder.tmp_prefix = f".tmp-lock-{self.run_id}-"
         try:
-            for _ in range(3):
-                if self._write(lambda: self.folder.create(LOCK, self._lock_content())):
-                    self._locked = True
-                    self._heartbeat = _Heartbeat(self)
-                    return
-                holder = self.holder()
-                if holder:
-                    raise OutputError(
-                        f"output folder {self.path} is in use by another batchinfer run (pid {holder['pid']}) on "
-                        f"host {holder['host']}",
-                        "wait for it to finish, stop it, or choose another output.path",
-                    )
-                if read_lock(self.folder.read(LOCK)) is None and self.folder.read(LOCK) is not None:
-                    raise OutputError(
-                        f"{join(str(self.path), LOCK)} is not a batchinfer lock",
-                        "choose another output.path; batchinfer does not remove files it did not write",
-                    )
-                self.folder.delete(LOCK)  # left by a run that died: take it over
+            if not self._write(lambda: self.folder.create(LOCK, self._lock_content())):
+                self._take_over()
         finally:
             self.folder.tmp_prefix = saved_prefix
-        raise OutputError(
-            f"cannot take the lock {join(str(self.path), LOCK)}", "remove it if no batchinfer run uses the folder"
-        )
+        self._locked = True
+        self._heartbeat = _Heartbeat(self)
+
+    def _take_over(self) -> None:
+        """The lock exists: refuse while its run lives; else replace it, wait, and read it back, so that of
+        two runs taking over the same dead lock at once only the one whose lock stays goes on."""
+        holder = self.holder()
+        if holder:
+            raise OutputError(
+                f"output folder {self.path} is in use by another batchinfer run (pid {holder['pid']}) on "
+                f"host {holder['host']}",
+                "wait for it to finish, stop it, or choose another output.path",
+            )
+        if read_lock(self.folder.read(LOCK)) is None and self.folder.read(LOCK) is not None:
+            raise OutputError(
+                f"{join(str(self.path), LOCK)} is not a batchinfer lock",
+                "choose another output.path; batchinfer does not remove files it did not write",
+            )
+        content = self._lock_content()
+        self._write(lambda: self.folder.write(LOCK, content))  # left by a run that died: take it over
+        time.sleep(TAKEOVER_SETTLE)
+        if (read_lock(self.folder.read(LOCK)) or {}).get("run_id") != self.run_id:
+            holder = read_lock(self.folder.read(LOCK)) or {"pid": "?", "host": "?"}
+            raise OutputError(
+                f"output folder {self.path} was just taken over by another batchinfer run (pid {holder['pid']}) "
+                f"on host {holder['host']}",
+                "let that run finish; it resumes this job",
+            )
 
     def _lock_content(self) -> bytes:
         return _dumps(
             {
                 "run_id": self.run_id,
                 "pid": os.getpid(),
+                "process": process_identity(),
                 "host": socket.gethostname(),
                 "heartbeat": round(time.time(), 3),
             }
@@ -336,11 +347,11 @@ class OutputDir:
     def check_lock(self) -> None:
         """Before a commit: the folder is still this run's (a run that stalled past LOCK_STALE may have
         lost it to another, which must then be the only one committing)."""
-        lost = getattr(self, "_heartbeat", None) and self._heartbeat.lost
-        if lost:
+        lock = read_lock(self.folder.read(LOCK)) or {"pid": "?", "host": "?"}
+        if lock.get("run_id") != self.run_id:
             raise OutputError(
-                f"another batchinfer run took over {self.path} (pid {lost['pid']} on host "
-                f"{lost['host']}) while this one stalled",
+                f"another batchinfer run took over {self.path} (pid {lock['pid']} on host {lock['host']}) "
+                "while this one stalled",
                 "let that run finish; it resumes this job",
             )
 
@@ -358,7 +369,7 @@ class OutputDir:
         if lock is None or lock.get("run_id") == self.run_id:
             return None
         if lock["host"] == socket.gethostname():
-            return lock if _alive(lock["pid"]) else None
+            return lock if _alive(lock["pid"], lock.get("process")) else None
         beat = lock.get("heartbeat") or self.folder.mtime(LOCK) or 0
         return lock if time.time() - beat < LOCK_STALE else None
 
@@ -608,7 +619,11 @@ def _write_error(path: Path, exc: OSError) -> OutputError:
     )
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, process: str | None = None) -> bool:
+    """Whether the process that wrote a lock still runs: its pid is in use, by that same process (the
+    same boot and start time, where the lock recorded them: a restarted container reuses pids)."""
+    if process is not None and process != process_identity(pid):
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -616,3 +631,13 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def process_identity(pid: int | None = None) -> str | None:
+    """The boot and the start time of a process (Linux), which a reused pid does not share; None elsewhere."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid or os.getpid()}/stat").read_text()
+        return f"{boot}:{stat.rsplit(')', 1)[1].split()[19]}"
+    except (OSError, IndexError):
+        return None

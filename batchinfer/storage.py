@@ -13,6 +13,7 @@ import json
 import os
 import re
 import time
+import uuid
 from pathlib import Path
 from typing import IO
 
@@ -145,6 +146,15 @@ def open_binary(path: str, options: dict | None = None) -> IO[bytes]:
     return io.BufferedReader(fs.open_input_stream(inner, compression=None), buffer_size=1 << 20)
 
 
+def modified(path: str, options: dict | None = None) -> float | None:
+    """A file's modification time (seconds), local or remote; None when the store gives none."""
+    if not is_uri(path):
+        return local_path(path).stat().st_mtime
+    fs, inner = input_filesystem(path, options)
+    info = fs.get_file_info(inner)
+    return info.mtime.timestamp() if info.mtime else None
+
+
 def open_random(path: str, options: dict | None = None):
     """A file opened for reads at any offset (a Parquet footer, its row groups), local or remote."""
     if not is_uri(path):
@@ -259,7 +269,8 @@ class LocalFolder:
 
     def _write_tmp(self, target: Path, write) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f"{self.tmp_prefix}{target.name}")
+        # The prefix says whose file it is; the random part keeps two writers of one file apart.
+        tmp = target.with_name(f"{self.tmp_prefix}{uuid.uuid4().hex[:8]}-{target.name}")
         try:
             with open(tmp, "wb") as f:
                 write(f)

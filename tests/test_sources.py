@@ -250,7 +250,7 @@ def test_csv_records_with_the_wrong_field_count_are_error_rows(tmp_path, tiny_em
         report["rows"] == 6 and report["rows_ok"] == 3 and report["errors_by_reason"] == {"bad_csv": 2, "empty_text": 1}
     )
     errors = pq.read_table(tmp_path / "out" / "_errors").to_pylist()
-    assert sorted(e["message"][:7] for e in errors if e["reason"] == "bad_csv") == ["line 3:", "line 4:"]
+    assert sorted(e["message"][:9] for e in errors if e["reason"] == "bad_csv") == ["record 3:", "record 4:"]
     out = pq.read_table(tmp_path / "out")
     assert out.column("id").to_pylist() == ["1", "4", "6"] and out.column("label").to_pylist() == ["0", "1", "x"]
 
@@ -260,3 +260,42 @@ def test_a_file_of_unknown_extension_says_so_and_names_the_formats(tmp_path):
     with pytest.raises(InputError) as info:
         discover_shards(InputConfig(path=str(tmp_path / "rows.txt"), text="t"))
     assert "the file" in info.value.message and "extension" in info.value.message and "csv" in info.value.hint
+
+
+def test_a_same_length_edit_anywhere_in_a_small_file_changes_its_identity(monkeypatch):
+    import io
+
+    import batchinfer.sources.base as base
+    from batchinfer.sources.base import content_digest
+
+    data = bytearray(b"PAR1" + bytes(range(256)) * 40 + b"\x10\x00\x00\x00PAR1")
+    edited = bytearray(data)
+    edited[5000] ^= 1  # a byte in the middle, far from the footer
+    assert content_digest(io.BytesIO(data)) != content_digest(io.BytesIO(edited))
+    monkeypatch.setattr(base, "FULL_HASH_BYTES", 100)  # a large file: footer, size and modification time
+    assert content_digest(io.BytesIO(data), 1.0) == content_digest(io.BytesIO(edited), 1.0)
+    assert content_digest(io.BytesIO(data), 1.0) != content_digest(io.BytesIO(data), 2.0)
+
+
+def test_ids_never_round_and_an_empty_column_does_not_decide_the_type(tmp_path):
+    big = 1234567890123456789
+    pq.write_table(pa.table({"id": [big, 2], "text": ["a", "b"]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": [3.0, None], "text": ["c", "d"]}), tmp_path / "b.parquet")  # pandas' int with a gap
+    cfg = InputConfig(path=str(tmp_path / "*.parquet"), text="text", id="id")
+    assert discover_shards(cfg).types == {"id": pa.string()}
+    assert [r["id"] for r in _read_all(cfg)] == [str(big), "2", "3", None]
+    _jsonl(tmp_path / "c.jsonl", [{"text": "x", "n": None}, {"text": "y"}])
+    _jsonl(tmp_path / "d.jsonl", [{"text": "z", "n": 4}])
+    cfg = InputConfig(path=str(tmp_path / "*.jsonl"), text="text", keep=["n"])
+    assert discover_shards(cfg).types == {"n": pa.int64()}
+    assert [r["n"] for r in _read_all(cfg)] == [None, None, 4]
+
+
+def test_a_csv_field_that_is_not_utf8_costs_its_row_only(tmp_path):
+    rows = b"id,text\n1,fine\n2,caf\xe9 au lait\n3,also fine\n"
+    (tmp_path / "a.csv").write_bytes(rows)
+    cfg = InputConfig(path=str(tmp_path / "a.csv"), text="text", id="id")
+    shard = discover_shards(cfg).shards[0]
+    block = open_reader(shard, read_spec(cfg, types=discover_shards(cfg).types)).read(0, 3)
+    assert block.table.column("text").to_pylist() == ["fine", None, "also fine"]
+    assert block.bad_rows == {1: ("bad_utf8", "field 'text' is not UTF-8: invalid continuation byte at byte 3")}

@@ -10,7 +10,7 @@ from helpers import Crash, CrashAfterChunks
 
 from batchinfer.config import validate_job
 from batchinfer.driver import run_job
-from batchinfer.errors import ModelError
+from batchinfer.errors import ConfigError, ModelError
 
 
 def _pairs(sms_table, n=120):
@@ -179,3 +179,30 @@ def test_a_model_without_the_task_head_is_named(sms_table, tiny_embed, tiny_clas
     if task == "zero-shot":  # a classifier whose labels name no entailment is no NLI model
         with pytest.raises(ModelError, match="needs an NLI model, whose labels name entailment"):
             run_job(_job(tmp_path / "rows.parquet", tiny_classify, tmp_path / "out", task, **extra))
+
+
+@pytest.mark.parametrize("template", ["About {label}.", "About {0} and {1}.", "No slot here.", "About {}}."])
+def test_a_hypothesis_template_without_one_plain_slot_is_refused(tiny_nli, tmp_path, template):
+    with pytest.raises(ConfigError, match="write one {} where the label goes"):
+        _job(
+            tmp_path / "rows.parquet",
+            tiny_nli,
+            tmp_path / "out",
+            "zero-shot",
+            model={"labels": ["a"], "hypothesis_template": template},
+        )
+
+
+def test_zero_shot_refuses_a_max_length_with_no_room_for_the_text(sms_table, tiny_nli, tmp_path):
+    _texts(sms_table, tmp_path)
+    job = _job(
+        tmp_path / "rows.parquet",
+        tiny_nli,
+        tmp_path / "out",
+        "zero-shot",
+        model={"labels": ["a rather long label for a short model"], "max_length": 8},
+    )
+    with pytest.raises(ModelError, match="max_length 8 leaves no room for the text") as raised:
+        run_job(job)
+    assert "raise model.max_length above 11" in raised.value.hint
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.parquet"))

@@ -51,6 +51,7 @@ class Worker:
         torch.set_num_threads(threads)
         self.loading, self.computing = threading.Lock(), threading.Lock()
         self.failed: Exception | None = None
+        self.tuned = False
         try:
             self.task = ChunkTask(job, shards, spec, make_runner(job, model_path), writer, budget, StopFlag(), name)
         except Exception as exc:  # noqa: BLE001 - raised by describe(): Ray keeps no cause of a failed __init__
@@ -62,8 +63,11 @@ class Worker:
         return str(self.task.runner.device), os.getpid()
 
     def run(self, work: Work, probe: bool, tuning: dict | None) -> dict:
-        if tuning:
+        if self.failed:  # a replacement worker whose model did not load
+            raise self.failed
+        if tuning and not self.tuned:  # once: an out-of-memory may lower the budget afterwards
             self.task.budget.max_tokens, self.task.budget.strategy = tuning["max_tokens"], tuning["strategy"]
+            self.tuned = True
         with self.loading:
             loaded = self.task.load(work)
         notes: list[str] = []

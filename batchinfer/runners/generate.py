@@ -254,14 +254,14 @@ class GenerateRunner:
                 manager.add_request(ids, request_id=f"row-{i}", max_new_tokens=limit, record_timestamps=True)
             while len(results) < len(prompts):
                 self.check()
-                result = manager.get_result(timeout=0.5)
+                result = manager.get_result(timeout=0.1)
                 if result is not None and result.is_finished():
                     results[result.request_id] = result
                 elif result is None and not manager.is_running():
                     break
             stopped = False
         finally:  # on Ctrl-C drop the requests in flight at once, instead of finishing them (tens of seconds)
-            manager.stop(block=True, timeout=2 if stopped else None, hard_stop=stopped)
+            manager.stop(block=True, timeout=1 if stopped else None, hard_stop=stopped)
             manager.destroy()
         raw, first = [], []
         for i in range(len(prompts)):

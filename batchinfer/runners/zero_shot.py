@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ..errors import ModelError
 from .base import EncoderRunner, encode_capped, fixed_size_list, tokens_of
 
 
@@ -22,6 +23,15 @@ class ZeroShotRunner(EncoderRunner):
         self.labels = list(job.model.labels)
         self.hypotheses = [job.model.hypothesis_template.format(label) for label in self.labels]
         self.multi_label = job.model.multi_label or len(self.labels) == 1
+        # Counted alone: a pair encoding would fail to truncate, rather than say so.
+        specials = self.tokenizer.num_special_tokens_to_add(True)
+        longest = specials + max(len(self.tokenizer.encode(h, add_special_tokens=False).ids) for h in self.hypotheses)
+        if longest >= self.max_length:
+            raise ModelError(
+                f"model.max_length {self.max_length} leaves no room for the text beside a hypothesis of {longest} "
+                f"tokens ({self.hypotheses[0]!r}, ...)",
+                f"raise model.max_length above {longest}, or shorten model.hypothesis_template",
+            )
         self.entailment = next(
             i for label, i in model.config.label2id.items() if str(label).lower().startswith("entail")
         )

@@ -128,7 +128,7 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
         repeats = find_repeats([(s.name, info.keys) for s, info in zip(shards, infos)])
         shards = [Shard(s.path, s.name, s.format, s.num_rows, s.digest, repeats.get(s.name, ())) for s in shards]
     types = {
-        c: job_type(c, {s.name: i.types[c] for s, i in zip(shards, infos) if c in i.types})
+        c: job_type(c, {s.name: i.types[c] for s, i in zip(shards, infos) if c in i.types}, c == spec.id_column)
         for c in spec.typed
         if any(c in i.types for i in infos)
     }

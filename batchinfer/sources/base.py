@@ -7,7 +7,9 @@ with `read(start, stop) -> RowBlock` and `close()`).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -17,6 +19,7 @@ import pyarrow as pa
 from ..errors import InputError
 
 Problem = tuple[str, str]  # (reason, message)
+FULL_HASH_BYTES = 64 << 20  # files up to this size are identified by all their bytes
 KINDS_OF = {str: "str", bool: "bool", int: "int", float: "float", list: "list", dict: "dict"}
 INT64 = (-(1 << 63), (1 << 63) - 1)
 
@@ -101,6 +104,27 @@ def describe_read_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".strip()
 
 
+def content_digest(f, modified: float | None = None) -> str:
+    """What a file (open for reads at any offset) holds: every byte up to FULL_HASH_BYTES (a same-length
+    edit can leave a Parquet footer's sizes and statistics unchanged); beyond, its size, its footer (for
+    Parquet: schema, row groups, their sizes and statistics) and its modification time, one small read
+    however large the file."""
+    digest = hashlib.blake2b(digest_size=16)
+    size = f.seek(0, os.SEEK_END)
+    digest.update(str(size).encode())
+    if size <= FULL_HASH_BYTES:
+        f.seek(0)
+        while block := f.read(1 << 20):
+            digest.update(block)
+        return digest.hexdigest()
+    f.seek(size - 8)
+    length = int.from_bytes(f.read(4), "little")
+    f.seek(max(0, size - 8 - length))
+    digest.update(f.read(min(length, size - 8)))
+    digest.update(str(modified).encode())
+    return digest.hexdigest()
+
+
 # --- column types -----------------------------------------------------------------------------------------
 
 
@@ -135,7 +159,7 @@ class Kinds:
             frozenset({"bool"}): pa.bool_(),
         }
         if not seen:
-            return pa.string()
+            return pa.null()  # no value here: the other shards decide
         if frozenset(seen) in simple:
             return simple[frozenset(seen)]
         if seen == {"int", "float"} and not is_id:
@@ -156,16 +180,17 @@ def unify(types: list[pa.DataType]) -> pa.DataType | None:
     return schema.field("v").type
 
 
-def job_type(column: str, found: dict[str, pa.DataType]) -> pa.DataType:
-    """The type of a column across shards (shard name -> type there): the common one, numbers widened,
-    text when the shards disagree otherwise; refused only when a value could not be written as text."""
+def job_type(column: str, found: dict[str, pa.DataType], is_id: bool = False) -> pa.DataType:
+    """The type of a column across shards (shard name -> type there): the common one, numbers widened
+    (integers and floats to float64, but ids to text: an id is never rounded), text when the shards
+    disagree otherwise; refused only when a value could not be written as text."""
     types = list(dict.fromkeys(found.values()))
-    if len(types) == 1:
-        return pa.string() if pa.types.is_null(types[0]) else types[0]
     real = [t for t in types if not pa.types.is_null(t)]
+    if len(real) <= 1:
+        return real[0] if real else pa.string()
     if all(pa.types.is_integer(t) for t in real):
         return pa.int64()
-    if all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in real):
+    if all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in real) and not is_id:
         return pa.float64()
     if all(_text_castable(t) for t in real):
         return pa.string()
@@ -204,5 +229,6 @@ def cast_columns(table: pa.Table, types: dict[str, pa.DataType]) -> pa.Table:
     for i, name in enumerate(table.column_names):
         want = types.get(name)
         if want is not None and table.column(i).type != want:
-            table = table.set_column(i, name, table.column(i).cast(want))
+            # Integers widened to float64 may round past 2**53: a number column, never an id (see job_type).
+            table = table.set_column(i, name, table.column(i).cast(want, safe=not pa.types.is_floating(want)))
     return table

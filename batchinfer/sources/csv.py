@@ -1,9 +1,10 @@
 """CSV and TSV shards (.csv, .tsv, optionally gzipped), streamed through pyarrow's CSV reader.
 
-Every column is read as text, so a column never changes type half-way through a file; discovery then
-fixes the type of each kept column for the whole job (whole numbers, numbers, or text) and keeps ids
-as their text. A record with the wrong number of fields is left out by the parser and reported once,
-at discovery, as a `bad_csv` error row naming its line: every record is accounted for.
+Every column is read as bytes and decoded per field, so a column never changes type half-way through a
+file and a field that is not UTF-8 costs its row alone (bad_utf8); discovery fixes the type of each kept
+column for the whole job (whole numbers, numbers, or text) and keeps ids as their text. A record with
+the wrong number of fields is left out by the parser and reported once, at discovery, as a `bad_csv`
+error row naming it: every record is accounted for.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class CsvFormat:
             for batch in reader:
                 rows += batch.num_rows
                 for column, fits in numeric.items():
-                    values = batch.column(column)
+                    values = _decode(batch.column(column), column, {})
                     for k, target in enumerate((pa.int64(), pa.float64())):
                         if fits[k]:
                             fits[k] = _casts(values, target)
@@ -82,8 +83,10 @@ class CsvReader:
             self._row += skip
             have += take
         self._row += have
-        table = pa.concat_tables(pieces).select(list(self.spec.columns))
-        return RowBlock(cast_columns(_nulls_for_empty(table, self.spec), self.spec.types))
+        raw = pa.concat_tables(pieces).select(list(self.spec.columns))
+        bad: dict = {}
+        table = pa.table({name: _decode(raw.column(name), name, bad) for name in raw.column_names})
+        return RowBlock(cast_columns(_nulls_for_empty(table, self.spec), self.spec.types), bad)
 
     def close(self) -> None:
         if self._stream is not None:
@@ -104,7 +107,8 @@ def _reader(stream: IO[bytes], path: str, bad: list[tuple[int, str]], spec: Read
         bad.append(
             (
                 row.number,
-                f"line {row.number}: {row.actual_columns} fields where the header has {row.expected_columns}: {text!r}",
+                f"record {row.number}: {row.actual_columns} fields where the header has {row.expected_columns}: "
+                f"{text!r}",
             )
         )
         return "skip"
@@ -112,11 +116,28 @@ def _reader(stream: IO[bytes], path: str, bad: list[tuple[int, str]], spec: Read
     delimiter = "\t" if path.lower().removesuffix(".gz").endswith(".tsv") else ","
     parse = pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=invalid)
     read = pcsv.ReadOptions(use_threads=False, block_size=BLOCK)
-    with _open(path, spec) as first:  # the header alone, to read every column as text
+    with _open(path, spec) as first:  # the header alone, to read every column as bytes
         quiet = pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=lambda row: "skip")
         names = pcsv.open_csv(first, read_options=read, parse_options=quiet).schema.names
-    text = pcsv.ConvertOptions(column_types={name: pa.string() for name in names}, strings_can_be_null=False)
-    return pcsv.open_csv(stream, read_options=read, parse_options=parse, convert_options=text)
+    # Bytes, not text: one field that is not UTF-8 must cost its row, not the shard (see _decode).
+    raw = pcsv.ConvertOptions(column_types={name: pa.binary() for name in names}, strings_can_be_null=False)
+    return pcsv.open_csv(stream, read_options=read, parse_options=parse, convert_options=raw)
+
+
+def _decode(values: pa.ChunkedArray, name: str, bad: dict) -> pa.Array:
+    """A column of bytes as text; a field that is not UTF-8 makes its row a bad_utf8 error row."""
+    try:
+        return values.cast(pa.string())
+    except pa.ArrowInvalid:
+        pass
+    decoded = []
+    for offset, value in enumerate(values.to_pylist()):
+        try:
+            decoded.append(None if value is None else value.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            decoded.append(None)
+            bad.setdefault(offset, ("bad_utf8", f"field '{name}' is not UTF-8: {exc.reason} at byte {exc.start}"))
+    return pa.array(decoded, pa.string())
 
 
 def _casts(values: pa.ChunkedArray | pa.Array, target: pa.DataType) -> bool:

@@ -8,10 +8,9 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..storage import is_uri
-from .base import ReadSpec, Shard, ShardInfo, TableReader
+from .base import ReadSpec, Shard, ShardInfo, TableReader, content_digest
 
 MARKERS = ("dataset_info.json", "state.json")
-_SAMPLE = 1 << 20
 
 
 class HfFormat:
@@ -37,8 +36,8 @@ class HfFormat:
 
 
 def folder_digest(path: Path) -> str:
-    """state.json (which holds the dataset's own fingerprint), dataset_info.json, and each data
-    file's size with its first and last megabyte."""
+    """state.json (which holds the dataset's own fingerprint), dataset_info.json, and each data file's
+    bytes (its size and modification time when large)."""
     digest = hashlib.blake2b(digest_size=16)
     for name in MARKERS:
         if (path / name).exists():
@@ -50,9 +49,7 @@ def folder_digest(path: Path) -> str:
             size = file.stat().st_size
             digest.update(f"{file.name}:{size}".encode())
             with open(file, "rb") as f:
-                digest.update(f.read(_SAMPLE))
-                f.seek(max(0, size - _SAMPLE))
-                digest.update(f.read(_SAMPLE))
+                digest.update(content_digest(f, file.stat().st_mtime).encode())  # all of it when small
     return digest.hexdigest()
 
 

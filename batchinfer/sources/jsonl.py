@@ -39,14 +39,16 @@ class JsonlFormat:
                     record, _ = parse_object(line, spec.max_line_bytes)
                     if record is None:
                         continue
-                    columns = columns if columns is not None else list(record)
+                    columns = (columns or {}) | dict.fromkeys(record)  # a key one line leaves out is still a column
                     for column, seen in kinds.items():
                         seen.add(record.get(column))
                     key = record.get(self.unique_key) if self.unique_key else None
                     if isinstance(key, str):
                         keys.append((rows - 1, key))
         types = {c: k.arrow_type(c == spec.id_column) for c, k in kinds.items()}
-        return ShardInfo(rows, digest.hexdigest(), self.shown_columns(columns), types, keys)
+        return ShardInfo(
+            rows, digest.hexdigest(), self.shown_columns(list(columns) if columns is not None else None), types, keys
+        )
 
     # What the OpenAI request format changes (see openai.py).
     unique_key: str | None = None
@@ -57,14 +59,17 @@ class JsonlFormat:
     def shown_columns(self, columns: list[str] | None) -> list[str] | None:
         return columns
 
-    def first_columns(self, path: str, spec: ReadSpec) -> list[str] | None:
-        """The keys of the first line that is a JSON object."""
+    def first_columns(self, path: str, spec: ReadSpec, lines: int = 1000) -> list[str] | None:
+        """The keys found in the first `lines` lines that are JSON objects (a line may leave a key out)."""
+        found: dict | None = None
         with open_lines(path, spec.options) as stream:
-            for line in read_lines(stream, spec.max_line_bytes):
+            for number, line in enumerate(read_lines(stream, spec.max_line_bytes)):
                 record, _ = parse_object(line, spec.max_line_bytes)
                 if record is not None:
-                    return list(record)
-        return None
+                    found = (found or {}) | dict.fromkeys(record)
+                if number >= lines:
+                    break
+        return list(found) if found is not None else None
 
     def reader(self, shard: Shard, spec: ReadSpec) -> "JsonlReader":
         return JsonlReader(shard, spec, self)

@@ -1,15 +1,13 @@
-"""Parquet shards: row counts and identity from the footer, rows read one row group range at a time."""
+"""Parquet shards: row counts from the footer, identity from the bytes, rows read one row group range at
+a time."""
 
 from __future__ import annotations
-
-import hashlib
-import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..storage import open_random
-from .base import ReadSpec, Shard, ShardInfo, TableReader
+from ..storage import modified, open_random
+from .base import ReadSpec, Shard, ShardInfo, TableReader, content_digest
 
 
 class ParquetFormat:
@@ -20,25 +18,13 @@ class ParquetFormat:
             file = pq.ParquetFile(f)
             schema = file.schema_arrow
             types = {c: schema.field(c).type for c in spec.typed if c in schema.names}
-            return ShardInfo(file.metadata.num_rows, footer_digest(f), schema.names, types)
+            return ShardInfo(
+                file.metadata.num_rows, content_digest(f, modified(path, spec.options)), schema.names, types
+            )
 
     def reader(self, shard: Shard, spec: ReadSpec) -> TableReader:
         columns = list(spec.columns)
         return TableReader(lambda start, stop: read_rows(shard.path, start, stop, columns, spec.options), spec)
-
-
-def footer_digest(f) -> str:
-    """The file's size and its footer (schema, row groups, their sizes and statistics): any rewrite of
-    the data changes them, and reading them costs one small read however large the file is."""
-    digest = hashlib.blake2b(digest_size=16)
-    size = f.seek(0, os.SEEK_END)
-    digest.update(str(size).encode())
-    if size >= 12:
-        f.seek(size - 8)
-        length = int.from_bytes(f.read(4), "little")
-        f.seek(max(0, size - 8 - length))
-        digest.update(f.read(min(length, size - 8)))
-    return digest.hexdigest()
 
 
 def read_rows(path: str, start: int, stop: int, columns: list[str], options: dict | None = None) -> pa.Table:
