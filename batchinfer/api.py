@@ -14,8 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .config import JobConfig, apply_override, load_job, validate_job
+from .config import TASK_COLUMNS, JobConfig, apply_override, load_job, validate_job
 from .driver import run_job
+from .errors import ConfigError
 
 
 def run(
@@ -48,8 +49,15 @@ def infer(data, *, model: str, task: str = "embed", text: str = "text", **overri
 
     data: a list of strings, a pyarrow Table, or a pandas DataFrame with a `text` column (or the column
     named by text=, or a template such as "{title}. {body}"). overrides: other job keys with __ between
-    the parts, e.g. model__max_length=128 or batching__max_tokens=8192."""
-    table = _table(data, text)
+    the parts, e.g. model__max_length=128 or batching__max_tokens=8192. A list of strings becomes the
+    column named by text= (`text`), or `prompt` where the task writes that column (generate)."""
+    table, text = _table(data, text, TASK_COLUMNS.get(task, ()))
+    clash = sorted(set(table.column_names) & {*TASK_COLUMNS.get(task, ()), "error"})
+    if clash:
+        raise ConfigError(
+            f"data: column {', '.join(map(repr, clash))} has the name of a result column of task {task}",
+            "rename it before calling infer, e.g. table.rename_columns({...}) or frame.rename(columns={...})",
+        )
     with tempfile.TemporaryDirectory(prefix="batchinfer-") as work:
         work = Path(work)
         pq.write_table(table, work / "rows.parquet")
@@ -82,13 +90,16 @@ def _yaml(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
-def _table(data, text: str) -> pa.Table:
+def _table(data, text: str, results: tuple[str, ...]) -> tuple[pa.Table, str]:
+    """The rows as a table, and the job's input.text for it."""
     if isinstance(data, pa.Table):
-        return data
+        return data, text
     if isinstance(data, (list, tuple)):
-        return pa.table({text if "{" not in text else "text": pa.array(list(data), pa.string())})
+        name = text if "{" not in text else "text"
+        name = "prompt" if name in results else name
+        return pa.table({name: pa.array(list(data), pa.string())}), name
     if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a pandas DataFrame
-        return pa.Table.from_pandas(data, preserve_index=False)
+        return pa.Table.from_pandas(data, preserve_index=False), text
     raise TypeError("data must be a list of strings, a pyarrow Table or a pandas DataFrame")
 
 
@@ -107,7 +118,7 @@ def _align(table: pa.Table, results: pa.Table | None, errors: pa.Table | None) -
         where[results.column("row").to_numpy()] = np.arange(results.num_rows)
         index = pa.array(where, mask=where < 0)
         for name in results.column_names:
-            if name not in ("source", "row") and name not in table.column_names:
+            if name not in ("source", "row"):
                 out = out.append_column(name, results.column(name).take(index))
     reasons = [None] * n
     if errors is not None:

@@ -4,10 +4,12 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pytest
 from helpers import write_job
 
 import batchinfer
 from batchinfer.cli import app
+from batchinfer.errors import ConfigError
 
 
 def test_run_equals_the_cli(tmp_path, sms_parquet, tiny_embed):
@@ -42,3 +44,16 @@ def test_infer_keeps_input_order_and_names_rows_that_cannot_run(tmp_path, sms_ta
     scores = np.array(again.column("score").to_pylist())
     assert np.allclose(scores, np.array(table.column("score").to_pylist()[:50]), atol=1e-6)
     assert isinstance(again, pa.Table)
+
+
+def test_infer_never_hides_a_result_behind_an_input_column(sms_table, tiny_classify, tiny_llama):
+    texts = sms_table.column("text").to_pylist()[:4]
+    table = pa.table({"text": texts, "label": ["spam", "ham", "ham", "ham"]})
+    with pytest.raises(ConfigError, match="column 'label' has the name of a result column of task classify"):
+        batchinfer.infer(table, model=str(tiny_classify), task="classify")
+    generated = batchinfer.infer(
+        texts, model=str(tiny_llama), task="generate", generation__max_new_tokens=3, generation__temperature=0.0
+    )
+    assert generated.column("prompt").to_pylist() == texts
+    assert all(isinstance(t, str) for t in generated.column("text").to_pylist())
+    assert all(1 <= n <= 3 for n in generated.column("completion_tokens").to_pylist())
