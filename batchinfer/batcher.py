@@ -25,10 +25,7 @@ from .tune import plan
 
 
 class Overloaded(Exception):
-    """The queue holds too many tokens to take this request now."""
-
-    def __init__(self, queued: int, limit: int):
-        super().__init__(f"{queued:,} tokens are queued, the limit is {limit:,}")
+    """The queue holds too much to take this request now; the message says how much."""
 
 
 @dataclass
@@ -89,6 +86,10 @@ class Batcher:
         self._thread.start()
 
     @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
     def queued_tokens(self) -> int:
         return self._queued_tokens
 
@@ -99,9 +100,9 @@ class Batcher:
         now = time.monotonic()
         with self._wake:
             if self._stopping:
-                raise Overloaded(self._queued_tokens, 0)
+                raise Overloaded("it is shutting down")
             if self._queued_tokens and self._queued_tokens + tokens > self.max_queue_tokens:
-                raise Overloaded(self._queued_tokens, self.max_queue_tokens)
+                raise Overloaded(f"{self._queued_tokens:,} tokens are queued, the limit is {self.max_queue_tokens:,}")
             self._queue.extend(_Row(request, i, item, now) for i, item in enumerate(items))
             self._queued_tokens += tokens
             self._wake.notify()
@@ -135,7 +136,11 @@ class Batcher:
                 self._queue.clear()
                 self._queued_tokens = 0
             if rows:
-                self._run(rows)
+                try:
+                    self._run(rows)
+                except Exception as exc:  # noqa: BLE001 - one failed batch must not leave later requests waiting
+                    for row in rows:
+                        row.request.loop.call_soon_threadsafe(_reject, row.request.future, exc)
 
     def _run(self, rows: list[_Row]) -> None:
         lengths = np.array([len(row.ids) for row in rows], dtype=np.int64)
@@ -169,3 +174,8 @@ class Batcher:
 def _resolve(future: asyncio.Future, value) -> None:
     if not future.done():
         future.set_result(value)
+
+
+def _reject(future: asyncio.Future, exc: Exception) -> None:
+    if not future.done():
+        future.set_exception(RuntimeError(f"the batch failed: {type(exc).__name__}: {exc}"))

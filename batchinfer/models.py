@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import pickle
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from .config import ModelConfig
 from .errors import ModelError
@@ -237,9 +239,11 @@ def load_model(cfg: ModelConfig, path: Path):
             use_safetensors=use_safetensors,
             trust_remote_code=cfg.trust_remote_code,
         )
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as exc:
+        # RuntimeError: shapes that do not fit the config; the others: missing, truncated or corrupt files
         raise ModelError(
-            f"cannot load the model in {path}: {exc}", "check that the folder was saved with save_pretrained"
+            f"cannot load the model in {path}: {type(exc).__name__}: {exc}",
+            "check that the folder was saved whole with save_pretrained (a weights file may be truncated)",
         ) from exc
     if cfg.quantize == "int8":
         if device.type != "cpu":

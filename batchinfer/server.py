@@ -18,6 +18,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import queue
 import time
 import uuid
 from typing import Any
@@ -43,6 +44,10 @@ LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 class BadInput(Exception):
     """A request body that is valid JSON but not a valid request; the message names what is wrong."""
+
+
+class EngineDown(Exception):
+    """The model's thread has stopped: nothing more can run until the server restarts."""
 
 
 class Metrics:
@@ -164,6 +169,9 @@ class EncoderService:
             tokens.lengths.sum()
         )
 
+    def problem(self) -> str | None:
+        return None if self.batcher.alive else "the batching thread has stopped"
+
     def stop(self) -> None:
         self.batcher.stop()
 
@@ -194,24 +202,39 @@ class GenerateService:
 
     async def stream(self, ids: list[int], max_new: int, request: Request):
         """Generation outputs for one prompt as the engine produces them; cancelled if the client leaves."""
-        queue: asyncio.Queue = asyncio.Queue()
+        outputs: asyncio.Queue = asyncio.Queue()
         request_id = f"req-{uuid.uuid4().hex}"
-        self.manager.register_result_handler(request_id, queue.put_nowait)
-        self.manager.add_request(ids, request_id=request_id, max_new_tokens=max_new, streaming=True)
+        self.manager.register_result_handler(request_id, outputs.put_nowait)
         try:
+            # add_request blocks (up to 10 s) while the engine's input queue is full: off the event loop
+            added = await asyncio.to_thread(
+                self.manager.add_request, ids, request_id=request_id, max_new_tokens=max_new, streaming=True
+            )
+            if added is None:
+                raise EngineDown(self.problem() or "the engine takes no new requests")
             while True:
                 try:
-                    output = await asyncio.wait_for(queue.get(), timeout=0.25)
+                    output = await asyncio.wait_for(outputs.get(), timeout=0.25)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
                         raise asyncio.CancelledError() from None
+                    if self.problem():
+                        raise EngineDown(self.problem()) from None
                     continue
                 yield output
                 if output.is_finished():
                     return
+        except queue.Full:
+            raise Overloaded("the generation engine's request queue is full") from None
         except BaseException:
             self.manager.cancel_request(request_id)
             raise
+
+    def problem(self) -> str | None:
+        if self.manager.is_running():
+            return None
+        fatal = self.manager.background_thread_status.fatal_error
+        return f"the generation engine has stopped ({fatal})" if fatal else "the generation engine has stopped"
 
     def stop(self) -> None:
         self.manager.stop(block=True, timeout=60)  # flush: what is running finishes
@@ -232,19 +255,19 @@ async def _until_done(pending, request: Request):
 
 
 def create_app(job: JobConfig, model_path) -> FastAPI:
+    """The app, with its model loaded: a model that cannot load fails here, before the server listens."""
     if job.model.task not in SERVED:
         raise BadInput(f"serve runs tasks {', '.join(SERVED)}; {job.model.task} runs offline with batchinfer run")
     metrics = Metrics()
-    state: dict[str, Any] = {}
+    service = (GenerateService if job.model.task == "generate" else EncoderService)(job, model_path, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        service = GenerateService if job.model.task == "generate" else EncoderService
-        state["service"] = await asyncio.to_thread(service, job, model_path, metrics)
         yield
-        await asyncio.to_thread(state["service"].stop)  # what is queued is answered before the server exits
+        await asyncio.to_thread(service.stop)  # what is queued is answered before the server exits
 
     app = FastAPI(title="batchinfer", lifespan=lifespan)
+    app.state.service = service
     name = job.model.path
 
     @app.exception_handler(RequestValidationError)
@@ -258,6 +281,10 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     @app.exception_handler(Overloaded)
     async def _busy(request: Request, exc: Overloaded):
         return _error(request, 429, f"the server is busy: {exc}; retry shortly", {"Retry-After": "1"})
+
+    @app.exception_handler(EngineDown)
+    async def _down(request: Request, exc: EngineDown):
+        return _error(request, 503, f"{exc}; restart the server (batchinfer serve --debug shows why)")
 
     @app.exception_handler(RuntimeError)
     async def _failed(request: Request, exc: RuntimeError):
@@ -278,7 +305,9 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok" if "service" in state else "loading", "task": job.model.task, "model": name}
+        problem = service.problem()
+        body = {"status": "failed" if problem else "ok", "task": job.model.task, "model": name}
+        return JSONResponse(body | ({"error": problem} if problem else {}), status_code=503 if problem else 200)
 
     @app.get("/metrics")
     async def prometheus():
@@ -291,7 +320,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
         if body.encoding_format not in ("float", "base64"):
             raise BadInput(f"encoding_format: {body.encoding_format!r} is not float or base64")
         texts = _texts(body.input, "input")
-        columns, tokens = await state["service"].run(texts, request)
+        columns, tokens = await service.run(texts, request)
         data = [
             {"object": "embedding", "index": i, "embedding": _encode(vector, body.encoding_format)}
             for i, vector in enumerate(columns["embedding"])
@@ -309,7 +338,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
         started = time.perf_counter()
         _served("classify")
         texts = _texts(body.input, "input")
-        columns, tokens = await state["service"].run(texts, request)
+        columns, tokens = await service.run(texts, request)
         data = [dict(zip(columns, values)) for values in zip(*columns.values())]
         _done(request, started)
         return {
@@ -335,7 +364,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
                 raise BadInput(f"{where}[{i}]: both texts must hold something to read")
         if not pairs:
             raise BadInput(f"{where}: empty")
-        columns, tokens = await state["service"].run(pairs, request)
+        columns, tokens = await service.run(pairs, request)
         data = [
             {"index": i, "score": s, "truncated": t}
             for i, (s, t) in enumerate(zip(columns["score"], columns["truncated"]))
@@ -362,8 +391,9 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
 
     async def _generate(request: Request, body, prompt, kind: str, max_tokens: int | None):
         started = time.perf_counter()
-        service: GenerateService = state["service"]
         service.check(body.temperature, body.top_p)
+        if service.problem():  # before a stream's status line goes out
+            raise EngineDown(service.problem())
         if max_tokens is not None and max_tokens < 1:
             raise BadInput("max_tokens: must be at least 1")
         max_new = max_tokens or job.generation.max_new_tokens
@@ -380,6 +410,8 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
         last = None
         async for output in service.stream(ids, max_new, request):
             last = output
+        if last.error:
+            raise RuntimeError(f"generation failed: {last.error}")
         generated, text, reason = service.runner._finish(last.generated_tokens, max_new, stops)
         completion = len(generated)
         choice = (
@@ -405,23 +437,30 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     async def _stream(service, request, ids, max_new, stops, kind, request_id, created, started):
         sent = ""
         chunk_kind = "chat.completion.chunk" if kind == "chat.completion" else "text_completion"
-        async for output in service.stream(ids, max_new, request):
-            generated, text, reason = service.runner._finish(output.generated_tokens, max_new, stops)
-            # a stop string ends the completion before the engine does (it knows no stop strings)
-            finished = output.is_finished() or len(generated) < len(output.generated_tokens)
-            delta, sent = text[len(sent) :], text
-            if delta or finished:
-                piece = {"delta": {"content": delta}} if kind == "chat.completion" else {"text": delta}
-                event = {
-                    "id": request_id,
-                    "object": chunk_kind,
-                    "created": created,
-                    "model": name,
-                    "choices": [{"index": 0, **piece, "finish_reason": reason if finished else None}],
-                }
-                yield f"data: {json.dumps(event)}\n\n"
-            if finished:
-                break
+        try:
+            async for output in service.stream(ids, max_new, request):
+                if output.error:
+                    raise EngineDown(f"generation failed: {output.error}")
+                generated, text, reason = service.runner._finish(output.generated_tokens, max_new, stops)
+                # a stop string ends the completion before the engine does (it knows no stop strings)
+                finished = output.is_finished() or len(generated) < len(output.generated_tokens)
+                delta, sent = text[len(sent) :], text
+                if delta or finished:
+                    piece = {"delta": {"content": delta}} if kind == "chat.completion" else {"text": delta}
+                    event = {
+                        "id": request_id,
+                        "object": chunk_kind,
+                        "created": created,
+                        "model": name,
+                        "choices": [{"index": 0, **piece, "finish_reason": reason if finished else None}],
+                    }
+                    yield f"data: {json.dumps(event)}\n\n"
+                if finished:
+                    break
+        except EngineDown as exc:  # the status line has gone out: the error is the last event
+            metrics.requests.labels(request.url.path, "500").inc()
+            yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n"
+            return
         yield "data: [DONE]\n\n"
         _done(request, started)
         metrics.rows.inc()

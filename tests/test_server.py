@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -240,3 +241,72 @@ def test_a_real_server_drains_its_queue_on_sigterm(tiny_embed):
             os.kill(proc.pid, signal.SIGKILL)
     assert answer["r"].status_code == 200 and len(answer["r"].json()["data"][0]["embedding"]) == 32
     assert proc.returncode == 0, output
+
+
+def test_a_failed_batch_answers_500_and_the_server_goes_on(sms_table, tiny_embed):
+    texts = sms_table.column("text").to_pylist()[:3]
+
+    async def go():
+        job = _serving(tiny_embed, "embed", max_wait_ms=1)
+        app = create_app(job, resolve_model_path(job.model.path))
+        runner, batcher = app.state.service.runner, app.state.service.batcher
+        real_run, real_on_batch = runner.run, batcher.on_batch
+
+        def broken_run(batch):
+            raise ValueError("a kernel the test broke")
+
+        def broken_on_batch(stats):
+            raise KeyError("metrics the test broke")
+
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://batchinfer", timeout=60) as client:
+                runner.run = broken_run  # every row fails, one by one
+                rows_failed = await client.post("/v1/embeddings", json={"input": texts})
+                runner.run, batcher.on_batch = real_run, broken_on_batch  # the batch loop itself fails
+                batch_failed = await client.post("/v1/embeddings", json={"input": texts})
+                batcher.on_batch = real_on_batch
+                after = await client.post("/v1/embeddings", json={"input": texts})
+                health = await client.get("/health")
+        return rows_failed, batch_failed, after, health
+
+    rows_failed, batch_failed, after, health = asyncio.run(go())
+    assert rows_failed.status_code == 500
+    assert rows_failed.json()["error"]["message"] == "input[0]: model_error: ValueError: a kernel the test broke"
+    assert batch_failed.status_code == 500
+    assert "the batch failed: KeyError" in batch_failed.json()["error"]["message"]
+    assert after.status_code == 200 and len(after.json()["data"]) == 3
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def test_a_stopped_generation_engine_answers_503_and_health_says_so(tiny_llama):
+    async def go():
+        async with _client(_serving(tiny_llama, "generate")) as client:
+            ok = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2})
+            client._transport.app.state.service.manager.stop(block=True)
+            down = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2})
+            streamed = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2, "stream": True})
+            health = await client.get("/health")
+        return ok, down, streamed, health
+
+    ok, down, streamed, health = asyncio.run(go())
+    assert ok.status_code == 200
+    assert down.status_code == 503 and "the generation engine has stopped" in down.json()["error"]["message"]
+    assert streamed.status_code == 503 and "has stopped" in streamed.json()["error"]["message"]
+    assert health.status_code == 503 and health.json()["status"] == "failed"
+
+
+def test_serve_reports_a_model_that_cannot_load_before_listening(tiny_embed, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_embed, broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not weights")
+    result = subprocess.run(
+        [sys.executable, "-m", "batchinfer", "serve", "--model", str(broken), "--task", "embed", "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr and "serving embed" not in result.stderr
+    assert str(broken) in result.stderr or "broken" in result.stderr, result.stderr
