@@ -63,7 +63,7 @@ class LineProgress:
 
     def __init__(self, console: Console, every: float = 30.0):
         self.console, self.every = console, every
-        self.rows = self.tokens = self.total = self.before = 0
+        self.rows = self.tokens = self.total = self.before = self.shown = 0
         self.t0 = self.last = time.perf_counter()
 
     def start(self, total_rows: int, done_rows: int) -> None:
@@ -83,11 +83,11 @@ class LineProgress:
         self._print(f"note: {message}")
 
     def stop(self) -> None:
-        if self.rows and time.perf_counter() > self.last:
+        if self.rows > self.shown:  # the last periodic line may already say it all
             self._line()
 
     def _line(self) -> None:
-        self.last = time.perf_counter()
+        self.last, self.shown = time.perf_counter(), self.rows
         elapsed = max(self.last - self.t0, 1e-9)
         rate = self.rows / elapsed
         done = self.before + self.rows
@@ -95,7 +95,7 @@ class LineProgress:
         eta = _duration(left / rate) if rate else "?"
         share = f" ({done / self.total:.1%})" if self.total else ""
         self._print(
-            f"{done:,}/{self.total:,} rows{share}, {rate:,.1f} rows/s, {self.tokens / elapsed:,.0f} tokens/s, "
+            f"{done:,}/{self.total:,} rows{share}, {rate:,.1f} rows/s, {self.tokens / elapsed:,.0f} input tokens/s, "
             f"{eta} left"
         )
 
@@ -124,7 +124,7 @@ def summary_table(report: dict) -> Table:
         ("errors", errors),
         ("truncated", f"{report['truncated']:,}"),
         ("this run", f"{run['rows']:,} rows in {run['seconds']:.1f} s on {report['device']}"),
-        ("throughput", f"{run['rows_per_s']:,.1f} rows/s, {run['tokens_per_s']:,.0f} tokens/s"),
+        ("throughput", f"{run['rows_per_s']:,.1f} rows/s, {run['tokens_per_s']:,.0f} input tokens/s"),
         ("padding efficiency", f"{report['padding_efficiency']:.3f} (real / padded tokens)"),
         ("model busy", f"{run['model_busy']:.0%} of the processing loop"),
     ]

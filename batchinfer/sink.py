@@ -141,6 +141,8 @@ class OutputDir:
                 f"holds {chunks} finished chunk(s) of a different job ({'; '.join(changed.values())}): the run "
                 "will refuse; add --restart to discard them, or --output NEW_FOLDER"
             )
+        if chunks >= chunks_total:
+            return f"holds this job, complete: {chunks}/{chunks_total} chunks done; a run has nothing left to do"
         return f"holds this job: {chunks}/{chunks_total} chunks done; the run resumes"
 
     def _open(

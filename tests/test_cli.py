@@ -159,6 +159,7 @@ def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet,
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if " rows/s, " in line and " left" in line]
     assert len(lines) >= 6 and lines[-1].split(" ", 2)[2].startswith("600/600 rows (100.0%)")
+    assert sum("600/600 rows" in line for line in lines) == 1  # the end is said once
     assert "started: 600 rows to run" in result.stderr and "━" not in result.stderr  # no bar drawn into a log
 
 
@@ -197,6 +198,9 @@ def test_validate_reads_the_head_and_the_output_folder_and_a_failed_run_leaves_n
     assert result.exit_code == 0 and "holds this job: 1/6 chunks done" in result.output
     result = runner.invoke(app, ["validate", str(job), "--set", "model.max_length=32"])
     assert "different job" in result.output and "model.max_length: 64 -> 32" in result.output
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    result = runner.invoke(app, ["validate", str(job)])
+    assert "holds this job, complete: 6/6 chunks done" in result.output
     (tmp_path / "out" / "notes.txt").write_text("mine")
     result = runner.invoke(app, ["validate", str(job)])
     assert result.exit_code == 1 and "notes.txt" in result.output
