@@ -7,7 +7,7 @@ import pytest
 
 from batchinfer.config import InputConfig
 from batchinfer.errors import InputError
-from batchinfer.sources import discover_shards, open_reader, read_spec
+from batchinfer.sources import READ_ERRORS, describe_read_error, discover_shards, open_reader, read_spec
 
 ROWS = [{"id": i, "text": f"message number {i}", "label": i % 2} for i in range(50)]
 
@@ -219,6 +219,19 @@ def _csv(path, rows, delimiter=","):
         writer.writeheader()
         writer.writerows(rows)
     return path
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "a.csv"])
+def test_a_shard_that_shrinks_during_the_run_is_a_read_error_not_a_crash(tmp_path, name):
+    path = _jsonl(tmp_path / name, ROWS) if name.endswith("jsonl") else _csv(tmp_path / name, ROWS)
+    cfg = InputConfig(path=str(path), text="text")
+    shard = discover_shards(cfg).shards[0]
+    path.write_text("\n".join(path.read_text().splitlines()[:20]) + "\n")  # cut short under the job
+    reader = open_reader(shard, read_spec(cfg))
+    assert reader.read(0, 10).table.num_rows == 10
+    with pytest.raises(READ_ERRORS) as caught:
+        reader.read(10, 50)
+    assert describe_read_error(caught.value) == "the file now ends early: it held 50 rows when the job started"
 
 
 @pytest.mark.parametrize("name", ["a.csv", "a.tsv", "a.csv.gz"])

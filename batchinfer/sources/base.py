@@ -95,12 +95,26 @@ class TableReader:
 
 
 # What a truncated, corrupt or foreign file raises from pyarrow, gzip, zlib or datasets.
+class ShardShrank(ValueError):
+    """A shard holds fewer rows than it did when the job was planned: it changed during the run."""
+
+
+def next_row(rows, shard: Shard):
+    """The next row of a shard's stream; running out early means the file changed under the job."""
+    try:
+        return next(rows)
+    except StopIteration:
+        raise ShardShrank(f"the file now ends early: it held {shard.num_rows:,} rows when the job started") from None
+
+
 READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowException, ValueError, KeyError)
 
 
 def describe_read_error(exc: BaseException) -> str:
     if isinstance(exc, EOFError):
         return "the file ends early (truncated gzip)"
+    if isinstance(exc, ShardShrank):
+        return str(exc)
     return f"{type(exc).__name__}: {exc}".strip()
 
 

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from ..storage import open_binary
-from .base import ReadSpec, RowBlock, Shard, ShardInfo, cast_columns
+from .base import ReadSpec, RowBlock, Shard, ShardInfo, cast_columns, next_row
 from .jsonl import _Gunzip
 
 BLOCK = 1 << 20
@@ -70,7 +70,11 @@ class CsvReader:
             self._pending = None
         pieces, have = [], 0
         while self._row + have < stop:
-            table = self._pending if self._pending is not None else pa.Table.from_batches([next(self._batches)])
+            table = (
+                self._pending
+                if self._pending is not None
+                else pa.Table.from_batches([next_row(self._batches, self.shard)])
+            )
             self._pending = None
             skip = max(0, start - (self._row + have))
             if skip >= table.num_rows:

@@ -17,7 +17,7 @@ import pyarrow as pa
 from ..lines import Oversized, parse_object, read_lines, sniff_field
 from ..messages import message_problem
 from ..storage import open_binary
-from .base import Kinds, Problem, ReadSpec, RowBlock, Shard, ShardInfo, as_text
+from .base import Kinds, Problem, ReadSpec, RowBlock, Shard, ShardInfo, as_text, next_row
 
 _BLOCK = 1 << 20
 
@@ -109,12 +109,12 @@ class JsonlReader:
             self._stream, self._line = open_lines(self.shard.path, self.spec.options), 0
             self._lines = read_lines(self._stream, self.spec.max_line_bytes)
         while self._line < start:
-            next(self._lines)
+            next_row(self._lines, self.shard)
             self._line += 1
         values: dict[str, list] = {c: [] for c in self.spec.columns}
         bad: dict[int, Problem] = {}
         for offset in range(stop - start):
-            line = next(self._lines)
+            line = next_row(self._lines, self.shard)
             record, problem = self.format.record(line, self.spec, self._line, self.repeats)
             self._line += 1
             if problem:
