@@ -60,8 +60,9 @@ def run_job(
     shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
     model_path = resolve_model_path(job.model.path)
     read_config(job.model, model_path)  # a model without the task's head fails here, before the folder is touched
-    chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows, limit)
     out = OutputDir(job.output.path, job.output.compression, job.output.storage_options)
+    limit = limit if restart else out.covering_limit(limit)
+    chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows, limit)
     done = out.open(
         fingerprint(job, model_identity(model_path), shards, limit),
         restart,

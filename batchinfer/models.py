@@ -105,14 +105,37 @@ def check_model_folder(path: Path, allow_pickle: bool = False) -> None:
         )
 
 
+# Small files that change what the model computes: a new tokenizer splits the same text differently.
+_RESULT_FILES = (
+    "config.json",
+    "modules.json",
+    "1_Pooling/config.json",
+    "sentence_bert_config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
 def model_identity(path: Path) -> str:
-    """A hash of the config and the weights, so a resumed job can tell the model changed.
+    """A hash of everything in a model folder that shapes its results — config, tokenizer, generation
+    defaults and weights — so a resumed job can tell the model changed.
 
     Weight files are hashed whole up to 3 samples' size; beyond that, size plus start, middle and
     end, which catches any re-save or re-train without reading many gigabytes at every start.
     """
     digest = hashlib.sha256()
-    for name in ("config.json", "modules.json", "1_Pooling/config.json"):
+    for name in _RESULT_FILES:
         if (path / name).exists():
             digest.update(name.encode() + (path / name).read_bytes())
     for weights in sorted([*path.glob("*.safetensors"), *path.glob("*model*.bin")]):

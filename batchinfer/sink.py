@@ -89,6 +89,14 @@ class OutputDir:
         """What a batching probe chose for this folder's job, if one ran."""
         return self.job.get("tuning")
 
+    def covering_limit(self, limit: int | None) -> int | None:
+        """--limit never narrows what this folder's job already covers: a folder that holds the first 1,000
+        rows (or all of them) stays so after `--limit 10`, which then has nothing left to do."""
+        held = (self._read_job() or {}).get("fingerprint", {}).get("limit", 0)
+        if limit is None or held is None:
+            return None
+        return max(limit, held)
+
     # --- opening ---------------------------------------------------------------------------------------------
 
     def open(
@@ -174,6 +182,7 @@ class OutputDir:
                 }
             )
         elif changed:
+            changed.pop("limit", None)  # any limit may continue a job; only the other changes refuse it
             raise ResumeError(
                 f"{self.path} holds results of a different job ({'; '.join(changed.values())})",
                 "rerun with --restart to discard them and start over, or --output NEW_FOLDER to keep them",

@@ -149,6 +149,10 @@ def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_p
     assert np.abs(difference).max() < 1e-5  # batching: auto, probed on each run's own first chunk
     result = runner.invoke(app, ["run", str(job)])
     assert result.exit_code == 0 and "already complete: 600 rows" in result.output and "--restart" in result.output
+    before = (tmp_path / "out" / "_batchinfer.json").read_bytes()
+    result = runner.invoke(app, ["run", str(job), "--limit", "5"])  # never narrows what the folder holds
+    assert result.exit_code == 0 and "already complete: 600 rows" in result.output
+    assert (tmp_path / "out" / "_SUCCESS").exists() and (tmp_path / "out" / "_batchinfer.json").read_bytes() == before
 
 
 def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet, tiny_embed):
@@ -198,6 +202,9 @@ def test_validate_reads_the_head_and_the_output_folder_and_a_failed_run_leaves_n
     assert result.exit_code == 0 and "holds this job: 1/6 chunks done" in result.output
     result = runner.invoke(app, ["validate", str(job), "--set", "model.max_length=32"])
     assert "different job" in result.output and "model.max_length: 64 -> 32" in result.output
+    result = runner.invoke(app, ["run", str(job), "-q", "--set", "model.max_length=32"])
+    assert result.exit_code == 1 and "model.max_length: 64 -> 32" in result.output
+    assert "limit: " not in result.output  # dropping --limit continues a job; it is not what refuses it
     assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
     result = runner.invoke(app, ["validate", str(job)])
     assert "holds this job, complete: 6/6 chunks done" in result.output

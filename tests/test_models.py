@@ -1,3 +1,4 @@
+import json
 import shutil
 
 import pytest
@@ -51,4 +52,13 @@ def test_identity_changes_with_weights(tmp_path, tiny_embed, tiny_embed_cls):
     data = bytearray((copy / "model.safetensors").read_bytes())
     data[-1] ^= 1
     (copy / "model.safetensors").write_bytes(bytes(data))
+    assert model_identity(copy) != model_identity(tiny_embed)
+
+
+def test_identity_changes_with_the_tokenizer(tmp_path, tiny_embed):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_embed, copy)
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    config["do_lower_case"] = not config.get("do_lower_case", True)  # same weights, other token ids
+    (copy / "tokenizer_config.json").write_text(json.dumps(config))
     assert model_identity(copy) != model_identity(tiny_embed)
