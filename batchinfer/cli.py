@@ -7,7 +7,6 @@ import shlex
 import signal
 import traceback
 import warnings
-from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -408,7 +407,7 @@ def status(
 ):
     """Show how far a job's output folder is: chunks, rows, errors, the run holding it. Changes nothing."""
     from .errors import OutputError
-    from .sink import JOB, LEGACY, REPORT, SUCCESS, current_errors, read_state
+    from .sink import JOB, LEGACY, REPORT, SUCCESS, current_errors, input_errors, read_state, stray_markers
     from .storage import is_uri
 
     with reported(debug):
@@ -428,13 +427,14 @@ def status(
                 "give the output.path of a job",
             )
         sink, done = state
-        errors: Counter = Counter()
+        errors = input_errors(sink)
         for name in current_errors(done).values():
             errors.update(done[name]["errors"])
         chunks = [r for r in done.values() if "retry_of" not in r]
         updated = max([sink.folder.mtime(JOB) or 0.0] + [r.get("finished", 0.0) for r in done.values()])
         holder = sink.holder()
-        complete = sink.folder.read(SUCCESS) is not None
+        stray = stray_markers(sink, done)
+        complete = sink.folder.read(SUCCESS) is not None and not stray
         total = sink.job.get("plan", {}).get("chunks", "?")
         out.print(f"chunks  {len(chunks)}/{total} done" + (" (complete)" if complete else ""))
         out.print(f"rows    {sum(r['rows'] for r in chunks):,} done, {sum(r['ok'] for r in done.values()):,} ok")
@@ -446,7 +446,18 @@ def status(
             try:
                 json.loads(raw)
             except ValueError:
-                out.print(f"report  {REPORT} is damaged; the next run of the job writes it again")
+                out.print(
+                    f"report  {REPORT} is damaged, so batchinfer cannot tell it is its own: a run refuses the "
+                    "folder until you move that file away",
+                    highlight=False,
+                )
+        if stray:
+            shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
+            out.print(
+                f"damaged {shown}: not a completion marker of this job, so its chunk counts as not done and a "
+                "run refuses the folder until you move the file(s) away",
+                highlight=False,
+            )
         if not complete and not holder:
             out.print(
                 f"resume  {sink.command or 'batchinfer run JOB.yaml (the same job file and --set options)'}",

@@ -28,6 +28,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -35,9 +36,17 @@ import pyarrow.parquet as pq
 
 from .errors import OutputError, ResumeError
 from .plan import describe_changes
-from .storage import is_disk_full, is_uri, join, open_folder, reach_problem, same_or_inside
+from .storage import (
+    JOB_FILE,
+    is_disk_full,
+    is_uri,
+    join,
+    open_folder,
+    reach_problem,
+    refuse_location,
+)
 
-JOB = "_batchinfer.json"
+JOB = JOB_FILE
 DONE = "_done"
 ERRORS = "_errors"
 REPORT = "_report.json"
@@ -114,7 +123,7 @@ class OutputDir:
         Keys in `may_change` may differ from the recorded job (--retry-errors after raising max_length);
         the new values are recorded for the runs that follow. `files`: other names this job writes here;
         `plan`: totals (chunks, rows) that `batchinfer status` shows."""
-        refuse_location(self.path, inputs)
+        refuse_location(str(self.path), inputs)
         try:
             self._refuse_foreign_folder()
             self.folder.make()
@@ -130,7 +139,7 @@ class OutputDir:
     def describe(self, fingerprint: dict, chunks_total: int) -> str:
         """What a run of the job with `fingerprint` would find here, without changing anything; raises the
         errors a run would raise (foreign files, a damaged job file)."""
-        refuse_location(self.path, ())
+        refuse_location(str(self.path), ())
         try:
             self._refuse_foreign_folder()
             job = self._read_job()
@@ -260,7 +269,7 @@ class OutputDir:
     def _refuse_foreign(self, job: dict | None, listing: dict[str, int], done: dict[str, dict]) -> None:
         foreign = [name for name in listing if not self._owned(name, job, done)]
         if foreign:
-            raise _foreign_error(self.path, foreign, "holds files batchinfer did not write")
+            raise _foreign_error(self.path, foreign, "holds files that are not this job's")
 
     def _owned(self, name: str, job: dict | None, done: dict[str, dict]) -> bool:
         if name in (JOB, LOCK) or _CREATING.fullmatch(name):
@@ -551,6 +560,21 @@ def read_state(path: str | Path, options: dict | None = None) -> tuple[OutputDir
     return out, out._read_markers(job, out.folder.list())
 
 
+def input_errors(out: OutputDir) -> Counter:
+    """Error rows found before any chunk ran (shards left out, CSV records the parser dropped), by reason."""
+    counts: Counter = Counter()
+    for name in (SKIPPED, BAD_RECORDS):
+        table = out.read_table(name)
+        if table is not None:
+            counts.update(table.column("reason").to_pylist())
+    return counts
+
+
+def stray_markers(out: OutputDir, done: dict[str, dict]) -> list[str]:
+    """Completion markers that are damaged or not this job's: a run refuses the folder over them."""
+    return [n for n in out.folder.list() if (m := _MARKER.fullmatch(n)) and m.group(1) not in done]
+
+
 def read_lock(raw: bytes | None) -> dict | None:
     """A lock's content: JSON, or a bare pid as batchinfer 0.1 wrote it."""
     if raw is None:
@@ -571,28 +595,6 @@ def current_errors(done: dict[str, dict]) -> dict[str, str]:
     for name, record in done.items():  # marker order: a retry comes after what it retries
         current[record.get("retry_of", name)] = name
     return current
-
-
-def refuse_location(output: Path | str, inputs: tuple[str, ...]) -> None:
-    """/, the home folder and a folder holding the input are never output folders."""
-    if isinstance(output, str):  # a URI: only the input check applies
-        for path in inputs:
-            if path == output or path.startswith(output + "/"):
-                raise OutputError(
-                    f"output.path {output} holds the input {path}",
-                    "write the output to a folder of its own, outside the input",
-                )
-        return
-    resolved = output.expanduser().resolve()
-    if resolved == Path(resolved.anchor) or resolved == Path.home().resolve():
-        what = "the root folder" if resolved == Path(resolved.anchor) else "your home folder"
-        raise OutputError(f"output.path {output} is {what}", "give the job a folder of its own, e.g. out/my-job")
-    for path in inputs:
-        if not is_uri(path) and same_or_inside(path, str(resolved)):
-            raise OutputError(
-                f"output.path {output} holds the input {path}",
-                "write the output to a folder of its own, outside the input",
-            )
 
 
 def _foreign_error(path: Path, names: list[str], what: str) -> OutputError:

@@ -21,6 +21,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from .errors import OutputError
+
 
 def is_uri(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
@@ -167,6 +169,41 @@ def same_or_inside(inner: str, outer: str) -> bool:
     """Whether local path `inner` is `outer` or lies below it."""
     inner_path, outer_path = local_path(inner).resolve(), local_path(outer).resolve()
     return inner_path == outer_path or outer_path in inner_path.parents
+
+
+JOB_FILE = "_batchinfer.json"  # the job file at the top of every batchinfer output folder
+
+
+def refuse_location(output: str, inputs: tuple[str, ...]) -> None:
+    """/, the home folder, a folder holding the input and a folder inside another job's output are never
+    output folders (the other job would take the new one for files it did not write)."""
+    resolved = None if is_uri(output) else local_path(output).resolve()
+    if resolved is not None and resolved in (Path(resolved.anchor), Path.home().resolve()):
+        what = "the root folder" if resolved == Path(resolved.anchor) else "your home folder"
+        raise OutputError(f"output.path {output} is {what}", "give the job a folder of its own, e.g. out/my-job")
+    for path in inputs:
+        if (
+            path == output
+            or path.startswith(output.rstrip("/") + "/")
+            or (resolved is not None and not is_uri(path) and same_or_inside(path, output))
+        ):
+            raise OutputError(
+                f"output.path {output} holds the input {path}",
+                "write the output to a folder of its own, outside the input",
+            )
+    for parent in resolved.parents if resolved is not None else ():
+        if (parent / JOB_FILE).is_file():
+            raise OutputError(
+                f"output.path {output} lies inside {parent}, the output folder of another batchinfer job",
+                f"write to a folder outside {parent}, e.g. {parent.parent / resolved.name}",
+            )
+
+
+def glob_base(pattern: str) -> str:
+    """The folder part of a path before its first wildcard: data/*/x.parquet → data/ (the path itself
+    when it has none)."""
+    wildcard = [pattern.index(ch) for ch in "*?[" if ch in pattern]
+    return pattern[: pattern.rfind("/", 0, min(wildcard)) + 1] if wildcard else pattern
 
 
 class LocalFolder:

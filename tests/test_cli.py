@@ -117,6 +117,15 @@ def test_status_changes_nothing_and_explains_a_damaged_report(tmp_path, sms_parq
         result.exit_code == 0 and "6/6 done (complete)" in result.output and "_report.json is damaged" in result.output
     )
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.rglob("*") if p.is_file()} == before
+    result = runner.invoke(app, ["run", str(job), "-q"])  # what status said a run does
+    assert result.exit_code == 1 and "_report.json" in result.output
+    (out / "_report.json").unlink()
+    (out / "_done" / "00000-00001.json").write_text("{")
+    result = runner.invoke(app, ["status", str(out)])
+    assert "5/6 done" in result.output and "(complete)" not in result.output
+    assert "damaged _done/00000-00001.json" in result.output
+    result = runner.invoke(app, ["run", str(job), "-q"])
+    assert result.exit_code == 1 and "_done/00000-00001.json" in result.output
     (out / "_batchinfer.json").write_text("{")
     result = runner.invoke(app, ["status", str(out)])
     assert result.exit_code == 1 and "_batchinfer.json is damaged" in result.output and "Traceback" not in result.output
@@ -221,3 +230,36 @@ def test_jsonl_output_holds_every_result_row_in_input_order(tmp_path, sms_parque
     assert [r["sms_id"] for r in rows] == table.column("sms_id").to_pylist() and len(rows) == 600
     assert rows[0]["embedding"] == table.column("embedding").to_pylist()[0]
     assert runner.invoke(app, ["run", str(job), "-q", "--restart"]).exit_code == 0  # its own file: replaced
+
+
+def test_an_output_that_holds_the_input_or_lies_in_another_jobs_output_is_refused_by_name(
+    tmp_path, sms_parquet, tiny_embed
+):
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    for command in ("validate", "plan", "run"):
+        for output, said in [(sms_parquet, "holds the input"), (tmp_path, "holds the input"), ("/", "root folder")]:
+            result = runner.invoke(app, [command, str(job), "--set", f"output.path={output}"])
+            assert result.exit_code == 1 and said in result.output, (command, output, result.output)
+            assert "holds no .parquet" not in result.output and "Traceback" not in result.output
+    assert runner.invoke(app, ["run", str(job), "-q", "--limit", "100"]).exit_code == 0
+    result = runner.invoke(app, ["run", str(job), "-q", "--output", str(tmp_path / "out" / "inner")])
+    assert result.exit_code == 1 and "inside" in result.output and "another batchinfer job" in result.output
+    assert not (tmp_path / "out" / "inner").exists()
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0  # the outer job still resumes
+
+
+def test_status_counts_the_errors_found_before_any_chunk(tmp_path, tiny_embed):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.csv").write_text("id,text\n1,ok\n2,too,many,fields\n3,fine\n")
+    (data / "b.parquet").write_bytes(b"")  # not Parquet at all: left out with on_bad_shard: skip
+    job = write_job(
+        tmp_path,
+        input={"path": str(data), "text": "text", "id": "id", "on_bad_shard": "skip"},
+        model={"path": str(tiny_embed), "task": "embed", "max_length": 32},
+        output={"path": str(tmp_path / "out")},
+    )
+    result = runner.invoke(app, ["run", str(job), "-q"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["status", str(tmp_path / "out")])
+    assert "errors  bad_csv 1, bad_shard 1" in result.output, result.output

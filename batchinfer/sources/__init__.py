@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from ..config import InputConfig
 from ..errors import InputError
-from ..storage import glob_regex, is_uri, list_files, reach_problem
+from ..storage import JOB_FILE, glob_base, glob_regex, is_uri, list_files, reach_problem, refuse_location
 from .base import READ_ERRORS, BadShard, Reader, ReadSpec, RowBlock, Shard, ShardInfo, describe_read_error, job_type
 from .csv import CsvFormat
 from .hf import MARKERS as HF_MARKERS
@@ -51,7 +51,7 @@ FORMATS = {
     "openai": OpenAIFormat(),
 }
 # Files and folders batchinfer writes into an output folder: a folder holding one is its output.
-JOB_MARKERS = ("_batchinfer.json", "_manifest.jsonl")
+JOB_MARKERS = (JOB_FILE, "_manifest.jsonl")
 
 
 class Inputs(NamedTuple):
@@ -93,6 +93,8 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
     Every shard is opened and checked for the needed columns here, so a corrupt or foreign file
     stops the job before any work (on_bad_shard: fail) or is left out and reported (skip).
     """
+    if output:  # before looking: discovery skips the output folder, so an input inside it would look empty
+        refuse_location(output, (glob_base(cfg.path) or ".",))
     try:
         paths = _expand_remote(cfg, output) if is_uri(cfg.path) else _expand(cfg.path, cfg.format, output)
     except OSError as exc:  # the object store could not be listed: a missing bucket, refused credentials
@@ -163,8 +165,7 @@ def _check_columns(name: str, present: list[str] | None, columns: list[str]) -> 
 def _expand(pattern: str, declared: str, output: str | None) -> list[str]:
     skip = _Skip(output)
     if any(ch in pattern for ch in "*?["):
-        prefix = pattern[: min(pattern.index(ch) for ch in "*?[" if ch in pattern)]
-        base = Path(prefix[: prefix.rfind("/") + 1] or ".")
+        base = Path(glob_base(pattern) or ".")
         matches = [Path(p) for p in sorted(glob.glob(pattern, recursive=True)) if not skip(Path(p), base)]
         where = f"the glob {pattern}"
     else:
@@ -196,8 +197,8 @@ def _expand(pattern: str, declared: str, output: str | None) -> list[str]:
 def _expand_remote(cfg: InputConfig, output: str | None) -> list[str]:
     """input.path as a URL: a file, a folder (every file below it) or a glob, as URLs in a stable order."""
     scheme = cfg.path.partition("://")[0]
-    wildcard = [cfg.path.index(ch) for ch in "*?[" if ch in cfg.path]
-    base = cfg.path[: cfg.path.rfind("/", 0, min(wildcard)) + 1] if wildcard else cfg.path
+    base = glob_base(cfg.path)
+    wildcard = base != cfg.path
     found = list_files(base, cfg.storage_options)
     root = base.partition("://")[2].rstrip("/")
     if not found:
