@@ -7,6 +7,7 @@ import shlex
 import signal
 import traceback
 import warnings
+from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .errors import BatchinferError, ConfigError
+from .errors import BatchinferError, ConfigError, InputError
 
 app = typer.Typer(
     add_completion=False,
@@ -234,6 +235,7 @@ def validate(
 ):
     """Check a job file, its input, its model (config only, no weights) and its output folder. Writes nothing."""
     from .config import load_job
+    from .dryrun import sample_problems
     from .models import model_identity, read_config, resolve_model_path
     from .plan import fingerprint, plan_chunks
     from .sink import OutputDir
@@ -252,6 +254,7 @@ def validate(
         )
         for shard in bad:
             out.print(f"[yellow]skipped[/] (input.on_bad_shard: skip): {shard.message}", highlight=False)
+        say_sample_problems(*sample_problems(config, inputs))
         out.print(
             f"[green]ok[/]: {job} — {len(shards)} shard(s), {rows:,} rows, {len(chunks)} chunk(s); model {model_path}",
             highlight=False,
@@ -273,6 +276,7 @@ def plan_command(
     with reported(debug):
         config = load_job(job, set_ or [])
         summary = plan_job(config, sample)
+        say_sample_problems(*summary["sample_check"])
         out.print(
             f"input    {summary['shards']} shard(s), {summary['rows']:,} rows, {summary['chunks']} chunk(s) "
             f"of {config.chunk_rows:,} rows"
@@ -463,6 +467,25 @@ def status(
                 f"resume  {sink.command or 'batchinfer run JOB.yaml (the same job file and --set options)'}",
                 highlight=False,
             )
+
+
+def say_sample_problems(seen: int, reasons: Counter, examples: dict[str, str]) -> None:
+    """validate and plan: stop when every row read from the start of the input would fail; warn when some would."""
+
+    if not reasons:
+        return
+    counts = ", ".join(f"{reason} {n:,}" for reason, n in reasons.most_common())
+    example = examples[reasons.most_common(1)[0][0]]
+    if sum(reasons.values()) == seen:
+        raise InputError(
+            f"every one of the first {seen:,} rows would go to _errors/ ({counts}), e.g. {example}",
+            "check input.text (or input.text_pair, input.messages) against the columns the input has",
+        )
+    out.print(
+        f"[yellow]note[/]: {sum(reasons.values()):,} of the first {seen:,} rows would go to _errors/ ({counts}), "
+        f"e.g. {example}",
+        highlight=False,
+    )
 
 
 def resume_command(words: list[str], overrides: list[str], output: str | None) -> str:

@@ -33,8 +33,9 @@ class InputConfig(Section):
     )
     text: str | None = Field(
         default=None,
-        description='The text to run: a column name, or a template over columns such as "{title}. {body}". '
-        "Write {{ and }} for literal braces. Give text or messages.",
+        description='The text to run: a column of text, or a template over columns such as "{title}. {body}" '
+        "(a template also writes numbers, booleans and dates as text). Write {{ and }} for literal braces. "
+        "Give text or messages.",
     )
     messages: str | None = Field(
         default=None,
@@ -104,6 +105,13 @@ class InputConfig(Section):
         """Columns whose values must be strings."""
         specs = [t for t in (self.text, self.text_pair) if t is not None]
         return list(dict.fromkeys(c for spec in specs for c in template_fields(spec)))
+
+    @property
+    def templated_columns(self) -> list[str]:
+        """Text columns used only inside templates, where numbers and booleans are written as text."""
+        specs = [t for t in (self.text, self.text_pair) if t is not None]
+        bare = {spec for spec in specs if template_fields(spec) == [spec]}
+        return [c for c in self.text_columns if c not in bare]
 
     @property
     def id_column(self) -> str | None:

@@ -7,6 +7,7 @@ batches as the run would, times them on this machine, and says how the output fo
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import numpy as np
 
@@ -15,9 +16,34 @@ from .control import StopFlag
 from .driver import settle_budget
 from .models import model_identity, read_config, resolve_model_path
 from .plan import Work, fingerprint, plan_chunks
+from .prepare import prepare_rows
 from .sink import OutputDir
-from .sources import discover_shards, read_spec
+from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec
 from .tune import plan
+
+
+def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[int, Counter, dict[str, str]]:
+    """Read the first `rows` rows and prepare them as a run would, without the model: how many were read,
+    how many of them would go to _errors/ by reason, and one message per reason. Catches a job whose
+    every row fails (a text column that holds numbers, a template over the wrong column) before a night."""
+    spec = read_spec(job.input, job.columns, inputs.types)
+    seen, reasons, examples = 0, Counter(), {}
+    for shard in inputs.shards:
+        take = min(rows - seen, shard.num_rows)
+        if take <= 0:
+            break
+        reader = open_reader(shard, spec)
+        try:
+            block = reader.read(0, take)
+        except READ_ERRORS:
+            continue  # the run reports an unreadable shard in its own words
+        finally:
+            reader.close()
+        for reason, message in prepare_rows(job, block.table, block.bad_rows).errors.values():
+            reasons[reason] += 1
+            examples.setdefault(reason, f"{shard.name}: {message}")
+        seen += take
+    return seen, reasons, examples
 
 
 def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
@@ -30,7 +56,9 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
     folder = OutputDir(job.output.path, job.output.compression, job.output.storage_options).describe(
         fingerprint(job, model_identity(model_path), shards), len(chunks)
     )
+    sampled = sample_problems(job, inputs)
     summary = {
+        "sample_check": sampled,
         "shards": len(shards),
         "skipped_shards": len(inputs.bad),
         "rows": rows,

@@ -23,6 +23,15 @@ class Prepared:
     errors: dict[int, tuple[str, str]]  # offset -> (reason, message) for every other row
 
 
+def prepare_rows(job, table: pa.Table, bad_rows: dict[int, tuple[str, str]]) -> Prepared:
+    """A block of rows as the job reads them: requests of an OpenAI batch file, chat messages, or texts."""
+    if job.input.format == "openai":
+        return prepare_openai(table, job.model.task, bad_rows)
+    if job.input.messages:
+        return prepare_messages(table, job.input.messages, bad_rows)
+    return prepare_texts(table, job.input.text, bad_rows, job.input.text_pair)
+
+
 def prepare_texts(
     table: pa.Table, text_spec: str, bad_rows: dict[int, tuple[str, str]], pair_spec: str | None = None
 ) -> Prepared:
@@ -51,13 +60,13 @@ def _render(table: pa.Table, spec: str, errors: dict[int, tuple[str, str]], name
             pieces.append(literal)
         if field is None:
             continue
-        column = table.column(field).combine_chunks()
-        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-            if pa.types.is_null(column.type):
-                column = column.cast(pa.string())
-            else:
-                _mark(errors, np.arange(table.num_rows), "not_text", f"column '{field}' is {column.type}, not text")
-                column = pa.nulls(table.num_rows, pa.string())
+        raw = table.column(field).combine_chunks()
+        column = _as_text(raw, templated=spec != field)
+        if column is None:
+            scalar = spec == field and _as_text(raw, templated=True) is not None
+            hint = " (a template such as '{" + field + "}' writes it as text)" if scalar else ""
+            _mark(errors, np.arange(table.num_rows), "not_text", f"column '{field}' is {raw.type}, not text{hint}")
+            column = pa.nulls(table.num_rows, pa.string())
         null = column.is_null().to_numpy(zero_copy_only=False)
         _mark(errors, np.flatnonzero(null), "null_text", f"column '{field}' is null")
         pieces.append(column)
@@ -71,6 +80,21 @@ def _render(table: pa.Table, spec: str, errors: dict[int, tuple[str, str]], name
         f"{what} is empty, or only whitespace, invisible or control characters",
     )
     return text
+
+
+def _as_text(column: pa.Array, templated: bool) -> pa.Array | None:
+    """A column as strings: text in any Arrow encoding (large, view, dictionary as pandas categoricals
+    write it); inside a template also numbers, booleans and dates, written as Arrow formats them. None
+    when it holds something else (lists, structs, bytes, or a lone non-text column named as the text)."""
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    kind = column.type
+    text = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+    scalar = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+    scalar = scalar or pa.types.is_decimal(kind) or pa.types.is_temporal(kind)
+    if text or pa.types.is_null(kind) or (templated and scalar):
+        return column.cast(pa.string())
+    return None
 
 
 def _mark(errors: dict[int, tuple[str, str]], offsets: np.ndarray, reason: str, message: str) -> None:

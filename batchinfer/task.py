@@ -22,7 +22,7 @@ from .errors import ConfigError, InputError, ModelError
 from .heap import HeapGuard
 from .packing import supports_packing
 from .plan import Chunk, Work
-from .prepare import Prepared, prepare_messages, prepare_openai, prepare_texts
+from .prepare import Prepared, prepare_rows
 from .runners.base import Tokens
 from .sink import ERROR_SCHEMA, PartWriter
 from .sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
@@ -98,12 +98,7 @@ class ChunkTask:
                 {i: block.bad_rows[o] for i, o in enumerate(work.offsets) if o in block.bad_rows},
             )
             row_ids = row_ids[work.offsets]
-        if job.input.format == "openai":
-            prepared = prepare_openai(block.table, job.model.task, block.bad_rows)
-        elif job.input.messages:
-            prepared = prepare_messages(block.table, job.input.messages, block.bad_rows)
-        else:
-            prepared = prepare_texts(block.table, job.input.text, block.bad_rows, job.input.text_pair)
+        prepared = prepare_rows(job, block.table, block.bad_rows)
         tokens = self.runner.tokenize(prepared.texts)
         owners = tokens.owners()
         if job.model.truncation == "error":

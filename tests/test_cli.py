@@ -263,3 +263,28 @@ def test_status_counts_the_errors_found_before_any_chunk(tmp_path, tiny_embed):
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["status", str(tmp_path / "out")])
     assert "errors  bad_csv 1, bad_shard 1" in result.output, result.output
+
+
+def test_validate_and_plan_stop_a_job_whose_every_row_would_fail(tmp_path, tiny_embed):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.table({"n": [1, 2, 3], "title": ["a", None, "c"]}), data / "a.parquet")
+    (data / "b.jsonl").write_text('{"n": 4, "title": "d"}\n{"n": 5.5, "title": "e"}\n')
+    job = write_job(
+        tmp_path,
+        input={"path": str(data), "text": "n"},
+        model={"path": str(tiny_embed), "task": "embed", "max_length": 32},
+        output={"path": str(tmp_path / "out")},
+    )
+    for command in ("validate", "plan"):
+        result = runner.invoke(app, [command, str(job)])
+        assert result.exit_code == 1, result.output
+        assert "every one of the first 5 rows would go to _errors/ (not_text 5)" in result.output
+        assert "a.parquet: column 'n' is int64, not text (a template such as '{n}' writes it as text)" in result.output
+        result = runner.invoke(app, [command, str(job), "--set", "input.text={n}: {title}"])
+        assert result.exit_code == 0 and "1 of the first 5 rows would go to _errors/ (null_text 1)" in result.output
+    assert runner.invoke(app, ["run", str(job), "-q", "--set", "input.text={n}: {title}"]).exit_code == 0
+    assert ds.dataset(str(tmp_path / "out")).to_table().num_rows == 4  # the null title is the one error row

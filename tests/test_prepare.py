@@ -14,3 +14,24 @@ def test_invisible_only_texts_are_empty_text():
     assert {reason for reason, _ in prepared.errors.values()} == {"empty_text"}
     assert prepared.texts == visible
     assert all(is_blank(t) for t in invisible) and not any(is_blank(t) for t in visible)
+
+
+def test_text_in_any_arrow_encoding_is_text_and_templates_write_numbers():
+    words = pa.array(["spam", "ham", "spam"])
+    table = pa.table(
+        {
+            "categorical": words.dictionary_encode(),  # how pandas writes a category column
+            "large": words.cast(pa.large_string()),
+            "n": pa.array([1, 2, 3]),
+            "score": pa.array([0.5, None, 2.0]),
+            "flag": pa.array([True, False, True]),
+        }
+    )
+    assert prepare_texts(table, "categorical", {}).texts == ["spam", "ham", "spam"]
+    assert prepare_texts(table, "large", {}).texts == ["spam", "ham", "spam"]
+    templated = prepare_texts(table, "#{n} {categorical}: {score} {flag}", {})
+    assert templated.texts == ["#1 spam: 0.5 true", "#3 spam: 2 true"]
+    assert templated.errors == {1: ("null_text", "column 'score' is null")}
+    bare = prepare_texts(table, "n", {})
+    assert bare.texts == [] and {reason for reason, _ in bare.errors.values()} == {"not_text"}
+    assert "a template such as '{n}' writes it as text" in bare.errors[0][1]

@@ -66,6 +66,7 @@ def read_spec(cfg: InputConfig, columns: list[str] | None = None, types: dict | 
     return ReadSpec(
         tuple(columns or cfg.columns),
         tuple(cfg.text_columns),
+        tuple(cfg.templated_columns),
         (cfg.messages,) if cfg.messages else (),
         cfg.id_column,
         cfg.max_line_bytes,

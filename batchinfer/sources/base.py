@@ -54,6 +54,7 @@ class ReadSpec:
 
     columns: tuple[str, ...]  # every column, in a stable order
     text: tuple[str, ...] = ()  # columns whose values must be text
+    templated: tuple[str, ...] = ()  # text columns used only in templates: numbers and booleans welcome
     messages: tuple[str, ...] = ()  # columns of chat messages
     id_column: str | None = None
     max_line_bytes: int = 8 << 20

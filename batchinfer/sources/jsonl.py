@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 from typing import IO
 
 import pyarrow as pa
@@ -83,7 +84,9 @@ class JsonlFormat:
             return ({spec.id_column: sniff_field(line, spec.id_column)} if spec.id_column else {}), problem
         for column in spec.text:
             value = record.get(column)
-            if value is not None and not isinstance(value, str):
+            if isinstance(value, (int, float)) and column in spec.templated:  # bool is an int too
+                record[column] = json.dumps(value)  # as JSON spells it: 3, 1.5, true
+            elif value is not None and not isinstance(value, str):
                 problem = ("not_text", f"field '{column}' is {type(value).__name__}, not text")
                 break
         for column in spec.messages:
