@@ -236,7 +236,7 @@ def validate(
     """Check a job file, its input, its model (config only, no weights) and its output folder. Writes nothing."""
     from .config import load_job
     from .dryrun import sample_problems
-    from .models import model_identity, read_config, resolve_model_path
+    from .models import model_identity, pick_device, read_config, resolve_model_path
     from .plan import fingerprint, plan_chunks
     from .sink import OutputDir
     from .sources import discover_shards
@@ -247,6 +247,8 @@ def validate(
         shards, bad = inputs.shards, inputs.bad
         model_path = resolve_model_path(config.model.path)
         read_config(config.model, model_path)
+        if config.runtime.executor == "local":  # Ray workers pick their devices on their own machines
+            pick_device(config.model.device)
         chunks = plan_chunks([s.num_rows for s in shards], config.chunk_rows)
         rows = sum(s.num_rows for s in shards)
         folder = OutputDir(config.output.path, options=config.output.storage_options).describe(

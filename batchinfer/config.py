@@ -28,7 +28,8 @@ class InputConfig(Section):
     path: str = Field(
         description="A file, a folder or a glob of shards: .parquet, .jsonl, .csv, .tsv (JSONL and CSV also .gz), or "
         "a folder saved by `datasets.Dataset.save_to_disk`. Relative paths are taken from the current directory. "
-        "URLs too: "
+        "A folder is read with every folder below it, leaving out names that start with _ or . (_SUCCESS, "
+        ".hidden, _errors/, as Spark and pyarrow do). URLs too: "
         "s3://bucket/reviews/, gs://bucket/reviews/*.parquet, or any fsspec URL."
     )
     text: str | None = Field(
@@ -456,7 +457,8 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
-            f"job file {path} does not exist", "give the path of a YAML job file, e.g. jobs/quickstart.yaml"
+            f"job file {path} {'is a folder' if path.is_dir() else 'does not exist'}",
+            "give the path of a YAML job file, e.g. jobs/quickstart.yaml",
         )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -465,7 +467,11 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not UTF-8 text", "save the job file as UTF-8") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path} must be a mapping with input, model, batching and output sections")
+        raise ConfigError(
+            f"{path} must be a mapping with input, model, batching and output sections"
+            + (" (it is empty)" if data is None else f" (it holds a {type(data).__name__})"),
+            "start from a shipped job such as jobs/quickstart.yaml, or see `batchinfer schema`",
+        )
     for item in overrides or []:
         apply_override(data, item)
     return validate_job(data, str(path))
@@ -481,7 +487,11 @@ def apply_override(data: dict, item: str) -> None:
     for depth, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {key}: {'.'.join(parts[: depth + 1])} is not a section")
+            raise ConfigError(
+                f"--set {key}: {'.'.join(parts[: depth + 1])} is not a section",
+                f"set {'.'.join(parts[: depth + 1])} itself, e.g. --set {'.'.join(parts[: depth + 1])}=VALUE; "
+                "`batchinfer schema` lists every key",
+            )
         node = child
     try:
         node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else raw

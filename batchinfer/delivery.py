@@ -17,6 +17,11 @@ def check_targets(work, targets: list) -> None:
     """Before any work: refuse to overwrite a file that batchinfer did not write there itself."""
     known = _exported(work)
     for target in targets:
+        if target.is_dir():
+            raise OutputError(
+                f"-o {target} is a folder; -o names the results file (errors go next to it)",
+                f"give a file path, e.g. -o {target / 'results.jsonl'}",
+            )
         if target.exists() and known.get(str(target.resolve())) != _digest(target):
             raise OutputError(
                 f"{target} exists and was not written by batchinfer (or was changed since)",

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .errors import OutputError
+from .errors import ConfigError, OutputError
 
 
 def is_uri(path: str) -> bool:
@@ -48,7 +48,13 @@ def filesystem(path: str, options: dict | None = None) -> tuple[pafs.FileSystem,
         return fs, inner.rstrip("/")
     import fsspec
 
-    return pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem(scheme, **(options or {})))), rest
+    try:
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem(scheme, **(options or {})))), rest
+    except (ValueError, ImportError) as exc:  # a scheme fsspec does not know, or whose package is missing
+        raise ConfigError(
+            f"{path}: no filesystem for the scheme {scheme}:// ({str(exc)[:200]})",
+            "use a local path, s3:// or gs://, or install the fsspec package for that scheme (e.g. adlfs for az://)",
+        ) from None
 
 
 def join(base: str, *names: str) -> str:

@@ -288,3 +288,20 @@ def test_validate_and_plan_stop_a_job_whose_every_row_would_fail(tmp_path, tiny_
         assert result.exit_code == 0 and "1 of the first 5 rows would go to _errors/ (null_text 1)" in result.output
     assert runner.invoke(app, ["run", str(job), "-q", "--set", "input.text={n}: {title}"]).exit_code == 0
     assert ds.dataset(str(tmp_path / "out")).to_table().num_rows == 4  # the null title is the one error row
+
+
+def test_an_unknown_url_scheme_is_one_message():
+    result = runner.invoke(app, ["status", "weird://bucket/out"])
+    assert result.exit_code == 2 and "no filesystem for the scheme weird://" in result.output
+    assert "internal error" not in result.output
+
+
+def test_validate_says_when_the_device_asked_for_is_not_here(tmp_path, sms_parquet, tiny_embed):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    result = runner.invoke(
+        app, ["validate", str(_job(tmp_path, sms_parquet, tiny_embed)), "--set", "model.device=cuda"]
+    )
+    assert result.exit_code == 1 and "no CUDA GPU is visible" in result.output

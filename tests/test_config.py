@@ -1,10 +1,11 @@
 import os
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from batchinfer.config import JobConfig, load_job, reference_markdown, template_fields, validate_job
+from batchinfer.config import JobConfig, apply_override, load_job, reference_markdown, template_fields, validate_job
 from batchinfer.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,3 +136,14 @@ def test_messages_do_not_echo_an_expanded_job_file(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_job(tmp_path / "job.yaml")
     assert "input.text" in info.value.message and len(info.value.message) < 2000
+
+
+def test_job_file_mistakes_each_say_the_fix(tmp_path):
+    (tmp_path / "empty.yaml").write_text("")
+    for path, said in [(tmp_path / "empty.yaml", "(it is empty)"), (tmp_path, "is a folder")]:
+        with pytest.raises(ConfigError, match=re.escape(said)) as caught:
+            load_job(path)
+        assert caught.value.hint
+    with pytest.raises(ConfigError, match="model.task is not a section") as caught:
+        apply_override({"model": {"task": "embed"}}, "model.task.x=1")
+    assert "--set model.task=VALUE" in caught.value.hint

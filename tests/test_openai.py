@@ -235,3 +235,6 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
     assert runner.invoke(app, command).exit_code == 0
     assert runner.invoke(app, command + ["--restart"]).exit_code == 0  # its own file: replaced
     assert json.loads((tmp_path / "out.jsonl").read_text())["custom_id"] == "a"
+    (tmp_path / "folder").mkdir()
+    result = runner.invoke(app, command[:4] + ["-o", str(tmp_path / "folder"), "-q"])
+    assert result.exit_code == 1 and "is a folder" in result.output and "Traceback" not in result.output
