@@ -14,6 +14,7 @@ import os
 import re
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import IO
 
@@ -32,6 +33,9 @@ def local_path(path: str) -> Path:
     return Path(path.removeprefix("file://")).expanduser()
 
 
+GCS_RETRY_SECONDS = 30
+
+
 def filesystem(path: str, options: dict | None = None) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) for a local path or a URI: s3:// and gs:// through pyarrow's own
     clients (credentials and endpoint from the standard environment, or `options`: the arguments of
@@ -40,10 +44,16 @@ def filesystem(path: str, options: dict | None = None) -> tuple[pafs.FileSystem,
         return pafs.LocalFileSystem(), str(local_path(path).resolve())
     scheme, _, rest = path.partition("://")
     rest = rest.rstrip("/")
-    if scheme in ("s3", "gs", "gcs") and options:
-        fs = pafs.S3FileSystem(**options) if scheme == "s3" else pafs.GcsFileSystem(**options)
-        return fs, rest
-    if scheme in ("s3", "gs", "gcs", "hdfs"):
+    if scheme in ("gs", "gcs"):
+        # pyarrow's client retries for 15 minutes by default, so a machine without credentials or network
+        # would sit silent that long; half a minute of retries still rides out a blip.
+        options = {"retry_time_limit": GCS_RETRY_SECONDS, **(options or {})}
+        if isinstance(options["retry_time_limit"], (int, float)):
+            options["retry_time_limit"] = timedelta(seconds=options["retry_time_limit"])
+        return pafs.GcsFileSystem(**options), rest
+    if scheme == "s3" and options:
+        return pafs.S3FileSystem(**options), rest
+    if scheme in ("s3", "hdfs"):
         fs, inner = pafs.FileSystem.from_uri(path)
         return fs, inner.rstrip("/")
     import fsspec
@@ -121,6 +131,12 @@ def reach_problem(exc: BaseException) -> tuple[str, str] | None:
     text = str(exc)
     if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text or ("bucket" in text and "does not exist" in text):
         return "the bucket does not exist", "create the bucket, or fix the path"
+    if "Could not create a OAuth2 access token" in text:
+        return (
+            "no Google Cloud credentials were found (or the auth server cannot be reached)",
+            "set GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login`, or give the "
+            "job's storage_options",
+        )
     if any(
         code in text
         for code in (

@@ -186,3 +186,12 @@ def test_foreign_objects_in_an_s3_output_are_refused_untouched(s3):
         OutputDir(f"s3://{bucket}/out").open({}, restart=True)
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]}
     assert keys == {"out/part-00000-0a1b.snappy.parquet", "out/_SUCCESS"}
+
+
+def test_gcs_gives_up_within_a_minute_and_says_why():
+    from batchinfer.storage import filesystem, reach_problem
+
+    fs, inner = filesystem("gs://bucket/reviews/", {"retry_time_limit": 2})  # seconds, as a job file gives them
+    assert isinstance(fs, pafs.GcsFileSystem) and inner == "bucket/reviews"
+    problem = reach_problem(OSError("Retry policy exhausted ... Could not create a OAuth2 access token to ..."))
+    assert problem and "credentials" in problem[0] and "GOOGLE_APPLICATION_CREDENTIALS" in problem[1]
