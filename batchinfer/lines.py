@@ -24,6 +24,12 @@ _SKIP = 1 << 20  # bytes read at a time while skipping the rest of an over-long 
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _MARKS = re.compile(r'[{}\[\],"]')
 _COLON = re.compile(r"\s*:\s*")
+# A whole JSON string or number and what must follow it in an object, so that a broken value (01, 1.,
+# "unterminated) is not read as a shorter one (0, 1) that could be another row's id.
+_SCALAR = re.compile(
+    r'("(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)'
+    r"[ \t\r\n]*[,}]"
+)
 
 Problem = tuple[str, str]  # (reason, message)
 
@@ -113,11 +119,8 @@ def sniff_field(line: bytes | Oversized, key: str) -> str | int | float | None:
                 return None
             colon = _COLON.match(text, end)
             if expect_key and value == key and colon:
-                try:
-                    found, _ = decoder.raw_decode(text, colon.end())
-                except ValueError:
-                    return None
-                return found if isinstance(found, (str, int, float)) and not isinstance(found, bool) else None
+                scalar = _SCALAR.match(text, colon.end())
+                return json.loads(scalar.group(1)) if scalar else None
             expect_key = False
             at = _MARKS.search(text, end)
             continue

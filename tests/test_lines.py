@@ -68,3 +68,23 @@ def test_sniff_reads_a_top_level_id_before_the_damage_only():
     assert sniff_field(b'{"t": [[[[, "id": 3}', "id") is None  # inside the unclosed list, not top level
     assert sniff_field(b'{"text": "x", "id": true}', "id") is None  # not an id value
     assert sniff_field(b"[1, 2]", "id") is None and sniff_field(b'{"ids": 5}', "id") is None
+
+
+@pytest.mark.parametrize(
+    "value,found",
+    [
+        (b"01", None),  # not JSON: must not be read as 0, another row's id
+        (b"-", None),
+        (b"1.", None),
+        (b".5", None),
+        (b'"unterminated', None),
+        (b"12abc", None),
+        (b"1e5", 100000.0),
+        (b"-0.5E-2 ", -0.005),
+        (b'"a\\"b"', 'a"b'),
+        (b'"h\\u00e9"', "h\u00e9"),
+    ],
+)
+def test_a_sniffed_id_is_a_whole_json_value_or_nothing(value, found):
+    for line in (b'{"id":' + value + b',"text":"f"', b'{"id": ' + value + b"}"):
+        assert sniff_field(line + b" broken", "id") == found and type(sniff_field(line, "id")) is type(found)

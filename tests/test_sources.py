@@ -199,6 +199,14 @@ def test_mixed_id_types_are_kept_as_their_text_with_one_schema(tmp_path, tiny_em
     assert table.schema.field("score").type == pa.float64()
 
 
+def test_jsonl_ids_that_are_numbers_are_written_as_their_value(tmp_path):
+    # As README says: a JSON number id is its value (1.50 is 1.5), a string id is its exact text.
+    (tmp_path / "a.jsonl").write_text('{"id": 1.50, "t": "a"}\n{"id": 1e3, "t": "b"}\n{"id": 2, "t": "c"}\n')
+    (tmp_path / "b.jsonl").write_text('{"id": "a", "t": "d"}\n{"id": 1.50, "t": "e"}\n{"id": "1.50", "t": "f"}\n')
+    for name, ids in (("a.jsonl", ["1.5", "1000.0", "2"]), ("b.jsonl", ["a", "1.5", "1.50"])):
+        assert [r["id"] for r in _read_all(InputConfig(path=str(tmp_path / name), text="t", id="id"))] == ids
+
+
 def test_parquet_shards_that_disagree_on_the_id_type_give_text_ids(tmp_path):
     pq.write_table(pa.table({"id": [1, 2], "text": ["a", "b"]}), tmp_path / "a.parquet")
     pq.write_table(pa.table({"id": ["x", "y"], "text": ["c", "d"]}), tmp_path / "b.parquet")
@@ -263,9 +271,92 @@ def test_csv_records_with_the_wrong_field_count_are_error_rows(tmp_path, tiny_em
         report["rows"] == 6 and report["rows_ok"] == 3 and report["errors_by_reason"] == {"bad_csv": 2, "empty_text": 1}
     )
     errors = pq.read_table(tmp_path / "out" / "_errors").to_pylist()
-    assert sorted(e["message"][:9] for e in errors if e["reason"] == "bad_csv") == ["record 3:", "record 4:"]
+    # A bad record keeps its place and its id: no row after it shifts.
+    assert sorted((e["row"], e["id"], e["reason"], e["message"][:8]) for e in errors) == [
+        (1, "2", "bad_csv", "4 fields"),
+        (2, "3", "bad_csv", "2 fields"),
+        (4, "5", "empty_text", "text is "),
+    ]
     out = pq.read_table(tmp_path / "out")
-    assert out.column("id").to_pylist() == ["1", "4", "6"] and out.column("label").to_pylist() == ["0", "1", "x"]
+    assert out.column("id").to_pylist() == ["1", "4", "6"] and out.column("row").to_pylist() == [0, 3, 5]
+    assert out.column("label").to_pylist() == ["0", "1", "x"]
+
+
+def test_csv_rows_are_record_places_with_bad_records_counted_across_parser_blocks(tmp_path):
+    # ~2.5 MB: several of the parser's 1 MB blocks, bad records on both sides of their edges and last.
+    bad = set(range(0, 40_000, 997)) | {39_999}
+    lines = ["id,text"] + [f"{i},{'bad,' if i in bad else ''}row {i:05d} {'x' * 40}" for i in range(40_000)]
+    lines[3] = '2,"a quoted\nfield over two lines"'  # one record, two lines
+    (tmp_path / "a.csv").write_text("\n\n".join(lines[:5]) + "\n" + "\n".join(lines[5:]) + "\n")  # blank lines too
+    cfg = InputConfig(path=str(tmp_path / "a.csv"), text="text", id="id")
+    inputs = discover_shards(cfg)
+    shard = inputs.shards[0]
+    assert shard.num_rows == 40_000 and inputs.bad_records == []
+    reader = open_reader(shard, read_spec(cfg, types=inputs.types))
+    ids, errors = [], {}
+    for start in range(0, 40_000, 7_001):
+        block = reader.read(start, min(start + 7_001, 40_000))
+        ids += block.table.column("id").to_pylist()
+        errors |= {start + offset: problem for offset, problem in block.bad_rows.items()}
+    reader.close()
+    assert ids == [str(i) for i in range(40_000)]
+    assert sorted(errors) == sorted(bad) and {reason for reason, _ in errors.values()} == {"bad_csv"}
+    assert errors[997][1] == f"3 fields where the header has 2: '997,bad,row 00997 {'x' * 40}'"
+
+
+CSV_QUOTES = [
+    ('id,text\n1,"a ""quoted"" word"\n2,b\n', None),
+    ('id,text\n1,a 5" screen\n2,b\n', None),  # a quote inside a field is text
+    ('id,text\n1,"closed"then text"\n2,b\n', None),  # so is one after a closing quote
+    ('id,text\n1,"two\r\nlines"\n2,""\n', None),
+    ('id,text\n1,"x"', None),
+    ('id,text\n1,"x"""', None),
+    ('\ufeff"id","text"\n1,b\n', None),
+    ('id,text\n1,"x"\n2,"y\n3,z\n', 3),
+    ('id,text\n1,"a""\n2,b\n', 2),  # "" is a quote: the field is still open
+    ('id,text\n1,"x""""\n', 2),  # two quotes as text, and no closing one
+    ('id,text\n1,"x"""""\n', None),  # two quotes as text, then the closing one
+    ('id,text\n1,x\r"open\n', 2),
+    ('"id,text\n1,x\n', 1),
+]
+
+
+@pytest.mark.parametrize("text,line", CSV_QUOTES)
+def test_a_quoted_field_open_at_the_end_is_found_whatever_the_block_edges(text, line):
+    from batchinfer.sources.csv import _QuoteScan
+
+    data = text.encode()
+    for size in (1, 2, 3, len(data)):
+        scan = _QuoteScan(",")
+        for i in range(0, len(data), size):
+            scan.feed(data[i : i + size])
+        scan.feed(b"")
+        assert scan.open_line == line, size
+
+
+def test_a_csv_that_ends_inside_a_quoted_field_is_refused_naming_the_line(tmp_path):
+    (tmp_path / "a.csv").write_text('id,text\n1,ok\n2,too,many,fields\n3,third\n4,"unterminated\n5,x\n6,y\n')
+    _csv(tmp_path / "b.csv", ROWS[:3])
+    with pytest.raises(InputError) as info:
+        discover_shards(InputConfig(path=str(tmp_path), text="text", id="id"))
+    assert "a.csv ends inside a quoted field that opens on line 5 (row 3)" in info.value.message
+    assert info.value.hint.startswith("close the quote on line 5") and "on_bad_shard: skip" in info.value.hint
+    inputs = discover_shards(InputConfig(path=str(tmp_path), text="text", id="id", on_bad_shard="skip"))
+    assert [s.name for s in inputs.shards] == ["b.csv"] and [b.name for b in inputs.bad] == ["a.csv"]
+
+
+@pytest.mark.parametrize("name", ["empty.csv", "empty.tsv", "empty.jsonl"])
+def test_an_empty_file_is_a_shard_of_no_rows(tmp_path, name):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / name).write_bytes(b"")
+    _csv(tmp_path / "in" / "full.csv", ROWS[:5])
+    cfg = InputConfig(path=str(tmp_path / "in"), text="text", id="id")
+    inputs = discover_shards(cfg)
+    assert {s.name: s.num_rows for s in inputs.shards} == {name: 0, "full.csv": 5} and inputs.bad == []
+    assert [r["id"] for r in _read_all(cfg)] == ["0", "1", "2", "3", "4"]
+    (tmp_path / "in" / "full.csv").unlink()
+    (tmp_path / "in" / name).write_bytes(b"\xef\xbb\xbf\n\r\n")  # a byte-order mark and blank lines: no header either
+    assert [s.num_rows for s in discover_shards(cfg).shards] == [0 if "csv" in name or "tsv" in name else 2]
 
 
 def test_a_file_of_unknown_extension_says_so_and_names_the_formats(tmp_path):

@@ -2,26 +2,40 @@
 
 Every column is read as bytes and decoded per field, so a column never changes type half-way through a
 file and a field that is not UTF-8 costs its row alone (bad_utf8); discovery fixes the type of each kept
-column for the whole job (whole numbers, numbers, or text) and keeps ids as their text. A record with
-the wrong number of fields is left out by the parser and reported once, at discovery, as a `bad_csv`
-error row naming it: every record is accounted for.
+column for the whole job (whole numbers, numbers, or text) and keeps ids as their text.
+
+Every record is accounted for. A row is a data record's 0-based place in the file (the header and blank
+lines are not records; a quoted field spanning lines is one record). A record with the wrong number of
+fields, which the parser leaves out, keeps its place as a `bad_csv` error row with its id when readable,
+so no row after it shifts. A quoted field still open at the end of the file would hide every record
+after its quote: discovery refuses such a file, naming the line of the quote. A file with no header at
+all (empty, or blank lines only) holds no rows, as an empty JSONL file does.
 """
 
 from __future__ import annotations
 
+import csv as stdlib_csv
 import hashlib
-from typing import IO
+import io
+import itertools
+import re
+from typing import IO, Iterator, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
+from ..errors import InputError
 from ..storage import open_binary
-from .base import ReadSpec, RowBlock, Shard, ShardInfo, cast_columns, next_row
+from .base import Problem, ReadSpec, RowBlock, Shard, ShardInfo, cast_columns, next_row
 from .jsonl import _Gunzip
 
 BLOCK = 1 << 20
 _TEXT_HEAD = 200
+BOM = b"\xef\xbb\xbf"
+# The rest of a quoted field after its opening quote: "" is a quote inside it; the first lone quote closes it.
+_CLOSE = rb'[^"]*(?:""[^"]*)*"'
+_SCAN = 1 << 16  # bytes scanned for quotes in one regex match
 
 
 class CsvFormat:
@@ -29,24 +43,37 @@ class CsvFormat:
 
     def inspect(self, path: str, spec: ReadSpec) -> ShardInfo:
         digest = hashlib.blake2b(digest_size=16)
-        bad: list[tuple[int, str]] = []
-        with _open(path, spec, digest) as stream:
-            reader = _reader(stream, path, bad, spec)
-            columns = reader.schema.names
+        quotes = _QuoteScan(_delimiter(path))
+        with _open(path, spec, digest, quotes.feed) as stream:
+            try:
+                columns, records = _reader(stream, path, spec)
+            except pa.ArrowInvalid:
+                if _no_header(path, spec):
+                    return ShardInfo(0, digest.hexdigest(), None)  # no rows, so no column is missing
+                raise
             numeric = {c: [True, True] for c in spec.typed if c in columns and c != spec.id_column}  # [int, float]
             rows = 0
-            for batch in reader:
-                rows += batch.num_rows
+            for table, problem in records:
+                rows += table.num_rows
+                if problem is not None:  # a stand-in for a bad record: no values to type
+                    continue
                 for column, fits in numeric.items():
-                    values = _decode(batch.column(column), column, {})
+                    values = _decode(table.column(column), column, {})
                     for k, target in enumerate((pa.int64(), pa.float64())):
                         if fits[k]:
                             fits[k] = _casts(values, target)
+        if quotes.open_line is not None:
+            record = f"row {rows - 1:,}" if rows else "the header"  # the field runs to the end: the last record
+            raise InputError(
+                f"shard {path} ends inside a quoted field that opens on line {quotes.open_line:,} ({record}): "
+                "every line after that quote would be read as part of the field",
+                f'close the quote on line {quotes.open_line:,}, or double a quote meant as text ("")',
+            )
         types = {c: pa.string() for c in spec.typed if c in columns}
         types.update(
             {c: pa.int64() if fits[0] else pa.float64() if fits[1] else pa.string() for c, fits in numeric.items()}
         )
-        return ShardInfo(rows, digest.hexdigest(), columns, types, bad_records=bad)
+        return ShardInfo(rows, digest.hexdigest(), columns, types)
 
     def reader(self, shard: Shard, spec: ReadSpec) -> "CsvReader":
         return CsvReader(shard, spec)
@@ -58,74 +85,132 @@ class CsvReader:
     def __init__(self, shard: Shard, spec: ReadSpec):
         self.shard, self.spec = shard, spec
         self._stream: IO[bytes] | None = None
-        self._batches = None
-        self._pending: pa.Table | None = None
+        self._records: Iterator[tuple[pa.Table, Problem | None]] | None = None
+        self._pending: tuple[pa.Table, Problem | None] | None = None
         self._row = 0
 
     def read(self, start: int, stop: int) -> RowBlock:
         if self._stream is None or start < self._row:
             self.close()
             self._stream = _open(self.shard.path, self.spec)
-            self._batches, self._row = iter(_reader(self._stream, self.shard.path, [], self.spec)), 0
+            self._records, self._row = _reader(self._stream, self.shard.path, self.spec)[1], 0
             self._pending = None
-        pieces, have = [], 0
+        pieces, have, bad = [], 0, {}
         while self._row + have < stop:
-            table = (
-                self._pending
-                if self._pending is not None
-                else pa.Table.from_batches([next_row(self._batches, self.shard)])
-            )
+            table, problem = self._pending or next_row(self._records, self.shard)
             self._pending = None
             skip = max(0, start - (self._row + have))
             if skip >= table.num_rows:
                 self._row += table.num_rows
                 continue
             take = min(table.num_rows - skip, stop - (self._row + have) - skip)
+            if problem is not None:  # a stand-in is one row
+                bad[have] = problem
             pieces.append(table.slice(skip, take))
             if skip + take < table.num_rows:
-                self._pending = table.slice(skip + take)
+                self._pending = (table.slice(skip + take), problem)
             self._row += skip
             have += take
         self._row += have
         raw = pa.concat_tables(pieces).select(list(self.spec.columns))
-        bad: dict = {}
         table = pa.table({name: _decode(raw.column(name), name, bad) for name in raw.column_names})
         return RowBlock(cast_columns(_nulls_for_empty(table, self.spec), self.spec.types), bad)
 
     def close(self) -> None:
         if self._stream is not None:
             self._stream.close()
-            self._stream = self._batches = self._pending = None
+            self._stream = self._records = self._pending = None
 
 
-def _open(path: str, spec: ReadSpec, digest=None) -> IO[bytes]:
+def _open(path: str, spec: ReadSpec, digest=None, see=None) -> IO[bytes]:
+    """A shard's bytes, decompressed; `digest` sees the file's bytes, `see` the decompressed ones."""
     raw = open_binary(path, spec.options)
     if digest is not None:
-        raw = _Hashing(raw, digest)
-    return _Gunzip(raw) if path.lower().endswith(".gz") else raw
+        raw = _Tap(raw, digest.update)
+    stream = _Gunzip(raw) if path.lower().endswith(".gz") else raw
+    return _Tap(stream, see) if see is not None else stream
 
 
-def _reader(stream: IO[bytes], path: str, bad: list[tuple[int, str]], spec: ReadSpec) -> pcsv.CSVStreamingReader:
-    def invalid(row) -> str:
-        text = row.text if len(row.text) <= _TEXT_HEAD else row.text[:_TEXT_HEAD] + "..."
-        bad.append(
-            (
-                row.number,
-                f"record {row.number}: {row.actual_columns} fields where the header has {row.expected_columns}: "
-                f"{text!r}",
-            )
-        )
-        return "skip"
+def _delimiter(path: str) -> str:
+    return "\t" if path.lower().removesuffix(".gz").endswith(".tsv") else ","
 
-    delimiter = "\t" if path.lower().removesuffix(".gz").endswith(".tsv") else ","
-    parse = pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=invalid)
+
+class _LeftOut(NamedTuple):
+    """A record the parser left out for its number of fields."""
+
+    row: int  # its place among the data records
+    message: str
+    id: str | None  # its id field, when the record has one
+
+
+def _reader(
+    stream: IO[bytes], path: str, spec: ReadSpec
+) -> tuple[list[str], Iterator[tuple[pa.Table, Problem | None]]]:
+    """The header's column names, and every data record in file order: pieces of (rows, None), and
+    (stand-in row, bad_csv problem) for each record with the wrong number of fields."""
+    delimiter = _delimiter(path)
     read = pcsv.ReadOptions(use_threads=False, block_size=BLOCK)
     with _open(path, spec) as first:  # the header alone, to read every column as bytes
         quiet = pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=lambda row: "skip")
         names = pcsv.open_csv(first, read_options=read, parse_options=quiet).schema.names
+    id_at = names.index(spec.id_column) if spec.id_column in names else None
+    left_out: list[_LeftOut] = []
+
+    def invalid(row) -> str:
+        if row.number < 2:  # its place is unknown (-1): stop rather than shift every later row
+            return "error"
+        try:  # its id, as Python's csv module reads the record: best effort, the record is broken
+            fields = next(stdlib_csv.reader(io.StringIO(row.text, newline=""), delimiter=delimiter), [])
+        except stdlib_csv.Error:
+            fields = []
+        text = row.text if len(row.text) <= _TEXT_HEAD else row.text[:_TEXT_HEAD] + "..."
+        message = f"{row.actual_columns} fields where the header has {row.expected_columns}: {text!r}"
+        record_id = fields[id_at] if id_at is not None and id_at < len(fields) else None
+        left_out.append(_LeftOut(row.number - 2, message, record_id))  # record 1 is the header
+        return "skip"
+
+    def stand_in(record: _LeftOut) -> pa.Table:
+        value = record.id.encode() if record.id is not None else None
+        return pa.table({n: pa.array([value if n == spec.id_column else None], pa.binary()) for n in names})
+
+    parse = pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=invalid)
     # Bytes, not text: one field that is not UTF-8 must cost its row, not the shard (see _decode).
     raw = pcsv.ConvertOptions(column_types={name: pa.binary() for name in names}, strings_can_be_null=False)
-    return pcsv.open_csv(stream, read_options=read, parse_options=parse, convert_options=raw)
+    batches = pcsv.open_csv(stream, read_options=read, parse_options=parse, convert_options=raw)
+    return names, _records(batches, left_out, stand_in)
+
+
+def _records(batches, left_out: list[_LeftOut], stand_in) -> Iterator[tuple[pa.Table, Problem | None]]:
+    """The parser's rows with a stand-in put back at the place of each record it left out. The parser
+    reports a bad record while it parses the record's block, before it yields that block's rows, so
+    `left_out` is complete up to the end of each batch taken here; a report out of order stops the read."""
+    at, k = 0, 0  # the next record's row; left_out[k] is the next bad record to place
+    for batch in itertools.chain(batches, [None]):  # None: bad records after the last good one
+        rows = pa.Table.from_batches([batch]) if batch is not None else None
+        while True:
+            while k < len(left_out) and left_out[k].row <= at:
+                if left_out[k].row < at:
+                    raise ValueError(f"the CSV parser reported record {left_out[k].row + 2} out of order")
+                yield stand_in(left_out[k]), ("bad_csv", left_out[k].message)
+                at, k = at + 1, k + 1
+            if rows is None or not rows.num_rows:
+                break
+            take = min(rows.num_rows, left_out[k].row - at) if k < len(left_out) else rows.num_rows
+            yield rows.slice(0, take), None
+            rows, at = rows.slice(take), at + take
+    if k < len(left_out):
+        raise ValueError(f"the CSV parser reported record {left_out[k].row + 2} past the end of the file")
+
+
+def _no_header(path: str, spec: ReadSpec) -> bool:
+    """Whether a file pyarrow finds no header in has none: nothing but a byte-order mark and blank lines."""
+    with _open(path, spec) as stream:
+        first = True
+        while block := stream.read(BLOCK):
+            if (block.removeprefix(BOM) if first else block).strip(b"\r\n"):
+                return False
+            first = False
+    return True
 
 
 def _decode(values: pa.ChunkedArray, name: str, bad: dict) -> pa.Array:
@@ -163,14 +248,16 @@ def _nulls_for_empty(table: pa.Table, spec: ReadSpec) -> pa.Table:
     return table
 
 
-class _Hashing:
-    def __init__(self, stream: IO[bytes], digest):
-        self.stream, self.digest = stream, digest
+class _Tap:
+    """A stream that shows every block read through it to `see`."""
+
+    def __init__(self, stream: IO[bytes], see):
+        self.stream, self.see = stream, see
         self.closed = False
 
     def read(self, size: int = -1) -> bytes:
         data = self.stream.read(size)
-        self.digest.update(data)
+        self.see(data)
         return data
 
     def readable(self) -> bool:
@@ -185,3 +272,47 @@ class _Hashing:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _QuoteScan:
+    """Whether a file's bytes, seen in order, end inside a quoted field, read as pyarrow reads them: a
+    quote opens a field only at the field's start, and "" inside the field is a quote. pyarrow reads
+    such a file without complaint, every record after the quote swallowed by that one field."""
+
+    def __init__(self, delimiter: str):
+        starts = rb"[\r\n" + re.escape(delimiter.encode()) + rb"]"  # what a field's first byte follows
+        self._close = re.compile(_CLOSE + rb'(?!")')
+        # Bytes outside quotes and whole quoted fields, up to the opening quote of a field that does not
+        # close before the last byte (which could be half of ""). One match: no Python loop per field.
+        self._skip = re.compile(rb'(?:[^"]+|(?<=' + starts + rb')"' + _CLOSE + rb'(?=[^"])|(?<!' + starts + rb')")*')
+        self._carry = b"\n"  # the bytes before the next block: a line start, the first time
+        self._inside, self._first = False, True
+        self._lines = 0  # line endings before the next block
+        self._line = 0  # the line of the quote that opened the field we are inside
+
+    def feed(self, data: bytes) -> None:
+        if self._first and data:
+            data, self._first = data.removeprefix(BOM), False
+        for i in range(0, len(data), _SCAN):  # the regex engine holds memory per field matched: bound it
+            self._scan(data[i : i + _SCAN])
+
+    def _scan(self, block: bytes) -> None:
+        data = self._carry + block
+        at = 0 if self._inside else len(self._carry)  # a carried byte is a quote to match again, or context
+        if self._inside:
+            closed = self._close.match(data, at)
+            at = closed.end() if closed else len(data)
+        if not self._inside or at < len(data):  # outside quotes at `at`
+            at = self._skip.match(data, at).end()
+            if at < len(data):  # the opening quote of a field still open
+                self._line = self._lines + block.count(b"\n", 0, at - (len(data) - len(block))) + 1
+                closed = self._close.match(data, at + 1)
+            self._inside = at < len(data)
+        # What the next block needs: the byte before it, or a last quote that may close the open field.
+        self._carry = data[-1:] if not self._inside or closed else b""
+        self._lines += block.count(b"\n")
+
+    @property
+    def open_line(self) -> int | None:
+        """At the end of the file: the line of the quote that opened a field still open, else None."""
+        return self._line if self._inside and self._carry != b'"' else None
