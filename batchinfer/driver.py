@@ -78,7 +78,7 @@ def run_job(
         out.forget(
             [n for n, r in done.items() if "retry_of" not in r and n in planned and r["rows"] < planned[n]], done
         )
-        out.write_input_errors([(b.name, b.message) for b in bad_shards], inputs.bad_records)
+        out.write_skipped_shards([(b.name, b.message) for b in bad_shards])
         for bad in bad_shards:
             progress.log(f"skipped shard {bad.name}: {bad.message}")
         todo = [Work(c, c.name) for c in chunks if c.name not in done]
@@ -119,7 +119,6 @@ def run_job(
             time.perf_counter() - started,
             str(device),
             workers,
-            Counter({"bad_csv": len(inputs.bad_records)}),
         )
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
         if job.model.task != "generate":

@@ -64,7 +64,6 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
         "rows": rows,
         "chunks": len(chunks),
         "output": folder,
-        "bad_csv_records": len(inputs.bad_records),
     }
 
     from .runners import make_runner

@@ -17,17 +17,15 @@ def build_report(
     seconds: float,
     device: str,
     workers: dict[str, Counter] | None = None,
-    unread: Counter | None = None,
 ) -> dict:
     """Totals over every finished chunk and retry; rates over what this run processed.
 
     run: this run's rows, tokens, model-busy seconds, generated tokens and `loop` (seconds from the
-    first chunk handed out to the last one committed); workers: the same per worker; unread: error rows
-    found before any chunk (CSV records the parser left out), by reason."""
+    first chunk handed out to the last one committed); workers: the same per worker."""
     planned = {c.name for c in chunks}
     records = [r for r in done.values() if r.get("retry_of", r["chunk"]) in planned]  # a larger earlier run's aside
     chunk_records = [r for r in records if "retry_of" not in r]
-    errors = Counter({reason: n for reason, n in (unread or {}).items() if n})
+    errors: Counter = Counter()
     for chunk, name in current_errors(done).items():
         if chunk in planned:
             errors.update(done[name]["errors"])
@@ -42,7 +40,7 @@ def build_report(
         "complete": len(chunk_records) == len(chunks),
         "chunks_done": len(chunk_records),
         "chunks_total": len(chunks),
-        "rows": sum(r["rows"] for r in chunk_records) + sum((unread or {}).values()),
+        "rows": sum(r["rows"] for r in chunk_records),
         "rows_ok": sum(r["ok"] for r in records),
         "rows_error": sum(errors.values()),
         "errors_by_reason": dict(sorted(errors.items())),

@@ -3,7 +3,6 @@
     part-SSSSS-CCCCC.parquet          results of chunk C of shard S (lexical order = input order)
     _errors/part-SSSSS-CCCCC.parquet  rows that could not run, each with a reason
     _errors/skipped-shards.parquet    shards left out (input.on_bad_shard: skip)
-    _errors/bad-records.parquet       CSV records the parser could not split into the header's fields
     _done/SSSSS-CCCCC.json            completion marker: the chunk's record
     _batchinfer.json                  the job: its id, fingerprint and the batching a probe chose
     _lock                             the run holding the folder
@@ -53,7 +52,6 @@ REPORT = "_report.json"
 SUCCESS = "_SUCCESS"
 LOCK = "_lock"
 SKIPPED = f"{ERRORS}/skipped-shards.parquet"
-BAD_RECORDS = f"{ERRORS}/bad-records.parquet"
 LEGACY = "_manifest.jsonl"  # batchinfer 0.1's appended manifest
 FORMAT = 2
 HEARTBEAT = 15.0  # seconds between rewrites of the lock while a run holds it
@@ -288,7 +286,7 @@ class OutputDir:
         part = _PART.fullmatch(name)
         if part and part.group(1) in done:
             return True
-        if part or name in (SKIPPED, BAD_RECORDS):
+        if part or name == SKIPPED:
             metadata = self.folder.parquet_metadata(name)
             return metadata is not None and (metadata.metadata or {}).get(ID_KEY) == job_id.encode()
         return False
@@ -402,28 +400,26 @@ class OutputDir:
     def write_chunk(self, chunk_name: str, results: pa.Table, errors: pa.Table | None) -> None:
         self.writer().write_chunk(chunk_name, results, errors)
 
-    def write_input_errors(self, skipped: list[tuple[str, str]], records: list[tuple[str, str]]) -> None:
-        """Error rows found before any chunk runs, written once per run: shards left out
-        (input.on_bad_shard: skip; their rows were never read) and CSV records with the wrong number of
-        fields (the parser left them out). Each item: (source, message)."""
-        for target, rows, reason in ((SKIPPED, skipped, "bad_shard"), (BAD_RECORDS, records, "bad_csv")):
-            if not rows:
-                self.folder.delete(target)
-                continue
-            names, messages = zip(*rows)
-            self._write_table(
-                target,
-                pa.table(
-                    {
-                        "id": pa.nulls(len(names), pa.string()),
-                        "source": list(names),
-                        "row": pa.nulls(len(names), pa.int64()),
-                        "reason": [reason] * len(names),
-                        "message": list(messages),
-                    },
-                    schema=ERROR_SCHEMA,
-                ),
-            )
+    def write_skipped_shards(self, skipped: list[tuple[str, str]]) -> None:
+        """The shards left out (input.on_bad_shard: skip; their rows were never read), one error row each,
+        written once per run. Each item: (source, message)."""
+        if not skipped:
+            self.folder.delete(SKIPPED)
+            return
+        names, messages = zip(*skipped)
+        self._write_table(
+            SKIPPED,
+            pa.table(
+                {
+                    "id": pa.nulls(len(names), pa.string()),
+                    "source": list(names),
+                    "row": pa.nulls(len(names), pa.int64()),
+                    "reason": ["bad_shard"] * len(names),
+                    "message": list(messages),
+                },
+                schema=ERROR_SCHEMA,
+            ),
+        )
 
     def commit(self, record: dict) -> None:
         """The chunk is done once this returns."""
@@ -561,13 +557,9 @@ def read_state(path: str | Path, options: dict | None = None) -> tuple[OutputDir
 
 
 def input_errors(out: OutputDir) -> Counter:
-    """Error rows found before any chunk ran (shards left out, CSV records the parser dropped), by reason."""
-    counts: Counter = Counter()
-    for name in (SKIPPED, BAD_RECORDS):
-        table = out.read_table(name)
-        if table is not None:
-            counts.update(table.column("reason").to_pylist())
-    return counts
+    """Error rows found before any chunk ran (shards left out), by reason."""
+    table = out.read_table(SKIPPED)
+    return Counter(table.column("reason").to_pylist() if table is not None else [])
 
 
 def stray_markers(out: OutputDir, done: dict[str, dict]) -> list[str]:

@@ -58,7 +58,6 @@ class Inputs(NamedTuple):
     shards: list[Shard]
     bad: list[BadShard]
     types: dict[str, pa.DataType]  # the output type of every id and kept column, for the whole job
-    bad_records: list[tuple[str, str]] = []  # (shard name, message): CSV records the parser left out
 
 
 def read_spec(cfg: InputConfig, columns: list[str] | None = None, types: dict | None = None) -> ReadSpec:
@@ -135,8 +134,7 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
         for c in spec.typed
         if any(c in i.types for i in infos)
     }
-    bad_records = [(s.name, message) for s, info in zip(shards, infos) for _, message in info.bad_records]
-    return Inputs(shards, bad, types, bad_records)
+    return Inputs(shards, bad, types)
 
 
 def _inspect(path: str, fmt: str, spec: ReadSpec) -> ShardInfo:

@@ -74,7 +74,6 @@ class ShardInfo:
     columns: list[str] | None  # None: rows are checked one by one (OpenAI requests)
     types: dict[str, pa.DataType] = field(default_factory=dict)  # typed columns found in this shard
     keys: list[tuple[int, str]] = field(default_factory=list)  # openai: (line, custom_id)
-    bad_records: list[tuple[int, str]] = field(default_factory=list)  # csv: (line, message) of records left out
 
 
 class Reader(Protocol):
