@@ -35,15 +35,7 @@ import pyarrow.parquet as pq
 
 from .errors import OutputError, ResumeError
 from .plan import describe_changes
-from .storage import (
-    JOB_FILE,
-    is_disk_full,
-    is_uri,
-    join,
-    open_folder,
-    reach_problem,
-    refuse_location,
-)
+from .storage import JOB_FILE, is_disk_full, is_uri, join, open_folder, reach_problem, refuse_location
 
 JOB = JOB_FILE
 DONE = "_done"
