@@ -474,7 +474,6 @@ def status(
 
 def say_sample_problems(seen: int, reasons: Counter, examples: dict[str, str]) -> None:
     """validate and plan: stop when every row read from the start of the input would fail; warn when some would."""
-
     if not reasons:
         return
     counts = ", ".join(f"{reason} {n:,}" for reason, n in reasons.most_common())
