@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from .errors import BatchinferError, ConfigError, InputError
+from .progress import labelled
 
 app = typer.Typer(
     add_completion=False,
@@ -24,8 +25,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Offline batch inference: Parquet/JSONL shards in, Parquet results out, resumable.",
 )
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# No markup: messages carry paths, column names and values that may hold [brackets]; labels are styled Text.
+out = Console(soft_wrap=True, markup=False)
+err = Console(stderr=True, soft_wrap=True, markup=False)
 
 SetOption = typer.Option(None, "--set", help="Override a job key, e.g. --set batching.max_tokens=8192 (repeatable).")
 DebugOption = typer.Option(False, "--debug", help="Show the full traceback of an error.")
@@ -56,23 +58,23 @@ def reported(debug: bool):
     """Turn errors into one message and an exit code; a traceback only with --debug."""
     from . import models
 
-    warnings.showwarning = lambda message, *_: err.print(f"[yellow]warning:[/] {message}", highlight=False)
+    warnings.showwarning = lambda message, *_: err.print(labelled("warning:", "yellow", str(message)), highlight=False)
     models.SHOW_LIBRARY_LOGS = debug  # third-party logs too
     try:
         yield
     except BatchinferError as exc:
         if debug:
             traceback.print_exc()
-        err.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+        err.print(labelled("error:", "bold red", exc.message), highlight=False)
         if exc.hint:
-            err.print(f"[yellow]fix:[/] {exc.hint}", highlight=False)
+            err.print(labelled("fix:", "yellow", exc.hint), highlight=False)
         raise typer.Exit(exc.exit_code) from None
     except (typer.Exit, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - the last line of defence: say what broke, hide the stack
         if debug:
             traceback.print_exc()
-        err.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        err.print(labelled("internal error:", "bold red", f"{type(exc).__name__}: {exc}"), highlight=False)
         err.print(
             "[yellow]fix:[/] rerun with --debug for the traceback, and report it if the input looks fine",
             highlight=False,
@@ -209,7 +211,7 @@ def execute(config, command: str, *, restart: bool, retry_errors: bool, progress
             progress.stop()
             progress = None
         name = signal.Signals(exc.signum).name
-        err.print(f"[yellow]stopped on {name}[/]: finished chunks are saved in {config.output.path}.")
+        err.print(labelled(f"stopped on {name}:", "yellow", f"finished chunks are saved in {config.output.path}."))
         err.print(f"resume with: {command}", highlight=False)
         raise typer.Exit(128 + exc.signum) from None
     finally:
@@ -255,10 +257,14 @@ def validate(
             fingerprint(config, model_identity(model_path), shards), len(chunks)
         )
         for shard in bad:
-            out.print(f"[yellow]skipped[/] (input.on_bad_shard: skip): {shard.message}", highlight=False)
+            out.print(labelled("skipped", "yellow", f"(input.on_bad_shard: skip): {shard.message}"), highlight=False)
         say_sample_problems(*sample_problems(config, inputs))
         out.print(
-            f"[green]ok[/]: {job} — {len(shards)} shard(s), {rows:,} rows, {len(chunks)} chunk(s); model {model_path}",
+            labelled(
+                "ok:",
+                "green",
+                f"{job} — {len(shards)} shard(s), {rows:,} rows, {len(chunks)} chunk(s); model {model_path}",
+            ),
             highlight=False,
         )
         out.print(f"output {config.output.path}: {folder}", highlight=False)
@@ -484,8 +490,11 @@ def say_sample_problems(seen: int, reasons: Counter, examples: dict[str, str]) -
             "check input.text (or input.text_pair, input.messages) against the columns the input has",
         )
     out.print(
-        f"[yellow]note[/]: {sum(reasons.values()):,} of the first {seen:,} rows would go to _errors/ ({counts}), "
-        f"e.g. {example}",
+        labelled(
+            "note:",
+            "yellow",
+            f"{sum(reasons.values()):,} of the first {seen:,} rows would go to _errors/ ({counts}), e.g. {example}",
+        ),
         highlight=False,
     )
 

@@ -22,6 +22,11 @@ class _Rate(ProgressColumn):
         return Text(f"{self.bar.rows / elapsed:,.0f} rows/s  {self.bar.tokens / elapsed:,.0f} tok/s", style="cyan")
 
 
+def labelled(label: str, style: str, text: str) -> Text:
+    """A styled label before plain text: what the text holds ([brackets] in a path) is never read as markup."""
+    return Text.assemble((label, style), " ", text)
+
+
 class RunProgress:
     """Rows done out of total, rates and ETA. On resume the bar starts at the rows already done."""
 
@@ -51,7 +56,7 @@ class RunProgress:
         self._bar.update(self._task, advance=rows)
 
     def log(self, message: str) -> None:
-        self._bar.console.print(f"[yellow]note:[/] {message}", highlight=False)
+        self._bar.console.print(labelled("note:", "yellow", message), highlight=False)
 
     def stop(self) -> None:
         self._bar.stop()

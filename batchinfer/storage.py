@@ -213,6 +213,10 @@ def refuse_location(output: str, inputs: tuple[str, ...]) -> None:
                 f"output.path {output} holds the input {path}",
                 "write the output to a folder of its own, outside the input",
             )
+    if resolved is not None and resolved.exists() and not resolved.is_dir():
+        raise OutputError(
+            f"output.path {output} is a file; batchinfer writes a folder there", "choose a new folder for output.path"
+        )
     for parent in resolved.parents if resolved is not None else ():
         if (parent / JOB_FILE).is_file():
             raise OutputError(

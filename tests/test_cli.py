@@ -305,3 +305,19 @@ def test_validate_says_when_the_device_asked_for_is_not_here(tmp_path, sms_parqu
         app, ["validate", str(_job(tmp_path, sms_parquet, tiny_embed)), "--set", "model.device=cuda"]
     )
     assert result.exit_code == 1 and "no CUDA GPU is visible" in result.output
+
+
+def test_an_output_path_that_is_a_file_and_brackets_in_messages(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    shard = sorted(sms_parquet.iterdir())[0]
+    before = shard.read_bytes()
+    for command in ("validate", "plan", "run"):
+        result = runner.invoke(app, [command, str(job), "--set", f"output.path={shard}"])
+        assert result.exit_code == 1 and "is a file" in result.output and "internal error" not in result.output
+    assert shard.read_bytes() == before
+    odd = tmp_path / "[/b]"  # read as a closing markup tag, this crashed the error printer
+    odd.mkdir(parents=True)
+    result = runner.invoke(app, ["status", str(odd)])
+    assert result.exit_code == 1 and f"{odd} holds no batchinfer run" in result.output
+    result = runner.invoke(app, ["validate", str(job), "--set", "input.text=[red]x"])
+    assert "column '[red]x' not found" in result.output
