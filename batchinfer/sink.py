@@ -469,8 +469,11 @@ class OutputDir:
         self.write_file(name, fill)
         return count
 
-    def write_report(self, report: dict, success: bool) -> None:
-        self._write(lambda: self.folder.write(REPORT, _dumps({"job_id": self.job_id, **report}, indent=2)))
+    def write_report(self, report: dict, success: bool, replace: bool = True) -> None:
+        """replace=False keeps a report already there: a rerun that had nothing to do leaves the figures of
+        the run that did the work."""
+        if replace or self.folder.read(REPORT) is None:
+            self._write(lambda: self.folder.write(REPORT, _dumps({"job_id": self.job_id, **report}, indent=2)))
         if success:
             self._write(lambda: self.folder.write(SUCCESS, _dumps({"job_id": self.job_id})))
 

@@ -158,10 +158,10 @@ def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_p
     assert np.abs(difference).max() < 1e-5  # batching: auto, probed on each run's own first chunk
     result = runner.invoke(app, ["run", str(job)])
     assert result.exit_code == 0 and "already complete: 600 rows" in result.output and "--restart" in result.output
-    before = (tmp_path / "out" / "_batchinfer.json").read_bytes()
+    before = {name: (tmp_path / "out" / name).read_bytes() for name in ("_batchinfer.json", "_report.json", "_SUCCESS")}
     result = runner.invoke(app, ["run", str(job), "--limit", "5"])  # never narrows what the folder holds
     assert result.exit_code == 0 and "already complete: 600 rows" in result.output
-    assert (tmp_path / "out" / "_SUCCESS").exists() and (tmp_path / "out" / "_batchinfer.json").read_bytes() == before
+    assert before == {name: (tmp_path / "out" / name).read_bytes() for name in before}  # the real run's figures kept
 
 
 def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet, tiny_embed):
