@@ -236,7 +236,10 @@ class GenerationConfig(Section):
     )
     max_new_tokens: int = Field(default=256, ge=1, description="Most tokens generated per row.")
     max_new_tokens_column: str | None = Field(
-        default=None, description="A column whose integer value overrides max_new_tokens for its row."
+        default=None,
+        description="A column whose whole-number value overrides max_new_tokens for its row (empty: the default; "
+        "anything else: the row goes to _errors/ as bad_max_new_tokens). Prompt plus completion never run past "
+        "the model's context.",
     )
     temperature: float = Field(default=0.0, ge=0.0, description="0 is greedy decoding; above 0 samples.")
     top_p: float = Field(

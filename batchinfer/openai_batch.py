@@ -62,7 +62,9 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             return row, ("bad_request", f"body.{key} must be a number, not {value!r}")
         row[key] = float(value) if key in ("temperature", "top_p") and value is not None else value
-    if row["stop"] is not None and not all(isinstance(s, str) for s in row["stop"]):
+    if max_tokens is not None and max_tokens < 1:
+        return row, ("bad_request", f"body.max_tokens must be at least 1, not {max_tokens}")
+    if row["stop"] is not None and not (isinstance(row["stop"], list) and all(isinstance(s, str) for s in row["stop"])):
         return row, ("bad_request", "body.stop must be a string or a list of strings")
     return row, None
 

@@ -82,6 +82,29 @@ def _render(table: pa.Table, spec: str, errors: dict[int, tuple[str, str]], name
     return text
 
 
+def row_limits(values: list, name: str) -> tuple[list[int | None], dict[int, tuple[str, str]]]:
+    """Per-row max_new_tokens values → (each a whole number, or None for the job's default; the rows whose
+    value is not a whole number of at least 1, as error rows). "12" and 12.0 are 12: a column that mixes
+    kinds is text for the whole job, and must not lose every row's value for it."""
+    limits: list[int | None] = []
+    problems = {}
+    for offset, value in enumerate(values):
+        number = value
+        if isinstance(value, str) and value.strip().isdigit():
+            number = int(value)
+        elif isinstance(value, float) and value.is_integer():
+            number = int(value)
+        if value is None or (isinstance(number, int) and not isinstance(number, bool) and number >= 1):
+            limits.append(number)
+            continue
+        limits.append(None)
+        problems[offset] = (
+            "bad_max_new_tokens",
+            f"{name} is {value!r}: give a whole number of at least 1, or leave it empty for the job's default",
+        )
+    return limits, problems
+
+
 def _as_text(column: pa.Array, templated: bool) -> pa.Array | None:
     """A column as strings: text in any Arrow encoding (large, view, dictionary as pandas categoricals
     write it); inside a template also numbers, booleans and dates, written as Arrow formats them. None

@@ -22,7 +22,7 @@ from .errors import ConfigError, InputError, ModelError
 from .heap import HeapGuard
 from .packing import supports_packing
 from .plan import Chunk, Work
-from .prepare import Prepared, prepare_rows
+from .prepare import Prepared, prepare_rows, row_limits
 from .runners.base import Tokens
 from .sink import ERROR_SCHEMA, PartWriter
 from .sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
@@ -99,6 +99,10 @@ class ChunkTask:
             )
             row_ids = row_ids[work.offsets]
         prepared = prepare_rows(job, block.table, block.bad_rows)
+        if job.model.task == "generate" and job.max_new_tokens_column:
+            name = job.max_new_tokens_column
+            for offset, problem in row_limits(block.table.column(name).to_pylist(), name)[1].items():
+                prepared.errors.setdefault(offset, problem)
         tokens = self.runner.tokenize(prepared.texts)
         owners = tokens.owners()
         if job.model.truncation == "error":

@@ -173,3 +173,32 @@ def test_ctrl_c_stops_generation_within_seconds_and_keeps_finished_chunks(tmp_pa
     assert waited < 5, f"took {waited:.1f} s to stop"
     assert "Traceback" not in output and "Batch processor" not in output and "WARNING" not in output.upper()
     assert list((tmp_path / "out" / "_done").glob("*.json"))
+
+
+def _tokens(model_path, text: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)(text)["input_ids"]
+
+
+def test_each_rows_own_limit_is_checked_and_never_runs_past_the_context(tmp_path, tiny_llama):
+    rows = [
+        {"id": "ok", "text": "hello there", "budget": 3},
+        {"id": "as-text", "text": "hello there", "budget": "5"},  # the column is text for the whole job
+        {"id": "default", "text": "hello there", "budget": None},
+        {"id": "negative", "text": "hello there", "budget": -5},
+        {"id": "word", "text": "hello there", "budget": "x"},
+        {"id": "absurd", "text": "hello there", "budget": 10**11},
+    ]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = run_job(_job(tmp_path / "prompts.jsonl", tiny_llama, tmp_path / "out"))
+    out = {r["id"]: r for r in ds.dataset(str(tmp_path / "out")).to_table().to_pylist()}
+    prompt = out["ok"]["prompt_tokens"]
+    for key, limit in (("ok", 3), ("as-text", 5), ("default", 16)):
+        expected = _alone(tiny_llama, _tokens(tiny_llama, "hello there"), limit)
+        assert out[key]["completion_tokens"] == len(expected), key
+    context = json.loads((tiny_llama / "config.json").read_text())["max_position_embeddings"]
+    assert prompt + out["absurd"]["completion_tokens"] <= context  # 10**11 sized a cache no machine has
+    assert report["errors_by_reason"] == {"bad_max_new_tokens": 2}
+    errors = ds.dataset(str(tmp_path / "out" / "_errors")).to_table().to_pylist()
+    assert {e["id"] for e in errors} == {"negative", "word"} and "'x': give a whole number" in str(errors)

@@ -238,3 +238,19 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
     (tmp_path / "folder").mkdir()
     result = runner.invoke(app, command[:4] + ["-o", str(tmp_path / "folder"), "-q"])
     assert result.exit_code == 1 and "is a folder" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "body, said",
+    [
+        ({"prompt": "t", "stop": 5}, "body.stop must be a string or a list of strings"),
+        ({"prompt": "t", "stop": ["a", 5]}, "body.stop must be a string or a list of strings"),
+        ({"prompt": "t", "max_tokens": -3}, "body.max_tokens must be at least 1, not -3"),
+        ({"prompt": "t", "max_tokens": 0}, "body.max_tokens must be at least 1, not 0"),
+    ],
+)
+def test_a_bad_setting_is_that_requests_error_line(body, said):
+    from batchinfer.openai_batch import parse_request
+
+    record = {"custom_id": "r", "method": "POST", "url": "/v1/completions", "body": body}
+    assert parse_request(record)[1] == ("bad_request", said)

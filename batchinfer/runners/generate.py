@@ -24,6 +24,7 @@ import torch
 from ..batching import padding_stats
 from ..config import GenerationConfig
 from ..errors import ModelError
+from ..prepare import row_limits
 from .base import Tokens, encode_capped
 
 CPU_BATCH_TOKENS = 1024
@@ -58,6 +59,8 @@ class GenerateRunner:
         self.device = device
         self.gen = gen
         self.max_length = max_length
+        # Positions the model knows; vllm.LLM keeps its own (max_model_len).
+        self.context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         # Keep the end of an over-long prompt: that is where the question is.
         self.backend = copy.deepcopy(tokenizer.backend_tokenizer)
         self.backend.enable_truncation(max_length, direction="left")
@@ -100,7 +103,7 @@ class GenerateRunner:
         job = ctx.job
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
         ctx.stop.check()
-        max_new = max_new_tokens(job, loaded)
+        max_new = max_new_tokens(job, loaded, self.context)
         t0 = time.perf_counter()
         overrides = None
         if job.input.format == "openai":
@@ -347,15 +350,22 @@ def load_vllm(path, engine_options: dict):
     return LLM(model=str(path), **engine_options)
 
 
-def max_new_tokens(job, loaded) -> list[int]:
-    """Per row: the max_new_tokens_column value where it is a positive integer, else the job's default."""
+def max_new_tokens(job, loaded, context: int | None) -> list[int]:
+    """Per row: its own limit (max_new_tokens_column, an OpenAI request's max_tokens) or the job's default,
+    never past the model's context: prompt plus completion fit in `context` tokens, so an absurd limit
+    (max_tokens 10**11) neither sizes the KV cache nor runs past the positions the model knows."""
     default = job.generation.max_new_tokens
     rows = loaded.prepared.rows[loaded.index]
     column = job.max_new_tokens_column
-    if not column:
-        return [default] * len(rows)
-    values = loaded.table.column(column).take(pa.array(rows, pa.int64())).to_pylist()
-    return [v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else default for v in values]
+    if column:
+        values = loaded.table.column(column).take(pa.array(rows, pa.int64())).to_pylist()
+        limits = [limit or default for limit in row_limits(values, column)[0]]
+    else:
+        limits = [default] * len(rows)
+    if context is None:
+        return limits
+    prompts = loaded.tokens.lengths[loaded.index].tolist()
+    return [max(1, min(limit, context - n)) for limit, n in zip(limits, prompts)]
 
 
 def cache_blocks(lengths: list[int], page: int, concurrency: int, bytes_per_block: int, budget: int) -> int:
