@@ -177,6 +177,20 @@ def openai_batch(
         )
 
 
+def check_port(host: str, port: int) -> None:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+            probe.bind((host, port))
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            "stop the program that holds the port, or give another with --port",
+        ) from None
+
+
 def progress_display(kind: str, every: float):
     """auto: a bar when stderr is a terminal, else plain lines every `every` seconds (logs, nohup, cron)."""
     from .progress import LineProgress, RunProgress
@@ -366,6 +380,7 @@ def serve(
             )
         model_path = resolve_model_path(config.model.path)
         read_config(config.model, model_path)
+        check_port(host, port)  # before the model loads: a taken port is known at once
         try:
             app = create_app(config, model_path)
         except BadInput as exc:

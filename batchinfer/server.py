@@ -295,9 +295,10 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
         kind = {400: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
         return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status, headers=headers)
 
-    def _served(task: str) -> None:
+    def _served(task: str, body: BaseModel) -> None:
         if job.model.task != task:
             raise BadInput(f"this server runs task {job.model.task}; {task} needs a server started with --task {task}")
+        _unicode(body.model_dump(), "")
 
     def _done(request: Request, started: float) -> None:
         metrics.requests.labels(request.url.path, "200").inc()
@@ -316,7 +317,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingsBody, request: Request):
         started = time.perf_counter()
-        _served("embed")
+        _served("embed", body)
         if body.encoding_format not in ("float", "base64"):
             raise BadInput(f"encoding_format: {body.encoding_format!r} is not float or base64")
         texts = _texts(body.input, "input")
@@ -336,7 +337,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     @app.post("/classify")
     async def classify(body: ClassifyBody, request: Request):
         started = time.perf_counter()
-        _served("classify")
+        _served("classify", body)
         texts = _texts(body.input, "input")
         columns, tokens = await service.run(texts, request)
         data = [dict(zip(columns, values)) for values in zip(*columns.values())]
@@ -350,7 +351,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     @app.post("/score")
     async def score(body: ScoreBody, request: Request):
         started = time.perf_counter()
-        _served("score")
+        _served("score", body)
         if body.pairs is not None:
             pairs = [tuple(p) for p in body.pairs]
             where = "pairs"
@@ -374,14 +375,14 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request):
-        _served("generate")
+        _served("generate", body)
         if is_blank(body.prompt):
             raise BadInput("prompt: empty, or only whitespace")
         return await _generate(request, body, body.prompt, "text_completion", body.max_tokens)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request):
-        _served("generate")
+        _served("generate", body)
         problem = message_problem(body.messages, "messages")
         if problem:
             raise BadInput(problem[1])
@@ -476,6 +477,9 @@ def describe(errors: list[dict]) -> str:
     problems = []
     for e in errors:
         loc = [p for p in e["loc"] if p != "body"]
+        if not loc:  # the body itself: null, a list, text
+            problems.append(f"the body must be a JSON object (got {shorten(e.get('input'), 60)})")
+            continue
         branch = len(loc) > 1 and isinstance(loc[1], str) and (loc[1] in ("str", "int") or "[" in loc[1])
         if branch and loc[1] == "str" and loc[0] in lists:
             continue  # the list branch says more
@@ -484,6 +488,21 @@ def describe(errors: list[dict]) -> str:
         got = "" if e["type"] == "missing" else f" (got {shorten(e.get('input'), 60)})"
         problems.append(f"{where}: {e['msg'].lower()}{got}")
     return "; ".join(problems[:5])
+
+
+def _unicode(value: Any, where: str) -> None:
+    """JSON may carry a lone UTF-16 surrogate ("\ud800"), which no tokenizer reads: name where it is."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BadInput(f"{where}: not valid Unicode ({exc.reason} at character {exc.start})") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _unicode(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _unicode(item, f"{where}[{i}]")
 
 
 def _texts(value: str | list[str], where: str) -> list[str]:

@@ -129,9 +129,14 @@ def test_a_full_queue_answers_429_and_a_bad_body_400_naming_the_problem(tiny_emb
             ]
             raw = await client.post("/v1/embeddings", content=b"{nope", headers={"content-type": "application/json"})
             wrong_task = await client.post("/classify", json={"input": "x"})
-            return answers, bad, raw, wrong_task
+            json_headers = {"content-type": "application/json"}
+            odd = [
+                await client.post("/v1/embeddings", content=body, headers=json_headers)
+                for body in (b"null", b"[1]", b'{"input": ["ok", "\\ud800"]}')
+            ]
+            return answers, bad, raw, wrong_task, odd
 
-    answers, bad, raw, wrong_task = asyncio.run(go())
+    answers, bad, raw, wrong_task, odd = asyncio.run(go())
     codes = sorted(a.status_code for a in answers)
     assert codes[0] == 200 and 429 in codes
     busy = next(a for a in answers if a.status_code == 429)
@@ -143,6 +148,9 @@ def test_a_full_queue_answers_429_and_a_bad_body_400_naming_the_problem(tiny_emb
     assert "encoding_format" in messages[3]
     assert raw.status_code == 400 and raw.json()["error"]["message"] == "the body is not valid JSON"
     assert wrong_task.status_code == 400 and "--task classify" in wrong_task.json()["error"]["message"]
+    assert [o.status_code for o in odd] == [400, 400, 400]  # were 500s with a traceback in the log
+    assert odd[0].json()["error"]["message"] == "the body must be a JSON object (got None)"
+    assert odd[2].json()["error"]["message"].startswith("input[1]: not valid Unicode (surrogates not allowed")
 
 
 def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
@@ -302,7 +310,18 @@ def test_serve_reports_a_model_that_cannot_load_before_listening(tiny_embed, tmp
     for weights in broken.glob("*.safetensors"):
         weights.write_bytes(b"not weights")
     result = subprocess.run(
-        [sys.executable, "-m", "batchinfer", "serve", "--model", str(broken), "--task", "embed", "--port", "1"],
+        [
+            sys.executable,
+            "-m",
+            "batchinfer",
+            "serve",
+            "--model",
+            str(broken),
+            "--task",
+            "embed",
+            "--port",
+            str(_free_port()),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -310,3 +329,19 @@ def test_serve_reports_a_model_that_cannot_load_before_listening(tiny_embed, tmp
     assert result.returncode != 0
     assert "Traceback" not in result.stderr and "serving embed" not in result.stderr
     assert str(broken) in result.stderr or "broken" in result.stderr, result.stderr
+
+
+def test_a_port_already_taken_is_one_message_before_the_model_loads(tiny_embed):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "batchinfer", "serve", "--model", str(tiny_embed), "--task", "embed"]
+            + ["--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "serving embed" not in result.stderr and "Traceback" not in result.stderr
