@@ -404,6 +404,18 @@ class JobConfig(Section):
             raise ValueError("model.labels: task zero-shot needs the candidate labels, e.g. labels: [billing, refund]")
         if self.model.labels and self.model.task != "zero-shot":
             raise ValueError("model.labels: only for model.task: zero-shot; remove it")
+        labels = self.model.labels
+        if any(not label.strip() for label in labels) or len(set(labels)) < len(labels):
+            raise ValueError(
+                f"model.labels: each label once and with text (got {shorten(labels)}); "
+                "scores and the chosen label would be ambiguous"
+            )
+        if self.output.scores and self.model.task not in ("classify", "score"):
+            raise ValueError(
+                f"output.scores: only for model.task classify or score, not {self.model.task}"
+                + ("; zero-shot always writes scores" if self.model.task == "zero-shot" else "")
+                + "; remove it"
+            )
         try:
             self.model.hypothesis_template.format("label")
             placed = "{}" in self.model.hypothesis_template
@@ -530,6 +542,8 @@ def format_error(err: dict) -> str:
         return message
     got = err.get("input")
     shown = "" if isinstance(got, dict) else f" (got {shorten(got)})"
+    if kind == "string_type" and isinstance(got, dict):  # YAML reads an unquoted {title} as a mapping
+        shown = '; quote a template in YAML, e.g. text: "{title}. {body}" (or --set \'input.text="{title}"\')'
     return f"{key}: {message}{shown}"
 
 

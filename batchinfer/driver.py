@@ -94,7 +94,8 @@ def run_job(
                 device = executor.device
                 progress.start(
                     sum(c.rows for c in chunks) + sum(w.rows for w in todo if w.retry_of),
-                    sum(r["rows"] for r in done.values() if r["chunk"] in planned or "retry_of" in r),
+                    # finished chunks only: rows an earlier retry pass ran again are inside them already
+                    sum(r["rows"] for r in done.values() if r["chunk"] in planned),
                 )
                 loop_started = time.perf_counter()
                 for record in executor.run(todo, probe=auto and out.tuning() is None):

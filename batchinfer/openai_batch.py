@@ -47,8 +47,11 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
         prompt = body.get("input") if url == "/v1/embeddings" else body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
+        field = "body.input" if url == "/v1/embeddings" else "body.prompt"
+        if isinstance(prompt, list):
+            return row, ("bad_request", f"{field}: one text per request is supported, not a list of {len(prompt)}")
         if prompt is not None and not isinstance(prompt, str):
-            return row, ("bad_request", "only one text prompt or input per request is supported")
+            return row, ("bad_request", f"{field} must be text, not {type(prompt).__name__}")
         row["prompt"] = prompt
     stop = body.get("stop")
     row["stop"] = [stop] if isinstance(stop, str) else stop

@@ -102,8 +102,8 @@ def test_templates():
 def test_set_overrides_parse_yaml_values(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(GOOD))
-    config = load_job(job, ["batching.max_tokens=8192", "output.scores=true", "input.keep=[a, b]"])
-    assert config.batching.max_tokens == 8192 and config.output.scores is True and config.input.keep == ["a", "b"]
+    config = load_job(job, ["batching.max_tokens=8192", "model.allow_pickle=true", "input.keep=[a, b]"])
+    assert config.batching.max_tokens == 8192 and config.model.allow_pickle is True and config.input.keep == ["a", "b"]
     with pytest.raises(ConfigError, match="batching.max_tokns: unknown key; did you mean 'max_tokens'"):
         load_job(job, ["batching.max_tokns=1"])
     with pytest.raises(ConfigError, match="is not key=value"):
@@ -147,3 +147,12 @@ def test_job_file_mistakes_each_say_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="model.task is not a section") as caught:
         apply_override({"model": {"task": "embed"}}, "model.task.x=1")
     assert "--set model.task=VALUE" in caught.value.hint
+
+
+def test_settings_that_would_give_ambiguous_or_ignored_output_are_refused():
+    zero_shot = {**GOOD, "model": {"path": "m", "task": "zero-shot", "labels": ["spam", "spam", ""]}}
+    assert "model.labels: each label once and with text" in _error(zero_shot)
+    ner = {**GOOD, "model": {"path": "m", "task": "token-classify"}, "output": {"path": "o", "scores": True}}
+    assert "output.scores: only for model.task classify or score, not token-classify" in _error(ner)
+    unquoted = {**GOOD, "input": {"path": "d", "text": {"title": None}}}  # what YAML makes of text: {title}
+    assert 'quote a template in YAML, e.g. text: "{title}. {body}"' in _error(unquoted)

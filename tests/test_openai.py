@@ -247,6 +247,8 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
         ({"prompt": "t", "stop": ["a", 5]}, "body.stop must be a string or a list of strings"),
         ({"prompt": "t", "max_tokens": -3}, "body.max_tokens must be at least 1, not -3"),
         ({"prompt": "t", "max_tokens": 0}, "body.max_tokens must be at least 1, not 0"),
+        ({"prompt": 5}, "body.prompt must be text, not int"),
+        ({"prompt": ["a", "b"]}, "body.prompt: one text per request is supported, not a list of 2"),
     ],
 )
 def test_a_bad_setting_is_that_requests_error_line(body, said):

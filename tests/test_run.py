@@ -40,8 +40,9 @@ def test_embed_output_schema_order_and_report(sms_parquet, sms_table, tiny_embed
 def test_batching_does_not_change_results(sms_parquet, tmp_path, request, task, column, model):
     """Each row's result equals the result of running that row alone."""
     model = request.getfixturevalue(model)
-    run_job(_job(sms_parquet, model, tmp_path / "alone", task, batching__max_rows=1, output__scores=True))
-    run_job(_job(sms_parquet, model, tmp_path / "batched", task, batching__max_tokens=4096, output__scores=True))
+    scores = task == "classify"
+    run_job(_job(sms_parquet, model, tmp_path / "alone", task, batching__max_rows=1, output__scores=scores))
+    run_job(_job(sms_parquet, model, tmp_path / "batched", task, batching__max_tokens=4096, output__scores=scores))
     alone, batched = _vectors(_read(tmp_path / "alone"), column), _vectors(_read(tmp_path / "batched"), column)
     assert np.abs(alone - batched).max() < 1e-4
 
@@ -211,6 +212,25 @@ def test_truncation_flag_and_error_mode(tmp_path, tiny_embed):
     assert _read(tmp_path / "err").num_rows == 1 and report["errors_by_reason"] == {"too_long": 1}
 
 
+class Recorder:
+    """A progress display that remembers what it was told."""
+
+    def __init__(self):
+        self.started, self.rows = None, 0
+
+    def start(self, total: int, done: int) -> None:
+        self.started = (total, done)
+
+    def advance(self, rows: int, tokens: int) -> None:
+        self.rows += rows
+
+    def log(self, message: str) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
 def test_retry_errors_after_raising_max_length(sms_parquet, sms_table, tiny_embed, tiny_embed_cls, tmp_path):
     short = _job(sms_parquet, tiny_embed, tmp_path / "out", model__max_length=24, model__truncation="error")
     first = run_job(short)
@@ -218,10 +238,19 @@ def test_retry_errors_after_raising_max_length(sms_parquet, sms_table, tiny_embe
     assert 0 < too_long < 600 and first["rows_ok"] == 600 - too_long
     with pytest.raises(ResumeError, match="model.hash"):  # only what decides whether a row fits may change
         run_job(_job(sms_parquet, tiny_embed_cls, tmp_path / "out", model__max_length=128), retry_errors=True)
+    middle = run_job(
+        _job(sms_parquet, tiny_embed, tmp_path / "out", model__max_length=40, model__truncation="error"),
+        retry_errors=True,
+    )
+    still = middle["errors_by_reason"]["too_long"]
+    assert 0 < still < too_long
+    bar = Recorder()
     retried = run_job(
         _job(sms_parquet, tiny_embed, tmp_path / "out", model__max_length=128, model__truncation="error"),
         retry_errors=True,
+        progress=bar,
     )
+    assert bar.started == (600 + still, 600) and bar.rows == still  # the rows of this pass, over the job's
     assert retried["rows_ok"] == 600 and retried["errors_by_reason"] == {} and retried["rows"] == 600
     assert not list((tmp_path / "out" / "_errors").glob("*.parquet"))
     table = _read(tmp_path / "out")
