@@ -147,6 +147,8 @@ def openai_batch(
     Work is checkpointed in OUTPUT.batchinfer/; rerun the same command to resume."""
     from .config import apply_override, validate_job
     from .delivery import check_targets, deliver
+    from .errors import ModelError
+    from .models import read_config, resolve_model_path
     from .openai_batch import task_of_requests
 
     with reported(debug):
@@ -159,6 +161,14 @@ def openai_batch(
         for item in set_ or []:
             apply_override(data, item)
         config = validate_job(data, "openai-batch")
+        try:
+            read_config(config.model, resolve_model_path(config.model.path))
+        except ModelError as exc:
+            raise ModelError(
+                f"{exc.message} (task {config.model.task} follows from the url of the first request in {requests}; "
+                "as in OpenAI's Batch API, one file holds requests of one url, others become error lines)",
+                exc.hint,
+            ) from exc
         command = resume_command(["openai-batch", str(requests), "--model", model, "-o", str(output)], set_ or [], None)
         errors = output.with_name(output.name.removesuffix(".jsonl") + ".errors.jsonl")
         check_targets(work, [output, errors])

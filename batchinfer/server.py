@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictBool
 
 from .batcher import Batcher, BatchStats, Overloaded
 from .config import JobConfig
@@ -115,7 +115,8 @@ class ScoreBody(_Body):
 class _GenerationBody(_Body):
     max_tokens: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
+    n: int = 1
     temperature: float | None = None
     top_p: float | None = None
     model: str | None = None
@@ -352,6 +353,8 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     async def score(body: ScoreBody, request: Request):
         started = time.perf_counter()
         _served("score", body)
+        if body.pairs is not None and (body.query is not None or body.documents is not None):
+            raise BadInput("give pairs, or query and documents, not both")
         if body.pairs is not None:
             pairs = [tuple(p) for p in body.pairs]
             where = "pairs"
@@ -397,10 +400,14 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
             raise EngineDown(service.problem())
         if max_tokens is not None and max_tokens < 1:
             raise BadInput("max_tokens: must be at least 1")
+        if body.n != 1:
+            raise BadInput(f"n: one completion per request is served, not {body.n}; send {body.n} requests")
         max_new = max_tokens or job.generation.max_new_tokens
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or job.generation.stop)
         tokens = await asyncio.to_thread(service.runner.tokenize, [prompt])
         ids = tokens.ids[0]
+        if service.runner.context:  # as offline: never past the positions the model knows
+            max_new = max(1, min(max_new, service.runner.context - len(ids)))
         created, request_id = (
             int(time.time()),
             f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",

@@ -256,3 +256,16 @@ def test_a_bad_setting_is_that_requests_error_line(body, said):
 
     record = {"custom_id": "r", "method": "POST", "url": "/v1/completions", "body": body}
     assert parse_request(record)[1] == ("bad_request", said)
+
+
+def test_a_model_that_cannot_run_the_files_url_says_where_the_task_came_from(tmp_path, tiny_embed):
+    path = tmp_path / "mixed.jsonl"
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    lines = [
+        {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": chat},
+        {"custom_id": "b", "method": "POST", "url": "/v1/embeddings", "body": {"input": "hi"}},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(tmp_path / "r.jsonl")])
+    assert result.exit_code == 1 and "follows from the url of the first request" in result.output
+    assert not (tmp_path / "r.jsonl.batchinfer").exists()

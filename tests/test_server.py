@@ -100,9 +100,11 @@ def test_classify_and_score_equal_the_offline_job(sms_table, tiny_classify, tiny
         async with _client(_serving(tiny_cross_encoder, "score")) as client:
             scores = (await client.post("/score", json={"pairs": list(zip(queries, texts))})).json()["data"]
             ranked = (await client.post("/score", json={"query": queries[0], "documents": texts[:3]})).json()["data"]
-        return labels, scores, ranked
+            both = await client.post("/score", json={"pairs": [["a", "b"]], "query": "q", "documents": ["d"]})
+        return labels, scores, ranked, both
 
-    labels, scores, ranked = asyncio.run(go())
+    labels, scores, ranked, both = asyncio.run(go())
+    assert both.status_code == 400 and "not both" in both.json()["error"]["message"]
     offline = _offline(tiny_classify, "classify", pa.table({"text": texts}), tmp_path)
     assert [row["label"] for row in labels] == offline.column("label").to_pylist()
     assert np.allclose([row["score"] for row in labels], offline.column("score").to_pylist(), atol=1e-5)
@@ -173,9 +175,13 @@ def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
                 "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}
             )
             hot = await client.post("/v1/completions", json={"prompt": "x", "temperature": 0.9})
-            return plain, chunks, chat, hot
+            odd = [
+                await client.post("/v1/completions", json={"prompt": "x", **extra})
+                for extra in ({"n": 3}, {"stream": "yes"}, {"max_tokens": 10**11})
+            ]
+            return plain, chunks, chat, hot, odd
 
-    plain, chunks, chat, hot = asyncio.run(go())
+    plain, chunks, chat, hot, odd = asyncio.run(go())
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
@@ -188,6 +194,10 @@ def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
     assert hot.status_code == 400 and "temperature" in hot.json()["error"]["message"]
+    assert [o.status_code for o in odd] == [400, 400, 200]  # n and stream are not guessed at
+    assert "n: one completion per request" in odd[0].json()["error"]["message"]
+    context = json.loads((tiny_llama / "config.json").read_text())["max_position_embeddings"]
+    assert sum(odd[2].json()["usage"][k] for k in ("prompt_tokens", "completion_tokens")) <= context
 
 
 def _metric(text: str, name: str) -> float:
