@@ -161,9 +161,10 @@ def openai_batch(
         for item in set_ or []:
             apply_override(data, item)
         config = validate_job(data, "openai-batch")
+        model_path = resolve_model_path(config.model.path)
         try:
-            read_config(config.model, resolve_model_path(config.model.path))
-        except ModelError as exc:
+            read_config(config.model, model_path)
+        except ModelError as exc:  # the model lacks what the file's url needs
             raise ModelError(
                 f"{exc.message} (task {config.model.task} follows from the url of the first request in {requests}; "
                 "as in OpenAI's Batch API, one file holds requests of one url, others become error lines)",
@@ -444,7 +445,7 @@ def status(
 ):
     """Show how far a job's output folder is: chunks, rows, errors, the run holding it. Changes nothing."""
     from .errors import OutputError
-    from .sink import JOB, LEGACY, REPORT, SUCCESS, current_errors, input_errors, read_state, stray_markers
+    from .sink import JOB, LEGACY, REPORT, SUCCESS, current_errors, read_state, skipped_shards, stray_markers
     from .storage import is_uri, reach_problem
 
     with reported(debug):
@@ -465,7 +466,7 @@ def status(
                 "give the output.path of a job",
             )
         sink, done = state
-        errors = input_errors(sink)
+        errors: Counter = Counter()
         for name in current_errors(done).values():
             errors.update(done[name]["errors"])
         chunks = [r for r in done.values() if "retry_of" not in r]
@@ -477,6 +478,9 @@ def status(
         out.print(f"chunks  {len(chunks)}/{total} done" + (" (complete)" if complete else ""))
         out.print(f"rows    {sum(r['rows'] for r in chunks):,} done, {sum(r['ok'] for r in done.values()):,} ok")
         out.print(f"errors  {', '.join(f'{k} {v:,}' for k, v in sorted(errors.items())) or 'none'}")
+        if skipped := skipped_shards(sink):
+            names = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+            out.print(f"skipped {len(skipped)} shard(s) (input.on_bad_shard: skip): {names}")
         out.print(f"updated {datetime.fromtimestamp(updated).isoformat(timespec='seconds')}")
         out.print(f"active  {'yes, pid ' + str(holder['pid']) + ' on ' + holder['host'] if holder else 'no'}")
         raw = sink.folder.read(REPORT)

@@ -136,7 +136,7 @@ def run_job(
             report["openai"] = export_openai(out, job.model.path, job.model.task)
         if report["complete"] and job.output.format == "jsonl":
             report[RESULTS_JSONL] = out.write_lines(RESULTS_JSONL, json_lines)
-        out.write_report(report, success=report["complete"] and limit is None, replace=bool(todo))
+        out.write_report(report, success=report["complete"] and limit is None, idle=not todo)
         return report
     finally:
         out.unlock()

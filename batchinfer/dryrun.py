@@ -29,9 +29,11 @@ def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[in
     spec = read_spec(job.input, job.columns, inputs.types)
     seen, reasons, examples = 0, Counter(), {}
     for shard in inputs.shards:
-        take = min(rows - seen, shard.num_rows)
-        if take <= 0:
+        if seen >= rows:
             break
+        take = min(rows - seen, shard.num_rows)
+        if not take:
+            continue  # an empty shard: look at the next
         reader = open_reader(shard, spec)
         try:
             block = reader.read(0, take)

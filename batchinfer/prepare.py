@@ -5,6 +5,7 @@ Vectorised with pyarrow.compute: no Python loop over rows on the hot path.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,7 +91,7 @@ def row_limits(values: list, name: str) -> tuple[list[int | None], dict[int, tup
     problems = {}
     for offset, value in enumerate(values):
         number = value
-        if isinstance(value, str) and value.strip().isdigit():
+        if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,18}\s*", value):  # not "²", not 10**4300
             number = int(value)
         elif isinstance(value, float) and value.is_integer():
             number = int(value)
@@ -112,9 +113,12 @@ def _as_text(column: pa.Array, templated: bool) -> pa.Array | None:
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()
     kind = column.type
-    text = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+    view = getattr(pa.types, "is_string_view", lambda _: False)(kind)  # pyarrow 16 and later
+    text = pa.types.is_string(kind) or pa.types.is_large_string(kind) or view
     scalar = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
-    scalar = scalar or pa.types.is_decimal(kind) or pa.types.is_temporal(kind)
+    # dates and times read as text; durations and intervals cast to bare numbers or not at all
+    scalar = scalar or pa.types.is_decimal(kind) or pa.types.is_timestamp(kind) or pa.types.is_date(kind)
+    scalar = scalar or pa.types.is_time(kind)
     if text or pa.types.is_null(kind) or (templated and scalar):
         return column.cast(pa.string())
     return None

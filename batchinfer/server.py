@@ -116,7 +116,7 @@ class _GenerationBody(_Body):
     max_tokens: int | None = None
     stop: str | list[str] | None = None
     stream: StrictBool = False
-    n: int = 1
+    n: int | None = None  # OpenAI clients send null or 1
     temperature: float | None = None
     top_p: float | None = None
     model: str | None = None
@@ -400,8 +400,8 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
             raise EngineDown(service.problem())
         if max_tokens is not None and max_tokens < 1:
             raise BadInput("max_tokens: must be at least 1")
-        if body.n != 1:
-            raise BadInput(f"n: one completion per request is served, not {body.n}; send {body.n} requests")
+        if body.n not in (None, 1):
+            raise BadInput(f"n: one completion per request is served, not {body.n}; send one request per completion")
         max_new = max_tokens or job.generation.max_new_tokens
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or job.generation.stop)
         tokens = await asyncio.to_thread(service.runner.tokenize, [prompt])

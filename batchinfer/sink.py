@@ -27,7 +27,6 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -44,6 +43,7 @@ REPORT = "_report.json"
 SUCCESS = "_SUCCESS"
 LOCK = "_lock"
 SKIPPED = f"{ERRORS}/skipped-shards.parquet"
+BAD_RECORDS = f"{ERRORS}/bad-records.parquet"  # batchinfer 0.2's bad CSV records: still ours, removed on sight
 LEGACY = "_manifest.jsonl"  # batchinfer 0.1's appended manifest
 FORMAT = 2
 HEARTBEAT = 15.0  # seconds between rewrites of the lock while a run holds it
@@ -90,8 +90,14 @@ class OutputDir:
 
     def covering_limit(self, limit: int | None) -> int | None:
         """--limit never narrows what this folder's job already covers: a folder that holds the first 1,000
-        rows (or all of them) stays so after `--limit 10`, which then has nothing left to do."""
-        held = (self._read_job() or {}).get("fingerprint", {}).get("limit", 0)
+        rows (or all of them) stays so after `--limit 10`, which then has nothing left to do. A job that
+        committed nothing covers nothing; a folder that cannot be read is reported by open()."""
+        try:
+            job = self._read_job()
+            covered = job is not None and bool(self._read_markers(job, self.folder.list()))
+        except OSError:
+            return limit
+        held = job["fingerprint"].get("limit", 0) if covered else 0
         if limit is None or held is None:
             return None
         return max(limit, held)
@@ -278,7 +284,7 @@ class OutputDir:
         part = _PART.fullmatch(name)
         if part and part.group(1) in done:
             return True
-        if part or name == SKIPPED:
+        if part or name in (SKIPPED, BAD_RECORDS):
             metadata = self.folder.parquet_metadata(name)
             return metadata is not None and (metadata.metadata or {}).get(ID_KEY) == job_id.encode()
         return False
@@ -395,6 +401,7 @@ class OutputDir:
     def write_skipped_shards(self, skipped: list[tuple[str, str]]) -> None:
         """The shards left out (input.on_bad_shard: skip; their rows were never read), one error row each,
         written once per run. Each item: (source, message)."""
+        self.folder.delete(BAD_RECORDS)  # bad CSV records now travel with their chunks
         if not skipped:
             self.folder.delete(SKIPPED)
             return
@@ -469,13 +476,22 @@ class OutputDir:
         self.write_file(name, fill)
         return count
 
-    def write_report(self, report: dict, success: bool, replace: bool = True) -> None:
-        """replace=False keeps a report already there: a rerun that had nothing to do leaves the figures of
-        the run that did the work."""
-        if replace or self.folder.read(REPORT) is None:
-            self._write(lambda: self.folder.write(REPORT, _dumps({"job_id": self.job_id, **report}, indent=2)))
+    def write_report(self, report: dict, success: bool, idle: bool = False) -> None:
+        """idle: this run had nothing to do, so the report keeps the figures (`run`, `device`) of the last
+        run that did the work, with totals brought up to date."""
+        old = self._read_report() if idle else None
+        if old and isinstance(old.get("run"), dict):
+            report = {**report, "run": old["run"], "device": old.get("device", report["device"])}
+        self._write(lambda: self.folder.write(REPORT, _dumps({"job_id": self.job_id, **report}, indent=2)))
         if success:
             self._write(lambda: self.folder.write(SUCCESS, _dumps({"job_id": self.job_id})))
+
+    def _read_report(self) -> dict | None:
+        try:
+            report = json.loads(self.folder.read(REPORT) or b"null")
+        except ValueError:
+            return None
+        return report if isinstance(report, dict) else None
 
     def _save_job(self, job: dict) -> None:
         self._write(lambda: self.folder.write(JOB, _dumps(job)))
@@ -551,10 +567,10 @@ def read_state(path: str | Path, options: dict | None = None) -> tuple[OutputDir
     return out, out._read_markers(job, out.folder.list())
 
 
-def input_errors(out: OutputDir) -> Counter:
-    """Error rows found before any chunk ran (shards left out), by reason."""
+def skipped_shards(out: OutputDir) -> list[str]:
+    """The shards the last run left out (input.on_bad_shard: skip), as _report.json lists them."""
     table = out.read_table(SKIPPED)
-    return Counter(table.column("reason").to_pylist() if table is not None else [])
+    return table.column("source").to_pylist() if table is not None else []
 
 
 def stray_markers(out: OutputDir, done: dict[str, dict]) -> list[str]:

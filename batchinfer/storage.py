@@ -198,14 +198,15 @@ JOB_FILE = "_batchinfer.json"  # the job file at the top of every batchinfer out
 
 def refuse_location(output: str, inputs: tuple[str, ...]) -> None:
     """/, the home folder, a folder holding the input and a folder inside another job's output are never
-    output folders (the other job would take the new one for files it did not write)."""
+    output folders (the other job would take the new one for files it did not write). Here, not in sink,
+    because discovery asks it before any output folder exists: sources depend on storage, not on sink."""
     resolved = None if is_uri(output) else local_path(output).resolve()
     if resolved is not None and resolved in (Path(resolved.anchor), Path.home().resolve()):
         what = "the root folder" if resolved == Path(resolved.anchor) else "your home folder"
         raise OutputError(f"output.path {output} is {what}", "give the job a folder of its own, e.g. out/my-job")
     for path in inputs:
         if (
-            path == output
+            path.rstrip("/") == output.rstrip("/")
             or path.startswith(output.rstrip("/") + "/")
             or (resolved is not None and not is_uri(path) and same_or_inside(path, output))
         ):

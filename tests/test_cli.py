@@ -158,10 +158,15 @@ def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_p
     assert np.abs(difference).max() < 1e-5  # batching: auto, probed on each run's own first chunk
     result = runner.invoke(app, ["run", str(job)])
     assert result.exit_code == 0 and "already complete: 600 rows" in result.output and "--restart" in result.output
-    before = {name: (tmp_path / "out" / name).read_bytes() for name in ("_batchinfer.json", "_report.json", "_SUCCESS")}
+    before = {name: (tmp_path / "out" / name).read_bytes() for name in ("_batchinfer.json", "_SUCCESS")}
+    report = json.loads((tmp_path / "out" / "_report.json").read_text())
     result = runner.invoke(app, ["run", str(job), "--limit", "5"])  # never narrows what the folder holds
     assert result.exit_code == 0 and "already complete: 600 rows" in result.output
-    assert before == {name: (tmp_path / "out" / name).read_bytes() for name in before}  # the real run's figures kept
+    assert before == {name: (tmp_path / "out" / name).read_bytes() for name in before}
+    result = runner.invoke(app, ["run", str(job), "-q", "--set", "output.format=jsonl"])  # nothing to run
+    after = json.loads((tmp_path / "out" / "_report.json").read_text())
+    assert after["run"] == report["run"] and after["device"] == report["device"]  # the real run's figures kept
+    assert after["_results.jsonl"] == 600 and "limit" not in after  # the totals of now
 
 
 def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet, tiny_embed):
@@ -248,7 +253,7 @@ def test_an_output_that_holds_the_input_or_lies_in_another_jobs_output_is_refuse
     assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0  # the outer job still resumes
 
 
-def test_status_counts_the_errors_found_before_any_chunk(tmp_path, tiny_embed):
+def test_status_counts_bad_csv_records_and_skipped_shards(tmp_path, tiny_embed):
     data = tmp_path / "data"
     data.mkdir()
     (data / "a.csv").write_text("id,text\n1,ok\n2,too,many,fields\n3,fine\n")
@@ -262,7 +267,8 @@ def test_status_counts_the_errors_found_before_any_chunk(tmp_path, tiny_embed):
     result = runner.invoke(app, ["run", str(job), "-q"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["status", str(tmp_path / "out")])
-    assert "errors  bad_csv 1, bad_shard 1" in result.output, result.output
+    assert "errors  bad_csv 1\n" in result.output, result.output  # as _report.json counts them
+    assert "skipped 1 shard(s) (input.on_bad_shard: skip): b.parquet" in result.output
 
 
 def test_validate_and_plan_stop_a_job_whose_every_row_would_fail(tmp_path, tiny_embed):
@@ -273,6 +279,7 @@ def test_validate_and_plan_stop_a_job_whose_every_row_would_fail(tmp_path, tiny_
     data.mkdir()
     pq.write_table(pa.table({"n": [1, 2, 3], "title": ["a", None, "c"]}), data / "a.parquet")
     (data / "b.jsonl").write_text('{"n": 4, "title": "d"}\n{"n": 5.5, "title": "e"}\n')
+    (data / "0-empty.jsonl").write_text("")  # first in order: the check reads on past it
     job = write_job(
         tmp_path,
         input={"path": str(data), "text": "n"},
@@ -314,6 +321,8 @@ def test_an_output_path_that_is_a_file_and_brackets_in_messages(tmp_path, sms_pa
     for command in ("validate", "plan", "run"):
         result = runner.invoke(app, [command, str(job), "--set", f"output.path={shard}"])
         assert result.exit_code == 1 and "is a file" in result.output and "internal error" not in result.output
+        result = runner.invoke(app, [command, str(job), "--set", f"output.path={shard}/out"])  # below a file
+        assert result.exit_code == 1 and "internal error" not in result.output, result.output
     assert shard.read_bytes() == before
     odd = tmp_path / "[/b]"  # read as a closing markup tag, this crashed the error printer
     odd.mkdir(parents=True)

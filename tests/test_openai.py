@@ -269,3 +269,7 @@ def test_a_model_that_cannot_run_the_files_url_says_where_the_task_came_from(tmp
     result = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(tmp_path / "r.jsonl")])
     assert result.exit_code == 1 and "follows from the url of the first request" in result.output
     assert not (tmp_path / "r.jsonl.batchinfer").exists()
+    result = runner.invoke(
+        app, ["openai-batch", str(path), "-m", str(tmp_path / "nope"), "-o", str(tmp_path / "r.jsonl")]
+    )
+    assert result.exit_code == 1 and "follows from the url" not in result.output  # not the url's fault

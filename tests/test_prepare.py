@@ -35,3 +35,13 @@ def test_text_in_any_arrow_encoding_is_text_and_templates_write_numbers():
     bare = prepare_texts(table, "n", {})
     assert bare.texts == [] and {reason for reason, _ in bare.errors.values()} == {"not_text"}
     assert "a template such as '{n}' writes it as text" in bare.errors[0][1]
+
+
+def test_row_limits_and_odd_column_types_never_crash():
+    from batchinfer.prepare import row_limits
+
+    limits, problems = row_limits([3, "12", 4.0, None, "²", "9" * 5000, -1, True], "budget")
+    assert limits[:4] == [3, 12, 4, None] and sorted(problems) == [4, 5, 6, 7]
+    table = pa.table({"gap": pa.array([1, 2], pa.duration("s")), "t": ["a", "b"]})
+    prepared = prepare_texts(table, "{t} after {gap}", {})  # a duration is no text: not a crash
+    assert {reason for reason, _ in prepared.errors.values()} == {"not_text"}

@@ -177,7 +177,7 @@ def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
             hot = await client.post("/v1/completions", json={"prompt": "x", "temperature": 0.9})
             odd = [
                 await client.post("/v1/completions", json={"prompt": "x", **extra})
-                for extra in ({"n": 3}, {"stream": "yes"}, {"max_tokens": 10**11})
+                for extra in ({"n": 3}, {"stream": "yes"}, {"max_tokens": 10**11}, {"n": None})
             ]
             return plain, chunks, chat, hot, odd
 
@@ -194,7 +194,7 @@ def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
     assert hot.status_code == 400 and "temperature" in hot.json()["error"]["message"]
-    assert [o.status_code for o in odd] == [400, 400, 200]  # n and stream are not guessed at
+    assert [o.status_code for o in odd] == [400, 400, 200, 200]  # n and stream are not guessed at
     assert "n: one completion per request" in odd[0].json()["error"]["message"]
     context = json.loads((tiny_llama / "config.json").read_text())["max_position_embeddings"]
     assert sum(odd[2].json()["usage"][k] for k in ("prompt_tokens", "completion_tokens")) <= context

@@ -180,3 +180,38 @@ def test_the_current_error_file_of_a_chunk_is_its_latest_retry():
         "00000-00000-r2": {"retry_of": "00000-00000"},
     }
     assert current_errors(done) == {"00000-00000": "00000-00000-r2", "00000-00001": "00000-00001"}
+
+
+def test_limit_widens_only_over_committed_work_and_an_unreadable_folder_is_left_to_open(tmp_path):
+    out = OutputDir(tmp_path / "out")
+    out.open({**FINGERPRINT, "limit": 100_000}, restart=False)
+    out.unlock()
+    assert OutputDir(tmp_path / "out").covering_limit(10) == 10  # interrupted before its first chunk
+    whole = OutputDir(tmp_path / "whole")
+    whole.open({**FINGERPRINT, "limit": None}, restart=False)  # a run of every row
+    whole.commit({"chunk": "00000-00000", "rows": 2, "ok": 2, "errors": {}})
+    whole.unlock()
+    assert OutputDir(tmp_path / "whole").covering_limit(10) is None
+    (tmp_path / "afile").write_text("x")
+    assert OutputDir(tmp_path / "afile" / "out").covering_limit(10) == 10
+
+
+def test_the_bad_records_file_of_batchinfer_0_2_is_still_its_own(tmp_path):
+    from batchinfer.sink import BAD_RECORDS, ERROR_SCHEMA
+
+    out = _finished(tmp_path / "out")
+    out._write_table(BAD_RECORDS, ERROR_SCHEMA.empty_table())  # as 0.2 wrote it, with the job id
+    again = OutputDir(tmp_path / "out")
+    again.open(FINGERPRINT, restart=False)  # not refused as foreign
+    again.write_skipped_shards([])
+    again.unlock()
+    assert not (tmp_path / "out" / BAD_RECORDS).exists()
+
+
+def test_an_input_at_the_output_url_with_or_without_a_slash_is_refused():
+    from batchinfer.storage import refuse_location
+
+    for output, path in [("s3://b/out/", "s3://b/out"), ("s3://b/out", "s3://b/out/"), ("s3://b/out", "s3://b/out/x")]:
+        with pytest.raises(OutputError, match="holds the input"):
+            refuse_location(output, (path,))
+    refuse_location("s3://b/out", ("s3://b/out-old/x",))  # a sibling is fine

@@ -188,10 +188,18 @@ def test_foreign_objects_in_an_s3_output_are_refused_untouched(s3):
     assert keys == {"out/part-00000-0a1b.snappy.parquet", "out/_SUCCESS"}
 
 
-def test_gcs_gives_up_within_a_minute_and_says_why():
+def test_gcs_gives_up_within_a_minute_and_says_why(monkeypatch):
+    from datetime import timedelta
+
+    from batchinfer import storage
     from batchinfer.storage import filesystem, reach_problem
 
     fs, inner = filesystem("gs://bucket/reviews/", {"retry_time_limit": 2})  # seconds, as a job file gives them
     assert isinstance(fs, pafs.GcsFileSystem) and inner == "bucket/reviews"
+    made = []
+    monkeypatch.setattr(storage.pafs, "GcsFileSystem", lambda **options: made.append(options))
+    filesystem("gs://bucket/reviews/")
+    filesystem("gs://bucket/reviews/", {"retry_time_limit": 5})
+    assert [m["retry_time_limit"] for m in made] == [timedelta(seconds=30), timedelta(seconds=5)]  # not 15 minutes
     problem = reach_problem(OSError("Retry policy exhausted ... Could not create a OAuth2 access token to ..."))
     assert problem and "credentials" in problem[0] and "GOOGLE_APPLICATION_CREDENTIALS" in problem[1]

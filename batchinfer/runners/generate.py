@@ -58,12 +58,13 @@ class GenerateRunner:
         self.model = model
         self.device = device
         self.gen = gen
-        self.max_length = max_length
         # Positions the model knows; vllm.LLM keeps its own (max_model_len).
         self.context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        # A prompt leaves room for at least one new token inside the context.
+        self.max_length = min(max_length, self.context - 1) if self.context else max_length
         # Keep the end of an over-long prompt: that is where the question is.
         self.backend = copy.deepcopy(tokenizer.backend_tokenizer)
-        self.backend.enable_truncation(max_length, direction="left")
+        self.backend.enable_truncation(self.max_length, direction="left")
         self.backend.no_padding()
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None) or tokenizer.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}

@@ -12,7 +12,7 @@ import json
 import os
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import IO, Callable, Protocol
 
 import pyarrow as pa
 
@@ -246,3 +246,34 @@ def cast_columns(table: pa.Table, types: dict[str, pa.DataType]) -> pa.Table:
             # Integers widened to float64 may round past 2**53: a number column, never an id (see job_type).
             table = table.set_column(i, name, table.column(i).cast(want, safe=not pa.types.is_floating(want)))
     return table
+
+
+class Tap:
+    """A stream that shows every block read through it to `see`."""
+
+    def __init__(self, stream: IO[bytes], see):
+        self.stream, self.see = stream, see
+        self.closed = False
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stream.read(size)
+        self.see(data)
+        return data
+
+    def readline(self, size: int = -1) -> bytes:
+        data = self.stream.readline(size)
+        self.see(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.stream.close()
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

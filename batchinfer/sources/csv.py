@@ -27,7 +27,7 @@ import pyarrow.csv as pcsv
 
 from ..errors import InputError
 from ..storage import open_binary
-from .base import Problem, ReadSpec, RowBlock, Shard, ShardInfo, cast_columns, next_row
+from .base import Problem, ReadSpec, RowBlock, Shard, ShardInfo, Tap, cast_columns, next_row
 from .jsonl import _Gunzip
 
 BLOCK = 1 << 20
@@ -126,9 +126,9 @@ def _open(path: str, spec: ReadSpec, digest=None, see=None) -> IO[bytes]:
     """A shard's bytes, decompressed; `digest` sees the file's bytes, `see` the decompressed ones."""
     raw = open_binary(path, spec.options)
     if digest is not None:
-        raw = _Tap(raw, digest.update)
+        raw = Tap(raw, digest.update)
     stream = _Gunzip(raw) if path.lower().endswith(".gz") else raw
-    return _Tap(stream, see) if see is not None else stream
+    return Tap(stream, see) if see is not None else stream
 
 
 def _delimiter(path: str) -> str:
@@ -165,7 +165,8 @@ def _reader(
             fields = []
         text = row.text if len(row.text) <= _TEXT_HEAD else row.text[:_TEXT_HEAD] + "..."
         message = f"{row.actual_columns} fields where the header has {row.expected_columns}: {text!r}"
-        record_id = fields[id_at] if id_at is not None and id_at < len(fields) else None
+        # Only a first field stays in place whatever stray delimiter broke the record; any other may be shifted.
+        record_id = fields[0] if id_at == 0 and fields else None
         left_out.append(_LeftOut(row.number - 2, message, record_id))  # record 1 is the header
         return "skip"
 
@@ -246,32 +247,6 @@ def _nulls_for_empty(table: pa.Table, spec: ReadSpec) -> pa.Table:
             column = table.column(i)
             table = table.set_column(i, name, pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column))
     return table
-
-
-class _Tap:
-    """A stream that shows every block read through it to `see`."""
-
-    def __init__(self, stream: IO[bytes], see):
-        self.stream, self.see = stream, see
-        self.closed = False
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.stream.read(size)
-        self.see(data)
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self.stream.close()
-        self.closed = True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 class _QuoteScan:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 from typing import IO
 
 import pyarrow as pa
@@ -18,7 +17,7 @@ import pyarrow as pa
 from ..lines import Oversized, parse_object, read_lines, sniff_field
 from ..messages import message_problem
 from ..storage import open_binary
-from .base import Kinds, Problem, ReadSpec, RowBlock, Shard, ShardInfo, as_text, next_row
+from .base import Kinds, Problem, ReadSpec, RowBlock, Shard, ShardInfo, Tap, as_text, next_row
 
 _BLOCK = 1 << 20
 
@@ -31,7 +30,7 @@ class JsonlFormat:
         kinds = {c: Kinds() for c in self.typed_columns(spec)}
         columns, keys, rows = None, [], 0
         with open_lines(path, spec.options) as raw:
-            stream = _Hashing(raw, digest)
+            stream = Tap(raw, digest.update)
             if not kinds and not self.unique_key:
                 columns = self.first_columns(path, spec)
                 rows = _count_lines(stream)
@@ -85,7 +84,7 @@ class JsonlFormat:
         for column in spec.text:
             value = record.get(column)
             if isinstance(value, (int, float)) and column in spec.templated:  # bool is an int too
-                record[column] = json.dumps(value)  # as JSON spells it: 3, 1.5, true
+                record[column] = as_text(value)  # as JSON spells it: 3, 1.5, true
             elif value is not None and not isinstance(value, str):
                 problem = ("not_text", f"field '{column}' is {type(value).__name__}, not text")
                 break
@@ -195,20 +194,3 @@ def _count_lines(stream) -> int:
         count += block.count(b"\n")
         last = block[-1:]
     return count + (1 if last and last != b"\n" else 0)
-
-
-class _Hashing:
-    """A stream that hashes what is read through it."""
-
-    def __init__(self, stream: IO[bytes], digest):
-        self.stream, self.digest = stream, digest
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.stream.read(size)
-        self.digest.update(data)
-        return data
-
-    def readline(self, size: int = -1) -> bytes:
-        data = self.stream.readline(size)
-        self.digest.update(data)
-        return data
