@@ -445,15 +445,24 @@ def status(
 ):
     """Show how far a job's output folder is: chunks, rows, errors, the run holding it. Changes nothing."""
     from .errors import OutputError
-    from .sink import JOB, LEGACY, REPORT, SUCCESS, current_errors, read_state, skipped_shards, stray_markers
-    from .storage import is_uri, reach_problem
+    from .sink import (
+        JOB,
+        LEGACY,
+        REPORT,
+        SUCCESS,
+        current_errors,
+        reach_error,
+        read_state,
+        skipped_shards,
+        stray_markers,
+    )
+    from .storage import is_uri
 
     with reported(debug):
         try:
             state = read_state(folder)
         except OSError as exc:
-            problem = reach_problem(exc) or (str(exc)[:300], "check the path or URL and the credentials")
-            raise OutputError(f"cannot read {folder}: {problem[0]}", problem[1]) from exc
+            raise reach_error(folder, exc, "read", "check the path or URL and the credentials") from exc
         if state is None:
             legacy = not is_uri(folder) and (Path(folder) / LEGACY).exists()
             raise OutputError(

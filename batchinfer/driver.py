@@ -19,6 +19,7 @@ from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
 from .report import build_report
 from .sink import OutputDir, current_errors
 from .sources import discover_shards, read_spec
+from .task import TaskInputs
 from .tune import DEFAULT_BUDGET
 
 RESULTS_JSONL = "_results.jsonl"  # the _ keeps Parquet readers of the folder off it
@@ -87,10 +88,8 @@ def run_job(
         budget, auto = settle_budget(job, out.tuning())
         run_stats, workers, lowered, device = Counter(), {}, [], "none"
         if todo:
-            spec = read_spec(job.input, job.columns, types)
-            with make_executor(
-                job, model_path, shards, spec, out.writer(), budget, stop, progress, on_runner
-            ) as executor:
+            inputs = TaskInputs(job, model_path, shards, read_spec(job.input, job.columns, types), out.writer(), budget)
+            with make_executor(inputs, stop, progress, on_runner) as executor:
                 device = executor.device
                 progress.start(
                     sum(c.rows for c in chunks) + sum(w.rows for w in todo if w.retry_of),

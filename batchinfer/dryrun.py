@@ -68,12 +68,12 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
         "output": folder,
     }
 
-    from .runners import make_runner
-    from .task import ChunkTask
+    from .task import TaskInputs
 
-    runner = make_runner(job, model_path)
     budget, _ = settle_budget(job, None)
-    task = ChunkTask(job, shards, read_spec(job.input, job.columns, inputs.types), runner, None, budget, StopFlag())
+    spec = read_spec(job.input, job.columns, inputs.types)
+    task = TaskInputs(job, model_path, shards, spec, None, budget).task(StopFlag())  # writes nothing: no writer
+    runner = task.runner
     per_chunk = max(1, sample // len(chunks))
     picks = np.linspace(0, len(chunks) - 1, num=min(len(chunks), sample)).round().astype(int)
     lengths, truncated, errors, seen = [], 0, 0, 0

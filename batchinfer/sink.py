@@ -124,7 +124,7 @@ class OutputDir:
             self._refuse_foreign_folder()
             self.folder.make()
         except OSError as exc:
-            raise _reach_error(self.path, exc, "create output folder") from exc
+            raise reach_error(self.path, exc, "create output folder") from exc
         self._lock()
         try:
             return self._open(fingerprint, restart, command, may_change, files, plan or {})
@@ -141,7 +141,7 @@ class OutputDir:
             job = self._read_job()
             listing = self.folder.list() if job else {}
         except OSError as exc:
-            raise _reach_error(self.path, exc, "read output folder") from exc
+            raise reach_error(self.path, exc, "read output folder") from exc
         if not job:
             return "a new folder" if not listing else "an empty folder"
         done = self._read_markers(job, listing)
@@ -619,12 +619,12 @@ def _dumps(value: dict, indent: int | None = None) -> bytes:
     return (json.dumps(value, indent=indent) + "\n").encode()
 
 
-def _reach_error(path, exc: OSError, doing: str) -> OutputError:
+def reach_error(path, exc: OSError, doing: str, hint: str = "choose a writable output.path") -> OutputError:
     """An output folder that cannot be reached or created, in words: a missing bucket, bad credentials."""
     problem = reach_problem(exc)
     if problem:
         return OutputError(f"cannot {doing} {path}: {problem[0]}", problem[1].replace("the path", "output.path"))
-    return OutputError(f"cannot {doing} {path}: {exc.strerror or str(exc)[:300]}", "choose a writable output.path")
+    return OutputError(f"cannot {doing} {path}: {exc.strerror or str(exc)[:300]}", hint)
 
 
 def _write_error(path: Path, exc: OSError) -> OutputError:

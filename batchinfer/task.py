@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -44,6 +45,7 @@ class Loaded:
     batches: list[np.ndarray]  # positions in `index`, as the model will see them
     planned: tuple[int, str]  # the Budget.key the batches were cut with
     seconds: float
+    limits: list[int | None] | None = None  # generate: each table row's own max_new_tokens (None: the default)
 
 
 @dataclass
@@ -57,6 +59,26 @@ class ChunkContext:
     heap: HeapGuard
     log: Callable[[str], None]
     probe: bool = False
+
+
+@dataclass
+class TaskInputs:
+    """What every chunk task of a job is built from: plain, picklable values (Ray ships them to workers)."""
+
+    job: JobConfig
+    model_path: Path
+    shards: list[Shard]
+    spec: ReadSpec
+    writer: PartWriter
+    budget: Budget
+
+    def task(self, stop: StopFlag, worker: str = "local", wrap: Callable | None = None) -> ChunkTask:
+        """A ChunkTask with its runner loaded in this process; `wrap` wraps the runner (tests crash a run)."""
+        from .runners import make_runner
+
+        runner = make_runner(self.job, self.model_path)
+        runner = wrap(runner) if wrap else runner
+        return ChunkTask(self.job, self.shards, self.spec, runner, self.writer, self.budget, stop, worker)
 
 
 class ChunkTask:
@@ -99,9 +121,11 @@ class ChunkTask:
             )
             row_ids = row_ids[work.offsets]
         prepared = prepare_rows(job, block.table, block.bad_rows)
+        limits = None
         if job.model.task == "generate" and job.max_new_tokens_column:
             name = job.max_new_tokens_column
-            for offset, problem in row_limits(block.table.column(name).to_pylist(), name)[1].items():
+            limits, problems = row_limits(block.table.column(name).to_pylist(), name)
+            for offset, problem in problems.items():
                 prepared.errors.setdefault(offset, problem)
         tokens = self.runner.tokenize(prepared.texts)
         owners = tokens.owners()
@@ -123,7 +147,17 @@ class ChunkTask:
         else:
             batches = plan(tokens.lengths[index], *planned, job.batching.max_rows, self.runner.device)
         return Loaded(
-            work, shard, block.table, row_ids, prepared, tokens, index, batches, planned, time.perf_counter() - t0
+            work,
+            shard,
+            block.table,
+            row_ids,
+            prepared,
+            tokens,
+            index,
+            batches,
+            planned,
+            time.perf_counter() - t0,
+            limits,
         )
 
     # --- the model and the part files ------------------------------------------------------------------------

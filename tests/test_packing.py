@@ -98,19 +98,22 @@ def test_varlen_attention_layout_equals_padded(family, monkeypatch):
     )
 
 
-def test_models_that_mix_neighbouring_tokens_are_refused():
-    model = tf.MobileBertModel(
-        tf.MobileBertConfig(
-            hidden_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            intermediate_size=64,
-            embedding_size=32,
-            intra_bottleneck_size=32,
-            true_hidden_size=32,
-        )
+def _tiny_mobilebert(**extra):
+    config = tf.MobileBertConfig(
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        embedding_size=32,
+        intra_bottleneck_size=32,
+        true_hidden_size=32,
+        **extra,
     )
-    assert "mobilebert" in supports_packing(model)
+    return tf.MobileBertModel(config)
+
+
+def test_models_that_mix_neighbouring_tokens_are_refused():
+    assert "mobilebert" in supports_packing(_tiny_mobilebert())
 
 
 @pytest.mark.parametrize(
@@ -156,18 +159,7 @@ def test_auto_probes_once_and_a_resume_reuses_its_choice(sms_parquet, sms_table,
 
 def test_auto_with_a_model_packing_does_not_cover_measures_padded_only(sms_parquet, tmp_path):
     folder = tmp_path / "mobilebert"
-    tf.MobileBertModel(
-        tf.MobileBertConfig(
-            hidden_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            intermediate_size=64,
-            embedding_size=32,
-            intra_bottleneck_size=32,
-            true_hidden_size=32,
-            vocab_size=30522,
-        )
-    ).save_pretrained(folder)
+    _tiny_mobilebert(vocab_size=30522).save_pretrained(folder)
     tf.AutoTokenizer.from_pretrained(_minilm_tokenizer()).save_pretrained(folder)
     report = run_job(_job(sms_parquet, folder, tmp_path / "out", batching__max_tokens=4096, batching__strategy="auto"))
     assert report["complete"] and report["batching"]["strategy"] == "padded"

@@ -4,14 +4,11 @@ in where `ChunkTask.run` happens; the driver hands them chunks and commits the r
 from __future__ import annotations
 
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
-from ..config import JobConfig
-from ..control import Budget, Progress, StopFlag
+from ..control import Progress, StopFlag
 from ..plan import Work
-from ..sink import PartWriter
-from ..sources import ReadSpec, Shard
+from ..task import TaskInputs
 
 
 class Executor(Protocol):
@@ -27,31 +24,16 @@ class Executor(Protocol):
 
 
 @contextmanager
-def make_executor(
-    job: JobConfig,
-    model_path: Path,
-    shards: list[Shard],
-    spec: ReadSpec,
-    writer: PartWriter,
-    budget: Budget,
-    stop: StopFlag,
-    progress: Progress,
-    on_runner: Callable | None = None,
-):
+def make_executor(inputs: TaskInputs, stop: StopFlag, progress: Progress, on_runner: Callable | None = None):
     """The executor the job's runtime section asks for, closed on the way out."""
-    if job.runtime.executor == "ray":
+    if inputs.job.runtime.executor == "ray":
         from .ray import RayExecutor
 
-        executor = RayExecutor(job, model_path, shards, spec, writer, budget, stop, progress)
+        executor = RayExecutor(inputs, stop, progress)
     else:
-        from ..runners import make_runner
-        from ..task import ChunkTask
         from .local import LocalExecutor
 
-        runner = make_runner(job, model_path)
-        if on_runner:
-            runner = on_runner(runner)
-        executor = LocalExecutor(ChunkTask(job, shards, spec, runner, writer, budget, stop), progress.log)
+        executor = LocalExecutor(inputs.task(stop, wrap=on_runner), progress.log)
     try:
         yield executor
     finally:

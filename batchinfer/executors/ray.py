@@ -14,15 +14,12 @@ import signal
 import threading
 import time
 from collections import deque
-from pathlib import Path
 from typing import Iterator
 
-from ..config import JobConfig
-from ..control import Budget, Progress, StopFlag
+from ..control import Progress, StopFlag
 from ..errors import BatchinferError, ConfigError, ModelError
 from ..plan import Work
-from ..sink import PartWriter
-from ..sources import ReadSpec, Shard
+from ..task import TaskInputs
 
 IN_FLIGHT = 2  # chunks per worker: one computing, one loading
 POLL = 0.25  # seconds between checks of the stop flag while chunks run
@@ -32,28 +29,15 @@ class Worker:
     """The actor: a ChunkTask with its runner, loaded once. Loading one chunk overlaps computing another
     (a threaded actor); each step runs one at a time."""
 
-    def __init__(
-        self,
-        job: JobConfig,
-        model_path: Path,
-        shards: list[Shard],
-        spec: ReadSpec,
-        writer: PartWriter,
-        budget: Budget,
-        name: str,
-        threads: int,
-    ):
+    def __init__(self, inputs: TaskInputs, name: str, threads: int):
         import torch
-
-        from ..runners import make_runner
-        from ..task import ChunkTask
 
         torch.set_num_threads(threads)
         self.loading, self.computing = threading.Lock(), threading.Lock()
         self.failed: Exception | None = None
         self.tuned = False
         try:
-            self.task = ChunkTask(job, shards, spec, make_runner(job, model_path), writer, budget, StopFlag(), name)
+            self.task = inputs.task(StopFlag(), name)
         except Exception as exc:  # noqa: BLE001 - raised by describe(): Ray keeps no cause of a failed __init__
             self.failed = exc
 
@@ -77,21 +61,11 @@ class Worker:
 
 
 class RayExecutor:
-    def __init__(
-        self,
-        job: JobConfig,
-        model_path: Path,
-        shards: list[Shard],
-        spec: ReadSpec,
-        writer: PartWriter,
-        budget: Budget,
-        stop: StopFlag,
-        progress: Progress,
-    ):
+    def __init__(self, inputs: TaskInputs, stop: StopFlag, progress: Progress):
         self.ray = _import_ray()
         self.stop, self.progress = stop, progress
-        self.started_ray = _connect(self.ray, job.runtime.ray_address)
-        runtime = job.runtime
+        runtime = inputs.job.runtime
+        self.started_ray = _connect(self.ray, runtime.ray_address)
         resources = self.ray.cluster_resources()
         gpus = resources.get("GPU", 0)
         per_gpu = runtime.gpus_per_worker if gpus else 0
@@ -106,11 +80,10 @@ class RayExecutor:
             )
         remote = self.ray.remote(Worker)
         options = dict(num_cpus=runtime.cpus_per_worker, num_gpus=per_gpu, max_concurrency=IN_FLIGHT + 1)
-        args = (job, model_path, shards, spec, writer, budget)
         threads = max(1, int(runtime.cpus_per_worker))
         # Actor names are unique in the cluster (several jobs may share it); the report says ray-0, ray-1, ...
-        prefix = f"batchinfer-{writer.job_id[:8]}"
-        self._new = lambda name: remote.options(name=f"{prefix}-{name}", **options).remote(*args, name, threads)
+        prefix = f"batchinfer-{inputs.writer.job_id[:8]}"
+        self._new = lambda name: remote.options(name=f"{prefix}-{name}", **options).remote(inputs, name, threads)
         self.actors = {f"ray-{i}": None for i in range(count)}
         self.replacements = 2 * count + 2
         try:

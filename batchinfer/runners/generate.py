@@ -24,7 +24,6 @@ import torch
 from ..batching import padding_stats
 from ..config import GenerationConfig
 from ..errors import ModelError
-from ..prepare import row_limits
 from .base import Tokens, encode_capped
 
 CPU_BATCH_TOKENS = 1024
@@ -356,13 +355,8 @@ def max_new_tokens(job, loaded, context: int | None) -> list[int]:
     never past the model's context: prompt plus completion fit in `context` tokens, so an absurd limit
     (max_tokens 10**11) neither sizes the KV cache nor runs past the positions the model knows."""
     default = job.generation.max_new_tokens
-    rows = loaded.prepared.rows[loaded.index]
-    column = job.max_new_tokens_column
-    if column:
-        values = loaded.table.column(column).take(pa.array(rows, pa.int64())).to_pylist()
-        limits = [limit or default for limit in row_limits(values, column)[0]]
-    else:
-        limits = [default] * len(rows)
+    rows = loaded.prepared.rows[loaded.index].tolist()
+    limits = [(loaded.limits[r] if loaded.limits else None) or default for r in rows]
     if context is None:
         return limits
     prompts = loaded.tokens.lengths[loaded.index].tolist()
