@@ -29,12 +29,14 @@ class Quiet:
 
 @dataclass
 class Budget:
-    """How batches are cut: settled by the job, a recorded probe or a new one, and lowered for the
-    rest of the run when a batch runs out of memory."""
+    """How batches are cut and which kernels run them: settled by the job, a recorded probe or a new one,
+    and lowered for the rest of the run when a batch runs out of memory."""
 
     max_tokens: int
     strategy: str
     lowered: list[str] = field(default_factory=list)
+    backend: str | None = None  # torch | openvino; None: not settled yet (the probe or the default decides)
+    precision: str | None = None  # OpenVINO's f32 | bf16 | f16; None: not settled yet
 
     @property
     def key(self) -> tuple[int, str]:

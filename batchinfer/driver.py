@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from typing import Callable
 
+from .backends import backend_is_open
 from .config import JobConfig
 from .control import Budget, Progress, Quiet, StopFlag
 from .executors import make_executor
@@ -86,11 +87,13 @@ def run_job(
         if retry_errors:
             todo += _retries(chunks, done, out)
         budget, auto = settle_budget(job, out.tuning())
-        run_stats, workers, lowered, device = Counter(), {}, [], "none"
+        run_stats, workers, lowered, device, startup = Counter(), {}, [], "none", {}
         if todo:
             inputs = TaskInputs(job, model_path, shards, read_spec(job.input, job.columns, types), out.writer(), budget)
+            opened = time.perf_counter()
             with make_executor(inputs, stop, progress, on_runner) as executor:
                 device = executor.device
+                startup = startup_figures(started, opened, getattr(executor, "load_seconds", {}))
                 progress.start(
                     sum(c.rows for c in chunks) + sum(w.rows for w in todo if w.retry_of),
                     # finished chunks only: rows an earlier retry pass ran again are inside them already
@@ -99,7 +102,8 @@ def run_job(
                 loop_started = time.perf_counter()
                 for record in executor.run(todo, probe=auto and out.tuning() is None):
                     _commit(out, done, record)
-                    budget.max_tokens, budget.strategy = record.pop("budget")  # the worker's, after this chunk
+                    # the worker's, after this chunk
+                    budget.max_tokens, budget.strategy, budget.backend, budget.precision = record.pop("budget")
                     lowered += record.get("max_tokens_lowered", [])
                     stats = {
                         "rows": record["rows"],
@@ -125,8 +129,12 @@ def run_job(
             report["batching"] = {
                 "max_tokens": budget.max_tokens,
                 "strategy": budget.strategy,
+                "backend": budget.backend,
+                "precision": budget.precision,
                 **({"probe": out.tuning()} if out.tuning() else {}),
             }
+        if startup:
+            report["startup"] = startup
         if lowered:
             report["max_tokens_lowered"] = lowered
         if limit is not None:
@@ -139,6 +147,31 @@ def run_job(
         return report
     finally:
         out.unlock()
+
+
+def startup_figures(started: float, opened: float, load: dict) -> dict:
+    """Seconds spent before the first chunk runs: from the process's start to run_job (imports), finding the
+    shards and opening the output, loading the model (converting and compiling it: `load`)."""
+    now = time.perf_counter()
+    figures = {"discover_open_s": round(opened - started, 3), "load_s": round(now - opened, 3), "load": load}
+    age = _process_age()
+    if age is not None:
+        figures.update(imports_s=round(age - (now - started), 3), to_first_chunk_s=round(age, 3))
+    return figures
+
+
+def _process_age() -> float | None:
+    """Seconds since this process started (Linux), else None."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _commit(out: OutputDir, done: dict[str, dict], record: dict) -> None:
@@ -161,11 +194,11 @@ def settle_budget(job: JobConfig, recorded: dict | None) -> tuple[Budget, bool]:
     batching = job.batching
     if job.model.task == "generate":
         return Budget(DEFAULT_BUDGET, "padded"), False
-    auto = batching.max_tokens == "auto" or batching.strategy == "auto"
+    auto = batching.max_tokens == "auto" or batching.strategy == "auto" or backend_is_open(job)
     recorded = recorded or {}
     max_tokens = batching.max_tokens if batching.max_tokens != "auto" else recorded.get("max_tokens", DEFAULT_BUDGET)
     strategy = batching.strategy if batching.strategy != "auto" else recorded.get("strategy", "padded")
-    return Budget(max_tokens, strategy), auto
+    return Budget(max_tokens, strategy, backend=recorded.get("backend"), precision=recorded.get("precision")), auto
 
 
 def _retries(chunks: list[Chunk], done: dict[str, dict], out: OutputDir) -> list[Work]:

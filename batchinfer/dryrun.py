@@ -117,6 +117,7 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
         "padding_efficiency": float(lengths.sum() / padded) if padded else 1.0,
     }
     if timed:
+        runner.settle_default()  # the backend and precision a run would most likely take
         ids = [[runner.pad_id] * int(n) for n in lengths]
         runner.packed = budget.strategy == "packed"
         runner.run(ids[:8])  # warm-up
@@ -125,7 +126,7 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
             runner.run([ids[i] for i in batch.tolist()])
         seconds = time.perf_counter() - started
         summary["estimate"] = {
-            "device": str(runner.device),
+            "device": f"{runner.device} ({runner.backend}{' ' + runner.precision if runner.precision else ''})",
             "tokens_per_s": float(lengths.sum() / seconds),
             "seconds": summary["tokens"] / (lengths.sum() / seconds),
         }

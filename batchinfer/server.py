@@ -140,6 +140,7 @@ class EncoderService:
     def __init__(self, job: JobConfig, model_path, metrics: Metrics):
         self.job, self.metrics = job, metrics
         self.runner = make_runner(job, model_path)
+        self.runner.settle_default()  # no chunk to probe: the default backend, its precision checked
         batching = job.batching
         strategy = batching.strategy
         if strategy == "auto":  # packed where the model allows it: no padding computed, the same results

@@ -76,7 +76,7 @@ class TaskInputs:
         """A ChunkTask with its runner loaded in this process; `wrap` wraps the runner (tests crash a run)."""
         from .runners import make_runner
 
-        runner = make_runner(self.job, self.model_path)
+        runner = make_runner(self.job, self.model_path, self.budget)
         runner = wrap(runner) if wrap else runner
         return ChunkTask(self.job, self.shards, self.spec, runner, self.writer, self.budget, stop, worker)
 
@@ -202,7 +202,7 @@ class ChunkTask:
             **extra,
             "seconds": round(loaded.seconds + time.perf_counter() - t0, 4),
             "worker": self.worker,
-            "budget": list(self.budget.key),
+            "budget": [*self.budget.key, self.budget.backend, self.budget.precision],
             **(
                 {"max_tokens_lowered": self.budget.lowered[lowered_before:]}
                 if len(self.budget.lowered) > lowered_before

@@ -1,11 +1,13 @@
-"""batching: auto — a short probe on the job's own rows that picks max_tokens and the strategy.
+"""batching: auto and model.backend: auto — a short probe on the job's own rows that picks the backend,
+max_tokens and the strategy.
 
 The probe runs the first chunk: each candidate setting gets its own random slice of the chunk's
 rows and is timed in real tokens per second; the rest of the chunk, and the job, run with the
-winner. Nothing is computed twice: the slices' results are the chunk's results. On a CPU the
-fastest budget wins (small enough to stay in cache, large enough to amortise per-batch overhead;
-measured on MiniLM, 2 cores: 4,096 beats 16,384 by 6%); on a GPU the budget is the largest whose
-activations fit in half the free memory, measured on one slice and scaled.
+winner. Nothing is computed twice: the slices' results are the chunk's results. A candidate must beat
+the default by more than NOISE (10%) to replace it, and two leaders that close are measured again, so
+a busy machine does not pick a different setting every run. On a CPU the fastest budget wins (small
+enough to stay in cache, large enough to amortise per-batch overhead); on a GPU the budget is the
+largest whose activations fit in half the free memory, measured on one slice and scaled.
 """
 
 from __future__ import annotations
@@ -30,11 +32,19 @@ DEFAULT_BUDGET = 16384  # when the probe cannot measure (too few rows)
 class Tuning:
     max_tokens: int
     strategy: str
-    tokens_per_s: dict[str, float] = field(default_factory=dict)  # "padded@8192" -> measured rate
+    backend: str = "torch"
+    # "padded@8192" (torch) or "openvino:padded@8192" -> tokens/s, averaged over repeats; only measurements
+    # long enough to tell (MIN_SECONDS) are kept
+    tokens_per_s: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         rates = ", ".join(f"{k} {v:,.0f}" for k, v in self.tokens_per_s.items())
-        return f"batching: {self.strategy}, max_tokens {self.max_tokens}" + (f" (tokens/s: {rates})" if rates else "")
+        return (
+            f"batching: {self.strategy}, max_tokens {self.max_tokens}, backend {self.backend}"
+            + (f" (tokens/s: {rates})" if rates else "")
+            + "".join(f"; {note}" for note in self.notes)
+        )
 
 
 def plan(lengths: np.ndarray, max_tokens: int, strategy: str, max_rows: int, device: torch.device) -> list[np.ndarray]:
@@ -52,8 +62,10 @@ def gpu_budget(bytes_per_token: float, free_bytes: int) -> int:
     return budget
 
 
-# run(batches, strategy) -> seconds: runs batches of positions and keeps their results.
-RunBatches = Callable[[list[np.ndarray], str], float]
+# run(batches, strategy, backend) -> seconds: runs batches of positions and keeps their results.
+RunBatches = Callable[[list[np.ndarray], str, str], float]
+NOISE = 0.10  # rates closer than this are a tie: measured once more, and a tie that stays keeps the default
+MIN_SECONDS = 0.05  # a slice done faster than this measures per-batch overheads, not the model: not compared
 
 
 def probe(
@@ -64,48 +76,89 @@ def probe(
     max_rows: int,
     device: torch.device,
     packable: bool,
+    backends: tuple[str, ...] = ("torch",),
 ) -> tuple[Tuning, np.ndarray]:
-    """Settle `auto` in max_tokens and strategy on the first chunk's rows (their token `lengths`).
+    """Settle `auto` in the backend, max_tokens and strategy on the first chunk's rows (their token `lengths`),
+    among `backends` (the default first).
 
-    Each candidate runs its own random slice of about SAMPLE_TOKENS tokens, whose results are kept,
-    so every row still runs exactly once. Returns the choice and the positions not yet run."""
+    Each candidate runs its own random slice of about SAMPLE_TOKENS tokens, whose results are kept, so every
+    row still runs exactly once. In turn: the backend (each at the default budget, padded), the budget on
+    that backend, then padded against packed (torch only). A candidate replaces the default only when it is
+    faster by more than NOISE; the two leaders are measured again when they are that close. Returns the
+    choice and the positions not yet run."""
+    left = np.random.default_rng(0).permutation(len(lengths))
     strategies = (
         ["padded", "packed"] if strategy == "auto" and packable else [strategy if strategy != "auto" else "padded"]
     )
-    left = np.random.default_rng(0).permutation(len(lengths))
-    rates: dict[str, float] = {}
-    # A small first chunk (a short shard) still gets a slice per candidate, each a little noisier.
+    samples: dict[str, list[float]] = {}
+    notes: list[str] = []
+    # A small first chunk (a short shard) still gets a slice per candidate (and two repeats), each noisier.
     budgets = 0 if max_tokens != "auto" else (1 if device.type == "cuda" else len(CPU_BUDGETS))
-    slice_tokens = min(SAMPLE_TOKENS, int(lengths.sum()) // (budgets + len(strategies) + 1))
-    run([left[:8]], strategies[0])  # warm-up (first-call allocations, kernel choice), kept like the rest
-    left = left[8:]
+    count = budgets + len(strategies) + (len(backends) if len(backends) > 1 else 0) + 2
+    slice_tokens = min(SAMPLE_TOKENS, int(lengths.sum()) // (count + 1))
+    for backend in backends:  # warm-up (first-call allocations, kernel choice), kept like the rest
+        run([left[:8]], strategies[0] if backend == "torch" else "padded", backend)
+        left = left[8:]
 
-    def measure(budget: int, how: str) -> float:
+    def key(backend: str, how: str, budget: int) -> str:
+        return f"{how}@{budget}" if backend == "torch" else f"{backend}:{how}@{budget}"
+
+    def measure(backend: str, how: str, budget: int, share: int = 1) -> None:
         nonlocal left
-        take = int(np.searchsorted(np.cumsum(lengths[left]), slice_tokens)) + 1
+        take = int(np.searchsorted(np.cumsum(lengths[left]), slice_tokens // share)) + 1
         part, left = left[:take], left[take:]
         if not len(part):
-            return 0.0
-        seconds = run([part[b] for b in plan(lengths[part], budget, how, max_rows, device)], how)
-        rates[f"{how}@{budget}"] = float(lengths[part].sum() / max(seconds, 1e-9))
-        return rates[f"{how}@{budget}"]
+            return
+        seconds = run([part[b] for b in plan(lengths[part], budget, how, max_rows, device)], how, backend)
+        if seconds >= MIN_SECONDS:
+            samples.setdefault(key(backend, how, budget), []).append(float(lengths[part].sum() / seconds))
 
-    if max_tokens != "auto":
-        budget = max_tokens
-    elif device.type == "cuda":
-        budget = gpu_budget(_bytes_per_token(measure), torch.cuda.mem_get_info(device)[0])
-    else:
-        measured = {b: measure(b, strategies[0]) for b in CPU_BUDGETS}
-        budget = max(measured, key=measured.get) if any(measured.values()) else DEFAULT_BUDGET
-    if len(strategies) > 1:
-        measured = {how: rates.get(f"{how}@{budget}") or measure(budget, how) for how in strategies}
-        best = max(measured, key=measured.get)
-    else:
-        best = strategies[0]
-    return Tuning(budget, best, rates), left
+    def rates(options: dict[str, tuple]) -> dict[str, float]:
+        found = {name: samples.get(key(*setting)) for name, setting in options.items()}
+        return {name: float(np.mean(values)) for name, values in found.items() if values}
+
+    def pick(options: dict[str, tuple], default: str, what: str, share: int = 1) -> str:
+        """The option (name -> (backend, how, budget)) that is clearly fastest, else `default`; each measured
+        on 1/share of a slice."""
+        for setting in options.values():
+            if key(*setting) not in samples:
+                measure(*setting, share)
+        measured = rates(options)
+        ranked = sorted(measured, key=measured.get, reverse=True)
+        if len(ranked) > 1 and measured[ranked[1]] > measured[ranked[0]] * (1 - NOISE):
+            for name in ranked[:2]:  # within noise of each other: once more each
+                measure(*options[name], share)
+            measured = rates(options)
+            ranked = sorted(measured, key=measured.get, reverse=True)
+        if len(measured) < len(options):
+            notes.append(f"{what}: too little work to measure every candidate, {default} kept")
+            return default
+        best = ranked[0]
+        if best != default and measured[best] <= measured[default] * (1 + NOISE):
+            notes.append(f"{what}: no candidate clearly faster than {default}, kept")
+            return default
+        return best
+
+    budget = max_tokens if max_tokens != "auto" else DEFAULT_BUDGET
+    backend = backends[0]
+    if len(backends) > 1:
+        # Backends can differ several times over, and each slice of the slower one costs its share of the
+        # chunk's time: a quarter slice tells them apart, a close call is measured again.
+        backend = pick({b: (b, "padded", budget) for b in backends}, backends[0], "backend", share=4)
+    first = strategies[0] if backend == "torch" else "padded"
+    if max_tokens == "auto" and device.type == "cuda":
+        per_token = _bytes_per_token(lambda b, how: measure(backend, how, b))
+        budget = gpu_budget(per_token, torch.cuda.mem_get_info(device)[0])
+    elif max_tokens == "auto":
+        budget = int(pick({str(b): (backend, first, b) for b in CPU_BUDGETS}, str(DEFAULT_BUDGET), "max_tokens"))
+    best = first
+    if backend == "torch" and len(strategies) > 1:
+        best = pick({how: (backend, how, budget) for how in strategies}, "padded", "strategy")
+    measured = {k: round(float(np.mean(v))) for k, v in samples.items()}
+    return Tuning(budget, best, backend, measured, notes), left
 
 
-def _bytes_per_token(measure: Callable[[int, str], float]) -> float:
+def _bytes_per_token(measure: Callable[[int, str], None]) -> float:
     """Peak activation memory per padded token, from one padded slice cut at GPU_PROBE_TOKENS."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

@@ -73,6 +73,15 @@ def _sentence_transformers_config(folder: Path, pooling: str, normalize: bool) -
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def conversion_cache(tmp_path_factory) -> Path:
+    """OpenVINO conversions of the session's models go to a folder of the session's own (the CLI tests'
+    processes inherit it), never to the user's cache."""
+    folder = tmp_path_factory.mktemp("batchinfer-cache")
+    os.environ["BATCHINFER_CACHE"] = str(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     return _minilm_path()

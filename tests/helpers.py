@@ -65,7 +65,9 @@ def sms_job(data, model, out, task="embed", **extra):
     """A job over the sms fixtures' columns; extra keys as section__name=value."""
     job = {
         "input": {"path": str(data), "text": "text", "id": "sms_id", "keep": {"label": "gold"}},
-        "model": {"path": str(model), "task": task, "max_length": 128},
+        # The torch kernels, pinned like batching: these tests compare against torch peers (pipelines,
+        # sentence-transformers) to 1e-5; test_backends.py holds OpenVINO to torch.
+        "model": {"path": str(model), "task": task, "max_length": 128, "backend": "torch"},
         # Pinned, not auto: tests that compare two output folders bit for bit need both cut the same way.
         "batching": {"chunk_rows": 100, "max_tokens": 16384, "strategy": "padded"},
         "output": {"path": str(out)},

@@ -32,7 +32,7 @@ def _job(data, model, out, **batching):
     return validate_job(
         {
             "input": {"path": str(data), "text": "text", "id": "sms_id"},
-            "model": {"path": str(model), "task": "embed", "max_length": 128},
+            "model": {"path": str(model), "task": "embed", "max_length": 128, "backend": "torch"},
             "batching": {"chunk_rows": 200, **batching},
             "output": {"path": str(out)},
         }

@@ -32,7 +32,7 @@ from batchinfer.server import create_app  # noqa: E402
 def _serving(model, task, **serve):
     data = {
         "input": {"path": "-", "text": "text", **({"text_pair": "text_pair"} if task == "score" else {})},
-        "model": {"path": str(model), "task": task, "max_length": 128},
+        "model": {"path": str(model), "task": task, "max_length": 128, "backend": "torch"},
         "batching": {"max_tokens": 4096, "strategy": "padded"},
         "output": {"path": "-"},
         "serve": {"max_wait_ms": 50, **serve},
@@ -58,7 +58,7 @@ def _offline(model, task, rows, tmp_path, **input_extra):
         validate_job(
             {
                 "input": {"path": str(tmp_path / "rows.parquet"), "text": "text", **input_extra},
-                "model": {"path": str(model), "task": task, "max_length": 128},
+                "model": {"path": str(model), "task": task, "max_length": 128, "backend": "torch"},
                 "batching": {"max_tokens": 4096, "strategy": "padded"},
                 "output": {"path": str(tmp_path / "offline")},
             }

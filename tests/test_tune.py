@@ -3,33 +3,38 @@
 import numpy as np
 import torch
 
+from batchinfer import tune
 from batchinfer.tune import CPU_BUDGETS, GPU_PROBE_TOKENS, gpu_budget, probe
 
 
 def test_the_probe_keeps_the_fastest_budget_and_runs_every_row_once(monkeypatch):
-    monkeypatch.setattr("batchinfer.tune.SAMPLE_TOKENS", 60_000)  # slices of several batches at every budget
-    lengths = np.random.default_rng(1).integers(5, 120, size=8000)
-    seen = []
+    lengths = np.random.default_rng(1).integers(5, 120, size=12000)
+    seen, cut = [], {}
+    real_plan = tune.plan
 
-    def run(batches, strategy):
-        """Fastest for batches of about 6,000 tokens (so a budget of 8,192 wins); packed 50% faster."""
+    def plan(lengths, max_tokens, strategy, max_rows, device):  # remembers the budget the stand-in runs at
+        cut["budget"] = max_tokens
+        return real_plan(lengths, max_tokens, strategy, max_rows, device)
+
+    def run(batches, strategy, backend):
+        """8,192 is clearly faster than the default 16,384; packed 50% faster than padded."""
         rows = np.concatenate(batches)
         seen.extend(rows.tolist())
-        size = max(int(lengths[b].sum() if strategy == "packed" else lengths[b].max() * len(b)) for b in batches)
-        speed = 1000.0 / (1 + abs(np.log2(size / 6000))) * (1.5 if strategy == "packed" else 1.0)
-        return float(lengths[rows].sum() / speed)
+        speed = {2048: 500, 4096: 800, 8192: 1000, 16384: 850, 32768: 600}.get(cut.get("budget"), 500)
+        return float(lengths[rows].sum() / (speed * (1.5 if strategy == "packed" else 1.0)))
 
+    monkeypatch.setattr("batchinfer.tune.plan", plan)
     tuning, rest = probe(lengths, run, "auto", "auto", 256, torch.device("cpu"), packable=True)
     assert tuning.max_tokens == 8192 and tuning.strategy == "packed"
     assert {f"padded@{b}" for b in CPU_BUDGETS} <= set(tuning.tokens_per_s)
-    assert sorted(seen + rest.tolist()) == list(range(8000))  # the slices are real work: no row twice, none lost
+    assert sorted(seen + rest.tolist()) == list(range(12000))  # the slices are real work: no row twice, none lost
 
 
 def test_a_pinned_budget_probes_the_strategy_only():
     lengths = np.full(500, 40)
     tuning, _ = probe(
         lengths,
-        lambda batches, strategy: 1.0 if strategy == "padded" else 2.0,
+        lambda batches, strategy, backend: 1.0 if strategy == "padded" else 2.0,
         4096,
         "auto",
         64,
@@ -37,6 +42,64 @@ def test_a_pinned_budget_probes_the_strategy_only():
         packable=True,
     )
     assert tuning.max_tokens == 4096 and tuning.strategy == "padded"
+
+
+def _stand_in(lengths, speeds: dict, seen: list | None = None):
+    """run() of a model whose tokens/s per (backend, strategy) we choose, with a tiny noise-free cost."""
+
+    def run(batches, strategy, backend):
+        rows = np.concatenate(batches)
+        if seen is not None:
+            seen.extend(rows.tolist())
+        return float(lengths[rows].sum() / speeds[backend, strategy])
+
+    return run
+
+
+def test_the_probe_picks_the_backend_that_is_clearly_faster_and_runs_every_row_once():
+    lengths = np.random.default_rng(2).integers(5, 120, size=6000)
+    seen = []
+    speeds = {("openvino", "padded"): 1000.0, ("torch", "padded"): 3000.0, ("torch", "packed"): 3100.0}
+    tuning, rest = probe(
+        lengths, _stand_in(lengths, speeds, seen), 4096, "auto", 256, torch.device("cpu"), True, ("openvino", "torch")
+    )
+    assert tuning.backend == "torch" and tuning.strategy == "padded"  # packed is within noise of padded
+    assert {"openvino:padded@4096", "padded@4096"} <= set(tuning.tokens_per_s)
+    assert any("strategy: no candidate clearly faster than padded" in note for note in tuning.notes)
+    assert sorted(seen + rest.tolist()) == list(range(6000))
+
+
+def test_a_backend_within_noise_of_the_default_keeps_the_default():
+    lengths = np.full(4000, 50)
+    speeds = {("openvino", "padded"): 1000.0, ("torch", "padded"): 1050.0}
+    tuning, _ = probe(
+        lengths, _stand_in(lengths, speeds), 4096, "padded", 64, torch.device("cpu"), True, ("openvino", "torch")
+    )
+    assert tuning.backend == "openvino" and "backend: no candidate clearly faster than openvino, kept" in tuning.notes
+
+
+def test_two_leaders_within_noise_are_measured_again():
+    lengths = np.full(8000, 50)
+    calls = []
+    rates = iter([1000.0, 1040.0, 1600.0, 1000.0])  # default, the other; within noise: once more each, leader first
+
+    def run(batches, strategy, backend):
+        rows = np.concatenate(batches)
+        if len(rows) > 8:  # not the warm-up
+            calls.append(backend)
+            return float(lengths[rows].sum() / next(rates))
+        return 0.0
+
+    tuning, _ = probe(lengths, run, 4096, "padded", 64, torch.device("cpu"), True, ("openvino", "torch"))
+    assert calls == ["openvino", "torch", "torch", "openvino"]
+    assert tuning.tokens_per_s == {"openvino:padded@4096": 1000, "padded@4096": 1320} and tuning.backend == "torch"
+
+
+def test_slices_too_fast_to_measure_keep_the_defaults():
+    lengths = np.full(3000, 20)
+    tuning, _ = probe(lengths, lambda batches, strategy, backend: 1e-4, "auto", "auto", 64, torch.device("cpu"), True)
+    assert (tuning.max_tokens, tuning.strategy) == (16384, "padded") and tuning.tokens_per_s == {}
+    assert any("too little work to measure" in note for note in tuning.notes)
 
 
 def test_gpu_budget_fits_half_the_free_memory():

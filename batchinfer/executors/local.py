@@ -15,6 +15,7 @@ class LocalExecutor:
     def __init__(self, task: ChunkTask, log):
         self.task, self.log = task, log
         self.device = str(task.runner.device)
+        self.load_seconds = getattr(task.runner, "load_seconds", {})
 
     def run(self, todo: list[Work], probe: bool) -> Iterator[dict]:
         for loaded in self._prefetch(todo):

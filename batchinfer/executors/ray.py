@@ -51,6 +51,8 @@ class Worker:
             raise self.failed
         if tuning and not self.tuned:  # once: an out-of-memory may lower the budget afterwards
             self.task.budget.max_tokens, self.task.budget.strategy = tuning["max_tokens"], tuning["strategy"]
+            if tuning.get("backend") in self.task.runner.models:  # the probe's backend, on every worker
+                self.task.runner.keep(tuning["backend"], tuning.get("precision"))
             self.tuned = True
         with self.loading:
             loaded = self.task.load(work)

@@ -23,6 +23,6 @@ RUNNERS = {
 }
 
 
-def make_runner(job: JobConfig, model_path: Path):
-    """Load what the task needs and wrap it in its runner."""
-    return RUNNERS[job.model.task].load(job, model_path)
+def make_runner(job: JobConfig, model_path: Path, budget=None):
+    """Load what the task needs and wrap it in its runner; `budget`: a recorded probe's choice of backend."""
+    return RUNNERS[job.model.task].load(job, model_path, budget)

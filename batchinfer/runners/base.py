@@ -51,17 +51,36 @@ class EncoderRunner:
     `packed` (set per batch) runs a batch as one unpadded sequence; see packing.py."""
 
     packed = False
+    pairs = False  # items are (text, text_pair): the converted model takes token type ids
+    agreement = "argmax"  # how a lower precision is checked against f32: argmax (labels) | cosine | close
 
     @classmethod
-    def load(cls, job, model_path):
-        """The runner for `job`, with its model loaded from `model_path`."""
-        from ..models import load_model
+    def load(cls, job, model_path, budget=None):
+        """The runner for `job`, with its model loaded from `model_path` on every backend it may use; a
+        budget that settled the backend and precision (a recorded probe) loads only that one."""
+        from ..backends import candidates, load_encoders, precisions
+        from ..models import pick_device
+        from ..tasks import TASKS
 
-        tokenizer, model, device = load_model(job.model, model_path)
-        return cls(tokenizer, model, device, job, model_path)
+        names = candidates(job.model, pick_device(job.model.device), job.batching.strategy == "packed")
+        if budget is not None and budget.backend in names:
+            names = [budget.backend]
+        tokenizer, models, device, seconds = load_encoders(
+            job.model, model_path, names, TASKS[job.model.task].auto_class, cls.pairs
+        )
+        runner = cls(tokenizer, models[names[0]], device, job, model_path)
+        runner.models, runner.load_seconds = models, seconds
+        runner.precisions = {name: precisions(job.model, name) for name in names}
+        if budget is not None and budget.precision in runner.precisions[names[0]]:
+            runner.precisions[names[0]] = [budget.precision]
+        runner.use(names[0])
+        return runner
 
     def __init__(self, tokenizer, model, device: torch.device, job, model_path=None):
         self.model = model
+        self.models = {getattr(model, "backend", "torch"): model}
+        self.precisions: dict[str, list] = {name: [None] for name in self.models}
+        self.load_seconds: dict[str, float] = {}
         self.device = device
         self.max_length = min(job.model.max_length, _position_limit(model.config))
         # The Rust tokenizer, truncating but never padding: padding happens per batch, after sorting.
@@ -69,6 +88,45 @@ class EncoderRunner:
         self.tokenizer.enable_truncation(self.max_length)
         self.tokenizer.no_padding()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    @property
+    def backend(self) -> str:
+        return getattr(self.model, "backend", "torch")
+
+    def use(self, backend: str, precision: str | None = None) -> None:
+        """Run the next batches on `backend` (one of those loaded), in `precision` (default: its first)."""
+        self.model = self.models[backend]
+        if hasattr(self.model, "precision"):
+            self.model.precision = precision or self.precisions[backend][0]
+
+    def keep(self, backend: str, precision: str | None) -> None:
+        """Settle on `backend` and `precision` and free every other model."""
+        self.use(backend, precision)
+        self.models = {backend: self.model}
+        self.precisions = {backend: [self.precision]}
+        if hasattr(self.model, "keep"):
+            self.model.keep(self.precision)
+
+    @property
+    def precision(self) -> str | None:
+        return getattr(self.model, "precision", None)
+
+    def check_precision(self, ids: list) -> tuple[str | None, dict]:
+        """The first of this backend's precisions that gives this task's answers on the items `ids`, against
+        the last (f32), with the check's figures; f32 when none does. Ends with the chosen one in use."""
+        options = self.precisions[self.backend]
+        if len(options) < 2:
+            return options[0], {}
+        self.use(self.backend, options[-1])
+        reference = [np.asarray(r, np.float32) for r in self.run(ids)]
+        for precision in options[:-1]:
+            self.use(self.backend, precision)
+            ok, figure = agree(self.agreement, reference, [np.asarray(r, np.float32) for r in self.run(ids)])
+            check = {"precision": precision, "against": options[-1], "items": len(ids), **figure}
+            if ok:
+                return precision, check
+        self.use(self.backend, options[-1])
+        return options[-1], {**check, "fell_back": True}
 
     def tokenize(self, texts: list) -> Tokens:
         return tokens_of(encode_capped(self.tokenizer, texts, self.max_length))
@@ -93,15 +151,18 @@ class EncoderRunner:
         record). With ctx.probe, a probe first settles `batching: auto` on slices of this chunk; the
         record carries its choice."""
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
-        job, budget, rows = ctx.job, ctx.budget, ctx.job.batching.max_rows
+        budget, rows = ctx.budget, ctx.job.batching.max_rows
         lengths = tokens.lengths[index]
         owners = tokens.owners()[index]
         results: list = [None] * len(index)
         ok = np.ones(len(index), dtype=bool)
         totals = Counter()
 
-        def run(batches: list[np.ndarray], strategy: str) -> float:
-            """Run batches of positions in `index`; keep results and errors; return the seconds taken."""
+        def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
+            """Run batches of positions in `index` (on `backend`: the probe's candidates); keep results and
+            errors; return the seconds taken."""
+            if backend is not None:
+                self.use(backend)
             self.packed = strategy == "packed"
             batches = [b for b in batches if len(b)]
             t0 = time.perf_counter()
@@ -135,29 +196,15 @@ class EncoderRunner:
             return seconds
 
         extra = {}
-        if ctx.probe and len(index):
-            tuning, rest = probe(
-                lengths,
-                run,
-                job.batching.max_tokens,
-                job.batching.strategy,
-                rows,
-                self.device,
-                supports_packing(self.model) is None,
-            )
-            budget.max_tokens, budget.strategy = tuning.max_tokens, tuning.strategy
-            extra["tuning"] = {
-                "max_tokens": tuning.max_tokens,
-                "strategy": tuning.strategy,
-                "tokens_per_s": {k: round(v) for k, v in tuning.tokens_per_s.items()},
-            }
-            ctx.log(tuning.describe())
+        if (ctx.probe or self.unsettled) and len(index):
+            extra["tuning"], rest = self.settle(lengths, [tokens.ids[i] for i in index.tolist()], run, ctx)
             run([rest[b] for b in plan(lengths[rest], *budget.key, rows, self.device)], budget.strategy)
         else:  # replanned when a probe or an out-of-memory changed the budget after this chunk was read ahead
             run(
                 loaded.batches if loaded.planned == budget.key else plan(lengths, *budget.key, rows, self.device),
                 budget.strategy,
             )
+        budget.backend, budget.precision = self.backend, self.precision
         ctx.stop.check()
         failed = set(owners[~ok].tolist())
         items: dict[int, list] = {}
@@ -170,6 +217,61 @@ class EncoderRunner:
             kept,
             {"model_seconds": round(totals["seconds"], 4), "padded_tokens": totals["padded"], **extra},
         )
+
+    def settle_default(self) -> dict:
+        """Where no chunk is there to probe (serve): the default backend, its precision checked on a few
+        sentences of SETTLE_SAMPLE. Returns the check's figures."""
+        backend = next(iter(self.models))
+        self.use(backend)
+        precision, check = self.check_precision(self.tokenize(self.sample_inputs()).ids)
+        self.keep(backend, precision)
+        return check
+
+    def sample_inputs(self) -> list:
+        return list(SETTLE_SAMPLE)
+
+    @property
+    def unsettled(self) -> bool:
+        """More than one backend or precision still loaded (a folder whose recorded probe predates backends)."""
+        return len(self.models) > 1 or len(self.precisions[self.backend]) > 1
+
+    def settle(self, lengths: np.ndarray, ids: list, run, ctx) -> tuple[dict, np.ndarray]:
+        """Settle on the first chunk what the job leaves open: each backend's precision (checked against f32
+        on a sample of items), then the backend and batching (the probe, tune.py), and free what lost.
+        lengths, ids: the chunk's items to run. Returns the choice, for the record, and the positions not
+        run yet."""
+        job, budget = ctx.job, ctx.budget
+        checks = {}
+        sample = np.random.default_rng(1).permutation(len(ids))[:PRECISION_SAMPLE]
+        for backend in list(self.models):
+            if len(self.precisions[backend]) > 1:
+                self.use(backend)
+                precision, checks[backend] = self.check_precision([ids[i] for i in sample.tolist()])
+                self.precisions[backend] = [precision]
+        # A recorded probe settled batching already; only the backend is open then.
+        tuning, rest = probe(
+            lengths,
+            run,
+            job.batching.max_tokens if ctx.probe else budget.max_tokens,
+            job.batching.strategy if ctx.probe else budget.strategy,
+            job.batching.max_rows,
+            self.device,
+            "torch" in self.models and supports_packing(self.models["torch"]) is None,
+            tuple(self.models),
+        )
+        budget.max_tokens, budget.strategy = tuning.max_tokens, tuning.strategy
+        self.keep(tuning.backend, self.precisions[tuning.backend][0])
+        check = checks.get(tuning.backend)
+        ctx.log(tuning.describe() + (f"; precision {describe_check(check)}" if check else ""))
+        return {
+            "max_tokens": tuning.max_tokens,
+            "strategy": tuning.strategy,
+            "backend": tuning.backend,
+            "precision": self.precision,
+            "tokens_per_s": tuning.tokens_per_s,
+            **({"notes": tuning.notes} if tuning.notes else {}),
+            **({"precision_check": check} if check else {}),
+        }, rest
 
     def collate(self, ids: list[list[int]]) -> tuple[dict, torch.Tensor]:
         """Items → padded model inputs (with token type ids for pairs) and the [b, L] attention mask."""
@@ -196,6 +298,42 @@ class EncoderRunner:
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
         """results: each row's item results, for the rows at `texts` (positions in loaded.prepared.texts)."""
         raise NotImplementedError
+
+
+PRECISION_SAMPLE = 64  # items a lower precision is checked on, against f32
+SETTLE_SAMPLE = (  # serve's precision check: short and long, plain and odd
+    "Thanks for the quick delivery, the package arrived two days early and everything works.",
+    "refund pls",
+    "The committee postponed the vote on the new budget until after the regional elections in March, citing "
+    "unresolved questions about funding for schools, hospitals and the planned rail link to the airport.",
+    "Is this available in blue? Size M. ❤️",
+    "ERROR 503: upstream timed out after 30000 ms (retry 3/5)",
+    "Je voudrais annuler ma commande, s'il vous plaît.",
+    "no",
+    "Customer says the app crashes whenever they open the settings page on Android 14.",
+)
+COSINE_FLOOR = 0.9999  # embeddings (and score vectors) in a lower precision, against f32
+SCORE_TOLERANCE = 0.01  # a single relevance score
+
+
+def agree(how: str, reference: list[np.ndarray], candidate: list[np.ndarray]) -> tuple[bool, dict]:
+    """Whether results in a lower precision give the task's answers (`how`: argmax, the labels each item's
+    output picks, per token where it is per token; cosine, every item's vector against f32; close, scores
+    within SCORE_TOLERANCE), with the figure that says so."""
+    if how == "argmax":
+        same = np.mean([np.array_equal(r.argmax(-1), c.argmax(-1)) for r, c in zip(reference, candidate)])
+        return bool(same == 1.0), {"labels_equal": round(float(same), 4)}
+    if how == "close":
+        worst = max(float(np.abs(r - c).max()) for r, c in zip(reference, candidate))
+        return worst <= SCORE_TOLERANCE, {"max_abs_diff": round(worst, 6)}
+    cosines = [float(r @ c / max(np.linalg.norm(r) * np.linalg.norm(c), 1e-12)) for r, c in zip(reference, candidate)]
+    return min(cosines) >= COSINE_FLOOR, {"min_cosine": round(min(cosines), 6)}
+
+
+def describe_check(check: dict) -> str:
+    figures = ", ".join(f"{k} {v}" for k, v in check.items() if k not in ("precision", "against", "fell_back"))
+    chosen = f"{check['against']} ({check['precision']} failed)" if check.get("fell_back") else check["precision"]
+    return f"{chosen}, checked against {check['against']}: {figures}"
 
 
 def tokens_of(encodings: list, owner: np.ndarray | None = None, pairs: bool = False) -> Tokens:

@@ -13,6 +13,8 @@ from .base import EncoderRunner, fixed_size_list, rows_of
 
 
 class EmbedRunner(EncoderRunner):
+    agreement = "cosine"
+
     def __init__(self, tokenizer, model, device, job, model_path: Path):
         super().__init__(tokenizer, model, device, job)
         self.pooling = pooling_of(model_path)

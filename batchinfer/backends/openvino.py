@@ -1,0 +1,223 @@
+"""The OpenVINO backend: an encoder converted once per model identity with `openvino.convert_model`, cached
+on disk, and compiled for the CPU in f32 or bf16.
+
+`OpenVINOModel` is called like the transformers model it replaces (`model(**inputs).logits` or
+`.last_hidden_state`, torch tensors in and out), so runners, batching and the probe need no code of their own
+for it. Only the one tensor a task reads is converted (the hidden states or the logits).
+
+The cache (see `cache_root`): one folder per key, holding model.xml, model.bin and a manifest written last
+with both files' sizes and SHA-256. The key covers the model identity (weights, config, tokenizer), what is
+converted and the library versions, so a changed model never meets an old conversion; an entry whose files
+do not match its manifest is rebuilt, never trusted. A file lock makes the workers of one machine (Ray
+actors) convert once between them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import time
+import uuid
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from ..errors import ModelError
+
+FORMAT = 1  # bump when what is converted changes
+MANIFEST = "batchinfer.json"
+ENTRY_FILES = ("model.xml", "model.bin", MANIFEST)
+# What the runner's dtype names mean as OpenVINO's inference precision hint.
+PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+def available() -> bool:
+    return importlib.util.find_spec("openvino") is not None
+
+
+def cache_root() -> Path:
+    """$BATCHINFER_CACHE, else $XDG_CACHE_HOME/batchinfer, else ~/.cache/batchinfer."""
+    if os.environ.get("BATCHINFER_CACHE"):
+        return Path(os.environ["BATCHINFER_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "batchinfer"
+
+
+def bf16_supported() -> bool:
+    """Whether this CPU runs bf16 matrix work natively (avx512_bf16 or AMX), as OpenVINO reports it."""
+    import openvino as ov
+
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+class _OneOutput(torch.nn.Module):
+    """The transformers model with the one output a task reads."""
+
+    def __init__(self, model, output: str):
+        super().__init__()
+        self.model, self.output = model, output
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return getattr(self.model(input_ids=input_ids, attention_mask=attention_mask, **types), self.output)
+
+
+class OpenVINOModel:
+    """A compiled OpenVINO model in place of a transformers model: `model(**inputs)` → an object with the
+    task's output as a torch tensor. `precision` picks one of the compiled precisions."""
+
+    backend = "openvino"
+    device = torch.device("cpu")
+
+    def __init__(self, config, compiled: dict, output: str, names: tuple[str, ...], seconds: dict):
+        self.config = config
+        self.compiled = compiled  # precision ("f32", "bf16") -> openvino.CompiledModel
+        self.requests = {p: c.create_infer_request() for p, c in compiled.items()}
+        self.output, self.names = output, names
+        self.precision = next(iter(compiled))
+        self.seconds = seconds  # convert / read / compile times, for the report's start-up figures
+
+    def __call__(self, **inputs):
+        # Token type ids go in only where the graph takes them (see backends._input_names).
+        request = self.requests[self.precision]
+        request.infer({name: inputs[name].numpy() for name in self.names})
+        # The request's output buffer is reused by the next call: copy it out.
+        return SimpleNamespace(**{self.output: torch.from_numpy(request.get_output_tensor(0).data.copy())})
+
+    def keep(self, precision: str) -> None:
+        """Use `precision` from now on and free the others."""
+        self.precision = precision
+        self.compiled = {precision: self.compiled[precision]}
+        self.requests = {precision: self.requests[precision]}
+
+    def eval(self):
+        return self
+
+    def to(self, device):
+        return self
+
+
+def conversion(identity: str, auto_class: str, output: str, names: tuple[str, ...]) -> dict:
+    """What a cached conversion is of: the model identity, what is converted, and the library versions."""
+    import openvino
+    import transformers
+
+    return {
+        "format": FORMAT,
+        "model": identity,
+        "class": auto_class,
+        "output": output,
+        "inputs": names,
+        "openvino": openvino.__version__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
+
+
+def load(config, of: dict, precisions: list[str], torch_model) -> OpenVINOModel:
+    """The conversion `of` (see conversion()), from the cache or converted now from `torch_model` (a callable
+    that loads it, called only on a cache miss), compiled in each of `precisions`."""
+    import openvino as ov
+
+    seconds = {}
+    names, output = tuple(of["inputs"]), of["output"]
+    entry = cache_root() / "openvino" / hashlib.sha256(json.dumps(of, sort_keys=True).encode()).hexdigest()[:24]
+    t0 = time.perf_counter()
+    with _entry_lock(entry):
+        if not _valid(entry):
+            _convert(torch_model(), of, entry)
+            seconds["convert"] = round(time.perf_counter() - t0, 3)
+    t1 = time.perf_counter()
+    core = ov.Core()
+    model = core.read_model(entry / "model.xml")
+    seconds["read"] = round(time.perf_counter() - t1, 3)
+    compiled = {}
+    t2 = time.perf_counter()
+    # One request at a time on all of this process's threads (a Ray worker's share: torch's thread count).
+    settings = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": torch.get_num_threads()}
+    for precision in precisions:
+        try:
+            compiled[precision] = core.compile_model(model, "CPU", {**settings, "INFERENCE_PRECISION_HINT": precision})
+        except RuntimeError as exc:
+            raise ModelError(
+                f"OpenVINO cannot compile the model in {precision} on this CPU: {str(exc).splitlines()[0]}",
+                "set model.dtype: float32 (or auto), or model.backend: torch",
+            ) from exc
+    seconds["compile"] = round(time.perf_counter() - t2, 3)
+    return OpenVINOModel(config, compiled, output, names, seconds)
+
+
+def _convert(model, of: dict, entry: Path) -> None:
+    """Convert and save into a fresh folder beside the entry, then move it into place whole."""
+    import openvino as ov
+
+    names = tuple(of["inputs"])
+    example = {name: torch.ones(2, 8, dtype=torch.long) for name in names}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on data-dependent branches in attention masks
+        converted = ov.convert_model(
+            _OneOutput(model, of["output"]),
+            example_input=example,
+            input=[(name, ov.PartialShape([-1, -1]), ov.Type.i64) for name in names],
+        )
+    staging = entry.parent / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir(parents=True)
+    try:
+        ov.save_model(converted, staging / "model.xml", compress_to_fp16=False)
+        manifest = {name: _digest(staging / name) for name in ENTRY_FILES[:2]}
+        (staging / MANIFEST).write_text(json.dumps({"key": entry.name, **of, "files": manifest}, indent=1))
+        _discard(entry)
+        os.replace(staging, entry)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+
+
+def _valid(entry: Path) -> bool:
+    """The entry's files are whole and the ones its manifest names (a cut or foreign copy is not)."""
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+        return manifest.get("key") == entry.name and all(
+            _digest(entry / name) == manifest["files"][name] for name in ENTRY_FILES[:2]
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _discard(entry: Path) -> None:
+    """Remove a damaged entry, only when it holds nothing but the files a conversion writes."""
+    if not entry.exists():
+        return
+    found = {p.name for p in entry.iterdir()}
+    if not entry.is_dir() or found - set(ENTRY_FILES):
+        raise ModelError(
+            f"{entry} holds files batchinfer did not write ({', '.join(sorted(found - set(ENTRY_FILES)))})",
+            "move them away, or point $BATCHINFER_CACHE at a folder of batchinfer's own",
+        )
+    shutil.rmtree(entry)
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return f"{path.stat().st_size}:{digest.hexdigest()}"
+
+
+@contextmanager
+def _entry_lock(entry: Path):
+    """One converter per machine and key: the others wait, then find the entry made."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with open(entry.parent / f".{entry.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,0 +1,256 @@
+"""model.backend: OpenVINO agrees with torch on every encoder task, bf16 within its bounds, conversions are
+cached per model identity (a changed or damaged model is never served from the cache), and a job killed on
+one backend resumes on the other with every id once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers import Crash, CrashAfterChunks, job_record, read_output, sms_job, vectors
+
+from batchinfer.config import validate_job
+from batchinfer.driver import run_job
+from batchinfer.errors import ConfigError, ModelError
+
+pytest.importorskip("openvino", reason="the OpenVINO backend needs the openvino package (pip install -e '.[cpu]')")
+
+
+def _run(data, model, out, task, backend, dtype="float32", **extra):
+    return run_job(sms_job(data, model, out, task, model__backend=backend, model__dtype=dtype, **extra))
+
+
+def _entries(cache) -> list:
+    root = cache / "openvino"
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.exists() else []
+
+
+@pytest.mark.parametrize(
+    "fixture,task,column",
+    [
+        ("tiny_embed", "embed", "embedding"),
+        ("tiny_embed_cls", "embed", "embedding"),
+        ("tiny_classify", "classify", "scores"),
+    ],
+)
+def test_openvino_f32_equals_torch(request, sms_parquet, tmp_path, fixture, task, column):
+    model = request.getfixturevalue(fixture)
+    extra = {"output__scores": True} if task == "classify" else {}
+    reports = {b: _run(sms_parquet, model, tmp_path / b, task, b, **extra) for b in ("torch", "openvino")}
+    assert (
+        reports["openvino"]["batching"]["backend"] == "openvino" and reports["torch"]["batching"]["backend"] == "torch"
+    )
+    ours, theirs = read_output(tmp_path / "openvino"), read_output(tmp_path / "torch")
+    assert ours.column("sms_id").to_pylist() == theirs.column("sms_id").to_pylist()
+    assert np.abs(vectors(ours, column) - vectors(theirs, column)).max() < 1e-5
+    if task == "classify":
+        assert ours.column("label").to_pylist() == theirs.column("label").to_pylist()
+
+
+def test_openvino_f32_equals_torch_on_minilm_and_bf16_stays_within_bounds(sms_parquet, minilm_path, tmp_path):
+    torch_report = _run(sms_parquet, minilm_path, tmp_path / "torch", "embed", "torch")
+    _run(sms_parquet, minilm_path, tmp_path / "f32", "embed", "openvino")
+    reference = vectors(read_output(tmp_path / "torch"), "embedding")
+    assert torch_report["rows_ok"] == 600
+    assert np.abs(vectors(read_output(tmp_path / "f32"), "embedding") - reference).max() < 1e-5
+    _run(sms_parquet, minilm_path, tmp_path / "bf16", "embed", "openvino", dtype="bfloat16")
+    bf16 = vectors(read_output(tmp_path / "bf16"), "embedding")
+    cosine = (bf16 * reference).sum(1) / np.linalg.norm(bf16, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosine.min() >= 0.999
+
+
+def test_openvino_cross_encoder_scores_token_entities_and_zero_shot_equal_torch(
+    sms_table, tiny_cross_encoder, tiny_ner, tiny_nli, tmp_path
+):
+    texts = sms_table.column("text").to_pylist()[:120]
+    rows = pa.table({"sms_id": [f"p{i}" for i in range(120)], "text": texts, "query": [t[:20] for t in texts[::-1]]})
+    pq.write_table(rows, tmp_path / "rows.parquet")
+    cases = {
+        "score": (tiny_cross_encoder, {"input": {"text": "query", "text_pair": "text"}}, "score"),
+        "token-classify": (tiny_ner, {}, "entities"),
+        "zero-shot": (tiny_nli, {"model": {"labels": ["bill", "love", "spam"]}}, "scores"),
+    }
+    for task, (model, sections, column) in cases.items():
+        tables = {}
+        for backend in ("torch", "openvino"):
+            job = {
+                "input": {"path": str(tmp_path / "rows.parquet"), "text": "text", "id": "sms_id"},
+                "model": {"path": str(model), "task": task, "max_length": 64, "backend": backend, "dtype": "float32"},
+                "batching": {"chunk_rows": 50, "max_tokens": 2048, "strategy": "padded"},
+                "output": {"path": str(tmp_path / f"{task}-{backend}")},
+            }
+            for section, values in sections.items():
+                job[section] = {**job[section], **values}
+            assert run_job(validate_job(job))["rows_ok"] == 120
+            tables[backend] = read_output(tmp_path / f"{task}-{backend}")
+        ours, theirs = tables["openvino"].column(column).to_pylist(), tables["torch"].column(column).to_pylist()
+        if task == "token-classify":
+            assert [[(e["label"], e["start"], e["end"]) for e in row] for row in ours] == [
+                [(e["label"], e["start"], e["end"]) for e in row] for row in theirs
+            ]
+            assert sum(len(row) for row in ours) > 0
+            ours = [[e["score"] for e in row] for row in ours]
+            theirs = [[e["score"] for e in row] for row in theirs]
+            ours, theirs = sum(ours, []), sum(theirs, [])
+        assert np.abs(np.array(ours, dtype=np.float64) - np.array(theirs, dtype=np.float64)).max() < 1e-5, task
+
+
+def test_auto_records_backend_and_precision_and_a_resume_reuses_them(
+    sms_parquet, sms_table, tiny_embed, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("batchinfer.tune.SAMPLE_TOKENS", 300)
+    job = sms_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="auto")
+    with pytest.raises(Crash):
+        run_job(job, progress=CrashAfterChunks(1))
+    tuning = job_record(tmp_path / "out")["tuning"]
+    assert tuning["backend"] in ("torch", "openvino") and "precision" in tuning
+    if tuning["backend"] == "openvino":
+        assert tuning["precision"] in ("bf16", "f32")
+    probes, loads = [], []
+    monkeypatch.setattr("batchinfer.runners.base.probe", lambda *args: probes.append(args))
+    from batchinfer import backends
+
+    real = backends.load_encoders
+    monkeypatch.setattr(
+        backends, "load_encoders", lambda cfg, path, names, *a: loads.append(names) or real(cfg, path, names, *a)
+    )
+    report = run_job(job)
+    assert report["complete"] and probes == [] and loads == [[tuning["backend"]]]  # only the chosen backend loads
+    assert report["batching"]["backend"] == tuning["backend"] and report["batching"]["precision"] == tuning["precision"]
+    assert read_output(tmp_path / "out").column("sms_id").to_pylist() == sms_table.column("sms_id").to_pylist()[:600]
+
+
+def test_a_failed_precision_check_falls_back_to_f32_with_a_note(sms_parquet, tiny_classify, tmp_path, monkeypatch):
+    from batchinfer import backends
+
+    monkeypatch.setattr(
+        backends, "precisions", lambda cfg, backend: ["bf16", "f32"] if backend == "openvino" else [None]
+    )
+    monkeypatch.setattr("batchinfer.runners.base.agree", lambda how, ref, got: (False, {"labels_equal": 0.5}))
+    notes = []
+
+    class Log:
+        def start(self, *a): ...
+        def advance(self, *a): ...
+        def log(self, message):
+            notes.append(message)
+
+    report = run_job(
+        sms_job(
+            sms_parquet, tiny_classify, tmp_path / "out", "classify", model__backend="openvino", output__scores=True
+        ),
+        progress=Log(),
+    )
+    check = report["batching"]["probe"]["precision_check"]
+    assert report["batching"]["precision"] == "f32" and check["fell_back"] and check["labels_equal"] == 0.5
+    assert any("precision f32 (bf16 failed)" in note for note in notes)
+    _run(sms_parquet, tiny_classify, tmp_path / "torch", "classify", "torch", output__scores=True)
+    assert (
+        np.abs(
+            vectors(read_output(tmp_path / "out"), "scores") - vectors(read_output(tmp_path / "torch"), "scores")
+        ).max()
+        < 1e-5
+    )
+
+
+def test_bf16_passes_its_check_on_minilm_where_the_cpu_has_it(sms_parquet, minilm_path, tmp_path):
+    from batchinfer.backends.openvino import bf16_supported
+
+    report = _run(sms_parquet, minilm_path, tmp_path / "out", "embed", "openvino", dtype="auto")
+    probe = report["batching"]["probe"]
+    if not bf16_supported():
+        assert report["batching"]["precision"] == "f32" and "precision_check" not in probe
+        return
+    assert report["batching"]["precision"] == "bf16" and probe["precision_check"]["min_cosine"] >= 0.9999
+
+
+def test_a_changed_model_is_never_served_from_the_cache(sms_parquet, tiny_classify, tmp_path, conversion_cache):
+    from transformers import AutoModelForSequenceClassification
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_classify, folder)
+    _run(sms_parquet, folder, tmp_path / "a", "classify", "openvino", output__scores=True)
+    before = set(_entries(conversion_cache))  # the copy's conversion among them (the same identity as the fixture's)
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    for parameter in model.parameters():
+        parameter.data.mul_(1.5)  # same shapes, same file names: only the weights differ
+    model.save_pretrained(folder)
+    _run(sms_parquet, folder, tmp_path / "b", "classify", "openvino", output__scores=True)
+    assert len(set(_entries(conversion_cache)) - before) == 1  # a conversion of its own for the new weights
+    _run(sms_parquet, folder, tmp_path / "t", "classify", "torch", output__scores=True)
+    new, torch_new = vectors(read_output(tmp_path / "b"), "scores"), vectors(read_output(tmp_path / "t"), "scores")
+    assert np.abs(new - torch_new).max() < 1e-5
+    assert np.abs(new - vectors(read_output(tmp_path / "a"), "scores")).max() > 1e-3
+
+
+def test_a_damaged_cache_entry_is_rebuilt_and_a_foreign_one_refused(
+    sms_parquet, tiny_embed, tmp_path, conversion_cache
+):
+    _run(sms_parquet, tiny_embed, tmp_path / "a", "embed", "openvino")
+    (entry,) = [e for e in _entries(conversion_cache) if (e / "model.bin").exists() and _is_for(e, tiny_embed)]
+    weights = (entry / "model.bin").read_bytes()
+    (entry / "model.bin").write_bytes(weights[: len(weights) // 2])  # a copy cut short
+    _run(sms_parquet, tiny_embed, tmp_path / "b", "embed", "openvino")
+    assert (entry / "model.bin").read_bytes() == weights
+    assert np.array_equal(
+        vectors(read_output(tmp_path / "a"), "embedding"), vectors(read_output(tmp_path / "b"), "embedding")
+    )
+    (entry / "model.bin").write_bytes(b"")
+    (entry / "notes.txt").write_text("mine")
+    with pytest.raises(ModelError, match="notes.txt"):
+        _run(sms_parquet, tiny_embed, tmp_path / "c", "embed", "openvino")
+    assert (entry / "notes.txt").read_text() == "mine"
+    (entry / "notes.txt").unlink()
+
+
+def _is_for(entry, model) -> bool:
+    """Whether a cache entry is the conversion of `model` (its key covers the model identity)."""
+    from batchinfer.models import model_identity
+
+    return json.loads((entry / "batchinfer.json").read_text())["model"] == model_identity(model)
+
+
+def test_a_job_killed_on_openvino_resumes_on_torch_with_every_id_once(sms_parquet, sms_table, tiny_embed, tmp_path):
+    with pytest.raises(Crash):
+        run_job(
+            sms_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="openvino", model__dtype="float32"),
+            progress=CrashAfterChunks(2),
+        )
+    report = run_job(sms_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="torch", model__dtype="float32"))
+    assert report["complete"] and report["rows_ok"] == 600 and report["run"]["rows"] == 400
+    table = read_output(tmp_path / "out")
+    assert table.column("sms_id").to_pylist() == sms_table.column("sms_id").to_pylist()[:600]
+    run_job(sms_job(sms_parquet, tiny_embed, tmp_path / "plain", model__backend="torch", model__dtype="float32"))
+    assert np.abs(vectors(table, "embedding") - vectors(read_output(tmp_path / "plain"), "embedding")).max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        ({"model__task": "generate"}, "model.backend: openvino runs encoder tasks"),
+        ({"model__quantize": "int8"}, "does not run model.quantize"),
+        ({"batching__strategy": "packed"}, "runs padded batches only"),
+    ],
+)
+def test_jobs_openvino_cannot_run_are_refused_with_the_fix(
+    sms_parquet, tiny_embed, tiny_llama, tmp_path, settings, message
+):
+    model = tiny_llama if settings.get("model__task") == "generate" else tiny_embed
+    task = settings.pop("model__task", "embed")
+    with pytest.raises(ConfigError, match=message):
+        run_job(sms_job(sms_parquet, model, tmp_path / "out", task, model__backend="openvino", **settings))
+
+
+def test_without_openvino_auto_runs_torch_and_openvino_says_what_to_install(
+    sms_parquet, tiny_embed, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("batchinfer.backends.openvino.available", lambda: False)
+    report = run_job(sms_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="auto"))
+    assert report["complete"] and report["batching"]["backend"] == "torch"
+    with pytest.raises(ConfigError, match="needs the openvino package") as refused:
+        run_job(sms_job(sms_parquet, tiny_embed, tmp_path / "out2", model__backend="openvino"))
+    assert 'pip install -e ".[cpu]"' in refused.value.hint
