@@ -14,6 +14,7 @@ Shapes: T real tokens in a batch, b rows, L the longest row.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,17 +22,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
 
 ATTENTION = "batchinfer_packed"
 VARLEN_ATTENTION = "batchinfer_varlen"
 
-try:  # flash attention over cumulative lengths; CUDA kernels only
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:
-    varlen_attn = None
-if varlen_attn is not None and "scale" not in inspect.signature(varlen_attn).parameters:
-    varlen_attn = None  # torch 2.9's first version takes no scale
+
+@functools.cache
+def _varlen_attn():
+    """torch's flash attention over cumulative lengths (CUDA kernels only), or None. Imported on first use
+    on a GPU: the import pulls in torch's compiler and costs most of a second of every CPU run's start."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn if "scale" in inspect.signature(varlen_attn).parameters else None  # torch 2.9's: no scale
 
 
 @dataclass
@@ -131,7 +135,7 @@ def varlen_attention(
     def tokens_first(x: torch.Tensor) -> torch.Tensor:  # [1, heads, T, d] → [T, heads, d], a view
         return x[0].transpose(0, 1)
 
-    out = varlen_attn(
+    out = _varlen_attn()(
         tokens_first(query),
         tokens_first(key),
         tokens_first(value),
@@ -144,15 +148,21 @@ def varlen_attention(
     return out[None], None
 
 
-AttentionInterface.register(ATTENTION, packed_attention)
-AttentionInterface.register(VARLEN_ATTENTION, varlen_attention)
+@functools.cache
+def _register_attention() -> None:
+    """Both attention functions in transformers' registry, on the first packed batch: importing transformers'
+    modeling code costs 1.5 s of start-up that a job run on OpenVINO does not need."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, packed_attention)
+    AttentionInterface.register(VARLEN_ATTENTION, varlen_attention)
 
 
 def varlen_supported(model, device: torch.device) -> bool:
     """Whether packed attention can be one varlen flash-attention call: torch has the kernel, the
     device is a CUDA GPU with flash attention (sm80 or newer), the weights are bf16 or fp16, and
     the head size is a multiple of 8 up to 256."""
-    if varlen_attn is None or device.type != "cuda" or model.dtype not in (torch.bfloat16, torch.float16):
+    if device.type != "cuda" or model.dtype not in (torch.bfloat16, torch.float16) or _varlen_attn() is None:
         return False
     head_dim = model.config.hidden_size // model.config.num_attention_heads
     return (
@@ -178,6 +188,7 @@ def packed_forward(model, packing: Packing):
             output.pooler_output = _pooled(base, output.last_hidden_state)
         return output
 
+    _register_attention()
     handle = base.register_forward_hook(repad)
     config._attn_implementation = VARLEN_ATTENTION if varlen_supported(model, packing.mask.device) else ATTENTION
     try:

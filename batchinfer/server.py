@@ -36,7 +36,7 @@ from .errors import shorten
 from .messages import is_blank, message_problem
 from .packing import supports_packing
 from .runners import make_runner
-from .tune import DEFAULT_BUDGET
+from .tune import BACKEND_BUDGETS, DEFAULT_BUDGET
 
 SERVED = ("embed", "classify", "score", "generate")
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -145,7 +145,8 @@ class EncoderService:
         strategy = batching.strategy
         if strategy == "auto":  # packed where the model allows it: no padding computed, the same results
             strategy = "packed" if supports_packing(self.runner.model) is None else "padded"
-        max_tokens = batching.max_tokens if batching.max_tokens != "auto" else DEFAULT_BUDGET
+        auto = BACKEND_BUDGETS.get(self.runner.backend, DEFAULT_BUDGET)
+        max_tokens = batching.max_tokens if batching.max_tokens != "auto" else auto
         self.batcher = Batcher(
             self.runner,
             max_tokens,

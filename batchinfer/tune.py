@@ -25,7 +25,10 @@ SAMPLE_TOKENS = 16384  # per candidate: ~2 s for MiniLM on 2 CPU cores, spent on
 GPU_PROBE_TOKENS = 8192
 GPU_MEMORY_SHARE = 0.5  # of the memory free after loading the model: headroom for fragmentation and long rows
 GPU_MAX_BUDGET = 1 << 18
-DEFAULT_BUDGET = 16384  # when the probe cannot measure (too few rows)
+DEFAULT_BUDGET = 16384  # when the probe cannot measure (too few rows), and the one a candidate must beat
+# OpenVINO's CPU kernels run small batches as fast as large ones (MiniLM, bf16, 2 cores: 4,096 tokens 15%
+# faster than 16,384), and a small budget keeps each batch's activations in cache.
+BACKEND_BUDGETS = {"openvino": 4096}
 
 
 @dataclass
@@ -37,6 +40,7 @@ class Tuning:
     # long enough to tell (MIN_SECONDS) are kept
     tokens_per_s: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    backends: dict[str, float] = field(default_factory=dict)  # each backend's tokens/s, where both were timed
 
     def describe(self) -> str:
         rates = ", ".join(f"{k} {v:,.0f}" for k, v in self.tokens_per_s.items())
@@ -100,8 +104,9 @@ def probe(
         run([left[:8]], strategies[0] if backend == "torch" else "padded", backend)
         left = left[8:]
 
-    def key(backend: str, how: str, budget: int) -> str:
-        return f"{how}@{budget}" if backend == "torch" else f"{backend}:{how}@{budget}"
+    def key(backend: str, how: str, budget: int, share: int = 1) -> str:
+        name = f"{how}@{budget}" if backend == "torch" else f"{backend}:{how}@{budget}"
+        return name + (f" (1/{share} slice)" if share > 1 else "")
 
     def measure(backend: str, how: str, budget: int, share: int = 1) -> None:
         nonlocal left
@@ -111,23 +116,23 @@ def probe(
             return
         seconds = run([part[b] for b in plan(lengths[part], budget, how, max_rows, device)], how, backend)
         if seconds >= MIN_SECONDS:
-            samples.setdefault(key(backend, how, budget), []).append(float(lengths[part].sum() / seconds))
+            samples.setdefault(key(backend, how, budget, share), []).append(float(lengths[part].sum() / seconds))
 
     def rates(options: dict[str, tuple]) -> dict[str, float]:
         found = {name: samples.get(key(*setting)) for name, setting in options.items()}
         return {name: float(np.mean(values)) for name, values in found.items() if values}
 
-    def pick(options: dict[str, tuple], default: str, what: str, share: int = 1) -> str:
-        """The option (name -> (backend, how, budget)) that is clearly fastest, else `default`; each measured
-        on 1/share of a slice."""
+    def pick(options: dict[str, tuple], default: str, what: str) -> str:
+        """The option (name -> (backend, how, budget[, share of a slice])) that is clearly fastest, else
+        `default`."""
         for setting in options.values():
             if key(*setting) not in samples:
-                measure(*setting, share)
+                measure(*setting)
         measured = rates(options)
         ranked = sorted(measured, key=measured.get, reverse=True)
         if len(ranked) > 1 and measured[ranked[1]] > measured[ranked[0]] * (1 - NOISE):
             for name in ranked[:2]:  # within noise of each other: once more each
-                measure(*options[name], share)
+                measure(*options[name])
             measured = rates(options)
             ranked = sorted(measured, key=measured.get, reverse=True)
         if len(measured) < len(options):
@@ -139,23 +144,28 @@ def probe(
             return default
         return best
 
-    budget = max_tokens if max_tokens != "auto" else DEFAULT_BUDGET
-    backend = backends[0]
+    def default(backend: str) -> int:
+        return max_tokens if max_tokens != "auto" else BACKEND_BUDGETS.get(backend, DEFAULT_BUDGET)
+
+    backend, compared = backends[0], {}
     if len(backends) > 1:
         # Backends can differ several times over, and each slice of the slower one costs its share of the
         # chunk's time: a quarter slice tells them apart, a close call is measured again.
-        backend = pick({b: (b, "padded", budget) for b in backends}, backends[0], "backend", share=4)
+        options = {b: (b, "padded", default(b), 4) for b in backends}
+        backend = pick(options, backends[0], "backend")
+        compared = rates(options)
+    budget = default(backend)
     first = strategies[0] if backend == "torch" else "padded"
     if max_tokens == "auto" and device.type == "cuda":
         per_token = _bytes_per_token(lambda b, how: measure(backend, how, b))
         budget = gpu_budget(per_token, torch.cuda.mem_get_info(device)[0])
     elif max_tokens == "auto":
-        budget = int(pick({str(b): (backend, first, b) for b in CPU_BUDGETS}, str(DEFAULT_BUDGET), "max_tokens"))
+        budget = int(pick({str(b): (backend, first, b) for b in CPU_BUDGETS}, str(budget), "max_tokens"))
     best = first
     if backend == "torch" and len(strategies) > 1:
         best = pick({how: (backend, how, budget) for how in strategies}, "padded", "strategy")
     measured = {k: round(float(np.mean(v))) for k, v in samples.items()}
-    return Tuning(budget, best, backend, measured, notes), left
+    return Tuning(budget, best, backend, measured, notes, {b: round(r) for b, r in compared.items()}), left
 
 
 def _bytes_per_token(measure: Callable[[int, str], None]) -> float:

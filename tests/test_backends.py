@@ -254,3 +254,31 @@ def test_without_openvino_auto_runs_torch_and_openvino_says_what_to_install(
     with pytest.raises(ConfigError, match="needs the openvino package") as refused:
         run_job(sms_job(sms_parquet, tiny_embed, tmp_path / "out2", model__backend="openvino"))
     assert 'pip install -e ".[cpu]"' in refused.value.hint
+
+
+@pytest.mark.parametrize("ratio,loads_torch", [(3.0, False), (1.2, True)])
+def test_torch_is_not_loaded_where_openvino_was_clearly_faster_on_this_cpu_before(
+    sms_parquet, tiny_embed, tmp_path, conversion_cache, ratio, loads_torch
+):
+    from batchinfer.backends import openvino
+
+    run_job(sms_job(sms_parquet, tiny_embed, tmp_path / "first", model__backend="openvino", model__dtype="float32"))
+    (entry,) = [e for e in _entries(conversion_cache) if _is_for(e, tiny_embed)]
+    rates = {"cpu-of-another-machine": {"openvino": 1.0, "torch": 100.0}}
+    (entry / openvino.RATES).write_text(json.dumps({**rates, openvino.cpu_id(): {"openvino": ratio, "torch": 1.0}}))
+    report = run_job(sms_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="auto"))
+    assert report["complete"] and ("torch_load" in report["startup"]["load"]) == loads_torch
+    if not loads_torch:
+        assert report["batching"]["backend"] == "openvino"
+        assert "torch not loaded: OpenVINO ran this model at 3.0x" in " ".join(report["batching"]["probe"]["notes"])
+    (entry / openvino.RATES).unlink()
+
+
+def test_a_probe_that_timed_both_backends_keeps_their_rates_for_this_cpu(tmp_path):
+    from batchinfer.backends import openvino
+
+    model = openvino.OpenVINOModel.__new__(openvino.OpenVINOModel)
+    model.entry = tmp_path
+    openvino.remember(model, {"openvino": 30_000, "torch": 10_000})
+    known = json.loads((tmp_path / openvino.RATES).read_text())
+    assert known == {openvino.cpu_id(): {"openvino": 30_000, "torch": 10_000}}

@@ -88,7 +88,7 @@ def test_varlen_attention_layout_equals_padded(family, monkeypatch):
     base = base_cls(config).eval()
     assert not varlen_supported(base, torch.device("cpu"))  # no CPU kernel: packed CPU batches re-pad
     calls = []
-    monkeypatch.setattr(batchinfer.packing, "varlen_attn", _reference_varlen(calls))
+    monkeypatch.setattr(batchinfer.packing, "_varlen_attn", lambda: _reference_varlen(calls))
     monkeypatch.setattr(batchinfer.packing, "varlen_supported", lambda model, device: True)
     padded, mask = _padded(base, ROWS)
     packed = _packed(base, ROWS)

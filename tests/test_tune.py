@@ -64,7 +64,8 @@ def test_the_probe_picks_the_backend_that_is_clearly_faster_and_runs_every_row_o
         lengths, _stand_in(lengths, speeds, seen), 4096, "auto", 256, torch.device("cpu"), True, ("openvino", "torch")
     )
     assert tuning.backend == "torch" and tuning.strategy == "padded"  # packed is within noise of padded
-    assert {"openvino:padded@4096", "padded@4096"} <= set(tuning.tokens_per_s)
+    assert {"openvino:padded@4096 (1/4 slice)", "padded@4096 (1/4 slice)"} <= set(tuning.tokens_per_s)
+    assert tuning.backends == {"openvino": 1000, "torch": 3000}
     assert any("strategy: no candidate clearly faster than padded" in note for note in tuning.notes)
     assert sorted(seen + rest.tolist()) == list(range(6000))
 
@@ -92,7 +93,8 @@ def test_two_leaders_within_noise_are_measured_again():
 
     tuning, _ = probe(lengths, run, 4096, "padded", 64, torch.device("cpu"), True, ("openvino", "torch"))
     assert calls == ["openvino", "torch", "torch", "openvino"]
-    assert tuning.tokens_per_s == {"openvino:padded@4096": 1000, "padded@4096": 1320} and tuning.backend == "torch"
+    assert tuning.tokens_per_s == {"openvino:padded@4096 (1/4 slice)": 1000, "padded@4096 (1/4 slice)": 1320}
+    assert tuning.backend == "torch"
 
 
 def test_slices_too_fast_to_measure_keep_the_defaults():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -69,22 +70,36 @@ def backend_is_open(job) -> bool:
     return len(names) > 1 or any(len(precisions(job.model, name)) > 1 for name in names)
 
 
-def load_encoders(cfg: ModelConfig, path: Path, names: list[str], auto_class: str, pairs: bool):
-    """(tokenizer, {backend: model}, device, seconds) with every backend in `names` loaded; seconds: how long
-    loading, converting and compiling took, for the report's start-up figures."""
+def load_encoders(
+    cfg: ModelConfig, path: Path, names: list[str], auto_class: str, pairs: bool, output: tuple[str, Callable | None]
+):
+    """(tokenizer, {backend: model}, device, load) with the backends of `names` loaded; load: the seconds that
+    loading, converting and compiling took (the report's start-up figures) and notes. output: what the converted
+    model returns (runners/base.py converted_output).
+
+    torch is not loaded beside OpenVINO where OpenVINO ran this model at CLEAR_WIN times its speed on this
+    CPU before: the probe would only confirm it, at the cost of loading torch's modeling code and the model."""
     from ..models import load_model, model_identity, pick_device
 
     t0 = time.perf_counter()
-    models, seconds = {}, {}
-    tokenizer = torch_model = None
+    models, load = {}, {}
+    tokenizer = torch_model = of = None
+    if "openvino" in names:
+        import transformers
+
+        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+        of = openvino.conversion(model_identity(path), auto_class, output[0], _input_names(auto_class, config, pairs))
+        won = "torch" in names and openvino.clear_win(of)
+        if won:
+            names = [name for name in names if name != "torch"]
+            load["note"] = f"torch not loaded: OpenVINO ran this model at {won:.1f}x its speed on this CPU before"
     if "torch" in names:
         tokenizer, torch_model, device = load_model(cfg, path)
         models["torch"] = torch_model
-        seconds["torch_load"] = round(time.perf_counter() - t0, 3)
+        load["torch_load"] = round(time.perf_counter() - t0, 3)
     else:
         device = pick_device(cfg.device)
-    if "openvino" in names:
-        import transformers
+    if of is not None:
 
         def f32_model():  # only on a cache miss: the weights the conversion reads
             if torch_model is not None and torch_model.dtype == torch.float32:
@@ -93,14 +108,10 @@ def load_encoders(cfg: ModelConfig, path: Path, names: list[str], auto_class: st
 
         if tokenizer is None:
             tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
-        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
-        output = "last_hidden_state" if auto_class == "AutoModel" else "logits"
-        takes = _input_names(auto_class, config, pairs)
-        of = openvino.conversion(model_identity(path), auto_class, output, takes)
-        models["openvino"] = openvino.load(config, of, precisions(cfg, "openvino"), f32_model)
-        seconds.update(models["openvino"].seconds)
-    seconds["load"] = round(time.perf_counter() - t0, 3)
-    return tokenizer, {name: models[name] for name in names}, device, seconds
+        models["openvino"] = openvino.load(config, of, precisions(cfg, "openvino"), f32_model, output[1])
+        load.update(models["openvino"].seconds)
+    load["load"] = round(time.perf_counter() - t0, 3)
+    return tokenizer, {name: models[name] for name in names}, device, load
 
 
 def _input_names(auto_class: str, config, pairs: bool) -> tuple[str, ...]:

@@ -33,7 +33,10 @@ from ..errors import ModelError
 
 FORMAT = 1  # bump when what is converted changes
 MANIFEST = "batchinfer.json"
-ENTRY_FILES = ("model.xml", "model.bin", MANIFEST)
+RATES = "backends.json"  # each backend's measured tokens/s for this conversion, per CPU
+ENTRY_FILES = ("model.xml", "model.bin", MANIFEST, RATES)
+# OpenVINO measured this many times torch's speed on this CPU before: auto loads no torch model to compare.
+CLEAR_WIN = 1.5
 # What the runner's dtype names mean as OpenVINO's inference precision hint.
 PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
@@ -57,15 +60,16 @@ def bf16_supported() -> bool:
 
 
 class _OneOutput(torch.nn.Module):
-    """The transformers model with the one output a task reads."""
+    """The transformers model with the one output a task reads, or `head` of its hidden states and mask."""
 
-    def __init__(self, model, output: str):
+    def __init__(self, model, output: str, head=None):
         super().__init__()
-        self.model, self.output = model, output
+        self.model, self.output, self.head = model, output, head
 
     def forward(self, input_ids, attention_mask, token_type_ids=None):
         types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        return getattr(self.model(input_ids=input_ids, attention_mask=attention_mask, **types), self.output)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, **types)
+        return self.head(out.last_hidden_state, attention_mask) if self.head else getattr(out, self.output)
 
 
 class OpenVINOModel:
@@ -75,8 +79,8 @@ class OpenVINOModel:
     backend = "openvino"
     device = torch.device("cpu")
 
-    def __init__(self, config, compiled: dict, output: str, names: tuple[str, ...], seconds: dict):
-        self.config = config
+    def __init__(self, config, compiled: dict, output: str, names: tuple[str, ...], seconds: dict, entry: Path):
+        self.config, self.entry = config, entry
         self.compiled = compiled  # precision ("f32", "bf16") -> openvino.CompiledModel
         self.requests = {p: c.create_infer_request() for p, c in compiled.items()}
         self.output, self.names = output, names
@@ -120,18 +124,19 @@ def conversion(identity: str, auto_class: str, output: str, names: tuple[str, ..
     }
 
 
-def load(config, of: dict, precisions: list[str], torch_model) -> OpenVINOModel:
+def load(config, of: dict, precisions: list[str], torch_model, head=None) -> OpenVINOModel:
     """The conversion `of` (see conversion()), from the cache or converted now from `torch_model` (a callable
-    that loads it, called only on a cache miss), compiled in each of `precisions`."""
+    that loads it, called only on a cache miss), compiled in each of `precisions`. head: computed inside the
+    graph from the hidden states and mask, in place of the model output `of["output"]` (which then names it)."""
     import openvino as ov
 
     seconds = {}
-    names, output = tuple(of["inputs"]), of["output"]
-    entry = cache_root() / "openvino" / hashlib.sha256(json.dumps(of, sort_keys=True).encode()).hexdigest()[:24]
+    names, output = tuple(of["inputs"]), of["output"].split(":")[0]
+    entry = entry_of(of)
     t0 = time.perf_counter()
     with _entry_lock(entry):
         if not _valid(entry):
-            _convert(torch_model(), of, entry)
+            _convert(torch_model(), of, entry, head)
             seconds["convert"] = round(time.perf_counter() - t0, 3)
     t1 = time.perf_counter()
     core = ov.Core()
@@ -150,10 +155,49 @@ def load(config, of: dict, precisions: list[str], torch_model) -> OpenVINOModel:
                 "set model.dtype: float32 (or auto), or model.backend: torch",
             ) from exc
     seconds["compile"] = round(time.perf_counter() - t2, 3)
-    return OpenVINOModel(config, compiled, output, names, seconds)
+    return OpenVINOModel(config, compiled, output, names, seconds, entry)
 
 
-def _convert(model, of: dict, entry: Path) -> None:
+def entry_of(of: dict) -> Path:
+    return cache_root() / "openvino" / hashlib.sha256(json.dumps(of, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cpu_id() -> str:
+    """This CPU as far as speed goes: its model, flags and the threads a run uses."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            described = [line for line in f if line.startswith(("model name", "flags"))][:2]
+    except OSError:
+        described = []
+    return hashlib.sha256(f"{described}{os.cpu_count()}{torch.get_num_threads()}".encode()).hexdigest()[:16]
+
+
+def remember(model: OpenVINOModel, rates: dict[str, float]) -> None:
+    """Keep the backends' measured tokens/s beside the conversion, for later jobs on this CPU."""
+    try:
+        known = json.loads((model.entry / RATES).read_text())
+    except (OSError, ValueError):
+        known = {}
+    staging = model.entry / f".{RATES}.{uuid.uuid4().hex[:8]}"
+    try:
+        staging.write_text(json.dumps({**known, cpu_id(): rates}, indent=1))
+        os.replace(staging, model.entry / RATES)
+    except OSError:  # a read-only cache: the next job measures again
+        staging.unlink(missing_ok=True)
+
+
+def clear_win(of: dict) -> float | None:
+    """How many times torch's speed OpenVINO ran the conversion `of` at on this CPU, where that was at least
+    CLEAR_WIN (so torch need not be loaded to be measured again), else None."""
+    try:
+        rates = json.loads((entry_of(of) / RATES).read_text())[cpu_id()]
+        ratio = rates["openvino"] / rates["torch"]
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+    return ratio if ratio >= CLEAR_WIN else None
+
+
+def _convert(model, of: dict, entry: Path, head=None) -> None:
     """Convert and save into a fresh folder beside the entry, then move it into place whole."""
     import openvino as ov
 
@@ -162,7 +206,7 @@ def _convert(model, of: dict, entry: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracer's notes on data-dependent branches in attention masks
         converted = ov.convert_model(
-            _OneOutput(model, of["output"]),
+            _OneOutput(model, of["output"], head),
             example_input=example,
             input=[(name, ov.PartialShape([-1, -1]), ov.Type.i64) for name in names],
         )
