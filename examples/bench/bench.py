@@ -313,8 +313,8 @@ def min_cosine(path: Path, reference: np.ndarray) -> str:
 
 
 def peer_padding(lengths: np.ndarray, texts_chars: np.ndarray, run: str) -> float:
-    """Padding efficiency of batches of 32: input order, or sorted by characters as st does."""
-    order = np.argsort(-texts_chars, kind="stable") if run == "st" else np.arange(len(lengths))
+    """Padding efficiency of batches of 32: input order, or sorted by characters as sentence-transformers does."""
+    order = np.argsort(-texts_chars, kind="stable") if run.startswith("st") else np.arange(len(lengths))
     padded = sum(lengths[order[i : i + BATCH]].max() * len(order[i : i + BATCH]) for i in range(0, len(order), BATCH))
     return float(lengths.sum() / padded)
 
