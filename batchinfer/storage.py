@@ -435,6 +435,7 @@ class ObjectFolder:
         return info.mtime.timestamp() if info.mtime else None
 
     def parquet_metadata(self, name: str) -> pq.FileMetaData | None:
+        """The footer alone: a ranged read of the object's end, not the object."""
         try:
             return pq.read_metadata(self._path(name), filesystem=self.fs)
         except (OSError, pa.ArrowException):

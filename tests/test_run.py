@@ -432,6 +432,20 @@ def test_a_shard_replaced_during_the_run_is_never_mixed_into_the_result(
     assert (tmp_path / "out" / "_SUCCESS").exists() == (on_bad_shard == "skip")
 
 
+def test_success_is_never_written_over_a_part_that_vanished_during_the_run(sms_parquet, tiny_embed, tmp_path):
+    from batchinfer.errors import OutputError
+
+    out = tmp_path / "out"
+    with pytest.raises(OutputError) as info:
+        run_job(
+            _job(sms_parquet, tiny_embed, out), progress=SwapAfterChunks(2, (out / "part-00000-00000.parquet").unlink)
+        )
+    assert "part-00000-00000.parquet of finished chunks vanished" in info.value.message
+    assert not (out / "_SUCCESS").exists() and _read(out).num_rows == 500
+    report = run_job(_job(sms_parquet, tiny_embed, out))  # as the fix says
+    assert report["complete"] and report["run"]["rows"] == 100 and _read(out).num_rows == 600
+
+
 def test_output_inside_the_input_folder_is_never_read_back(sms_parquet, tiny_embed, tmp_path):
     """With the text kept in the output, a rerun that read its own parts would find every row twice."""
     job = _job(sms_parquet, tiny_embed, sms_parquet / "embedded", input__keep=["text"])
