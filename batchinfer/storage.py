@@ -188,7 +188,7 @@ def open_random(path: str, options: dict | None = None) -> pa.NativeFile:
 
 
 # Keys of an object's info (fsspec clients: s3fs, gcsfs, adlfs, ...) that change with every new version.
-VERSION_KEYS = ("ETag", "etag", "VersionId", "version_id", "generation", "content_md5")
+VERSION_KEYS = ("ETag", "etag", "VersionId", "version_id", "generation", "content_md5", "blob_id")
 
 
 def file_stamp(path: str, options: dict | None = None) -> dict[str, str]:
@@ -218,8 +218,9 @@ def file_stamp(path: str, options: dict | None = None) -> dict[str, str]:
 
 
 def _local_stamp(path: Path) -> str:
+    # No device number: Ray workers on other machines see a shared mount under another one.
     st = path.stat()
-    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_dev}-{st.st_ino}"
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
 
 
 def same_or_inside(inner: str, outer: str) -> bool:
