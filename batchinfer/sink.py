@@ -11,7 +11,9 @@
 Commit protocol: a chunk is done when its marker exists. Its part files are written whole under their
 final names first (a temporary file, fsync, rename), then the marker. After a crash, a part without a
 marker is a leftover of the chunk in flight and is removed when the next run opens the folder; nothing
-is ever appended, so there is no torn line to mend.
+is ever appended, so there is no torn line to mend. Every open checks each marker against the part files
+it committed (present, this job's id in the footer, its rows): a chunk whose part went missing runs again,
+and _SUCCESS is written only over every committed part.
 
 Ownership: every file carries the job's id (in the Parquet footer, in the JSON, or in a temporary
 file's name), so batchinfer deletes or overwrites only what it can prove it wrote. A folder holding
@@ -50,7 +52,7 @@ FORMAT = 2
 HEARTBEAT = 15.0  # seconds between rewrites of the lock while a run holds it
 LOCK_STALE = 120.0  # a lock from another host not rewritten for this long belongs to a dead run
 TAKEOVER_SETTLE = 1.0  # seconds between taking over a dead run's lock and reading it back
-FOOTER_READS = 16  # part footers read at once when a run opens the folder
+READS_AT_ONCE = 16  # markers and part footers read at once when a run opens the folder
 ID_KEY = b"batchinfer.job_id"
 ERROR_SCHEMA = pa.schema(
     [
@@ -244,9 +246,10 @@ class OutputDir:
     def _read_markers(self, job: dict, listing: dict[str, int]) -> dict[str, dict]:
         """Finished chunks by name, in order (a retry after what it retries)."""
         done = {}
-        for name in sorted((n for n in listing if _MARKER.fullmatch(n)), key=_marker_order):
+        names = sorted((n for n in listing if _MARKER.fullmatch(n)), key=_marker_order)
+        for name, raw in self._read_each(self.folder.read, names).items():
             try:
-                record = json.loads(self.folder.read(name) or b"")
+                record = json.loads(raw or b"")
             except ValueError:
                 continue  # not ours: reported as foreign
             if isinstance(record, dict) and record.get("job_id") == job["job_id"]:
@@ -280,11 +283,16 @@ class OutputDir:
 
     def _footers(self, listing: dict[str, int]) -> dict[str, pq.FileMetaData | None]:
         """The footer of every Parquet file batchinfer may have written here (None: not Parquet, or not
-        whole), read FOOTER_READS at a time: one small read each, so thousands of parts on an object store
-        take seconds, not minutes."""
+        whole): the footer alone, not the file."""
         names = [n for n in listing if _PART.fullmatch(n) or n in (SKIPPED, BAD_RECORDS)]
-        with ThreadPoolExecutor(max_workers=FOOTER_READS, thread_name_prefix="batchinfer-footer") as pool:
-            return dict(zip(names, pool.map(self.folder.parquet_metadata, names)))
+        return self._read_each(self.folder.parquet_metadata, names)
+
+    @staticmethod
+    def _read_each(read, names: list[str]) -> dict:
+        """name -> read(name), in the order given, READS_AT_ONCE at a time: each one small request, so the
+        markers and footers of thousands of chunks on an object store take seconds, not minutes."""
+        with ThreadPoolExecutor(max_workers=READS_AT_ONCE, thread_name_prefix="batchinfer-read") as pool:
+            return dict(zip(names, pool.map(read, names)))
 
     def _owned(self, name: str, job: dict | None, done: dict[str, dict], footers: dict) -> bool:
         if name in (JOB, LOCK) or _CREATING.fullmatch(name):

@@ -3,7 +3,9 @@
 One class per format: parquet.py, jsonl.py (and .jsonl.gz), hf.py (saved datasets), openai.py
 (OpenAI Batch API request lines). Discovery here expands input.path into shards in a stable order,
 opens each once (row count, content digest, columns, value types) and fixes the type of every id and
-kept column for the whole job.
+kept column for the whole job. Each shard is stamped too (size, modification time, inode or ETag), and
+every reader checks the stamp before and after each read, so a file changed while the job runs stops
+its rows instead of mixing two versions.
 
 Discovery never reads batchinfer's own output back: it skips the job's output folder and any folder
 below the input that holds a batchinfer job (an output folder given as input.path itself is read, so

@@ -30,7 +30,7 @@ from .base import (
 )
 
 BUFFER = 1 << 20  # bytes read from the file at a time: column chunks are streamed, not loaded whole
-MAX_BATCH = 1 << 16  # rows per record batch at most
+MAX_BATCH = 1 << 10  # rows per record batch at most: small batches keep the peak down, whatever the chunk
 
 
 class ParquetFormat:
