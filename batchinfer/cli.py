@@ -478,14 +478,16 @@ def status(
         errors: Counter = Counter()
         for name in current_errors(done).values():
             errors.update(done[name]["errors"])
-        chunks = [r for r in done.values() if "retry_of" not in r]
+        lost = sink.lost(done)
+        chunks = [r for name, r in done.items() if "retry_of" not in r and name not in lost]
         updated = max([sink.folder.mtime(JOB) or 0.0] + [r.get("finished", 0.0) for r in done.values()])
         holder = sink.holder()
         stray = stray_markers(sink, done)
-        complete = sink.folder.read(SUCCESS) is not None and not stray
+        complete = sink.folder.read(SUCCESS) is not None and not stray and not lost
         total = sink.job.get("plan", {}).get("chunks", "?")
         out.print(f"chunks  {len(chunks)}/{total} done" + (" (complete)" if complete else ""))
-        out.print(f"rows    {sum(r['rows'] for r in chunks):,} done, {sum(r['ok'] for r in done.values()):,} ok")
+        passes = [r for r in done.values() if r.get("retry_of", r["chunk"]) not in lost]
+        out.print(f"rows    {sum(r['rows'] for r in chunks):,} done, {sum(r['ok'] for r in passes):,} ok")
         out.print(f"errors  {', '.join(f'{k} {v:,}' for k, v in sorted(errors.items())) or 'none'}")
         if skipped := skipped_shards(sink):
             names = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
@@ -507,6 +509,14 @@ def status(
             out.print(
                 f"damaged {shown}: not a completion marker of this job, so its chunk counts as not done and a "
                 "run refuses the folder until you move the file(s) away",
+                highlight=False,
+            )
+        if lost:
+            shown = "; ".join(f"chunk {chunk}: {problem}" for chunk, problem in list(lost.items())[:3])
+            out.print(
+                f"lost    {len(lost)} finished chunk(s) whose rows are not all there ({shown}"
+                f"{' and more' if len(lost) > 3 else ''}): they count as not done; the next run redoes those whose "
+                "part is missing and refuses a file that is not this job's until you move it away",
                 highlight=False,
             )
         if not complete and not holder:

@@ -12,6 +12,7 @@ from typing import Callable
 from .backends import backend_is_open
 from .config import JobConfig
 from .control import Budget, Progress, Quiet, StopFlag
+from .errors import OutputError
 from .executors import make_executor
 from .models import model_identity, read_config, resolve_model_path
 from .openai_batch import OPENAI_FILES
@@ -75,6 +76,8 @@ def run_job(
         plan={"chunks": len(chunks), "rows": sum(c.rows for c in chunks)},
     )
     try:
+        for note in out.notes:
+            progress.log(note)
         planned = {c.name: c.rows for c in chunks}
         # A chunk an earlier --limit cut short runs again in full; a full one also covers a shorter limit.
         out.forget(
@@ -124,6 +127,8 @@ def run_job(
             str(device),
             workers,
         )
+        missing = out.missing(done)  # deleted while the job ran: _SUCCESS is never written over missing rows
+        report["complete"] = report["complete"] and not missing
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
         if job.model.task != "generate":
             report["batching"] = {
@@ -144,6 +149,12 @@ def run_job(
         if report["complete"] and job.output.format == "jsonl":
             report[RESULTS_JSONL] = out.write_lines(RESULTS_JSONL, json_lines)
         out.write_report(report, success=report["complete"] and limit is None, idle=not todo)
+        if missing:
+            raise OutputError(
+                f"{', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''} of finished chunks vanished "
+                f"from {out.path} while the job ran",
+                "rerun the same command: batchinfer runs those chunks again",
+            )
         return report
     finally:
         out.unlock()

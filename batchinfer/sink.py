@@ -11,7 +11,9 @@
 Commit protocol: a chunk is done when its marker exists. Its part files are written whole under their
 final names first (a temporary file, fsync, rename), then the marker. After a crash, a part without a
 marker is a leftover of the chunk in flight and is removed when the next run opens the folder; nothing
-is ever appended, so there is no torn line to mend.
+is ever appended, so there is no torn line to mend. Every open checks each marker against the part files
+it committed (present, this job's id in the footer, its rows): a chunk whose part went missing runs again,
+and _SUCCESS is written only over every committed part.
 
 Ownership: every file carries the job's id (in the Parquet footer, in the JSON, or in a temporary
 file's name), so batchinfer deletes or overwrites only what it can prove it wrote. A folder holding
@@ -27,6 +29,7 @@ import socket
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -49,6 +52,7 @@ FORMAT = 2
 HEARTBEAT = 15.0  # seconds between rewrites of the lock while a run holds it
 LOCK_STALE = 120.0  # a lock from another host not rewritten for this long belongs to a dead run
 TAKEOVER_SETTLE = 1.0  # seconds between taking over a dead run's lock and reading it back
+READS_AT_ONCE = 16  # markers and part footers read at once when a run opens the folder
 ID_KEY = b"batchinfer.job_id"
 ERROR_SCHEMA = pa.schema(
     [
@@ -71,6 +75,7 @@ class OutputDir:
         self.compression = None if compression == "none" else compression
         self.run_id = uuid.uuid4().hex
         self.job: dict = {}
+        self.notes: list[str] = []  # what open() found and mended, for the run's log
         self._locked = False
 
     @property
@@ -145,10 +150,13 @@ class OutputDir:
         if not job:
             return "a new folder" if not listing else "an empty folder"
         done = self._read_markers(job, listing)
-        self._refuse_foreign(job, listing, done)
+        footers = self._footers(listing)
+        self._refuse_foreign(job, listing, done, footers)
         changed = describe_changes(job["fingerprint"], fingerprint)
         changed.pop("limit", None)
-        chunks = sum(1 for r in done.values() if "retry_of" not in r)
+        lost = lost_chunks(done, listing, footers, job["job_id"])
+        chunks = sum(1 for name, r in done.items() if "retry_of" not in r and name not in lost)
+        again = f"; {len(lost)} finished chunk(s) lost a part file and run again" if lost else ""
         if changed and done:
             return (
                 f"holds {chunks} finished chunk(s) of a different job ({'; '.join(changed.values())}): the run "
@@ -156,7 +164,7 @@ class OutputDir:
             )
         if chunks >= chunks_total:
             return f"holds this job, complete: {chunks}/{chunks_total} chunks done; a run has nothing left to do"
-        return f"holds this job: {chunks}/{chunks_total} chunks done; the run resumes"
+        return f"holds this job: {chunks}/{chunks_total} chunks done; the run resumes{again}"
 
     def _open(
         self, fingerprint: dict, restart: bool, command: str, may_change: frozenset, files: tuple[str, ...], plan: dict
@@ -164,7 +172,8 @@ class OutputDir:
         job = self._read_job()
         listing = self.folder.list()
         done = self._read_markers(job, listing) if job else {}
-        self._refuse_foreign(job, listing, done)
+        footers = self._footers(listing) if job else {}
+        self._refuse_foreign(job, listing, done, footers)
         if restart and job:
             self._clear(listing, done)
             job, done, listing = None, {}, {}
@@ -194,6 +203,10 @@ class OutputDir:
             )
         if set(files) - set(self.job.get("files", [])):  # declared before it is ever written
             self._save_job({**self.job, "files": sorted(set(self.job.get("files", [])) | set(files))})
+        lost = lost_chunks(done, listing, footers, self.job_id)
+        for chunk, problem in lost.items():
+            self.notes.append(f"{problem}: chunk {chunk} runs again")
+        self.forget(list(lost), done)  # every file at their part names is this job's (checked above)
         self._remove_leftovers(listing, done)
         return done
 
@@ -233,9 +246,10 @@ class OutputDir:
     def _read_markers(self, job: dict, listing: dict[str, int]) -> dict[str, dict]:
         """Finished chunks by name, in order (a retry after what it retries)."""
         done = {}
-        for name in sorted((n for n in listing if _MARKER.fullmatch(n)), key=_marker_order):
+        names = sorted((n for n in listing if _MARKER.fullmatch(n)), key=_marker_order)
+        for name, raw in self._read_each(self.folder.read, names).items():
             try:
-                record = json.loads(self.folder.read(name) or b"")
+                record = json.loads(raw or b"")
             except ValueError:
                 continue  # not ours: reported as foreign
             if isinstance(record, dict) and record.get("job_id") == job["job_id"]:
@@ -262,12 +276,25 @@ class OutputDir:
         if foreign:
             raise _foreign_error(self.path, foreign, "holds no batchinfer job")
 
-    def _refuse_foreign(self, job: dict | None, listing: dict[str, int], done: dict[str, dict]) -> None:
-        foreign = [name for name in listing if not self._owned(name, job, done)]
+    def _refuse_foreign(self, job: dict | None, listing: dict[str, int], done: dict[str, dict], footers: dict) -> None:
+        foreign = [name for name in listing if not self._owned(name, job, done, footers)]
         if foreign:
             raise _foreign_error(self.path, foreign, "holds files that are not this job's")
 
-    def _owned(self, name: str, job: dict | None, done: dict[str, dict]) -> bool:
+    def _footers(self, listing: dict[str, int]) -> dict[str, pq.FileMetaData | None]:
+        """The footer of every Parquet file batchinfer may have written here (None: not Parquet, or not
+        whole): the footer alone, not the file."""
+        names = [n for n in listing if _PART.fullmatch(n) or n in (SKIPPED, BAD_RECORDS)]
+        return self._read_each(self.folder.parquet_metadata, names)
+
+    @staticmethod
+    def _read_each(read, names: list[str]) -> dict:
+        """name -> read(name), in the order given, READS_AT_ONCE at a time: each one small request, so the
+        markers and footers of thousands of chunks on an object store take seconds, not minutes."""
+        with ThreadPoolExecutor(max_workers=READS_AT_ONCE, thread_name_prefix="batchinfer-read") as pool:
+            return dict(zip(names, pool.map(read, names)))
+
+    def _owned(self, name: str, job: dict | None, done: dict[str, dict], footers: dict) -> bool:
         if name in (JOB, LOCK) or _CREATING.fullmatch(name):
             return True
         if not job:
@@ -276,17 +303,16 @@ class OutputDir:
         base = name.rsplit("/", 1)[-1]
         if base.startswith(f".tmp-{job_id[:12]}-") or name in job.get("files", []):
             return True
-        if name in (REPORT, SUCCESS) or _MARKER.fullmatch(name):
+        marker = _MARKER.fullmatch(name)
+        if marker and marker.group(1) in done:  # read already: it carries this job's id
+            return True
+        if name in (REPORT, SUCCESS) or marker:
             try:
                 return json.loads(self.folder.read(name) or b"{}").get("job_id") == job_id
             except (ValueError, AttributeError):
                 return False
-        part = _PART.fullmatch(name)
-        if part and part.group(1) in done:
-            return True
-        if part or name in (SKIPPED, BAD_RECORDS):
-            metadata = self.folder.parquet_metadata(name)
-            return metadata is not None and (metadata.metadata or {}).get(ID_KEY) == job_id.encode()
+        if name in footers:  # a part (even one a marker names) is ours only if its footer says so
+            return has_id(footers[name], job_id)
         return False
 
     def _clear(self, listing: dict[str, int], done: dict[str, dict]) -> None:
@@ -452,6 +478,16 @@ class OutputDir:
                 self.folder.delete(f"part-{name}.parquet")
                 self.folder.delete(f"{ERRORS}/part-{name}.parquet")
 
+    def missing(self, done: dict[str, dict]) -> list[str]:
+        """Committed part files the folder no longer lists (one listing: cheap at the end of every run)."""
+        listing = self.folder.list()
+        return [name for name in committed_parts(done) if name not in listing]
+
+    def lost(self, done: dict[str, dict]) -> dict[str, str]:
+        """Finished chunks whose part files are missing or not this job's (see lost_chunks); reads footers."""
+        listing = self.folder.list()
+        return lost_chunks(done, listing, self._footers(listing), self.job_id)
+
     def drop_errors(self, name: str) -> None:
         self.folder.delete(f"{ERRORS}/part-{name}.parquet")
 
@@ -576,6 +612,43 @@ def skipped_shards(out: OutputDir) -> list[str]:
 def stray_markers(out: OutputDir, done: dict[str, dict]) -> list[str]:
     """Completion markers that are damaged or not this job's: a run refuses the folder over them."""
     return [n for n in out.folder.list() if (m := _MARKER.fullmatch(n)) and m.group(1) not in done]
+
+
+def has_id(metadata: pq.FileMetaData | None, job_id: str) -> bool:
+    """Whether a Parquet footer carries this job's id: the only proof that batchinfer wrote the file."""
+    return metadata is not None and (metadata.metadata or {}).get(ID_KEY) == job_id.encode()
+
+
+def committed_parts(done: dict[str, dict]) -> dict[str, tuple[str, int | None]]:
+    """The part files the finished chunks committed: name -> (chunk, rows). Each pass with results has its
+    part; the latest pass of a chunk with error rows has its error file (rows not checked: batchinfer 0.2
+    kept bad CSV records apart)."""
+    current = set(current_errors(done).values())
+    parts = {}
+    for name, record in done.items():
+        chunk = record.get("retry_of", name)
+        if record.get("ok"):
+            parts[f"part-{name}.parquet"] = (chunk, record["ok"])
+        if name in current and sum(record.get("errors", {}).values()):
+            parts[f"{ERRORS}/part-{name}.parquet"] = (chunk, None)
+    return parts
+
+
+def lost_chunks(done: dict[str, dict], listing: dict[str, int], footers: dict, job_id: str) -> dict[str, str]:
+    """Finished chunks whose rows are not all there: a committed part file missing, not this job's, or not
+    holding the rows its marker counts. Chunk -> what is wrong, first problem only."""
+    lost: dict[str, str] = {}
+    for name, (chunk, rows) in committed_parts(done).items():
+        if name not in listing:
+            problem = f"{name} is missing"
+        elif not has_id(footers.get(name), job_id):
+            problem = f"{name} is not this job's file"
+        elif rows is not None and footers[name].num_rows != rows:
+            problem = f"{name} holds {footers[name].num_rows:,} rows where its chunk committed {rows:,}"
+        else:
+            continue
+        lost.setdefault(chunk, problem)
+    return lost
 
 
 def read_lock(raw: bytes | None) -> dict | None:

@@ -8,6 +8,7 @@ final name or absent. No package imports.
 from __future__ import annotations
 
 import errno
+import hashlib
 import io
 import json
 import os
@@ -179,12 +180,47 @@ def modified(path: str, options: dict | None = None) -> float | None:
     return info.mtime.timestamp() if info.mtime else None
 
 
-def open_random(path: str, options: dict | None = None):
-    """A file opened for reads at any offset (a Parquet footer, its row groups), local or remote."""
-    if not is_uri(path):
-        return open(local_path(path), "rb")
+def open_random(path: str, options: dict | None = None) -> pa.NativeFile:
+    """A file opened for reads at any offset (a Parquet footer, its row groups), local or remote, as a
+    pyarrow file (its reads release the GIL)."""
     fs, inner = input_filesystem(path, options)
     return fs.open_input_file(inner)
+
+
+# Keys of an object's info (fsspec clients: s3fs, gcsfs, adlfs, ...) that change with every new version.
+VERSION_KEYS = ("ETag", "etag", "VersionId", "version_id", "generation", "content_md5", "blob_id")
+
+
+def file_stamp(path: str, options: dict | None = None) -> dict[str, str]:
+    """What tells a file's version apart without reading it: its size and modification time, with its
+    inode on a local disk (a file renamed over it is another file) or its ETag, version or generation
+    where the object store's client gives one; for a local folder (a saved dataset), all of that for
+    every file in it. Raises FileNotFoundError when the file is gone."""
+    if not is_uri(path):
+        target = local_path(path)
+        if target.is_dir():
+            digest = hashlib.blake2b(digest_size=16)
+            for file in sorted(f for f in target.rglob("*") if f.is_file()):
+                digest.update(f"{file.relative_to(target)}:{_local_stamp(file)}\n".encode())
+            return {"files": digest.hexdigest()}
+        size, modified_ns, inode = _local_stamp(target).split(":", 2)
+        return {"size": size, "modified": modified_ns, "file": inode}
+    fs, inner = input_filesystem(path, options)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(errno.ENOENT, "no such file", path)
+    stamp = {"size": str(info.size), "modified": str(info.mtime_ns or "")}
+    store = getattr(getattr(fs, "handler", None), "fs", None)  # an fsspec client behind pyarrow
+    if store is not None:
+        details = store.info(inner)
+        stamp.update({key.lower(): str(details[key]) for key in VERSION_KEYS if details.get(key)})
+    return stamp
+
+
+def _local_stamp(path: Path) -> str:
+    # No device number: Ray workers on other machines see a shared mount under another one.
+    st = path.stat()
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
 
 
 def same_or_inside(inner: str, outer: str) -> bool:
@@ -400,6 +436,7 @@ class ObjectFolder:
         return info.mtime.timestamp() if info.mtime else None
 
     def parquet_metadata(self, name: str) -> pq.FileMetaData | None:
+        """The footer alone: a ranged read of the object's end, not the object."""
         try:
             return pq.read_metadata(self._path(name), filesystem=self.fs)
         except (OSError, pa.ArrowException):

@@ -27,7 +27,7 @@ from .prepare import Prepared, prepare_rows, row_limits
 from .runners.base import Tokens
 from .sink import ERROR_SCHEMA, PartWriter
 from .sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
-from .sources.base import as_text
+from .sources.base import ShardChanged, as_text
 from .tune import plan
 
 
@@ -105,7 +105,7 @@ class ChunkTask:
         t0 = time.perf_counter()
         job, chunk = self.job, work.chunk
         shard = self.shards[chunk.shard]
-        if chunk.shard not in self._readers:
+        if chunk.shard not in self._readers:  # one open reader, kept while its shard's chunks run
             self.close()
             self._readers[chunk.shard] = open_reader(shard, self.spec)
         try:
@@ -230,7 +230,13 @@ def unreadable(job: JobConfig, shard: Shard, chunk: Chunk, exc: BaseException) -
     """A chunk whose rows cannot be read: stop (on_bad_shard: fail) or account every row as bad_shard."""
     message = f"rows {chunk.start}-{chunk.stop - 1} of {shard.name} cannot be read: {describe_read_error(exc)}"
     if job.input.on_bad_shard == "fail":
-        raise InputError(message, "replace the file and rerun to resume, or set input.on_bad_shard: skip") from exc
+        fix = (
+            "the finished chunks hold rows of the file as it was: once it stays put, rerun with --restart to run "
+            "the job on it as it is now"
+            if isinstance(exc, ShardChanged)
+            else "replace the file and rerun to resume"
+        )
+        raise InputError(message, f"{fix}, or set input.on_bad_shard: skip") from exc
     table = pa.table({c: pa.nulls(chunk.rows, pa.string()) for c in job.columns})
     return RowBlock(table, {offset: ("bad_shard", message) for offset in range(chunk.rows)})
 

@@ -108,14 +108,14 @@ def test_shard_that_breaks_mid_read_accounts_every_row(tmp_path, tiny_embed, mon
     folder.mkdir()
     shutil.copy(BAD / "crlf_and_bom.jsonl", folder / "good.jsonl")
     shutil.copy(BAD / "null_and_empty.parquet", folder / "breaks.parquet")
-    real_read = sources.read_rows
+    real_open = sources.ParquetReader._open
 
-    def corrupt(path, *args):
-        if path.endswith("breaks.parquet"):
+    def corrupt(self):
+        if self.shard.path.endswith("breaks.parquet"):
             raise OSError("Corrupt snappy compressed data.")
-        return real_read(path, *args)
+        return real_open(self)
 
-    monkeypatch.setattr(sources, "read_rows", corrupt)
+    monkeypatch.setattr(sources.ParquetReader, "_open", corrupt)
     with pytest.raises(InputError, match=r"rows 0-3 of breaks.parquet cannot be read: OSError: Corrupt snappy"):
         run_job(_job(folder, tmp_path / "out", tiny_embed))
     report = run_job(_job(folder, tmp_path / "out", tiny_embed, on_bad_shard="skip"))

@@ -330,3 +330,20 @@ def test_an_output_path_that_is_a_file_and_brackets_in_messages(tmp_path, sms_pa
     assert result.exit_code == 1 and f"{odd} holds no batchinfer run" in result.output
     result = runner.invoke(app, ["validate", str(job), "--set", "input.text=[red]x"])
     assert "column '[red]x' not found" in result.output
+
+
+def test_a_committed_part_that_vanished_is_not_complete_and_runs_again(tmp_path, sms_parquet, tiny_embed):
+    """The probe deleted one part of a finished job: the rerun said 'already complete', rewrote _SUCCESS,
+    and status said every row was done, over a folder 100 rows short."""
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    out = tmp_path / "out"
+    (out / "part-00001-00000.parquet").unlink()
+    result = runner.invoke(app, ["status", str(out)])
+    assert result.exit_code == 0 and "5/6 done" in result.output and "(complete)" not in result.output
+    assert "chunk 00001-00000: part-00001-00000.parquet is missing" in result.output
+    result = runner.invoke(app, ["run", str(job)])
+    assert result.exit_code == 0, result.output
+    assert "part-00001-00000.parquet is missing: chunk 00001-00000 runs again" in result.output
+    assert ds.dataset(str(out)).count_rows() == 600 and (out / "_SUCCESS").exists()
+    assert "6/6 done (complete)" in runner.invoke(app, ["status", str(out)]).output

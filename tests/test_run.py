@@ -360,6 +360,92 @@ def test_a_shard_rewritten_between_crash_and_resume_is_refused(sms_table, tiny_e
     assert report["complete"] and report["run"]["rows"] == 300
 
 
+class SwapAfterChunks(CrashAfterChunks):
+    """A progress display that calls `swap` once `chunks` chunks are committed, and goes on."""
+
+    def __init__(self, chunks: int, swap):
+        super().__init__(chunks)
+        self.swap = swap
+
+    def advance(self, rows, tokens):
+        self.left -= 1
+        if self.left == 0:
+            self.swap()
+
+
+def _write_shard(table, path):
+    import csv
+    import json
+
+    import pyarrow.parquet as pq
+
+    if path.suffix == ".parquet":
+        pq.write_table(table, path, row_group_size=64)
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in table.to_pylist()))
+    else:
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=table.column_names)
+            writer.writeheader()
+            writer.writerows(table.to_pylist())
+
+
+@pytest.mark.parametrize(
+    "name,on_bad_shard",
+    [("sms.parquet", "fail"), ("sms.jsonl", "fail"), ("sms.csv", "fail"), ("sms.parquet", "skip")],
+)
+def test_a_shard_replaced_during_the_run_is_never_mixed_into_the_result(
+    sms_table, tiny_embed, tmp_path, name, on_bad_shard
+):
+    """A new file renamed over a shard after its first chunks were committed: the run stops that shard's
+    rows (fail: the run stops naming the file; skip: its remaining rows are bad_shard errors); no row of
+    the new file reaches the output, and _SUCCESS is not written over a mix."""
+    import os
+
+    import pyarrow.compute as pc
+
+    rows = sms_table.slice(0, 400)
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "in" / name
+    _write_shard(rows, path)
+    os.utime(path, ns=(1_600_000_000 * 10**9,) * 2)  # written long before the job
+    new = rows.set_column(0, "sms_id", pc.binary_join_element_wise("new-", rows.column("sms_id"), ""))
+
+    def swap():
+        _write_shard(new, tmp_path / f"new-{name}")
+        os.replace(tmp_path / f"new-{name}", path)
+
+    job = _job(tmp_path / "in", tiny_embed, tmp_path / "out", input__on_bad_shard=on_bad_shard)
+    if on_bad_shard == "fail":
+        from batchinfer.errors import InputError
+
+        with pytest.raises(InputError) as info:
+            run_job(job, progress=SwapAfterChunks(1, swap))
+        assert f"of {name} cannot be read: the file changed while the job ran" in info.value.message
+        assert "--restart" in info.value.hint
+    else:
+        report = run_job(job, progress=SwapAfterChunks(1, swap))
+        assert report["rows"] == 400 and report["rows_ok"] + report["errors_by_reason"]["bad_shard"] == 400
+    ids = _read(tmp_path / "out").column("sms_id").to_pylist()
+    assert ids and not any(i.startswith("new-") for i in ids)
+    assert set(ids) <= set(rows.column("sms_id").to_pylist())
+    assert (tmp_path / "out" / "_SUCCESS").exists() == (on_bad_shard == "skip")
+
+
+def test_success_is_never_written_over_a_part_that_vanished_during_the_run(sms_parquet, tiny_embed, tmp_path):
+    from batchinfer.errors import OutputError
+
+    out = tmp_path / "out"
+    with pytest.raises(OutputError) as info:
+        run_job(
+            _job(sms_parquet, tiny_embed, out), progress=SwapAfterChunks(2, (out / "part-00000-00000.parquet").unlink)
+        )
+    assert "part-00000-00000.parquet of finished chunks vanished" in info.value.message
+    assert not (out / "_SUCCESS").exists() and _read(out).num_rows == 500
+    report = run_job(_job(sms_parquet, tiny_embed, out))  # as the fix says
+    assert report["complete"] and report["run"]["rows"] == 100 and _read(out).num_rows == 600
+
+
 def test_output_inside_the_input_folder_is_never_read_back(sms_parquet, tiny_embed, tmp_path):
     """With the text kept in the output, a rerun that read its own parts would find every row twice."""
     job = _job(sms_parquet, tiny_embed, sms_parquet / "embedded", input__keep=["text"])

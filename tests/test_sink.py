@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchinfer.errors import OutputError, ResumeError
-from batchinfer.sink import OutputDir, read_state
+from batchinfer.sink import ERROR_SCHEMA, OutputDir, read_state
 
 FINGERPRINT = {"input.path": "in", "model.hash": "abc"}
 
@@ -215,3 +215,39 @@ def test_an_input_at_the_output_url_with_or_without_a_slash_is_refused():
         with pytest.raises(OutputError, match="holds the input"):
             refuse_location(output, (path,))
     refuse_location("s3://b/out", ("s3://b/out-old/x",))  # a sibling is fine
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_foreign_file_at_a_committed_parts_name_is_refused_untouched(tmp_path, restart):
+    """A part's name is not proof: only the job id in its footer is (--restart deleted such a file)."""
+    _finished(tmp_path / "out")
+    pq.write_table(pa.table({"row": [7, 8]}), tmp_path / "out" / "part-00000-00001.parquet")  # someone else's
+    before = _snapshot(tmp_path / "out")
+    with pytest.raises(OutputError, match="holds files that are not this job's: part-00000-00001.parquet"):
+        OutputDir(tmp_path / "out").open(FINGERPRINT, restart=restart)
+    assert _snapshot(tmp_path / "out") == before
+
+
+def test_a_finished_chunk_whose_part_or_error_file_vanished_runs_again(tmp_path):
+    out = _finished(tmp_path / "out", chunks=("00000-00000", "00000-00001", "00000-00002"))
+    errors = pa.table({"id": ["a"], "source": ["s"], "row": [9], "reason": ["null_text"], "message": ["m"]})
+    out = OutputDir(tmp_path / "out")
+    out.open(FINGERPRINT, restart=False)
+    out.write_chunk("00000-00003", pa.table({"row": [1]}), errors.cast(ERROR_SCHEMA))
+    out.commit({"chunk": "00000-00003", "rows": 2, "ok": 1, "errors": {"null_text": 1}})
+    out.unlock()
+    (tmp_path / "out" / "part-00000-00001.parquet").unlink()
+    (tmp_path / "out" / "_errors" / "part-00000-00003.parquet").unlink()
+    # Ours, but not what its marker committed (rows lost): redone too; it carries our id, so it may go.
+    table = pq.read_table(tmp_path / "out" / "part-00000-00002.parquet")
+    pq.write_table(table.slice(0, 1), tmp_path / "out" / "part-00000-00002.parquet")
+    again = OutputDir(tmp_path / "out")
+    done = again.open(FINGERPRINT, restart=False)
+    assert list(done) == ["00000-00000"]
+    assert again.notes == [
+        "part-00000-00001.parquet is missing: chunk 00000-00001 runs again",
+        "part-00000-00002.parquet holds 1 rows where its chunk committed 2: chunk 00000-00002 runs again",
+        "_errors/part-00000-00003.parquet is missing: chunk 00000-00003 runs again",
+    ]
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*.parquet")) == ["part-00000-00000.parquet"]
+    assert not (tmp_path / "out" / "_SUCCESS").exists()

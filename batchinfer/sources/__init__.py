@@ -3,7 +3,9 @@
 One class per format: parquet.py, jsonl.py (and .jsonl.gz), hf.py (saved datasets), openai.py
 (OpenAI Batch API request lines). Discovery here expands input.path into shards in a stable order,
 opens each once (row count, content digest, columns, value types) and fixes the type of every id and
-kept column for the whole job.
+kept column for the whole job. Each shard is stamped too (size, modification time, inode or ETag), and
+every reader checks the stamp before and after each read, so a file changed while the job runs stops
+its rows instead of mixing two versions.
 
 Discovery never reads batchinfer's own output back: it skips the job's output folder and any folder
 below the input that holds a batchinfer job (an output folder given as input.path itself is read, so
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import posixpath
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -21,8 +24,28 @@ import pyarrow as pa
 
 from ..config import InputConfig
 from ..errors import InputError
-from ..storage import JOB_FILE, glob_base, glob_regex, is_uri, list_files, reach_problem, refuse_location
-from .base import READ_ERRORS, BadShard, Reader, ReadSpec, RowBlock, Shard, ShardInfo, describe_read_error, job_type
+from ..storage import (
+    JOB_FILE,
+    file_stamp,
+    glob_base,
+    glob_regex,
+    is_uri,
+    list_files,
+    reach_problem,
+    refuse_location,
+)
+from .base import (
+    READ_ERRORS,
+    BadShard,
+    CheckedReader,
+    Reader,
+    ReadSpec,
+    RowBlock,
+    Shard,
+    ShardInfo,
+    describe_read_error,
+    job_type,
+)
 from .csv import CsvFormat
 from .hf import MARKERS as HF_MARKERS
 from .hf import HfFormat
@@ -75,7 +98,8 @@ def read_spec(cfg: InputConfig, columns: list[str] | None = None, types: dict | 
 
 
 def open_reader(shard: Shard, spec: ReadSpec) -> Reader:
-    return FORMATS[shard.format].reader(shard, spec)
+    """A reader of the shard's rows that refuses to return rows once its file changed (see CheckedReader)."""
+    return CheckedReader(shard, spec, FORMATS[shard.format].reader(shard, spec))
 
 
 def shard_format(path: str, declared: str = "auto") -> str | None:
@@ -109,7 +133,7 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
         fmt = shard_format(path, cfg.format)
         name = posixpath.relpath(path, root) if root else posixpath.basename(path.rstrip("/"))
         try:
-            info = _inspect(path, fmt, spec)
+            info, stamp = _inspect(path, fmt, spec)
             _check_columns(name, info.columns, list(spec.columns))
         except InputError as exc:
             if cfg.on_bad_shard == "fail":
@@ -119,7 +143,7 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
                 ) from exc
             bad.append(BadShard(name, exc.message))
             continue
-        shards.append(Shard(path, name, fmt, info.rows, info.digest))
+        shards.append(Shard(path, name, fmt, info.rows, info.digest, stamp=stamp))
         infos.append(info)
     if not shards:
         raise InputError(
@@ -128,7 +152,7 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
         )
     if cfg.format == "openai":
         repeats = find_repeats([(s.name, info.keys) for s, info in zip(shards, infos)])
-        shards = [Shard(s.path, s.name, s.format, s.num_rows, s.digest, repeats.get(s.name, ())) for s in shards]
+        shards = [replace(s, repeats=repeats.get(s.name, ())) for s in shards]
     types = {
         c: job_type(c, {s.name: i.types[c] for s, i in zip(shards, infos) if c in i.types}, c == spec.id_column)
         for c in spec.typed
@@ -137,9 +161,12 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
     return Inputs(shards, bad, types)
 
 
-def _inspect(path: str, fmt: str, spec: ReadSpec) -> ShardInfo:
+def _inspect(path: str, fmt: str, spec: ReadSpec) -> tuple[ShardInfo, tuple[tuple[str, str], ...]]:
+    """What a shard holds, and its stamp: taken before it is read, so a change while it is read is seen."""
     try:
-        return FORMATS[fmt].inspect(path, spec)
+        stamp = file_stamp(path, spec.options)
+        info = FORMATS[fmt].inspect(path, spec)
+        return info, tuple(sorted({**stamp, **({"footer": info.footer} if info.footer else {})}.items()))
     except READ_ERRORS as exc:
         problem = reach_problem(exc)
         if problem:

@@ -17,6 +17,7 @@ from typing import IO, Callable, Protocol
 import pyarrow as pa
 
 from ..errors import InputError
+from ..storage import file_stamp
 
 Problem = tuple[str, str]  # (reason, message)
 FULL_HASH_BYTES = 64 << 20  # files up to this size are identified by all their bytes
@@ -32,6 +33,9 @@ class Shard:
     num_rows: int
     digest: str = ""  # identifies the content: a changed file is never mixed into a resume
     repeats: tuple[tuple[int, str], ...] = ()  # openai: (line, message) for a custom_id seen before
+    # The file's version at discovery (storage.file_stamp; a Parquet footer's digest): checked before and
+    # after every read, so a file changed while the job runs stops its rows instead of mixing versions.
+    stamp: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class ShardInfo:
     columns: list[str] | None  # None: rows are checked one by one (OpenAI requests)
     types: dict[str, pa.DataType] = field(default_factory=dict)  # typed columns found in this shard
     keys: list[tuple[int, str]] = field(default_factory=list)  # openai: (line, custom_id)
+    footer: str = ""  # Parquet: a digest of the footer, checked when a reader opens the file
 
 
 class Reader(Protocol):
@@ -94,9 +99,69 @@ class TableReader:
         pass
 
 
-# What a truncated, corrupt or foreign file raises from pyarrow, gzip, zlib or datasets.
-class ShardShrank(ValueError):
+class ShardChanged(ValueError):
+    """A shard is not the file discovery saw: it was rewritten, replaced or removed while the job ran."""
+
+
+class ShardShrank(ShardChanged):
     """A shard holds fewer rows than it did when the job was planned: it changed during the run."""
+
+
+class CheckedReader:
+    """A format's reader, with the shard's file checked against its stamp before and after every read:
+    rows read from a file that changed are never returned, and the first read opens nothing changed."""
+
+    def __init__(self, shard: Shard, spec: ReadSpec, reader: Reader):
+        self.shard, self.spec, self.reader = shard, spec, reader
+
+    def read(self, start: int, stop: int) -> RowBlock:
+        check_unchanged(self.shard, self.spec.options)
+        block = self.reader.read(start, stop)
+        check_unchanged(self.shard, self.spec.options)
+        return block
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+# What each key of a stamp says when it differs, in the order a message names them.
+CHANGES = {
+    "file": "another file was put in its place",
+    "files": "the files in the folder changed",
+    "size": "its size went from {was} to {now} bytes",
+    "footer": "its Parquet footer changed",
+    "modified": "it was modified",
+}
+
+
+def check_unchanged(shard: Shard, options: dict) -> None:
+    """Raise ShardChanged when the shard's file is no longer the version discovery stamped."""
+    if not shard.stamp:
+        return
+    was = {k: v for k, v in shard.stamp if k != "footer"}  # the footer is checked where it is read
+    try:
+        now = file_stamp(shard.path, options)
+    except FileNotFoundError:
+        raise ShardChanged("the file changed while the job ran: it is gone") from None
+    if now != was:
+        raise ShardChanged(describe_change(was, now))
+
+
+def describe_change(was: dict[str, str], now: dict[str, str]) -> str:
+    keys = sorted({*was, *now}, key=lambda k: (list(CHANGES).index(k) if k in CHANGES else len(CHANGES), k))
+    changes = [
+        CHANGES.get(key, f"its {key} changed").format(was=_number(was.get(key)), now=_number(now.get(key)))
+        for key in keys
+        if was.get(key) != now.get(key)
+    ]
+    return f"the file changed while the job ran: {', '.join(changes)}"
+
+
+def _number(text: str | None) -> str:
+    return f"{int(text):,}" if text and text.isdigit() else str(text)
+
+
+# What a truncated, corrupt or foreign file raises from pyarrow, gzip, zlib or datasets.
 
 
 def next_row(rows, shard: Shard):
@@ -113,9 +178,21 @@ READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowException, ValueError, Key
 def describe_read_error(exc: BaseException) -> str:
     if isinstance(exc, EOFError):
         return "the file ends early (truncated gzip)"
-    if isinstance(exc, ShardShrank):
+    if isinstance(exc, ShardChanged):
         return str(exc)
     return f"{type(exc).__name__}: {exc}".strip()
+
+
+def footer(f, size: int) -> bytes:
+    """A Parquet file's footer (schema, row groups, their sizes and statistics) from its last bytes."""
+    f.seek(size - 8)
+    length = int.from_bytes(f.read(4), "little")
+    f.seek(max(0, size - 8 - length))
+    return f.read(min(length, size - 8))
+
+
+def footer_digest(f) -> str:
+    return hashlib.blake2b(footer(f, f.seek(0, os.SEEK_END)), digest_size=16).hexdigest()
 
 
 def content_digest(f, modified: float | None = None) -> str:
@@ -131,10 +208,7 @@ def content_digest(f, modified: float | None = None) -> str:
         while block := f.read(1 << 20):
             digest.update(block)
         return digest.hexdigest()
-    f.seek(size - 8)
-    length = int.from_bytes(f.read(4), "little")
-    f.seek(max(0, size - 8 - length))
-    digest.update(f.read(min(length, size - 8)))
+    digest.update(footer(f, size))
     digest.update(str(modified).encode())
     return digest.hexdigest()
 
