@@ -66,6 +66,7 @@ class RayExecutor:
         self.stop, self.progress = stop, progress
         runtime = inputs.job.runtime
         self.started_ray = _connect(self.ray, runtime.ray_address)
+        _quiet_ray_lines()
         resources = self.ray.cluster_resources()
         gpus = resources.get("GPU", 0)
         per_gpu = runtime.gpus_per_worker if gpus else 0
@@ -179,8 +180,32 @@ def _connect(ray, address: str | None) -> bool:
                 signal.signal(signum, handler)
 
 
+def _quiet_ray_lines() -> None:
+    """Without --debug, Ray prints nothing of its own in this process: not the workers' output, not its
+    logger's lines, and not the raylet's error messages ("A worker died or was killed ...", some 800
+    characters in colour), which its driver prints from a thread of its own whatever log_to_driver says.
+    A worker's death is batchinfer's one line instead (RayExecutor._replace). Left so for the process:
+    the raylet's message about a dead worker may come after the job is over."""
+    from .. import models
+
+    if models.SHOW_LIBRARY_LOGS:
+        return
+    logging.getLogger("ray").setLevel(logging.ERROR)
+    import ray._private.worker as ray_worker  # the switch ray.util.rpdb uses to silence worker lines
+
+    ray_worker._worker_logs_enabled = False
+
+
 def _init(ray, address: str | None) -> bool:
-    options = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, configure_logging=True)
+    from .. import models
+
+    debug = models.SHOW_LIBRARY_LOGS
+    options = dict(
+        include_dashboard=False,
+        log_to_driver=debug,
+        logging_level=logging.INFO if debug else logging.ERROR,
+        configure_logging=True,
+    )
     if address:
         try:
             ray.init(address=address, **options)
