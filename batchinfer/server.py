@@ -34,6 +34,7 @@ from .batcher import Batcher, BatchStats, Overloaded
 from .config import JobConfig
 from .errors import shorten
 from .messages import is_blank, message_problem
+from .openai_api import chat_messages, unsupported
 from .packing import supports_packing
 from .runners import make_runner
 from .tune import DEFAULT_BUDGET
@@ -93,7 +94,7 @@ class Metrics:
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields such as user
+    model_config = ConfigDict(extra="allow")  # every field is judged by openai_api.FIELDS: done, or refused
 
 
 class EmbeddingsBody(_Body):
@@ -116,9 +117,10 @@ class _GenerationBody(_Body):
     max_tokens: int | None = None
     stop: str | list[str] | None = None
     stream: StrictBool = False
-    n: int | None = None  # OpenAI clients send null or 1
+    stream_options: dict[str, Any] | None = None
     temperature: float | None = None
     top_p: float | None = None
+    seed: int | None = None
     model: str | None = None
 
 
@@ -192,9 +194,16 @@ class GenerateService:
         )
         self.manager.start()
 
-    def check(self, temperature: float | None, top_p: float | None) -> None:
+    def check(self, temperature: float | None, top_p: float | None, seed: int | None) -> None:
+        """Decoding settings are the server's (one engine runs every request): a request may only repeat them.
+        A seed changes nothing when decoding is greedy."""
         gen = self.job.generation
-        for name, asked, served in (("temperature", temperature, gen.temperature), ("top_p", top_p, gen.top_p)):
+        seed = None if gen.temperature == 0 else seed
+        for name, asked, served in (
+            ("temperature", temperature, gen.temperature),
+            ("top_p", top_p, gen.top_p),
+            ("seed", seed, gen.seed),
+        ):
             if asked is not None and abs(asked - served) > 1e-9:
                 raise BadInput(
                     f"{name}: this server decodes with {name} {served}; start it with "
@@ -296,10 +305,12 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
         kind = {400: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
         return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status, headers=headers)
 
-    def _served(task: str, body: BaseModel) -> None:
+    def _served(task: str, body: BaseModel, request: Request) -> None:
         if job.model.task != task:
             raise BadInput(f"this server runs task {job.model.task}; {task} needs a server started with --task {task}")
         _unicode(body.model_dump(), "")
+        if problem := unsupported(request.url.path, body.model_dump(exclude_unset=True), "serve"):
+            raise BadInput(problem[1])
 
     def _done(request: Request, started: float) -> None:
         metrics.requests.labels(request.url.path, "200").inc()
@@ -318,7 +329,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingsBody, request: Request):
         started = time.perf_counter()
-        _served("embed", body)
+        _served("embed", body, request)
         if body.encoding_format not in ("float", "base64"):
             raise BadInput(f"encoding_format: {body.encoding_format!r} is not float or base64")
         texts = _texts(body.input, "input")
@@ -338,7 +349,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     @app.post("/classify")
     async def classify(body: ClassifyBody, request: Request):
         started = time.perf_counter()
-        _served("classify", body)
+        _served("classify", body, request)
         texts = _texts(body.input, "input")
         columns, tokens = await service.run(texts, request)
         data = [dict(zip(columns, values)) for values in zip(*columns.values())]
@@ -352,7 +363,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     @app.post("/score")
     async def score(body: ScoreBody, request: Request):
         started = time.perf_counter()
-        _served("score", body)
+        _served("score", body, request)
         if body.pairs is not None and (body.query is not None or body.documents is not None):
             raise BadInput("give pairs, or query and documents, not both")
         if body.pairs is not None:
@@ -378,30 +389,29 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request):
-        _served("generate", body)
+        _served("generate", body, request)
         if is_blank(body.prompt):
             raise BadInput("prompt: empty, or only whitespace")
         return await _generate(request, body, body.prompt, "text_completion", body.max_tokens)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request):
-        _served("generate", body)
-        problem = message_problem(body.messages, "messages")
-        if problem:
+        _served("generate", body, request)
+        messages, problem = chat_messages(body.messages, "messages")
+        if problem := problem or message_problem(messages, "messages"):
             raise BadInput(problem[1])
         return await _generate(
-            request, body, body.messages, "chat.completion", body.max_completion_tokens or body.max_tokens
+            request, body, messages, "chat.completion", body.max_completion_tokens or body.max_tokens
         )
 
     async def _generate(request: Request, body, prompt, kind: str, max_tokens: int | None):
         started = time.perf_counter()
-        service.check(body.temperature, body.top_p)
+        service.check(body.temperature, body.top_p, body.seed)
         if service.problem():  # before a stream's status line goes out
             raise EngineDown(service.problem())
         if max_tokens is not None and max_tokens < 1:
             raise BadInput("max_tokens: must be at least 1")
-        if body.n not in (None, 1):
-            raise BadInput(f"n: one completion per request is served, not {body.n}; send one request per completion")
+        usage = _stream_usage(body)
         max_new = max_tokens or job.generation.max_new_tokens
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or job.generation.stop)
         tokens = await asyncio.to_thread(service.runner.tokenize, [prompt])
@@ -413,7 +423,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
             f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
         )
         if body.stream:
-            events = _stream(service, request, ids, max_new, stops, kind, request_id, created, started)
+            events = _stream(service, request, ids, max_new, stops, kind, request_id, created, started, usage)
             return StreamingResponse(events, media_type="text/event-stream")
         last = None
         async for output in service.stream(ids, max_new, request):
@@ -435,45 +445,61 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
             "created": created,
             "model": name,
             "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(ids),
-                "completion_tokens": completion,
-                "total_tokens": len(ids) + completion,
-            },
+            "usage": _usage(len(ids), completion),
         }
 
-    async def _stream(service, request, ids, max_new, stops, kind, request_id, created, started):
-        sent = ""
+    async def _stream(service, request, ids, max_new, stops, kind, request_id, created, started, usage):
+        sent, completion = "", 0
         chunk_kind = "chat.completion.chunk" if kind == "chat.completion" else "text_completion"
         try:
             async for output in service.stream(ids, max_new, request):
                 if output.error:
                     raise EngineDown(f"generation failed: {output.error}")
                 generated, text, reason = service.runner._finish(output.generated_tokens, max_new, stops)
+                completion = len(generated)
                 # a stop string ends the completion before the engine does (it knows no stop strings)
                 finished = output.is_finished() or len(generated) < len(output.generated_tokens)
                 delta, sent = text[len(sent) :], text
                 if delta or finished:
                     piece = {"delta": {"content": delta}} if kind == "chat.completion" else {"text": delta}
-                    event = {
-                        "id": request_id,
-                        "object": chunk_kind,
-                        "created": created,
-                        "model": name,
-                        "choices": [{"index": 0, **piece, "finish_reason": reason if finished else None}],
-                    }
-                    yield f"data: {json.dumps(event)}\n\n"
+                    choice = {"index": 0, **piece, "finish_reason": reason if finished else None}
+                    yield _event(request_id, chunk_kind, created, [choice], {"usage": None} if usage else {})
                 if finished:
                     break
         except EngineDown as exc:  # the status line has gone out: the error is the last event
             metrics.requests.labels(request.url.path, "500").inc()
             yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n"
             return
+        if usage:  # stream_options.include_usage: a last chunk with no choices and the request's usage
+            yield _event(request_id, chunk_kind, created, [], {"usage": _usage(len(ids), completion)})
         yield "data: [DONE]\n\n"
         _done(request, started)
         metrics.rows.inc()
 
+    def _event(request_id: str, kind: str, created: int, choices: list, extra: dict) -> str:
+        event = {"id": request_id, "object": kind, "created": created, "model": name, "choices": choices}
+        return f"data: {json.dumps(event | extra)}\n\n"
+
     return app
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _stream_usage(body) -> bool:
+    """Whether a streamed answer ends with a usage chunk (stream_options.include_usage, as OpenAI's)."""
+    options = body.stream_options
+    if options is None:
+        return False
+    if not body.stream:
+        raise BadInput("stream_options: only with stream: true")
+    for key, value in options.items():
+        if key == "include_usage" and not isinstance(value, bool):
+            raise BadInput(f"stream_options.include_usage must be true or false, not {shorten(value, 40)}")
+        if key not in ("include_usage", "include_obfuscation"):  # obfuscation pads events: nothing to pad here
+            raise BadInput(f"unsupported: stream_options.{key} (not a field of stream_options); leave it out")
+    return bool(options.get("include_usage"))
 
 
 def describe(errors: list[dict]) -> str:
