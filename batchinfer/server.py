@@ -10,6 +10,11 @@
 Encoder rows go through the Batcher (batcher.py); generation requests join the continuous-batching
 engine's running batch at its next step. Results are the same as `batchinfer run` gives for the same
 rows: the same runner, tokenizer and model.
+
+Memory is spent only on what may run: a body past serve.max_body_bytes is answered 413 unread, a
+request is held against the queue's bound before it is tokenized, texts are cut at a character bound
+before tokenizing (runners.base.encode_capped), and memory freed after an answer goes back to the
+system once it has piled up (heap.HeapGuard).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool
 from .batcher import Batcher, BatchStats, Overloaded
 from .config import JobConfig
 from .errors import shorten
+from .heap import HeapGuard
 from .messages import is_blank, message_problem
 from .openai_api import chat_messages, unsupported
 from .packing import supports_packing
@@ -40,6 +46,8 @@ from .runners import make_runner
 from .tune import DEFAULT_BUDGET
 
 SERVED = ("embed", "classify", "score", "generate")
+HEAP_MARGIN, IDLE_MARGIN = 64 << 20, 16 << 20  # freed bytes that may pile up before they go back to the system
+DRAIN_BYTES, DRAIN_SECONDS = 1 << 30, 30  # what is read, unkept, of a body refused as too large
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -159,8 +167,10 @@ class EncoderService:
 
     async def run(self, texts: list, request: Request) -> tuple[dict, int]:
         """Each text's result columns (as Python lists) and the request's token count."""
-        tokens = await asyncio.to_thread(self.runner.tokenize, texts)
-        pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop())
+        most = most_tokens(texts, self.runner.max_length)
+        with self.batcher.reserved(most):  # a full queue refuses before the tokenizer runs
+            tokens = await asyncio.to_thread(self.runner.tokenize, texts)
+            pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop(), reserved=most)
         results, failed = await _until_done(pending, request)
         if failed:
             position, (reason, message) = next(iter(sorted(failed.items())))
@@ -250,6 +260,72 @@ class GenerateService:
         self.manager.stop(block=True, timeout=60)  # flush: what is running finishes
 
 
+def most_tokens(texts: list, max_length: int) -> int:
+    """An upper estimate of the tokens `texts` (or pairs of texts) become: a token per character and the
+    special tokens, at most max_length each."""
+    return sum(
+        min(max_length, (sum(map(len, text)) + 3) if isinstance(text, tuple) else len(text) + 2) for text in texts
+    )
+
+
+class BodyGuard:
+    """ASGI middleware around the app: a request body of at most `limit` bytes, answered 413 past it before
+    it is read whole or parsed (by its Content-Length, else by counting the bytes of a chunked body as they
+    come); after each answer, memory the request freed is handed back to the system once it piles up:
+    while requests run, past HEAP_MARGIN; when none runs, past IDLE_MARGIN over the last quiet moment, so
+    that memory comes back to its baseline after a burst."""
+
+    def __init__(self, app, limit: int, refused):
+        self.app, self.limit, self.refused = app, limit, refused
+        self.busy, self.idle = HeapGuard(HEAP_MARGIN), HeapGuard(IDLE_MARGIN)
+        self.running = 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            # a client that waits for "100 Continue" sends nothing more; any other is read to the end, unkept
+            drain = headers.get(b"expect", b"").lower() != b"100-continue"
+            return await self._refuse(scope, receive, send, drain)
+        parts, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            parts.append(message.get("body", b""))
+            size += len(parts[-1])
+            more = message.get("more_body", False)
+            if size > self.limit:
+                return await self._refuse(scope, receive, send, more)
+        body = [{"type": "http.request", "body": b"".join(parts), "more_body": False}]
+        del parts
+
+        async def replay():  # the body once, then what the client sends next (a disconnect)
+            return body.pop() if body else await receive()
+
+        self.running += 1
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            self.running -= 1
+            await asyncio.to_thread((self.busy if self.running else self.idle).check)
+
+    async def _refuse(self, scope, receive, send, drain: bool):
+        """413, after reading what the client still sends without keeping it (up to DRAIN_BYTES or
+        DRAIN_SECONDS), so that it reads the answer instead of a connection reset mid-upload."""
+        deadline, drained = time.monotonic() + DRAIN_SECONDS, 0
+        while drain and drained < DRAIN_BYTES and time.monotonic() < deadline:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            drained += len(message.get("body", b""))
+            drain = message.get("more_body", False)
+        message = f"the body is larger than serve.max_body_bytes ({self.limit:,} bytes); send less per request"
+        await self.refused(scope["path"], message)(scope, receive, send)
+
+
 async def _until_done(pending, request: Request):
     """Wait for a queued request; if the client goes away, its rows are dropped before they run."""
     while True:
@@ -301,9 +377,19 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
         return _error(request, 500, str(exc))
 
     def _error(request: Request, status: int, message: str, headers: dict | None = None) -> JSONResponse:
-        metrics.requests.labels(request.url.path, str(status)).inc()
-        kind = {400: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
-        return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status, headers=headers)
+        return _answer(request.url.path, status, message, headers)
+
+    def _answer(path: str, status: int, message: str, headers: dict | None = None) -> JSONResponse:
+        metrics.requests.labels(path, str(status)).inc()
+        kind = {400: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+        body = {"error": {"message": message, "type": kind.get(status, "server_error")}}
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    app.add_middleware(
+        BodyGuard,
+        limit=job.serve.max_body_bytes,
+        refused=lambda path, message: _answer(path, 413, message, {"Connection": "close"}),
+    )
 
     def _served(task: str, body: BaseModel, request: Request) -> None:
         if job.model.task != task:

@@ -264,6 +264,60 @@ def test_every_request_field_is_honoured_or_refused_by_name(tiny_llama, tiny_emb
     assert answers[2].json()["error"]["message"].startswith("unsupported: input_type (not a field of /v1/embeddings")
 
 
+def test_a_body_past_max_body_bytes_is_413_before_it_is_read_or_parsed(tiny_embed):
+    async def go():
+        async with _client(_serving(tiny_embed, "embed", max_body_bytes=50_000)) as client:
+            fits = json.dumps({"input": ["a short text"] * 2500}).encode()  # 40 kB
+            large = b'{"input": "' + b"x" * 200_000  # not even JSON: parsed, it would be a 400
+
+            async def chunked():  # no Content-Length: the bytes are counted as they come
+                for start in range(0, len(large), 16_384):
+                    yield large[start : start + 16_384]
+
+            headers = {"content-type": "application/json"}
+            return [
+                await client.post("/v1/embeddings", content=body, headers=headers) for body in (fits, large, chunked())
+            ]
+
+    fits, large, chunked = asyncio.run(go())
+    assert fits.status_code == 200 and len(fits.json()["data"]) == 2500
+    for answer in (large, chunked):
+        assert answer.status_code == 413, answer.text
+        assert answer.json()["error"]["message"].startswith("the body is larger than serve.max_body_bytes (50,000")
+
+
+def test_a_full_queue_refuses_before_tokenizing_and_a_burst_leaves_memory_where_it_was(tiny_embed, monkeypatch):
+    from batchinfer.heap import rss
+    from batchinfer.runners.base import EncoderRunner
+
+    tokenized = []
+    tokenize = EncoderRunner.tokenize
+    monkeypatch.setattr(
+        EncoderRunner, "tokenize", lambda self, texts: tokenized.append(len(texts)) or tokenize(self, texts)
+    )
+    words = "the quick brown fox jumps over the lazy dog near the river bank "
+    body = json.dumps({"input": [(words * 130)[:8000]] * 200}).encode()  # texts as long as the tokenizer reads
+
+    async def go(**serve):
+        async with _client(_serving(tiny_embed, "embed", **serve)) as client:
+            await client.post("/v1/embeddings", json={"input": ["warm up"]})
+            before = rss()
+            answers = await asyncio.gather(
+                *(
+                    client.post("/v1/embeddings", content=body, headers={"content-type": "application/json"})
+                    for _ in range(3)
+                )
+            )
+            return [a.status_code for a in answers], before, rss()
+
+    codes, before, after = asyncio.run(go(max_wait_ms=200, max_queue_tokens=1000))
+    assert sorted(codes) == [200, 429, 429] and tokenized[1:] == [200]  # the refused two were never tokenized
+    tokenized.clear()
+    codes, before, after = asyncio.run(go())
+    assert codes == [200, 200, 200] and tokenized[1:] == [200, 200, 200]
+    assert after - before < 64 << 20, f"{(after - before) / 1e6:.0f} MB more after the burst"
+
+
 def _metric(text: str, name: str) -> float:
     return next(
         float(line.split()[-1])
