@@ -18,6 +18,7 @@ from typing import Iterator
 
 from ..control import Progress, StopFlag
 from ..errors import BatchinferError, ConfigError, ModelError
+from ..models import library_logs_shown
 from ..plan import Work
 from ..task import TaskInputs
 
@@ -186,9 +187,7 @@ def _quiet_ray_lines() -> None:
     characters in colour), which its driver prints from a thread of its own whatever log_to_driver says.
     A worker's death is batchinfer's one line instead (RayExecutor._replace). Left so for the process:
     the raylet's message about a dead worker may come after the job is over."""
-    from .. import models
-
-    if models.SHOW_LIBRARY_LOGS:
+    if library_logs_shown():
         return
     logging.getLogger("ray").setLevel(logging.ERROR)
     import ray._private.worker as ray_worker  # the switch ray.util.rpdb uses to silence worker lines
@@ -197,9 +196,7 @@ def _quiet_ray_lines() -> None:
 
 
 def _init(ray, address: str | None) -> bool:
-    from .. import models
-
-    debug = models.SHOW_LIBRARY_LOGS
+    debug = library_logs_shown()
     options = dict(
         include_dashboard=False,
         log_to_driver=debug,
