@@ -5,7 +5,9 @@ the oldest row has waited max_wait; the window's rows are then sorted by token c
 batches by the same planner as offline jobs (tune.plan), and each batch runs with the same
 split-and-retry (recovery.run_resilient). A request's rows may span batches; its results are put back
 in order when its last row is done. The queue is bounded in tokens: past it, a request is refused
-at once (the server answers 429) instead of waiting without bound.
+at once (the server answers 429) instead of waiting without bound. A request being tokenized holds a
+reservation against that bound (an upper estimate of its tokens), so that requests arriving together
+are refused before they are tokenized, not after.
 
 The model runs on one thread of its own; requests are asyncio futures resolved from it.
 """
@@ -16,6 +18,7 @@ import asyncio
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,6 +83,7 @@ class Batcher:
         self.max_wait, self.max_queue_tokens, self.on_batch = max_wait, max_queue_tokens, on_batch
         self._queue: deque[_Row] = deque()
         self._queued_tokens = 0
+        self._reserved = 0  # tokens of requests being tokenized, counted as queued
         self._stopping = False
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._serve, name="batchinfer-batcher", daemon=True)
@@ -93,22 +97,42 @@ class Batcher:
     def queued_tokens(self) -> int:
         return self._queued_tokens
 
-    def submit(self, items: list, loop: asyncio.AbstractEventLoop) -> Request:
-        """Queue a request's items (token ids, one per row); raises Overloaded when the queue is full."""
+    @contextmanager
+    def reserved(self, tokens: int):
+        """Hold `tokens` of the queue while a request is tokenized; raises Overloaded, before any work, when
+        they do not fit. submit(..., reserved=tokens) inside the block trades them for the real count."""
+        with self._wake:
+            self._admit(tokens, 0)
+            self._reserved += tokens
+        try:
+            yield
+        finally:
+            with self._wake:
+                self._reserved -= tokens
+
+    def submit(self, items: list, loop: asyncio.AbstractEventLoop, reserved: int = 0) -> Request:
+        """Queue a request's items (token ids, one per row); raises Overloaded when the queue is full.
+        reserved: the tokens this request holds already (Batcher.reserved)."""
         tokens = sum(len(item) for item in items)
         request = Request(len(items), loop.create_future(), loop)
         now = time.monotonic()
         with self._wake:
-            if self._stopping:
-                raise Overloaded("it is shutting down")
-            if self._queued_tokens and self._queued_tokens + tokens > self.max_queue_tokens:
-                raise Overloaded(f"{self._queued_tokens:,} tokens are queued, the limit is {self.max_queue_tokens:,}")
+            self._admit(tokens, reserved)
             self._queue.extend(_Row(request, i, item, now) for i, item in enumerate(items))
             self._queued_tokens += tokens
             self._wake.notify()
         if not items:
             loop.call_soon(request.future.set_result, ([], {}))
         return request
+
+    def _admit(self, tokens: int, own: int) -> None:
+        """Refuse `tokens` more when others hold the queue and they would pass its bound (a request larger
+        than the bound is taken alone, and spans batches). Called holding the lock."""
+        if self._stopping:
+            raise Overloaded("it is shutting down")
+        held = self._queued_tokens + self._reserved - own
+        if held and held + tokens > self.max_queue_tokens:
+            raise Overloaded(f"{held:,} tokens are queued or being read, the limit is {self.max_queue_tokens:,}")
 
     def stop(self) -> None:
         """Finish what is queued, then stop."""

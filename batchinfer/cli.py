@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import traceback
@@ -214,23 +215,34 @@ def progress_display(kind: str, every: float):
 
 
 def execute(config, command: str, *, restart: bool, retry_errors: bool, progress, limit: int | None = None) -> dict:
-    """Run a job showing progress; on SIGINT/SIGTERM stop cleanly and say how to resume."""
-    from .control import Interrupted, StopFlag
+    """Run a job showing progress; on SIGINT/SIGTERM stop cleanly and say how to resume; on a second
+    one, exit at once (control.Signals)."""
+    from .control import Interrupted, Signals, StopFlag
     from .driver import run_job
     from .progress import summary_table
 
-    stop = StopFlag()
-    previous = {s: signal.signal(s, lambda signum, _: stop.set(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        report = run_job(
-            config,
-            restart=restart,
-            retry_errors=retry_errors,
-            limit=limit,
-            progress=progress,
-            stop=stop,
-            command=command,
+    def forced(signum: int) -> None:  # no console and no lock: the main thread may hold them
+        os.write(
+            2,
+            (
+                ("\x1b[?25h" if err.is_terminal else "")
+                + f"\nstopped at once on a second {signal.Signals(signum).name}: the chunks in flight are dropped, "
+                f"finished chunks are saved in {config.output.path}.\nresume with: {command}\n"
+            ).encode(),
         )
+
+    stop = StopFlag()
+    try:
+        with Signals(stop, forced):
+            report = run_job(
+                config,
+                restart=restart,
+                retry_errors=retry_errors,
+                limit=limit,
+                progress=progress,
+                stop=stop,
+                command=command,
+            )
     except Interrupted as exc:
         if progress:
             progress.stop()
@@ -238,12 +250,10 @@ def execute(config, command: str, *, restart: bool, retry_errors: bool, progress
         name = signal.Signals(exc.signum).name
         err.print(labelled(f"stopped on {name}:", "yellow", f"finished chunks are saved in {config.output.path}."))
         err.print(f"resume with: {command}", highlight=False)
-        raise typer.Exit(128 + exc.signum) from None
+        exit_at_once(128 + exc.signum)
     finally:
         if progress:
             progress.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
     if report["complete"] and not report["run"]["rows"]:
         err.print(
             f"already complete: {report['rows']:,} rows in {config.output.path} (use --restart to run it again)",
@@ -252,6 +262,19 @@ def execute(config, command: str, *, restart: bool, retry_errors: bool, progress
     else:
         err.print(summary_table(report))
     return report
+
+
+def exit_at_once(code: int) -> None:
+    """End the process without Python's teardown of its modules, which takes two seconds once
+    transformers is imported: a stopped run is over when it says so. Exit handlers still run and the
+    standard streams are flushed; the run has closed its files and released its lock already."""
+    import atexit
+    import sys
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @app.command()

@@ -362,7 +362,14 @@ class ServeConfig(Section):
         default=262144,
         ge=1,
         description="batchinfer serve: tokens that may wait in the queue; a request that would pass it is answered "
-        "429 with Retry-After, never queued without bound.",
+        "429 with Retry-After, never queued without bound. Until a request is tokenized, each of its texts counts as "
+        "its characters (at most model.max_length tokens).",
+    )
+    max_body_bytes: int = Field(
+        default=4 << 20,
+        ge=1,
+        description="batchinfer serve: the largest request body, in bytes (4 MiB). A larger one is answered 413 before "
+        "it is read whole or parsed, whether it gives its Content-Length or comes chunked.",
     )
 
 

@@ -59,10 +59,11 @@ def run_job(
     progress = progress or Quiet()
     stop = stop or StopFlag()
     started = time.perf_counter()
-    inputs = discover_shards(job.input, job.columns, output=job.output.path)
+    with stop.at_once():  # reading only: a signal stops discovery (hashing every byte) where it is
+        inputs = discover_shards(job.input, job.columns, output=job.output.path)
+        model_path = resolve_model_path(job.model.path)
+        read_config(job.model, model_path)  # a model without the task's head fails here, before the folder is touched
     shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
-    model_path = resolve_model_path(job.model.path)
-    read_config(job.model, model_path)  # a model without the task's head fails here, before the folder is touched
     out = OutputDir(job.output.path, job.output.compression, job.output.storage_options)
     limit = limit if restart else out.covering_limit(limit)
     chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows, limit)

@@ -17,10 +17,13 @@ from .config import ModelConfig
 from .errors import ModelError
 from .tasks import TASKS
 
-_SAMPLE = 4 << 20
-SHOW_LIBRARY_LOGS = (
-    False  # set by the command line's --debug  # bytes hashed at the start, middle and end of a large weight file
-)
+_SAMPLE = 4 << 20  # bytes hashed at the start, middle and end of a large weight file
+SHOW_LIBRARY_LOGS = False  # set by the command line's --debug
+
+
+def library_logs_shown() -> bool:
+    """Whether third-party libraries (transformers, Ray) may print their own lines: with --debug."""
+    return SHOW_LIBRARY_LOGS
 
 
 @dataclass

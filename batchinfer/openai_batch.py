@@ -6,7 +6,8 @@ url is /v1/chat/completions, /v1/completions or /v1/embeddings. Each line become
     custom_id | url | messages (chat) | prompt (completions, embeddings)
     | max_tokens | temperature | top_p | seed | stop
 
-A line that is not a valid request becomes an error line; it never aborts the file.
+A line that is not a valid request becomes an error line; it never aborts the file. So does a line
+asking for what batchinfer does not do (openai_api.FIELDS: logprobs, n > 1, tools, ...).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import pyarrow as pa
 from .errors import InputError
 from .lines import open_lines, parse_object, read_lines
 from .messages import message_problem
+from .openai_api import CHAT, COMPLETIONS, EMBEDDINGS, chat_messages, unsupported
 
 REQUEST_COLUMNS = ["custom_id", "url", "messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop"]
-TASK_OF_URL = {"/v1/chat/completions": "generate", "/v1/completions": "generate", "/v1/embeddings": "embed"}
+TASK_OF_URL = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed"}
 
 
 def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
@@ -39,15 +41,17 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
     if not isinstance(body, dict):
         return row, ("bad_request", "body is missing or not an object")
     row["url"] = url
-    if url == "/v1/chat/completions":
-        row["messages"] = body.get("messages")
-        if problem := message_problem(row["messages"], "body.messages"):
-            return row, ("bad_request", problem[1])
+    if problem := unsupported(url, body, "batch"):
+        return row, problem
+    if url == CHAT:
+        row["messages"], problem = chat_messages(body.get("messages"), "body.messages")
+        if problem := problem or message_problem(row["messages"], "body.messages"):
+            return row, problem if problem[0] == "unsupported" else ("bad_request", problem[1])
     else:
-        prompt = body.get("input") if url == "/v1/embeddings" else body.get("prompt")
+        prompt = body.get("input") if url == EMBEDDINGS else body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
-        field = "body.input" if url == "/v1/embeddings" else "body.prompt"
+        field = "body.input" if url == EMBEDDINGS else "body.prompt"
         if isinstance(prompt, list):
             return row, ("bad_request", f"{field}: one text per request is supported, not a list of {len(prompt)}")
         if prompt is not None and not isinstance(prompt, str):
@@ -95,7 +99,7 @@ def response_lines(table: pa.Table, model: str, task: str) -> list[str]:
                 "completion_tokens": row["completion_tokens"],
                 "total_tokens": row["prompt_tokens"] + row["completion_tokens"],
             }
-            if row["url"] == "/v1/chat/completions":
+            if row["url"] == CHAT:
                 choice = {
                     "index": 0,
                     "message": {"role": "assistant", "content": row["text"]},

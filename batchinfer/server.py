@@ -10,6 +10,11 @@
 Encoder rows go through the Batcher (batcher.py); generation requests join the continuous-batching
 engine's running batch at its next step. Results are the same as `batchinfer run` gives for the same
 rows: the same runner, tokenizer and model.
+
+Memory is spent only on what may run: a body past serve.max_body_bytes is answered 413 unread, a
+request is held against the queue's bound before it is tokenized, texts are cut at a character bound
+before tokenizing (runners.base.encode_capped), and memory freed after an answer goes back to the
+system once it has piled up (heap.HeapGuard).
 """
 
 from __future__ import annotations
@@ -33,12 +38,16 @@ from pydantic import BaseModel, ConfigDict, StrictBool
 from .batcher import Batcher, BatchStats, Overloaded
 from .config import JobConfig
 from .errors import shorten
+from .heap import HeapGuard
 from .messages import is_blank, message_problem
+from .openai_api import chat_messages, unsupported
 from .packing import supports_packing
 from .runners import make_runner
 from .tune import BACKEND_BUDGETS, DEFAULT_BUDGET
 
 SERVED = ("embed", "classify", "score", "generate")
+HEAP_MARGIN, IDLE_MARGIN = 64 << 20, 16 << 20  # freed bytes that may pile up before they go back to the system
+DRAIN_BYTES, DRAIN_SECONDS = 1 << 30, 30  # what is read, unkept, of a body refused as too large
 LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -93,7 +102,7 @@ class Metrics:
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields such as user
+    model_config = ConfigDict(extra="allow")  # every field is judged by openai_api.FIELDS: done, or refused
 
 
 class EmbeddingsBody(_Body):
@@ -116,9 +125,10 @@ class _GenerationBody(_Body):
     max_tokens: int | None = None
     stop: str | list[str] | None = None
     stream: StrictBool = False
-    n: int | None = None  # OpenAI clients send null or 1
+    stream_options: dict[str, Any] | None = None
     temperature: float | None = None
     top_p: float | None = None
+    seed: int | None = None
     model: str | None = None
 
 
@@ -159,8 +169,10 @@ class EncoderService:
 
     async def run(self, texts: list, request: Request) -> tuple[dict, int]:
         """Each text's result columns (as Python lists) and the request's token count."""
-        tokens = await asyncio.to_thread(self.runner.tokenize, texts)
-        pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop())
+        most = most_tokens(texts, self.runner.max_length)
+        with self.batcher.reserved(most):  # a full queue refuses before the tokenizer runs
+            tokens = await asyncio.to_thread(self.runner.tokenize, texts)
+            pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop(), reserved=most)
         results, failed = await _until_done(pending, request)
         if failed:
             position, (reason, message) = next(iter(sorted(failed.items())))
@@ -194,9 +206,16 @@ class GenerateService:
         )
         self.manager.start()
 
-    def check(self, temperature: float | None, top_p: float | None) -> None:
+    def check(self, temperature: float | None, top_p: float | None, seed: int | None) -> None:
+        """Decoding settings are the server's (one engine runs every request): a request may only repeat them.
+        A seed changes nothing when decoding is greedy."""
         gen = self.job.generation
-        for name, asked, served in (("temperature", temperature, gen.temperature), ("top_p", top_p, gen.top_p)):
+        seed = None if gen.temperature == 0 else seed
+        for name, asked, served in (
+            ("temperature", temperature, gen.temperature),
+            ("top_p", top_p, gen.top_p),
+            ("seed", seed, gen.seed),
+        ):
             if asked is not None and abs(asked - served) > 1e-9:
                 raise BadInput(
                     f"{name}: this server decodes with {name} {served}; start it with "
@@ -241,6 +260,72 @@ class GenerateService:
 
     def stop(self) -> None:
         self.manager.stop(block=True, timeout=60)  # flush: what is running finishes
+
+
+def most_tokens(texts: list, max_length: int) -> int:
+    """An upper estimate of the tokens `texts` (or pairs of texts) become: a token per character and the
+    special tokens, at most max_length each."""
+    return sum(
+        min(max_length, (sum(map(len, text)) + 3) if isinstance(text, tuple) else len(text) + 2) for text in texts
+    )
+
+
+class BodyGuard:
+    """ASGI middleware around the app: a request body of at most `limit` bytes, answered 413 past it before
+    it is read whole or parsed (by its Content-Length, else by counting the bytes of a chunked body as they
+    come); after each answer, memory the request freed is handed back to the system once it piles up:
+    while requests run, past HEAP_MARGIN; when none runs, past IDLE_MARGIN over the last quiet moment, so
+    that memory comes back to its baseline after a burst."""
+
+    def __init__(self, app, limit: int, refused):
+        self.app, self.limit, self.refused = app, limit, refused
+        self.busy, self.idle = HeapGuard(HEAP_MARGIN), HeapGuard(IDLE_MARGIN)
+        self.running = 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            # a client that waits for "100 Continue" sends nothing more; any other is read to the end, unkept
+            drain = headers.get(b"expect", b"").lower() != b"100-continue"
+            return await self._refuse(scope, receive, send, drain)
+        parts, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            parts.append(message.get("body", b""))
+            size += len(parts[-1])
+            more = message.get("more_body", False)
+            if size > self.limit:
+                return await self._refuse(scope, receive, send, more)
+        body = [{"type": "http.request", "body": b"".join(parts), "more_body": False}]
+        del parts
+
+        async def replay():  # the body once, then what the client sends next (a disconnect)
+            return body.pop() if body else await receive()
+
+        self.running += 1
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            self.running -= 1
+            await asyncio.to_thread((self.busy if self.running else self.idle).check)
+
+    async def _refuse(self, scope, receive, send, drain: bool):
+        """413, after reading what the client still sends without keeping it (up to DRAIN_BYTES or
+        DRAIN_SECONDS), so that it reads the answer instead of a connection reset mid-upload."""
+        deadline, drained = time.monotonic() + DRAIN_SECONDS, 0
+        while drain and drained < DRAIN_BYTES and time.monotonic() < deadline:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            drained += len(message.get("body", b""))
+            drain = message.get("more_body", False)
+        message = f"the body is larger than serve.max_body_bytes ({self.limit:,} bytes); send less per request"
+        await self.refused(scope["path"], message)(scope, receive, send)
 
 
 async def _until_done(pending, request: Request):
@@ -294,14 +379,26 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
         return _error(request, 500, str(exc))
 
     def _error(request: Request, status: int, message: str, headers: dict | None = None) -> JSONResponse:
-        metrics.requests.labels(request.url.path, str(status)).inc()
-        kind = {400: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
-        return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status, headers=headers)
+        return _answer(request.url.path, status, message, headers)
 
-    def _served(task: str, body: BaseModel) -> None:
+    def _answer(path: str, status: int, message: str, headers: dict | None = None) -> JSONResponse:
+        metrics.requests.labels(path, str(status)).inc()
+        kind = {400: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+        body = {"error": {"message": message, "type": kind.get(status, "server_error")}}
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    app.add_middleware(
+        BodyGuard,
+        limit=job.serve.max_body_bytes,
+        refused=lambda path, message: _answer(path, 413, message, {"Connection": "close"}),
+    )
+
+    def _served(task: str, body: BaseModel, request: Request) -> None:
         if job.model.task != task:
             raise BadInput(f"this server runs task {job.model.task}; {task} needs a server started with --task {task}")
         _unicode(body.model_dump(), "")
+        if problem := unsupported(request.url.path, body.model_dump(exclude_unset=True), "serve"):
+            raise BadInput(problem[1])
 
     def _done(request: Request, started: float) -> None:
         metrics.requests.labels(request.url.path, "200").inc()
@@ -320,7 +417,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingsBody, request: Request):
         started = time.perf_counter()
-        _served("embed", body)
+        _served("embed", body, request)
         if body.encoding_format not in ("float", "base64"):
             raise BadInput(f"encoding_format: {body.encoding_format!r} is not float or base64")
         texts = _texts(body.input, "input")
@@ -340,7 +437,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     @app.post("/classify")
     async def classify(body: ClassifyBody, request: Request):
         started = time.perf_counter()
-        _served("classify", body)
+        _served("classify", body, request)
         texts = _texts(body.input, "input")
         columns, tokens = await service.run(texts, request)
         data = [dict(zip(columns, values)) for values in zip(*columns.values())]
@@ -354,7 +451,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     @app.post("/score")
     async def score(body: ScoreBody, request: Request):
         started = time.perf_counter()
-        _served("score", body)
+        _served("score", body, request)
         if body.pairs is not None and (body.query is not None or body.documents is not None):
             raise BadInput("give pairs, or query and documents, not both")
         if body.pairs is not None:
@@ -380,30 +477,29 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request):
-        _served("generate", body)
+        _served("generate", body, request)
         if is_blank(body.prompt):
             raise BadInput("prompt: empty, or only whitespace")
         return await _generate(request, body, body.prompt, "text_completion", body.max_tokens)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request):
-        _served("generate", body)
-        problem = message_problem(body.messages, "messages")
-        if problem:
+        _served("generate", body, request)
+        messages, problem = chat_messages(body.messages, "messages")
+        if problem := problem or message_problem(messages, "messages"):
             raise BadInput(problem[1])
         return await _generate(
-            request, body, body.messages, "chat.completion", body.max_completion_tokens or body.max_tokens
+            request, body, messages, "chat.completion", body.max_completion_tokens or body.max_tokens
         )
 
     async def _generate(request: Request, body, prompt, kind: str, max_tokens: int | None):
         started = time.perf_counter()
-        service.check(body.temperature, body.top_p)
+        service.check(body.temperature, body.top_p, body.seed)
         if service.problem():  # before a stream's status line goes out
             raise EngineDown(service.problem())
         if max_tokens is not None and max_tokens < 1:
             raise BadInput("max_tokens: must be at least 1")
-        if body.n not in (None, 1):
-            raise BadInput(f"n: one completion per request is served, not {body.n}; send one request per completion")
+        usage = _stream_usage(body)
         max_new = max_tokens or job.generation.max_new_tokens
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or job.generation.stop)
         tokens = await asyncio.to_thread(service.runner.tokenize, [prompt])
@@ -415,7 +511,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
             f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
         )
         if body.stream:
-            events = _stream(service, request, ids, max_new, stops, kind, request_id, created, started)
+            events = _stream(service, request, ids, max_new, stops, kind, request_id, created, started, usage)
             return StreamingResponse(events, media_type="text/event-stream")
         last = None
         async for output in service.stream(ids, max_new, request):
@@ -437,45 +533,61 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
             "created": created,
             "model": name,
             "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(ids),
-                "completion_tokens": completion,
-                "total_tokens": len(ids) + completion,
-            },
+            "usage": _usage(len(ids), completion),
         }
 
-    async def _stream(service, request, ids, max_new, stops, kind, request_id, created, started):
-        sent = ""
+    async def _stream(service, request, ids, max_new, stops, kind, request_id, created, started, usage):
+        sent, completion = "", 0
         chunk_kind = "chat.completion.chunk" if kind == "chat.completion" else "text_completion"
         try:
             async for output in service.stream(ids, max_new, request):
                 if output.error:
                     raise EngineDown(f"generation failed: {output.error}")
                 generated, text, reason = service.runner._finish(output.generated_tokens, max_new, stops)
+                completion = len(generated)
                 # a stop string ends the completion before the engine does (it knows no stop strings)
                 finished = output.is_finished() or len(generated) < len(output.generated_tokens)
                 delta, sent = text[len(sent) :], text
                 if delta or finished:
                     piece = {"delta": {"content": delta}} if kind == "chat.completion" else {"text": delta}
-                    event = {
-                        "id": request_id,
-                        "object": chunk_kind,
-                        "created": created,
-                        "model": name,
-                        "choices": [{"index": 0, **piece, "finish_reason": reason if finished else None}],
-                    }
-                    yield f"data: {json.dumps(event)}\n\n"
+                    choice = {"index": 0, **piece, "finish_reason": reason if finished else None}
+                    yield _event(request_id, chunk_kind, created, [choice], {"usage": None} if usage else {})
                 if finished:
                     break
         except EngineDown as exc:  # the status line has gone out: the error is the last event
             metrics.requests.labels(request.url.path, "500").inc()
             yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n"
             return
+        if usage:  # stream_options.include_usage: a last chunk with no choices and the request's usage
+            yield _event(request_id, chunk_kind, created, [], {"usage": _usage(len(ids), completion)})
         yield "data: [DONE]\n\n"
         _done(request, started)
         metrics.rows.inc()
 
+    def _event(request_id: str, kind: str, created: int, choices: list, extra: dict) -> str:
+        event = {"id": request_id, "object": kind, "created": created, "model": name, "choices": choices}
+        return f"data: {json.dumps(event | extra)}\n\n"
+
     return app
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _stream_usage(body) -> bool:
+    """Whether a streamed answer ends with a usage chunk (stream_options.include_usage, as OpenAI's)."""
+    options = body.stream_options
+    if options is None:
+        return False
+    if not body.stream:
+        raise BadInput("stream_options: only with stream: true")
+    for key, value in options.items():
+        if key == "include_usage" and not isinstance(value, bool):
+            raise BadInput(f"stream_options.include_usage must be true or false, not {shorten(value, 40)}")
+        if key not in ("include_usage", "include_obfuscation"):  # obfuscation pads events: nothing to pad here
+            raise BadInput(f"unsupported: stream_options.{key} (not a field of stream_options); leave it out")
+    return bool(options.get("include_usage"))
 
 
 def describe(errors: list[dict]) -> str:

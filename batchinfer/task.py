@@ -108,6 +108,7 @@ class ChunkTask:
         if chunk.shard not in self._readers:  # one open reader, kept while its shard's chunks run
             self.close()
             self._readers[chunk.shard] = open_reader(shard, self.spec)
+        self.stop.check()
         try:
             block = self._readers[chunk.shard].read(chunk.start, chunk.stop)
         except READ_ERRORS as exc:
@@ -120,6 +121,7 @@ class ChunkTask:
                 {i: block.bad_rows[o] for i, o in enumerate(work.offsets) if o in block.bad_rows},
             )
             row_ids = row_ids[work.offsets]
+        self.stop.check()
         prepared = prepare_rows(job, block.table, block.bad_rows)
         limits = None
         if job.model.task == "generate" and job.max_new_tokens_column:
@@ -127,7 +129,9 @@ class ChunkTask:
             limits, problems = row_limits(block.table.column(name).to_pylist(), name)
             for offset, problem in problems.items():
                 prepared.errors.setdefault(offset, problem)
+        self.stop.check()
         tokens = self.runner.tokenize(prepared.texts)
+        self.stop.check()
         owners = tokens.owners()
         if job.model.truncation == "error":
             for i in np.flatnonzero(tokens.truncated).tolist():

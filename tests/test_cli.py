@@ -106,6 +106,101 @@ def test_signal_stops_cleanly_and_the_same_command_resumes(tmp_path, sms_parquet
     assert len(ids) == len(set(ids)) == 600
 
 
+def _holds(pid: int, path) -> bool:
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(path) for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to see what the run reads")
+def test_ctrl_c_during_discovery_of_a_large_jsonl_stops_at_once(tmp_path, sms_table, tiny_embed):
+    texts = sms_table.column("text").to_pylist()
+    block = "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)).encode()
+    shard = tmp_path / "rows.jsonl"
+    shard.write_bytes(block * (60_000_000 // len(block)))  # 60 MB: seconds to discover, every line parsed
+    job = write_job(
+        tmp_path,
+        input={"path": str(shard), "text": "text", "id": "id"},
+        model={"path": str(tiny_embed), "task": "embed", "max_length": 64},
+        output={"path": str(tmp_path / "out")},
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "batchinfer", "run", str(job)], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None and not _holds(proc.pid, shard):
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    signalled = time.perf_counter()
+    try:
+        _, said = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and time.perf_counter() - signalled < 2, said  # was discovery, load, a batch
+    assert "stopped on SIGINT" in said and "resume with: batchinfer run" in said
+    assert not (tmp_path / "out").exists()  # stopped before the output folder was touched
+
+
+SLOW_BATCH = """
+import sys, time
+from pathlib import Path
+from batchinfer.runners.base import EncoderRunner
+
+run, busy, done = EncoderRunner.run, Path(sys.argv[1]), Path(sys.argv[2]) / "_done"
+
+def slow(self, ids):
+    if not busy.exists() and done.exists() and any(done.iterdir()):  # after a chunk: a batch of a minute
+        busy.touch()
+        time.sleep(60)
+    return run(self, ids)
+
+EncoderRunner.run = slow
+from batchinfer.cli import app
+app(sys.argv[3:], prog_name="batchinfer")
+"""
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_second_signal_exits_at_once_and_the_same_command_resumes(tmp_path, sms_parquet, tiny_embed, signum, code):
+    job = write_job(
+        tmp_path,
+        input={"path": str(sms_parquet / "part-0.parquet"), "text": "text", "id": "sms_id"},
+        model={"path": str(tiny_embed), "task": "embed", "max_length": 64},
+        batching={"chunk_rows": 100, "max_rows": 50, "max_tokens": 4096, "strategy": "padded"},
+        output={"path": str(tmp_path / "out")},
+    )
+    script, busy = tmp_path / "slow.py", tmp_path / "busy"
+    script.write_text(SLOW_BATCH)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(busy), str(tmp_path / "out"), "run", str(job)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not busy.exists():
+        time.sleep(0.01)
+    proc.send_signal(signum)  # the first waits for the batch in flight
+    time.sleep(0.5)
+    assert proc.poll() is None
+    proc.send_signal(signum)
+    signalled = time.perf_counter()
+    try:
+        _, said = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == code and time.perf_counter() - signalled < 2, said
+    assert f"stopped at once on a second {signal.Signals(signum).name}" in said and "resume with:" in said
+    out = tmp_path / "out"
+    assert done_chunks(out) == 1
+    for part in out.glob("part-*.parquet"):  # nothing half-written under a final name
+        ds.dataset(str(part)).to_table()
+    for marker in out.glob("_done/*.json"):
+        json.loads(marker.read_text())
+    result = subprocess.run([sys.executable, "-m", "batchinfer", "run", str(job), "-q"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    ids = ds.dataset(str(out)).to_table().column("sms_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 200
+
+
 def test_status_changes_nothing_and_explains_a_damaged_report(tmp_path, sms_parquet, tiny_embed):
     job = _job(tmp_path, sms_parquet, tiny_embed)
     assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0

@@ -273,3 +273,125 @@ def test_a_model_that_cannot_run_the_files_url_says_where_the_task_came_from(tmp
         app, ["openai-batch", str(path), "-m", str(tmp_path / "nope"), "-o", str(tmp_path / "r.jsonl")]
     )
     assert result.exit_code == 1 and "follows from the url" not in result.output  # not the url's fault
+
+
+CHAT_URL = "/v1/chat/completions"
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    "url, body, said",
+    [
+        (CHAT_URL, {"messages": HI, "logprobs": True}, "unsupported: logprobs (no log-probabilities"),
+        (CHAT_URL, {"messages": HI, "top_logprobs": 3}, "unsupported: top_logprobs"),
+        (CHAT_URL, {"messages": HI, "n": 2}, "unsupported: n (one completion per request"),
+        (CHAT_URL, {"messages": HI, "presence_penalty": 0.5}, "unsupported: presence_penalty"),
+        (CHAT_URL, {"messages": HI, "frequency_penalty": -1}, "unsupported: frequency_penalty"),
+        (CHAT_URL, {"messages": HI, "logit_bias": {"50256": -100}}, "unsupported: logit_bias"),
+        (CHAT_URL, {"messages": HI, "response_format": {"type": "json_object"}}, "unsupported: response_format"),
+        (CHAT_URL, {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "unsupported: tools"),
+        (CHAT_URL, {"messages": HI, "tool_choice": "required"}, "unsupported: tool_choice"),
+        (CHAT_URL, {"messages": HI, "functions": [{"name": "f"}]}, "unsupported: functions"),
+        (CHAT_URL, {"messages": HI, "stream": True}, "unsupported: stream (a batch file's responses"),
+        (CHAT_URL, {"messages": HI, "reasoning_effort": "high"}, "unsupported: reasoning_effort"),
+        (CHAT_URL, {"messages": HI, "temprature": 0.2}, "unsupported: temprature (not a field of /v1/chat"),
+        (CHAT_URL, {"messages": HI, "top_k": 5}, "unsupported: top_k (not a field"),
+        (CHAT_URL, {"messages": HI, "prompt": "x"}, "unsupported: prompt (a field of /v1/completions, not of"),
+        ("/v1/completions", {"prompt": "t", "echo": True}, "unsupported: echo"),
+        ("/v1/completions", {"prompt": "t", "best_of": 3}, "unsupported: best_of"),
+        ("/v1/completions", {"prompt": "t", "suffix": "end"}, "unsupported: suffix"),
+        ("/v1/completions", {"prompt": "t", "logprobs": 0}, "unsupported: logprobs"),
+        ("/v1/embeddings", {"input": "t", "dimensions": 8}, "unsupported: dimensions"),
+        ("/v1/embeddings", {"input": "t", "encoding_format": "base64"}, "unsupported: encoding_format"),
+        (
+            CHAT_URL,
+            {"messages": [{"role": "user", "content": "hi", "name": "ann"}]},
+            "unsupported: body.messages[0].name",
+        ),
+        (
+            CHAT_URL,
+            {"messages": [{"role": "tool", "content": "4", "tool_call_id": "c1"}]},
+            "unsupported: body.messages[0].tool_call_id",
+        ),
+        (
+            CHAT_URL,
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}]},
+            "unsupported: body.messages[0].content[1] is a content part of type image_url",
+        ),
+    ],
+)
+def test_a_field_batchinfer_does_not_implement_makes_the_request_an_error_line_naming_it(url, body, said):
+    from batchinfer.openai_batch import parse_request
+
+    reason, message = parse_request({"custom_id": "r", "method": "POST", "url": url, "body": body})[1]
+    assert reason == "unsupported" and message.startswith(said), message
+
+
+@pytest.mark.parametrize(
+    "url, body",
+    [
+        (
+            CHAT_URL,
+            {
+                "messages": HI,
+                "model": "gpt-4o",
+                "user": "u-1",
+                "metadata": {"run": "7"},
+                "store": False,
+                "n": 1,
+                "presence_penalty": 0,
+                "frequency_penalty": 0.0,
+                "logprobs": False,
+                "logit_bias": {},
+                "tools": [],
+                "tool_choice": "none",
+                "response_format": {"type": "text"},
+                "stream": False,
+                "seed": 3,
+                "max_completion_tokens": 4,
+                "service_tier": "auto",
+            },
+        ),
+        ("/v1/completions", {"prompt": "t", "echo": False, "best_of": 1, "suffix": None, "logprobs": None}),
+        ("/v1/embeddings", {"input": "t", "encoding_format": "float", "user": "u", "model": "text-embedding-3-small"}),
+        (
+            CHAT_URL,  # an assistant message as an SDK sends it back
+            {"messages": HI + [{"role": "assistant", "content": "hello", "refusal": None, "tool_calls": []}]},
+        ),
+    ],
+)
+def test_fields_at_values_that_change_nothing_are_taken(url, body):
+    from batchinfer.openai_batch import parse_request
+
+    row, problem = parse_request({"custom_id": "r", "method": "POST", "url": url, "body": body})
+    assert problem is None, problem
+    if "max_completion_tokens" in body:
+        assert row["max_tokens"] == 4 and row["seed"] == 3
+
+
+def test_chat_content_given_as_text_parts_is_read_as_the_same_text(tmp_path, tiny_llama):
+    plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world!\nHow are you?"}]
+    parts = [
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Hello world!"}, {"type": "text", "text": "How are you?"}],
+        },
+    ]
+    lines = [
+        {"custom_id": "plain", "method": "POST", "url": CHAT_URL, "body": {"messages": plain, "max_tokens": 6}},
+        {"custom_id": "parts", "method": "POST", "url": CHAT_URL, "body": {"messages": parts, "max_tokens": 6}},
+        {"custom_id": "lp", "method": "POST", "url": CHAT_URL, "body": {"messages": plain, "logprobs": True}},
+    ]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "results.jsonl"
+    result = runner.invoke(app, ["openai-batch", str(path), "--model", str(tiny_llama), "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    answers = {line["custom_id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    assert sorted(answers) == ["parts", "plain"]
+    assert answers["parts"]["response"]["body"]["choices"] == answers["plain"]["response"]["body"]["choices"]
+    assert answers["parts"]["response"]["body"]["usage"] == answers["plain"]["response"]["body"]["usage"]
+    failed = [json.loads(line) for line in (tmp_path / "results.errors.jsonl").read_text().splitlines()]
+    assert [(f["custom_id"], f["error"]["code"]) for f in failed] == [("lp", "unsupported")]
+    assert failed[0]["error"]["message"].startswith("unsupported: logprobs")

@@ -195,9 +195,127 @@ def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
     assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
     assert hot.status_code == 400 and "temperature" in hot.json()["error"]["message"]
     assert [o.status_code for o in odd] == [400, 400, 200, 200]  # n and stream are not guessed at
-    assert "n: one completion per request" in odd[0].json()["error"]["message"]
+    assert odd[0].json()["error"]["message"].startswith("unsupported: n (one completion per request")
     context = json.loads((tiny_llama / "config.json").read_text())["max_position_embeddings"]
     assert sum(odd[2].json()["usage"][k] for k in ("prompt_tokens", "completion_tokens")) <= context
+
+
+def test_every_request_field_is_honoured_or_refused_by_name(tiny_llama, tiny_embed):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]
+    plain = [{"role": "user", "content": "Hi\nthere"}]
+
+    async def chat():
+        async with _client(_serving(tiny_llama, "generate")) as client:
+            post = lambda extra: client.post("/v1/chat/completions", json={"max_tokens": 5, **extra})  # noqa: E731
+            same = [await post({"messages": m}) for m in (plain, parts)]
+            neutral = await post(
+                {"messages": plain, "n": 1, "presence_penalty": 0, "logprobs": False, "user": "u", "seed": 7}
+            )
+            refused = [
+                await post({"messages": plain, **extra})
+                for extra in (
+                    {"logprobs": True},
+                    {"temprature": 0.5},
+                    {"tools": [{"type": "function", "function": {"name": "f"}}]},
+                    {"response_format": {"type": "json_object"}},
+                    {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+                    {"stream_options": {"include_usage": True}},
+                )
+            ]
+            events = []
+            body = {"messages": plain, "stream": True, "stream_options": {"include_usage": True}}
+            async with client.stream("POST", "/v1/chat/completions", json={"max_tokens": 5, **body}) as streamed:
+                async for line in streamed.aiter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        events.append(json.loads(line[6:]))
+            return same, neutral, refused, events
+
+    async def embed():
+        async with _client(_serving(tiny_embed, "embed")) as client:
+            return [
+                await client.post("/v1/embeddings", json={"input": "hi", **extra})
+                for extra in ({"user": "u", "model": "m"}, {"dimensions": 8}, {"input_type": "query"})
+            ]
+
+    same, neutral, refused, events = asyncio.run(chat())
+    assert [a.status_code for a in same] == [200, 200]
+    assert same[0].json()["choices"] == same[1].json()["choices"] and same[0].json()["usage"] == same[1].json()["usage"]
+    assert neutral.status_code == 200 and neutral.json()["choices"] == same[0].json()["choices"]
+    messages = [r.json()["error"]["message"] for r in refused]
+    assert [r.status_code for r in refused] == [400] * 6, messages
+    for message, said in zip(
+        messages,
+        (
+            "unsupported: logprobs",
+            "unsupported: temprature",
+            "unsupported: tools",
+            "unsupported: response_format",
+            "unsupported: messages[0].content[0] is a content part of type image_url",
+            "stream_options: only with stream: true",
+        ),
+    ):
+        assert message.startswith(said), message
+    text = "".join(e["choices"][0]["delta"]["content"] for e in events if e["choices"])
+    assert text == same[0].json()["choices"][0]["message"]["content"]
+    assert events[-1]["choices"] == [] and events[-1]["usage"] == same[0].json()["usage"]
+    answers = asyncio.run(embed())
+    assert [a.status_code for a in answers] == [200, 400, 400]
+    assert answers[1].json()["error"]["message"].startswith("unsupported: dimensions")
+    assert answers[2].json()["error"]["message"].startswith("unsupported: input_type (not a field of /v1/embeddings")
+
+
+def test_a_body_past_max_body_bytes_is_413_before_it_is_read_or_parsed(tiny_embed):
+    async def go():
+        async with _client(_serving(tiny_embed, "embed", max_body_bytes=50_000)) as client:
+            fits = json.dumps({"input": ["a short text"] * 2500}).encode()  # 40 kB
+            large = b'{"input": "' + b"x" * 200_000  # not even JSON: parsed, it would be a 400
+
+            async def chunked():  # no Content-Length: the bytes are counted as they come
+                for start in range(0, len(large), 16_384):
+                    yield large[start : start + 16_384]
+
+            headers = {"content-type": "application/json"}
+            return [
+                await client.post("/v1/embeddings", content=body, headers=headers) for body in (fits, large, chunked())
+            ]
+
+    fits, large, chunked = asyncio.run(go())
+    assert fits.status_code == 200 and len(fits.json()["data"]) == 2500
+    for answer in (large, chunked):
+        assert answer.status_code == 413, answer.text
+        assert answer.json()["error"]["message"].startswith("the body is larger than serve.max_body_bytes (50,000")
+
+
+def test_a_full_queue_refuses_before_tokenizing_and_a_burst_leaves_memory_where_it_was(tiny_embed, monkeypatch):
+    from batchinfer.heap import rss
+    from batchinfer.runners.base import EncoderRunner
+
+    tokenized = []
+    tokenize = EncoderRunner.tokenize
+    monkeypatch.setattr(
+        EncoderRunner, "tokenize", lambda self, texts: tokenized.append(len(texts)) or tokenize(self, texts)
+    )
+    words = "the quick brown fox jumps over the lazy dog near the river bank "
+    body = json.dumps({"input": [(words * 130)[:8000]] * 200}).encode()  # texts as long as the tokenizer reads
+
+    async def go(**serve):
+        async with _client(_serving(tiny_embed, "embed", **serve)) as client:
+            await client.post("/v1/embeddings", json={"input": ["warm up"]})
+            before = rss()
+            answers = await asyncio.gather(
+                *(
+                    client.post("/v1/embeddings", content=body, headers={"content-type": "application/json"})
+                    for _ in range(3)
+                )
+            )
+            return [a.status_code for a in answers], before, rss()
+
+    codes, before, after = asyncio.run(go(max_wait_ms=200, max_queue_tokens=1000))
+    assert sorted(codes) == [200, 429, 429] and tokenized[1:] == [200]  # the refused two were never tokenized
+    tokenized.clear()
+    codes, before, after = asyncio.run(go())
+    assert codes == [200, 200, 200] and tokenized[1:] == [200, 200, 200]
+    assert after - before < 64 << 20, f"{(after - before) / 1e6:.0f} MB more after the burst"
 
 
 def _metric(text: str, name: str) -> float:

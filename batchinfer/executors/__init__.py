@@ -25,15 +25,17 @@ class Executor(Protocol):
 
 @contextmanager
 def make_executor(inputs: TaskInputs, stop: StopFlag, progress: Progress, on_runner: Callable | None = None):
-    """The executor the job's runtime section asks for, closed on the way out."""
-    if inputs.job.runtime.executor == "ray":
-        from .ray import RayExecutor
+    """The executor the job's runtime section asks for, closed on the way out. Loading the model writes
+    nothing, so a signal stops it at once."""
+    with stop.at_once():
+        if inputs.job.runtime.executor == "ray":
+            from .ray import RayExecutor
 
-        executor = RayExecutor(inputs, stop, progress)
-    else:
-        from .local import LocalExecutor
+            executor = RayExecutor(inputs, stop, progress)
+        else:
+            from .local import LocalExecutor
 
-        executor = LocalExecutor(inputs.task(stop, wrap=on_runner), progress.log)
+            executor = LocalExecutor(inputs.task(stop, wrap=on_runner), progress.log)
     try:
         yield executor
     finally:

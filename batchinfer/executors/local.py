@@ -30,7 +30,8 @@ class LocalExecutor:
         try:
             pending = pool.submit(self.task.load, todo[0])
             for following in [*todo[1:], None]:
-                loaded = pending.result()
+                with self.task.stop.at_once():  # waiting writes nothing; the loading thread checks the flag
+                    loaded = pending.result()
                 pending = pool.submit(self.task.load, following) if following else None
                 yield loaded
         finally:

@@ -18,6 +18,7 @@ from typing import Iterator
 
 from ..control import Progress, StopFlag
 from ..errors import BatchinferError, ConfigError, ModelError
+from ..models import library_logs_shown
 from ..plan import Work
 from ..task import TaskInputs
 
@@ -68,6 +69,7 @@ class RayExecutor:
         self.stop, self.progress = stop, progress
         runtime = inputs.job.runtime
         self.started_ray = _connect(self.ray, runtime.ray_address)
+        _quiet_ray_lines()
         resources = self.ray.cluster_resources()
         gpus = resources.get("GPU", 0)
         per_gpu = runtime.gpus_per_worker if gpus else 0
@@ -181,8 +183,28 @@ def _connect(ray, address: str | None) -> bool:
                 signal.signal(signum, handler)
 
 
+def _quiet_ray_lines() -> None:
+    """Without --debug, Ray prints nothing of its own in this process: not the workers' output, not its
+    logger's lines, and not the raylet's error messages ("A worker died or was killed ...", some 800
+    characters in colour), which its driver prints from a thread of its own whatever log_to_driver says.
+    A worker's death is batchinfer's one line instead (RayExecutor._replace). Left so for the process:
+    the raylet's message about a dead worker may come after the job is over."""
+    if library_logs_shown():
+        return
+    logging.getLogger("ray").setLevel(logging.ERROR)
+    import ray._private.worker as ray_worker  # the switch ray.util.rpdb uses to silence worker lines
+
+    ray_worker._worker_logs_enabled = False
+
+
 def _init(ray, address: str | None) -> bool:
-    options = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, configure_logging=True)
+    debug = library_logs_shown()
+    options = dict(
+        include_dashboard=False,
+        log_to_driver=debug,
+        logging_level=logging.INFO if debug else logging.ERROR,
+        configure_logging=True,
+    )
     if address:
         try:
             ray.init(address=address, **options)
