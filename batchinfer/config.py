@@ -145,7 +145,20 @@ class ModelConfig(Section):
     labels: list[str] = Field(
         default_factory=list,
         description="task zero-shot: the candidate labels, e.g. [billing, shipping, refund]; every row is scored "
-        "against each.",
+        "against each. task classify with a causal LM: the labels scored by their likelihood after each row's "
+        "prompt (label scoring, see the README), written as the label would follow the prompt.",
+    )
+    label_norm: Literal["none", "tokens", "chars"] = Field(
+        default="none",
+        description="task classify with model.labels: none: a label's score is the sum of its tokens' "
+        "log-probabilities (lm-evaluation-harness's acc); tokens: that sum divided by its token count; chars: "
+        "divided by its length in characters (lm-evaluation-harness's acc_norm). Longer labels lose less this way.",
+    )
+    label_prompt: Literal["shared", "repeated"] = Field(
+        default="shared",
+        description="task classify with model.labels: shared: a row's prompt runs once and all its labels attend "
+        "to it through one attention mask; repeated: one sequence per label with the prompt repeated (the naive "
+        "baseline, for benchmarks). Both give the same scores.",
     )
     hypothesis_template: str = Field(
         default="This example is {}.",
@@ -402,8 +415,13 @@ class JobConfig(Section):
             )
         if self.model.task == "zero-shot" and not self.model.labels:
             raise ValueError("model.labels: task zero-shot needs the candidate labels, e.g. labels: [billing, refund]")
-        if self.model.labels and self.model.task != "zero-shot":
-            raise ValueError("model.labels: only for model.task: zero-shot; remove it")
+        if self.model.labels and self.model.task not in ("zero-shot", "classify"):
+            raise ValueError(
+                "model.labels: only for model.task zero-shot (an NLI model) or classify (a causal LM); remove it"
+            )
+        for key in ("label_norm", "label_prompt"):
+            if key in self.model.model_fields_set and not (self.model.task == "classify" and self.model.labels):
+                raise ValueError(f"model.{key}: only for model.task: classify with model.labels; remove it")
         labels = self.model.labels
         if any(not label.strip() for label in labels) or len(set(labels)) < len(labels):
             raise ValueError(

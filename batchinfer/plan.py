@@ -89,6 +89,11 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int |
             if job.model.task == "zero-shot"
             else {}
         ),
+        **(
+            {"model.labels": job.model.labels, "model.label_norm": job.model.label_norm}
+            if job.model.task == "classify" and job.model.labels
+            else {}
+        ),
         "model.max_length": job.model.max_length,
         "model.truncation": job.model.truncation,
         "model.dtype": job.model.dtype,

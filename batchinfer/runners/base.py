@@ -51,6 +51,7 @@ class EncoderRunner:
     `packed` (set per batch) runs a batch as one unpadded sequence; see packing.py."""
 
     packed = False
+    score_labels: list[str] | None = None  # what each entry of a `scores` column stands for
 
     @classmethod
     def load(cls, job, model_path):
@@ -204,6 +205,11 @@ def tokens_of(encodings: list, owner: np.ndarray | None = None, pairs: bool = Fa
     lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
     truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(ids))
     return Tokens(ids, lengths, truncated, owner, encodings)
+
+
+def head_labels(config) -> list[str]:
+    """The names of a classification head's outputs, as its config gives them."""
+    return [str(config.id2label.get(i, f"LABEL_{i}")) for i in range(config.num_labels)]
 
 
 def rows_of(results: list[list]) -> np.ndarray:
