@@ -102,12 +102,17 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int |
         "output.scores": job.output.scores,
         **({"output.aggregation": job.output.aggregation} if job.model.task == "token-classify" else {}),
         **(
-            {"generation": job.generation.model_dump(exclude={"engine_options"})}
+            # constraint keys only when set, so the fingerprints of jobs from before they existed still match
+            {"generation": job.generation.model_dump(exclude={"engine_options"} | _unset_constraints(job.generation))}
             if job.model.task == "generate"
             else {}
         ),
         "limit": limit,
     }
+
+
+def _unset_constraints(gen) -> set[str]:
+    return {key for key in ("response_format", "choices", "regex") if not getattr(gen, key)}
 
 
 def describe_changes(old: dict, new: dict) -> dict[str, str]:
