@@ -271,7 +271,7 @@ class GenerationConfig(Section):
     )
     response_format: dict[str, Any] | None = Field(
         default=None,
-        description='Constrained output, as OpenAI\'s response_format: {type: json_object} (a JSON object), or '
+        description="Constrained output, as OpenAI's response_format: {type: json_object} (a JSON object), or "
         "{type: json_schema, json_schema: {name: ..., schema: {...}}} (JSON that follows the schema). Every "
         "completion is then complete and valid, or its row goes to _errors/ (reason length when max_new_tokens "
         "cut it). Needs xgrammar (pip install 'batchinfer[llm]'); vllm uses its structured outputs.",

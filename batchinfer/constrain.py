@@ -32,7 +32,7 @@ def response_format(value, where: str) -> tuple[Constraint | None, str | None]:
     if value is None:
         return None, None
     if not isinstance(value, dict):
-        return None, f"{where} must be an object such as {{\"type\": \"json_object\"}}, not {type(value).__name__}"
+        return None, f'{where} must be an object such as {{"type": "json_object"}}, not {type(value).__name__}'
     kind = value.get("type")
     if kind == "text":
         return None, None
@@ -43,7 +43,7 @@ def response_format(value, where: str) -> tuple[Constraint | None, str | None]:
     body = value.get("json_schema")
     schema = body.get("schema") if isinstance(body, dict) else None
     if not isinstance(schema, dict):
-        return None, f"{where}.json_schema.schema must be a JSON schema object, e.g. {{\"type\": \"object\", ...}}"
+        return None, f'{where}.json_schema.schema must be a JSON schema object, e.g. {{"type": "object", ...}}'
     return Constraint("json_schema", json.dumps(schema, sort_keys=True, ensure_ascii=False), f"{where}"), None
 
 

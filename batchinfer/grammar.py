@@ -16,6 +16,7 @@ or its row is an error, never invalid text reported as a success.
 from __future__ import annotations
 
 import json
+import re
 
 import torch
 from transformers import LogitsProcessor
@@ -23,7 +24,6 @@ from transformers.generation.continuous_batching.cb_logits_processors import Con
 
 from .constrain import Constraint
 from .errors import ModelError
-
 
 _BOUNDED_CHAR, _JSON_CHAR = '[^\\"\\\\\\r\\n]', '[^\\0-\\x1f\\"\\\\]'  # EBNF character classes
 
@@ -80,6 +80,7 @@ class Grammars:
         except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar raises RuntimeError for bad input
             what = {"json_schema": "schema", "json_object": "JSON grammar", "choices": "choices", "regex": "regex"}
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)  # xgrammar's time and source line
             raise Uncompilable(f"{constraint.where}: xgrammar cannot compile this {what[kind]}: {first}") from None
 
     def matcher(self, constraint: Constraint):

@@ -17,9 +17,9 @@ import time
 
 import pyarrow as pa
 
+from .constrain import response_format
 from .errors import InputError
 from .lines import open_lines, parse_object, read_lines
-from .constrain import response_format
 from .messages import message_problem
 
 REQUEST_COLUMNS = [

@@ -101,8 +101,8 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int |
         "batching.chunk_rows": job.chunk_rows,
         "output.scores": job.output.scores,
         **({"output.aggregation": job.output.aggregation} if job.model.task == "token-classify" else {}),
+        # constraint keys only when set, so the fingerprints of jobs from before they existed still match
         **(
-            # constraint keys only when set, so the fingerprints of jobs from before they existed still match
             {"generation": job.generation.model_dump(exclude={"engine_options"} | _unset_constraints(job.generation))}
             if job.model.task == "generate"
             else {}
