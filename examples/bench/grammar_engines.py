@@ -148,7 +148,8 @@ def main() -> None:
     torch.set_num_threads(1)
     tok = tokenizer(args.vocab)
     print(f"byte-level BPE, {len(tok)} tokens")
-    print("| engine | tokenizer view | grammar | compile cold | compile again | mask per token (median, p90) | accept |")
+    header = "engine | tokenizer view | grammar | compile cold | compile again | mask per token (median, p90) | accept"
+    print(f"| {header} |")
     print("|---|---|---|---|---|---|---|")
     for name, make in (("xgrammar", xgrammar_engine), ("llguidance", llguidance_engine)):
         setup, compile_, walk, clear = make(tok)
