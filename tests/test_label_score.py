@@ -156,3 +156,29 @@ def test_label_scoring_settings_are_checked(sms_parquet, tiny_llama, tiny_classi
         ).model.label_norm
         == "chars"
     )
+
+
+def test_serve_classify_scores_labels_as_the_offline_job(sms_parquet, sms_table, tiny_llama, tmp_path):
+    pytest.importorskip("fastapi")
+    import asyncio
+
+    import httpx
+
+    from batchinfer.server import create_app
+
+    job = _job(sms_parquet, tiny_llama, tmp_path / "out", task="classify", model__labels=LABELS)
+    job.input.path = str(sms_parquet / "part-0.parquet")
+    run_job(job)
+    offline = _read(tmp_path / "out")
+    texts = sms_table.column("text").to_pylist()[:12]
+
+    async def go():
+        app = create_app(job, tiny_llama)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://b", timeout=60) as client:
+                return (await client.post("/classify", json={"input": texts})).json()
+
+    answer = asyncio.run(go())
+    assert [row["label"] for row in answer["data"]] == offline.column("label").to_pylist()[:12]
+    assert np.allclose([row["score"] for row in answer["data"]], offline.column("score").to_numpy()[:12], atol=1e-5)

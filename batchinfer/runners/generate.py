@@ -428,7 +428,15 @@ class GenerateRunner:
             for m, c in zip(max_new, constraints)
         ]
         outputs = self.model.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [(list(o.outputs[0].token_ids), None) for o in outputs], []
+        return [(self._vllm_tokens(o.outputs[0]), None) for o in outputs], []
+
+    def _vllm_tokens(self, output) -> list[int]:
+        """A vLLM completion's tokens, ending in an end token when vLLM says it stopped (finish_reason stop),
+        so that _finish reads stop, not length, whether or not vLLM kept that token."""
+        tokens = list(output.token_ids)
+        if output.finish_reason == "stop" and self.eos and not (tokens and tokens[-1] in self.eos):
+            tokens.append(min(self.eos))
+        return tokens
 
     # --- output ----------------------------------------------------------------------------------------------
 

@@ -38,18 +38,10 @@ def make_model(folder: Path, texts: list[str]) -> int:
     """A random Llama of about 50M parameters (byte-level BPE of up to 16,384 tokens, 512 wide, 12 layers).
     Returns its parameter count."""
     import torch
-    from make_tiny_causal import CHAT_TEMPLATE
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from make_tiny_causal import make_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    bpe = ByteLevelBPETokenizer()
-    specials = ["<|endoftext|>", "<|pad|>", "<|user|>", "<|assistant|>", "<|system|>"]
-    bpe.train_from_iterator(texts, vocab_size=16384, min_frequency=2, special_tokens=specials, show_progress=False)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<|pad|>"
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(folder)
+    tokenizer = make_tokenizer(folder, texts, vocab_size=16384)  # with tiny-llama's special tokens and chat template
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
