@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import Crash, CrashAfterChunks
+from helpers import EXAMPLES, Crash, CrashAfterChunks
 from helpers import read_output as _read
 from helpers import sms_job as _job
 
@@ -124,10 +124,24 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run(sms_parquet, sms_table,
     assert np.array_equal(np.array(resumed.column("scores").to_pylist()), np.array(whole.column("scores").to_pylist()))
 
 
-def test_scores_of_every_task_carry_their_names(sms_parquet, tiny_classify, tiny_nli, tmp_path):
+def test_scores_of_every_task_carry_their_names(sms_parquet, tiny_classify, tiny_nli, tiny_cross_encoder, tmp_path):
     run_job(_job(sms_parquet, tiny_classify, tmp_path / "classify", task="classify", output__scores=True))
     run_job(_job(sms_parquet, tiny_nli, tmp_path / "zero", task="zero-shot", model__labels=["billing", "refund"]))
-    for folder, names in (("classify", ["negative", "neutral", "positive"]), ("zero", ["billing", "refund"])):
+    pairs = {"path": str(EXAMPLES / "pairs" / "sms-pairs.parquet"), "text": "query", "text_pair": "message"}
+    run_job(
+        validate_job(
+            {
+                "input": pairs,
+                "model": {"path": str(tiny_cross_encoder), "task": "score"},
+                "output": {"path": str(tmp_path / "score"), "scores": True},
+            }
+        )
+    )
+    for folder, names in (
+        ("classify", ["negative", "neutral", "positive"]),
+        ("zero", ["billing", "refund"]),
+        ("score", ["LABEL_0"]),
+    ):
         field = pq.read_schema(next((tmp_path / folder).glob("part-*.parquet"))).field("scores")
         assert json.loads(field.metadata[b"labels"]) == names
 
