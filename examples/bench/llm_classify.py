@@ -12,7 +12,7 @@ Llama of about 50M parameters with a byte-level BPE tokenizer trained here on th
 through the same chat template.
 
     nice -n 19 python examples/bench/llm_classify.py --rows 2000
-    nice -n 19 python examples/bench/llm_classify.py --rows 2000 --generate-rows 500   # on a busy CPU
+    nice -n 19 python examples/bench/llm_classify.py --rows 2000 --other-rows 500   # on a busy CPU
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import argparse
 import re
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -76,7 +75,8 @@ def answer_of(text: str) -> str:
     return words[0] if words else ""
 
 
-def run(data: Path, model: Path, out: Path, **sections) -> tuple[float, pa.Table, int]:
+def run(data: Path, model: Path, out: Path, **sections) -> tuple[float, int, pa.Table]:
+    """One `batchinfer run` → (its seconds as the report counts them, without loading the model; rows; output)."""
     from batchinfer.config import validate_job
     from batchinfer.driver import run_job
 
@@ -89,58 +89,66 @@ def run(data: Path, model: Path, out: Path, **sections) -> tuple[float, pa.Table
     for key, value in sections.items():
         section, name = key.split("__")
         job.setdefault(section, {})[name] = value
-    t0 = time.perf_counter()
     report = run_job(validate_job(job))
-    seconds = time.perf_counter() - t0
-    return report["run"]["rows"] / report["run"]["seconds"], ds.dataset(str(out)).to_table(), seconds
+    return report["run"]["seconds"], report["run"]["rows"], ds.dataset(str(out)).to_table()
+
+
+SCORING = dict(input__text="prompt", model__task="classify", model__labels=LABELS)
+GENERATING = dict(input__messages="messages", model__task="generate", generation__max_new_tokens=8)
+METHODS = {  # name: (job settings, the answers of its output table)
+    "label scoring (prompt shared)": ({**SCORING, "model__label_prompt": "shared"}, lambda t: t.column("label")),
+    "label scoring, naive (prompt per label)": (
+        {**SCORING, "model__label_prompt": "repeated"},
+        lambda t: t.column("label"),
+    ),
+    "free generation, 8 tokens, parsed": (GENERATING, lambda t: [answer_of(x) for x in t.column("text").to_pylist()]),
+    "generation constrained to the labels (choices)": (
+        {**GENERATING, "generation__choices": LABELS},
+        lambda t: t.column("text"),
+    ),
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=2000, help="rows for label scoring")
-    parser.add_argument("--generate-rows", type=int, default=None, help="rows for the two generation runs")
-    parser.add_argument("--naive-rows", type=int, default=None, help="rows for the naive label-scoring baseline")
+    parser.add_argument("--other-rows", type=int, default=None, help="rows for the three other methods (default all)")
+    parser.add_argument("--rounds", type=int, default=4, help="the rows in this many slices, the methods taking turns")
     args = parser.parse_args()
     from make_tiny_causal import sms_texts
 
     work = Path(tempfile.mkdtemp(prefix="llm-classify-"))
     params = make_model(work / "model", sms_texts())
     print(f"random Llama, {params / 1e6:.1f}M parameters; labels {LABELS}")
-    results = []
-
-    def data(rows: int) -> Path:
-        path = work / f"sms-{rows}.parquet"
-        if not path.exists():
-            pq.write_table(sms(rows), path)
-        return path
-
-    scoring = dict(input__text="prompt", model__task="classify", model__labels=LABELS)
-    for name, rows, extra in (
-        ("label scoring (prompt shared)", args.rows, {"model__label_prompt": "shared"}),
-        ("label scoring, naive (prompt per label)", args.naive_rows or args.rows, {"model__label_prompt": "repeated"}),
-    ):
-        rate, table, _ = run(data(rows), work / "model", work / name.split()[-1].strip("()"), **scoring, **extra)
-        valid = sum(label in LABELS for label in table.column("label").to_pylist()) / table.num_rows
-        results.append((name, rows, rate, valid, table.column("label").to_pylist()))
-    generating = dict(input__messages="messages", model__task="generate", generation__max_new_tokens=8)
-    rows = args.generate_rows or args.rows
-    for name, extra in (
-        ("free generation, 8 tokens, parsed", {}),
-        ("generation constrained to the labels (choices)", {"generation__choices": LABELS}),
-    ):
-        rate, table, _ = run(
-            data(rows), work / "model", work / ("free" if not extra else "choices"), **generating, **extra
-        )
-        answers = [answer_of(t) if not extra else t for t in table.column("text").to_pylist()]
-        valid = sum(a in LABELS for a in answers) / rows  # error rows count as invalid
-        results.append((name, rows, rate, valid, None))
-    shared, naive = results[0], results[1]
-    n = min(shared[1], naive[1])
-    same = sum(a == b for a, b in zip(shared[4][:n], naive[4][:n])) / n
+    table = sms(args.rows)
+    other = args.other_rows or args.rows
+    seconds = {name: 0.0 for name in METHODS}
+    rows = {name: 0 for name in METHODS}
+    answers: dict[str, list] = {name: [] for name in METHODS}
+    # the methods take turns on each slice, so that a machine whose speed drifts (a shared CPU) treats them alike
+    for r in range(args.rounds):
+        start, stop = r * args.rows // args.rounds, (r + 1) * args.rows // args.rounds
+        for i, (name, (settings, read)) in enumerate(METHODS.items()):
+            take = stop - start if name.startswith("label scoring (") else (stop - start) * other // args.rows
+            path = work / f"slice-{r}-{take}.parquet"
+            pq.write_table(table.slice(start, take), path)
+            spent, done, out = run(path, work / "model", work / f"out-{r}-{i}", **settings)
+            seconds[name] += spent
+            rows[name] += take
+            got = read(out)
+            answers[name] += got.to_pylist() if hasattr(got, "to_pylist") else got
+            answers[name] += [None] * (take - done)  # error rows: no answer
     print("\n| method | rows | rows/s | valid label |\n|---|---|---|---|")
-    for name, rows, rate, valid, _ in results:
-        print(f"| {name} | {rows} | {rate:.1f} | {valid:.1%} |")
-    print(f"\nshared against naive: the same label on {same:.1%} of {n} rows; {shared[2] / naive[2]:.2f}x the rows/s")
+    for name in METHODS:
+        valid = sum(a in LABELS for a in answers[name]) / rows[name]
+        print(f"| {name} | {rows[name]} | {rows[name] / seconds[name]:.1f} | {valid:.1%} |")
+    shared, naive = (answers[name] for name in list(METHODS)[:2])
+    rate = {name: rows[name] / seconds[name] for name in METHODS}
+    first = list(METHODS)
+    print(f"\nshared against naive: {rate[first[0]] / rate[first[1]]:.2f}x the rows/s", end="")
+    if other == args.rows:
+        print(f", the same label on {sum(a == b for a, b in zip(shared, naive)) / len(shared):.1%} of rows")
+    print()
 
 
 if __name__ == "__main__":
