@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import OrderedDict
 
 import torch
 from transformers import LogitsProcessor
@@ -25,6 +26,7 @@ from transformers.generation.continuous_batching.cb_logits_processors import Con
 from .constrain import Constraint
 from .errors import ModelError
 
+CACHED = 256  # compiled grammars kept per tokenizer
 _BOUNDED_CHAR, _JSON_CHAR = '[^\\"\\\\\\r\\n]', '[^\\0-\\x1f\\"\\\\]'  # EBNF character classes
 
 
@@ -53,7 +55,7 @@ class Grammars:
         self.stop_ids = sorted(stop_ids)
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_ids)
         self.compiler = xgr.GrammarCompiler(info, max_threads=max(1, min(8, torch.get_num_threads())))
-        self._compiled: dict[tuple[Constraint, bool], object] = {}
+        self._compiled: OrderedDict[tuple[Constraint, bool], object] = OrderedDict()  # the latest CACHED
 
     def compile(self, constraint: Constraint, loose: bool = False):
         """The compiled grammar; `loose` allows any whitespace between JSON tokens (for checking outputs
@@ -61,6 +63,9 @@ class Grammars:
         key = (constraint, loose)
         if key not in self._compiled:
             self._compiled[key] = self._compile(constraint, loose)
+            if len(self._compiled) > CACHED:  # a server taking a schema per request must not grow without end
+                self._compiled.popitem(last=False)
+        self._compiled.move_to_end(key)
         return self._compiled[key]
 
     def _compile(self, constraint: Constraint, loose: bool):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import importlib.util
 import json
 import queue
 import time
@@ -56,15 +57,6 @@ class Unanswered(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": str(self), "type": "invalid_request_error", "code": self.reason}}
-
-
-def _grammars_missing() -> str | None:
-    """Why constrained output cannot run here (xgrammar missing), or None."""
-    try:
-        import xgrammar  # noqa: F401
-    except ImportError:
-        return "constrained output needs xgrammar, which is not installed"
-    return None
 
 
 class EngineDown(Exception):
@@ -208,8 +200,7 @@ class GenerateService:
         gen, runner, rows = job.generation, self.runner, job.batching.max_rows
         if gen.engine != "transformers":
             raise BadInput(f"serve runs generation.engine transformers (continuous batching), not {gen.engine}")
-        self.grammars_missing = _grammars_missing()
-        constrained = self.grammars_missing is None  # masks take every request's response_format
+        constrained = importlib.util.find_spec("xgrammar") is not None  # masks take any request's response_format
         lengths = [job.model.max_length + gen.max_new_tokens] * rows
         cb_config = runner.engine_config(gen, lengths, rows, constrained)
         self.manager = runner.model.init_continuous_batching(
@@ -227,7 +218,7 @@ class GenerateService:
         if constraint is None:
             return None
         if self.masks is None:
-            raise BadInput(f"response_format: {self.grammars_missing}; pip install 'batchinfer[llm]'")
+            raise BadInput("response_format: constrained output needs xgrammar; pip install 'batchinfer[llm]'")
         if body.stop:
             raise BadInput("stop: a stop string could cut the response_format output; remove stop")
         from .grammar import Uncompilable
