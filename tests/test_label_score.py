@@ -156,10 +156,9 @@ def test_label_scoring_settings_are_checked(sms_parquet, tiny_llama, tiny_classi
     with pytest.raises(ModelError, match="needs a sequence-classification head") as caught:
         run_job(_job(sms_parquet, tiny_llama, tmp_path / "d", task="classify"))
     assert "give model.labels" in caught.value.hint
+    long = ["ham", "a label of many words, more tokens than max_length"]
     with pytest.raises(ModelError, match="leaves no room for a prompt"):
-        run_job(
-            _job(sms_parquet, tiny_llama, tmp_path / "e", task="classify", model__labels=LABELS, model__max_length=4)
-        )
+        run_job(_job(sms_parquet, tiny_llama, tmp_path / "e", task="classify", model__labels=long, model__max_length=8))
     assert (
         validate_job(
             {

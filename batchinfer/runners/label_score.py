@@ -7,11 +7,13 @@ Each label is tokenized alone, without special tokens, and appended; its score i
 tokens' log-probabilities (model.label_norm: divided by its token or character count). `label` is the
 best, `scores` the softmax of the scores over the labels.
 
-With label_prompt shared (the default) a row is one item: its prompt, then every label's tokens, under
-an attention mask in which each label sees the prompt and its own earlier tokens only, at positions
-that follow the prompt. The prompt is computed once for all its labels, and each label's first token
-is predicted by the prompt's last position, which they share. label_prompt repeated runs one plain
-sequence per (row, label), the prompt repeated: the baseline the shared layout is measured against.
+With label_prompt shared (the default) a row is one item: its prompt, then every label's tokens but
+its last (whose output predicts nothing, as lm-evaluation-harness leaves it out too), under an
+attention mask in which each label sees the prompt and its own earlier tokens only, at positions that
+follow the prompt. The prompt is computed once for all its labels, and each label's first token is
+predicted by the prompt's last position, which they share: one-token labels cost nothing beyond the
+prompt. label_prompt repeated runs one plain sequence per (row, label), the prompt repeated: the
+baseline the shared layout is measured against.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class LabelScoreRunner(EncoderRunner):
         self.shared = job.model.label_prompt == "shared"
         self.norm = job.model.label_norm
         self.scores = job.output.scores
-        appended = sum(map(len, self.label_ids)) if self.shared else max(map(len, self.label_ids))
+        self.fed = [ids[:-1] for ids in self.label_ids]  # the tokens that go in: a label's last only comes out
+        appended = sum(map(len, self.fed)) if self.shared else max(map(len, self.fed))
         self.room = self.max_length - appended  # prompt tokens an item has room for
         if self.room < 1:
             raise ModelError(
@@ -44,14 +47,12 @@ class LabelScoreRunner(EncoderRunner):
         # Keep the end of an over-long prompt, as task generate does: that is where the question is.
         self.tokenizer.enable_truncation(self.room, direction="left")
         self.head_ok = _head_shortcut_agrees(model, device)
-        width = len(self.labels)
-        # per label, its tokens' positions among a shared item's appended tokens
-        self.starts = np.cumsum([0] + [len(ids) for ids in self.label_ids])[:width]
 
     # --- items ---------------------------------------------------------------------------------------------------
 
     def tokenize(self, texts: list[str]) -> Tokens:
-        """One item per row (shared) or per (row, label) (repeated): the prompt's ids, then label ids."""
+        """One item per row (shared) or per (row, label) (repeated): the prompt's ids, then label ids
+        (each label without its last token)."""
         special = self.chat is None  # the chat template writes its own special tokens
         if self.chat is not None:
             texts = [
@@ -64,10 +65,10 @@ class LabelScoreRunner(EncoderRunner):
         prompts = [e.ids for e in encodings]
         cut = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
         if self.shared:
-            appended = [t for ids in self.label_ids for t in ids]
+            appended = [t for ids in self.fed for t in ids]
             ids, owner = [p + appended for p in prompts], None
         else:
-            ids = [Scored(p + label, k) for p in prompts for k, label in enumerate(self.label_ids)]
+            ids = [Scored(p + fed, k) for p in prompts for k, fed in enumerate(self.fed)]
             owner = np.repeat(np.arange(len(prompts)), len(self.labels))
             cut = np.repeat(cut, len(self.labels))
         lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
@@ -104,16 +105,17 @@ class LabelScoreRunner(EncoderRunner):
             n = len(row)
             input_ids[i, :n] = row
             labels = self.label_ids if self.shared else [self.label_ids[row.label]]
-            prompt = n - sum(map(len, labels))
+            prompt = n - sum(len(label) - 1 for label in labels)
             mask[i, :n, :prompt] = causal[:n, :prompt]  # everyone sees the prompt, causally
             positions[i, :prompt] = np.arange(prompt)
             start = prompt
             for k, label in enumerate(labels):
-                stop = start + len(label)
-                mask[i, start:stop, start:stop] = causal[: len(label), : len(label)]  # a label sees its own past
-                positions[i, start:stop] = np.arange(prompt, prompt + len(label))
+                fed = len(label) - 1
+                stop = start + fed
+                mask[i, start:stop, start:stop] = causal[:fed, :fed]  # a label sees its own past
+                positions[i, start:stop] = np.arange(prompt, prompt + fed)
                 # token 0 is predicted by the prompt's last position, token j by the label's token j - 1
-                at += [i * longest + prompt - 1] + [i * longest + p for p in range(start, stop - 1)]
+                at += [i * longest + prompt - 1] + [i * longest + p for p in range(start, stop)]
                 target += label
                 slot += [i * per_item + k] * len(label)
                 start = stop
