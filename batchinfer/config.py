@@ -10,6 +10,7 @@ from typing import Any, Literal, Union, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .constrain import response_format
 from .errors import ConfigError, shorten
 from .openai_batch import REQUEST_COLUMNS
 from .tasks import TASKS
@@ -145,7 +146,20 @@ class ModelConfig(Section):
     labels: list[str] = Field(
         default_factory=list,
         description="task zero-shot: the candidate labels, e.g. [billing, shipping, refund]; every row is scored "
-        "against each.",
+        "against each. task classify with a causal LM: the labels scored by their likelihood after each row's "
+        "prompt (label scoring, see the README), written as the label would follow the prompt.",
+    )
+    label_norm: Literal["none", "tokens", "chars"] = Field(
+        default="none",
+        description="task classify with model.labels: none: a label's score is the sum of its tokens' "
+        "log-probabilities (lm-evaluation-harness's acc); tokens: that sum divided by its token count; chars: "
+        "divided by its length in characters (lm-evaluation-harness's acc_norm). Longer labels lose less this way.",
+    )
+    label_prompt: Literal["shared", "repeated"] = Field(
+        default="shared",
+        description="task classify with model.labels: shared: a row's prompt runs once and all its labels attend "
+        "to it through one attention mask; repeated: one sequence per label with the prompt repeated (the naive "
+        "baseline, for benchmarks). Both give the same scores.",
     )
     hypothesis_template: str = Field(
         default="This example is {}.",
@@ -269,6 +283,23 @@ class GenerationConfig(Section):
         description='Strings that end a completion, e.g. ["\\n\\n"]; '
         "the text is cut before them and finish_reason is stop.",
     )
+    response_format: dict[str, Any] | None = Field(
+        default=None,
+        description="Constrained output, as OpenAI's response_format: {type: json_object} (a JSON object), or "
+        "{type: json_schema, json_schema: {name: ..., schema: {...}}} (JSON that follows the schema). Every "
+        "completion is then complete and valid, or its row goes to _errors/ (reason length when max_new_tokens "
+        "cut it). Needs xgrammar (pip install 'batchinfer[llm]'); vllm uses its structured outputs.",
+    )
+    choices: list[str] = Field(
+        default_factory=list,
+        description="Constrained output: the completion is exactly one of these strings, e.g. [ham, spam]. "
+        "(To score every choice instead of generating one, see model.labels with model.task: classify.)",
+    )
+    regex: str | None = Field(
+        default=None,
+        description="Constrained output: the completion matches this regular expression whole, e.g. "
+        "'\\d{4}-\\d{2}-\\d{2}'.",
+    )
     max_memory: Union[int, str] = Field(
         default="auto",
         description="engine transformers: the most memory the KV cache may take, in bytes or as 512MB, 4GB, 2GiB. "
@@ -280,6 +311,30 @@ class GenerationConfig(Section):
         description="Passed to the engine: for transformers, ContinuousBatchingConfig fields such as num_blocks, "
         "page_size, max_batch_tokens, max_requests_per_batch; for vllm, vllm.LLM arguments.",
     )
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format_shape(cls, value):
+        problem = response_format(value, "response_format")[1]
+        if problem:
+            raise ValueError(problem.removeprefix("response_format").lstrip(". ") or problem)
+        return value
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> "GenerationConfig":
+        asked = [k for k in ("response_format", "choices", "regex") if getattr(self, k)]
+        if len(asked) > 1:
+            raise ValueError(f"generation: give one of response_format, choices and regex, not {' and '.join(asked)}")
+        if len(set(self.choices)) < len(self.choices) or any(not c for c in self.choices):
+            raise ValueError(f"generation.choices: each choice once and not empty (got {shorten(self.choices)})")
+        if self.regex == "":
+            raise ValueError("generation.regex: empty; give a pattern such as '(yes|no)'")
+        if asked and self.stop:
+            raise ValueError(
+                f"generation.stop: a stop string could cut the {asked[0]} output short; remove stop (the "
+                "constrained output ends where it is complete)"
+            )
+        return self
 
     @field_validator("max_memory")
     @classmethod
@@ -423,8 +478,13 @@ class JobConfig(Section):
             )
         if self.model.task == "zero-shot" and not self.model.labels:
             raise ValueError("model.labels: task zero-shot needs the candidate labels, e.g. labels: [billing, refund]")
-        if self.model.labels and self.model.task != "zero-shot":
-            raise ValueError("model.labels: only for model.task: zero-shot; remove it")
+        if self.model.labels and self.model.task not in ("zero-shot", "classify"):
+            raise ValueError(
+                "model.labels: only for model.task zero-shot (an NLI model) or classify (a causal LM); remove it"
+            )
+        for key in ("label_norm", "label_prompt"):
+            if key in self.model.model_fields_set and not (self.model.task == "classify" and self.model.labels):
+                raise ValueError(f"model.{key}: only for model.task: classify with model.labels; remove it")
         labels = self.model.labels
         if any(not label.strip() for label in labels) or len(set(labels)) < len(labels):
             raise ValueError(

@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 
 from .config import ModelConfig
 from .errors import ModelError
-from .tasks import TASKS
+from .tasks import model_spec
 
 _SAMPLE = 4 << 20  # bytes hashed at the start, middle and end of a large weight file
 SHOW_LIBRARY_LOGS = False  # set by the command line's --debug
@@ -177,9 +177,9 @@ def pooling_of(path: Path) -> Pooling:
     return pooling
 
 
-def check_head(config, task: str, path: Path) -> None:
+def check_head(config, cfg: ModelConfig, path: Path) -> None:
     """The model has the head its task needs (read from config.json: no weights are loaded)."""
-    spec = TASKS[task]
+    task, spec = cfg.task, model_spec(cfg.task, cfg.labels)
     found = ", ".join(config.architectures or [config.model_type])
     if spec.head and not any(part in a for a in config.architectures or [] for part in spec.head):
         raise ModelError(f"task {task} needs {spec.needs}, but {path} is a {found}", spec.head_fix)
@@ -202,7 +202,7 @@ def read_config(cfg: ModelConfig, path: Path):
         raise ModelError(
             f"cannot read the model config in {path}: {exc}", "check that the folder was saved with save_pretrained"
         ) from exc
-    check_head(config, cfg.task, path)
+    check_head(config, cfg, path)
     return config
 
 
@@ -254,8 +254,8 @@ def load_model(cfg: ModelConfig, path: Path):
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
     config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
-    check_head(config, cfg.task, path)
-    loader = getattr(transformers, TASKS[cfg.task].auto_class)
+    check_head(config, cfg, path)
+    loader = getattr(transformers, model_spec(cfg.task, cfg.labels).auto_class)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
         model = loader.from_pretrained(

@@ -62,6 +62,7 @@ FIELDS: dict[str, Field] = {
     "temperature": Field(GENERATE, SURFACES),
     "top_p": Field(GENERATE, SURFACES),
     "seed": Field(GENERATE, SURFACES),
+    "response_format": Field(GENERATE, SURFACES),  # constrained output (constrain.py)
     "stream": Field(GENERATE, ("serve",), _at(False), "a batch file's responses are written whole"),
     "stream_options": Field(GENERATE, ("serve",), _unset, "a batch file's responses are not streamed"),
     "encoding_format": Field((EMBEDDINGS,), ("serve",), _at("float"), "batch output holds lists of floats"),
@@ -83,9 +84,6 @@ FIELDS: dict[str, Field] = {
     "presence_penalty": Field(GENERATE, neutral=_at(0, 0.0), lacks="no repetition penalties"),
     "frequency_penalty": Field(GENERATE, neutral=_at(0, 0.0), lacks="no repetition penalties"),
     "logit_bias": Field(GENERATE, neutral=_empty, lacks="no logit biases"),
-    "response_format": Field(
-        (CHAT,), neutral=lambda v: v is None or v == {"type": "text"}, lacks="no structured output yet"
-    ),
     "tools": Field((CHAT,), neutral=_empty, lacks="no tool calls"),
     "tool_choice": Field((CHAT,), neutral=_at("none"), lacks="no tool calls"),
     "functions": Field((CHAT,), neutral=_empty, lacks="no function calls"),

@@ -4,7 +4,7 @@ A request line is {custom_id, method, url, body} (https://platform.openai.com/do
 url is /v1/chat/completions, /v1/completions or /v1/embeddings. Each line becomes one row:
 
     custom_id | url | messages (chat) | prompt (completions, embeddings)
-    | max_tokens | temperature | top_p | seed | stop
+    | max_tokens | temperature | top_p | seed | stop | response_format (JSON text)
 
 A line that is not a valid request becomes an error line; it never aborts the file. So does a line
 asking for what batchinfer does not do (openai_api.FIELDS: logprobs, n > 1, tools, ...).
@@ -18,12 +18,24 @@ import time
 
 import pyarrow as pa
 
+from .constrain import response_format
 from .errors import InputError
 from .lines import open_lines, parse_object, read_lines
 from .messages import message_problem
 from .openai_api import CHAT, COMPLETIONS, EMBEDDINGS, chat_messages, unsupported
 
-REQUEST_COLUMNS = ["custom_id", "url", "messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop"]
+REQUEST_COLUMNS = [
+    "custom_id",
+    "url",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "response_format",
+]
 TASK_OF_URL = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed"}
 
 
@@ -73,7 +85,22 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
         return row, ("bad_request", f"body.max_tokens must be at least 1, not {max_tokens}")
     if row["stop"] is not None and not (isinstance(row["stop"], list) and all(isinstance(s, str) for s in row["stop"])):
         return row, ("bad_request", "body.stop must be a string or a list of strings")
-    return row, None
+    row["response_format"], problem = response_format_column(body)
+    return row, problem
+
+
+def response_format_column(body: dict) -> tuple[str | None, tuple[str, str] | None]:
+    """body.response_format → the request row's response_format (compact JSON; None for plain text), or
+    why the request is refused. Only completions are constrained; a stop string could cut the output."""
+    value = body.get("response_format")
+    constraint, problem = response_format(value, "body.response_format")
+    if problem:
+        return None, ("bad_request", problem)
+    if constraint is None:
+        return None, None
+    if body.get("stop"):
+        return None, ("bad_request", "body.stop: a stop string could cut the response_format output; remove stop")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False), None
 
 
 def _stable_id(*parts: str) -> str:

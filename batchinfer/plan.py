@@ -89,6 +89,11 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int |
             if job.model.task == "zero-shot"
             else {}
         ),
+        **(
+            {"model.labels": job.model.labels, "model.label_norm": job.model.label_norm}
+            if job.model.task == "classify" and job.model.labels
+            else {}
+        ),
         "model.max_length": job.model.max_length,
         "model.truncation": job.model.truncation,
         "model.dtype": job.model.dtype,
@@ -96,13 +101,18 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int |
         "batching.chunk_rows": job.chunk_rows,
         "output.scores": job.output.scores,
         **({"output.aggregation": job.output.aggregation} if job.model.task == "token-classify" else {}),
+        # constraint keys only when set, so the fingerprints of jobs from before they existed still match
         **(
-            {"generation": job.generation.model_dump(exclude={"engine_options"})}
+            {"generation": job.generation.model_dump(exclude={"engine_options"} | _unset_constraints(job.generation))}
             if job.model.task == "generate"
             else {}
         ),
         "limit": limit,
     }
+
+
+def _unset_constraints(gen) -> set[str]:
+    return {key for key in ("response_format", "choices", "regex") if not getattr(gen, key)}
 
 
 def describe_changes(old: dict, new: dict) -> dict[str, str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import importlib.util
 import json
 import queue
 import time
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool
 
 from .batcher import Batcher, BatchStats, Overloaded
 from .config import JobConfig
+from .constrain import Constraint, response_format
 from .errors import shorten
 from .heap import HeapGuard
 from .messages import is_blank, message_problem
@@ -53,6 +55,17 @@ LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 class BadInput(Exception):
     """A request body that is valid JSON but not a valid request; the message names what is wrong."""
+
+
+class Unanswered(Exception):
+    """A constrained completion that is not complete and valid: no answer (reason length or invalid_output)."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+    def body(self) -> dict:
+        return {"error": {"message": str(self), "type": "invalid_request_error", "code": self.reason}}
 
 
 class EngineDown(Exception):
@@ -130,6 +143,7 @@ class _GenerationBody(_Body):
     top_p: float | None = None
     seed: int | None = None
     model: str | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionBody(_GenerationBody):
@@ -200,11 +214,34 @@ class GenerateService:
         gen, runner, rows = job.generation, self.runner, job.batching.max_rows
         if gen.engine != "transformers":
             raise BadInput(f"serve runs generation.engine transformers (continuous batching), not {gen.engine}")
-        cb_config = runner.engine_config(gen, [job.model.max_length + gen.max_new_tokens] * rows, rows)
+        constrained = importlib.util.find_spec("xgrammar") is not None  # masks take any request's response_format
+        lengths = [job.model.max_length + gen.max_new_tokens] * rows
+        cb_config = runner.engine_config(gen, lengths, rows, constrained)
         self.manager = runner.model.init_continuous_batching(
             generation_config=runner._generation_config(gen, gen.max_new_tokens), continuous_batching_config=cb_config
         )
+        self.masks = runner.masks(self.manager) if constrained else None
         self.manager.start()
+
+    def constraint(self, body) -> Constraint | None:
+        """The request's response_format, else the server's job's; compiled, or a 400 saying why not."""
+        constraint, problem = response_format(body.response_format, "response_format")
+        if problem:
+            raise BadInput(problem)
+        constraint = constraint or self.runner.constraint
+        if constraint is None:
+            return None
+        if self.masks is None:
+            raise BadInput("response_format: constrained output needs xgrammar; pip install 'batchinfer[llm]'")
+        if body.stop:
+            raise BadInput("stop: a stop string could cut the response_format output; remove stop")
+        from .grammar import Uncompilable
+
+        try:
+            self.runner.grammars.compile(constraint)
+        except Uncompilable as exc:
+            raise BadInput(str(exc)) from None
+        return constraint
 
     def check(self, temperature: float | None, top_p: float | None, seed: int | None) -> None:
         """Decoding settings are the server's (one engine runs every request): a request may only repeat them.
@@ -222,11 +259,14 @@ class GenerateService:
                     f"--set generation.{name}={asked}, or leave {name} out"
                 )
 
-    async def stream(self, ids: list[int], max_new: int, request: Request):
-        """Generation outputs for one prompt as the engine produces them; cancelled if the client leaves."""
+    async def stream(self, ids: list[int], max_new: int, request: Request, constraint: Constraint | None = None):
+        """Generation outputs for one prompt as the engine produces them; cancelled if the client leaves.
+        `constraint`: the grammar the output follows, with its own state in the engine's masks."""
         outputs: asyncio.Queue = asyncio.Queue()
         request_id = f"req-{uuid.uuid4().hex}"
         self.manager.register_result_handler(request_id, outputs.put_nowait)
+        if constraint is not None:
+            self.masks.add(request_id, constraint)
         try:
             # add_request blocks (up to 10 s) while the engine's input queue is full: off the event loop
             added = await asyncio.to_thread(
@@ -251,6 +291,9 @@ class GenerateService:
         except BaseException:
             self.manager.cancel_request(request_id)
             raise
+        finally:
+            if self.masks is not None:
+                self.masks.drop(request_id)
 
     def problem(self) -> str | None:
         if self.manager.is_running():
@@ -373,6 +416,11 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     @app.exception_handler(EngineDown)
     async def _down(request: Request, exc: EngineDown):
         return _error(request, 503, f"{exc}; restart the server (batchinfer serve --debug shows why)")
+
+    @app.exception_handler(Unanswered)
+    async def _unanswered(request: Request, exc: Unanswered):
+        metrics.requests.labels(request.url.path, "422").inc()
+        return JSONResponse(exc.body(), status_code=422)
 
     @app.exception_handler(RuntimeError)
     async def _failed(request: Request, exc: RuntimeError):
@@ -501,6 +549,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
             raise BadInput("max_tokens: must be at least 1")
         usage = _stream_usage(body)
         max_new = max_tokens or job.generation.max_new_tokens
+        constraint = service.constraint(body)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or job.generation.stop)
         tokens = await asyncio.to_thread(service.runner.tokenize, [prompt])
         ids = tokens.ids[0]
@@ -511,14 +560,20 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
             f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
         )
         if body.stream:
-            events = _stream(service, request, ids, max_new, stops, kind, request_id, created, started, usage)
+            events = _stream(
+                service, request, ids, max_new, stops, kind, request_id, created, started, usage, constraint
+            )
             return StreamingResponse(events, media_type="text/event-stream")
         last = None
-        async for output in service.stream(ids, max_new, request):
+        async for output in service.stream(ids, max_new, request, constraint):
             last = output
         if last.error:
             raise RuntimeError(f"generation failed: {last.error}")
         generated, text, reason = service.runner._finish(last.generated_tokens, max_new, stops)
+        if constraint is not None and (
+            problem := service.runner.incomplete(constraint, generated, text, reason, max_new)
+        ):
+            raise Unanswered(*problem)
         completion = len(generated)
         choice = (
             {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
@@ -536,15 +591,18 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
             "usage": _usage(len(ids), completion),
         }
 
-    async def _stream(service, request, ids, max_new, stops, kind, request_id, created, started, usage):
+    async def _stream(service, request, ids, max_new, stops, kind, request_id, created, started, usage, constraint):
         sent, completion = "", 0
         chunk_kind = "chat.completion.chunk" if kind == "chat.completion" else "text_completion"
         try:
-            async for output in service.stream(ids, max_new, request):
+            async for output in service.stream(ids, max_new, request, constraint):
                 if output.error:
                     raise EngineDown(f"generation failed: {output.error}")
                 generated, text, reason = service.runner._finish(output.generated_tokens, max_new, stops)
                 completion = len(generated)
+                if output.is_finished() and constraint is not None:
+                    if problem := service.runner.incomplete(constraint, generated, text, reason, max_new):
+                        raise Unanswered(*problem)
                 # a stop string ends the completion before the engine does (it knows no stop strings)
                 finished = output.is_finished() or len(generated) < len(output.generated_tokens)
                 delta, sent = text[len(sent) :], text
@@ -557,6 +615,10 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
         except EngineDown as exc:  # the status line has gone out: the error is the last event
             metrics.requests.labels(request.url.path, "500").inc()
             yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'server_error'}})}\n\n"
+            return
+        except Unanswered as exc:  # the text sent so far is no answer: say so, as the last event
+            metrics.requests.labels(request.url.path, "422").inc()
+            yield f"data: {json.dumps(exc.body())}\n\n"
             return
         if usage:  # stream_options.include_usage: a last chunk with no choices and the request's usage
             yield _event(request_id, chunk_kind, created, [], {"usage": _usage(len(ids), completion)})

@@ -8,6 +8,7 @@ returns is committed by the driver, which alone writes completion markers.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from .sink import ERROR_SCHEMA, PartWriter
 from .sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
 from .sources.base import ShardChanged, as_text
 from .tune import plan
+
+SCORE_LABELS = "labels"  # the key of the `scores` field's metadata that names its entries
 
 
 @dataclass
@@ -191,7 +194,7 @@ class ChunkTask:
         rows = prepared.rows[kept]
         if job.output.format == "openai" and "prompt_tokens" not in task_columns:
             task_columns["prompt_tokens"] = pa.array(tokens.lengths[kept], pa.int32())  # one item per row
-        table = result_table(job, loaded, rows, task_columns, cut[kept])
+        table = name_scores(result_table(job, loaded, rows, task_columns, cut[kept]), self.runner)
         self.writer.write_chunk(loaded.work.name, table, error_table(job, loaded))
         self.heap.trim()
         return {
@@ -261,6 +264,17 @@ def result_table(
     if job.model.truncation is True:
         columns["truncated"] = pa.array(truncated, pa.bool_())
     return pa.table(columns)
+
+
+def name_scores(table: pa.Table, runner) -> pa.Table:
+    """The `scores` column with what each of its entries stands for in its field's metadata: {labels:
+    JSON list}, read with pyarrow.parquet.read_schema(part).field("scores").metadata."""
+    labels = getattr(runner, "score_labels", None)
+    if labels is None or "scores" not in table.column_names:
+        return table
+    i = table.schema.get_field_index("scores")
+    field = table.schema.field(i).with_metadata({SCORE_LABELS: json.dumps(labels, ensure_ascii=False)})
+    return table.set_column(i, field, table.column(i))
 
 
 def error_table(job: JobConfig, loaded: Loaded) -> pa.Table | None:

@@ -33,7 +33,8 @@ TASKS = {
             "AutoModelForSequenceClassification",
             ("ForSequenceClassification",),
             "a sequence-classification head",
-            "use a model fine-tuned for classification, or set model.task: embed",
+            "use a model fine-tuned for classification, set model.task: embed, or give model.labels to score "
+            "them with a causal language model",
         ),
         TaskSpec(
             "score",
@@ -74,3 +75,19 @@ TASKS = {
         ),
     )
 }
+
+# task classify with model.labels: a causal LM scores each label by likelihood (runners/label_score.py)
+LABEL_SCORING = TaskSpec(
+    "classify",
+    TASKS["classify"].summary,
+    TASKS["classify"].columns,
+    "AutoModelForCausalLM",
+    TASKS["generate"].head,
+    "a causal language model (model.labels are scored by their likelihood)",
+    "use a model saved from an AutoModelForCausalLM, or remove model.labels to run a classification head",
+)
+
+
+def model_spec(task: str, labels: list[str]) -> TaskSpec:
+    """What the model of `task` must be: a causal LM when classify has labels to score, else the task's own."""
+    return LABEL_SCORING if task == "classify" and labels else TASKS[task]

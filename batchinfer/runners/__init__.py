@@ -9,6 +9,7 @@ from ..config import JobConfig
 from .classify import ClassifyRunner
 from .embed import EmbedRunner
 from .generate import GenerateRunner
+from .label_score import LabelScoreRunner
 from .score import ScoreRunner
 from .token_classify import TokenClassifyRunner
 from .zero_shot import ZeroShotRunner
@@ -24,5 +25,7 @@ RUNNERS = {
 
 
 def make_runner(job: JobConfig, model_path: Path, budget=None):
-    """Load what the task needs and wrap it in its runner; `budget`: a recorded probe's choice of backend."""
-    return RUNNERS[job.model.task].load(job, model_path, budget)
+    """Load what the task needs and wrap it in its runner (classify with labels: a causal LM scores them);
+    `budget`: a recorded probe's choice of backend."""
+    runner = LabelScoreRunner if job.model.task == "classify" and job.model.labels else RUNNERS[job.model.task]
+    return runner.load(job, model_path, budget)

@@ -53,6 +53,7 @@ class EncoderRunner:
     packed = False
     pairs = False  # items are (text, text_pair): the converted model takes token type ids
     agreement = "argmax"  # how a lower precision is checked against f32: argmax (labels) | cosine | close
+    score_labels: list[str] | None = None  # what each entry of a `scores` column stands for
 
     @classmethod
     def load(cls, job, model_path, budget=None):
@@ -372,6 +373,11 @@ def tokens_of(encodings: list, owner: np.ndarray | None = None, pairs: bool = Fa
     lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
     truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(ids))
     return Tokens(ids, lengths, truncated, owner, encodings)
+
+
+def head_labels(config) -> list[str]:
+    """The names of a classification head's outputs, as its config gives them."""
+    return [str(config.id2label.get(i, f"LABEL_{i}")) for i in range(config.num_labels)]
 
 
 def rows_of(results: list[list]) -> np.ndarray:

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .base import EncoderRunner, fixed_size_list, rows_of
+from .base import EncoderRunner, fixed_size_list, head_labels, rows_of
 
 
 class ClassifyRunner(EncoderRunner):
@@ -14,7 +14,8 @@ class ClassifyRunner(EncoderRunner):
         super().__init__(tokenizer, model, device, job)
         config = model.config
         self.width = config.num_labels
-        self.labels = pa.array([str(config.id2label.get(i, f"LABEL_{i}")) for i in range(self.width)])
+        self.score_labels = head_labels(config)
+        self.labels = pa.array(self.score_labels)
         # As transformers' text-classification pipeline: sigmoid for multi-label or single-logit heads.
         self.sigmoid = config.problem_type == "multi_label_classification" or self.width == 1
         self.scores = job.output.scores

@@ -23,7 +23,8 @@ import torch
 
 from ..batching import padding_stats
 from ..config import GenerationConfig
-from ..errors import ModelError
+from ..constrain import Constraint, job_constraint, response_format
+from ..errors import ConfigError, ModelError
 from .base import Tokens, encode_capped
 
 CPU_BATCH_TOKENS = 1024
@@ -72,6 +73,27 @@ class GenerateRunner:
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None) or tokenizer.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
+        self._grammars = None
+        self.constraint = job_constraint(gen)  # every row's, unless an OpenAI request brings its own
+        if self.constraint is not None:
+            from ..grammar import Uncompilable
+
+            try:
+                self.grammars.compile(self.constraint)
+            except Uncompilable as exc:
+                hint = "simplify it, or see xgrammar's documentation for what it supports"
+                raise ConfigError(str(exc), hint) from None
+
+    @property
+    def grammars(self):
+        """xgrammar's compiler for this tokenizer, built on first use (grammar.py)."""
+        if self._grammars is None:
+            from ..grammar import Grammars
+
+            config = getattr(self.model, "config", None)
+            vocab = config.get_text_config().vocab_size if config is not None else len(self.tokenizer)
+            self._grammars = Grammars(self.tokenizer, max(vocab, len(self.tokenizer)), self.eos)
+        return self._grammars
 
     # --- prompts ---------------------------------------------------------------------------------------------
 
@@ -116,8 +138,21 @@ class GenerateRunner:
                 c: loaded.table.column(c).take(take).to_pylist() for c in ("temperature", "top_p", "seed", "stop")
             }
             overrides = [dict(zip(columns, values)) for values in zip(*columns.values())]
+        constraints = self.row_constraints(loaded, index)
+        for position, (reason, message) in [(p, c) for p, c in enumerate(constraints) if isinstance(c, tuple)]:
+            prepared.errors[int(prepared.rows[index[position]])] = (reason, message)
+        usable = np.array([not isinstance(c, tuple) for c in constraints], dtype=bool)
+        if not usable.all():
+            index, constraints = index[usable], [c for c in constraints if not isinstance(c, tuple)]
+            max_new = [m for m, ok in zip(max_new, usable.tolist()) if ok]
+            overrides = [o for o, ok in zip(overrides, usable.tolist()) if ok] if overrides else None
         completions = self.generate(
-            [tokens.ids[i] for i in index.tolist()], max_new, job.batching.max_rows, overrides, check=ctx.stop.check
+            [tokens.ids[i] for i in index.tolist()],
+            max_new,
+            job.batching.max_rows,
+            overrides,
+            check=ctx.stop.check,
+            constraints=constraints,
         )
         model_seconds = time.perf_counter() - t0
         ctx.stop.check()
@@ -146,6 +181,25 @@ class GenerateRunner:
             },
         )
 
+    def row_constraints(self, loaded, index: np.ndarray) -> list:
+        """Per position in `index`: its constraint (an OpenAI request's response_format, else the job's),
+        None when free, or (reason, message) when its response_format cannot be compiled."""
+        if "response_format" not in loaded.table.column_names:
+            return [self.constraint] * len(index)
+        from ..grammar import Uncompilable
+
+        asked = loaded.table.column("response_format").take(pa.array(loaded.prepared.rows[index], pa.int64()))
+        out: list = []
+        for text in asked.to_pylist():
+            constraint = response_format(json.loads(text), "body.response_format")[0] if text else self.constraint
+            try:
+                if constraint is not None:
+                    self.grammars.compile(constraint)
+                out.append(constraint)
+            except Uncompilable as exc:
+                out.append(("bad_request", str(exc)))
+        return out
+
     # --- generation ------------------------------------------------------------------------------------------
 
     def generate(
@@ -155,10 +209,14 @@ class GenerateRunner:
         batch_rows: int,
         overrides: list[dict] | None = None,
         check: Callable[[], None] = lambda: None,
+        constraints: list[Constraint | None] | None = None,
     ) -> Completions:
         """Completions in input order. `overrides` holds per-row decoding settings (temperature, top_p,
         seed, stop: an OpenAI request's own); rows that share settings are generated together.
+        `constraints`: per row, the grammar its output must follow (None: free); a constrained row whose
+        output is not complete and valid fails (reason length when max_new_tokens cut it).
         `check` is called while waiting and may raise to stop (Ctrl-C)."""
+        constraints = constraints or [None] * len(prompts)
         self.check, self.max_rows = check, batch_rows
         groups: dict[str, list[int]] = {}
         for position in range(len(prompts)):
@@ -170,15 +228,16 @@ class GenerateRunner:
         for key, positions in groups.items():
             gen = self.gen.model_copy(update=json.loads(key))
             sub_prompts, sub_max = [prompts[p] for p in positions], [max_new[p] for p in positions]
+            sub_constraints = [constraints[p] for p in positions]
             if gen.engine == "static":
                 batches = [
                     np.arange(i, min(i + batch_rows, len(positions))) for i in range(0, len(positions), batch_rows)
                 ]
-                results, first = self._static(gen, sub_prompts, sub_max, batches)
+                results, first = self._static(gen, sub_prompts, sub_max, batches, sub_constraints)
             elif gen.engine == "vllm":
-                results, first = self._vllm(gen, sub_prompts, sub_max)
+                results, first = self._vllm(gen, sub_prompts, sub_max, sub_constraints)
             else:
-                results, first = self._continuous(gen, sub_prompts, sub_max)
+                results, first = self._continuous(gen, sub_prompts, sub_max, sub_constraints)
             out.first_token_seconds += first
             for p, result in zip(positions, results):
                 raw[p], stops[p] = result, gen.stop
@@ -187,10 +246,27 @@ class GenerateRunner:
                 out.failed[position] = ("model_error", error)
                 tokens = []
             ids, text, reason = self._finish(tokens, max_new[position], stops[position])
+            if constraints[position] is not None and position not in out.failed:
+                if problem := self.incomplete(constraints[position], ids, text, reason, max_new[position]):
+                    out.failed[position] = problem
             out.ids.append(ids)
             out.text.append(text)
             out.finish_reason.append(reason)
         return out
+
+    def incomplete(
+        self, constraint: Constraint, ids: list[int], text: str, reason: str, limit: int
+    ) -> tuple[str, str] | None:
+        """Why a constrained completion is no answer ((reason, message)), or None when it is whole and valid."""
+        if reason == "length":
+            return (
+                "length",
+                f"max_new_tokens ({limit}) cut the output before it was {constraint.describe()}; raise "
+                "max_new_tokens (an OpenAI request's max_tokens)",
+            )
+        if not self.grammars.complete(constraint, ids, text):
+            return ("invalid_output", f"the output is not {constraint.describe()} ({constraint.where})")
+        return None
 
     def _finish(self, tokens: list[int], limit: int, stop: list[str]) -> tuple[list[int], str, str]:
         """Cut at eos and at the first stop string; say why the completion ended."""
@@ -218,12 +294,15 @@ class GenerateRunner:
         config.pad_token_id = self.pad_id
         return config
 
-    def engine_config(self, gen: GenerationConfig, lengths: list[int], concurrency: int):
+    def engine_config(self, gen: GenerationConfig, lengths: list[int], concurrency: int, constrained: bool = False):
         """transformers' ContinuousBatchingConfig for requests of `lengths` tokens (prompt plus new tokens),
-        `concurrency` of them in flight: the KV cache sized from them, unless engine_options size it."""
+        `concurrency` of them in flight: the KV cache sized from them, unless engine_options size it.
+        `constrained`: grammar masks run, which need each step's tokens before the next step is prepared."""
         from transformers import ContinuousBatchingConfig
 
         options = dict(gen.engine_options)
+        if constrained:
+            options["use_async_batching"] = False
         options.setdefault("max_requests_per_batch", concurrency)
         if self.device.type == "cpu":
             # On CPU each step builds a dense mask of batch tokens x cache tokens: 8,192 (the default) x 65,536
@@ -246,18 +325,22 @@ class GenerateRunner:
                 "use fields of transformers.ContinuousBatchingConfig, e.g. num_blocks, max_batch_tokens",
             ) from exc
 
-    def _continuous(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int]):
+    def _continuous(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int], constraints: list):
         concurrency = min(len(prompts), gen.engine_options.get("max_requests_per_batch") or self.max_rows)
-        cb_config = self.engine_config(gen, [len(p) + m for p, m in zip(prompts, max_new)], concurrency)
+        constrained = any(c is not None for c in constraints)
+        cb_config = self.engine_config(gen, [len(p) + m for p, m in zip(prompts, max_new)], concurrency, constrained)
         started = time.perf_counter()
         results = {}
         manager = self.model.init_continuous_batching(
             generation_config=self._generation_config(gen, max(max_new)), continuous_batching_config=cb_config
         )
+        masks = self.masks(manager) if constrained else None
         manager.start()
         stopped = True
         try:
             for i, (ids, limit) in enumerate(zip(prompts, max_new)):
+                if constraints[i] is not None:
+                    masks.add(f"row-{i}", constraints[i])
                 manager.add_request(ids, request_id=f"row-{i}", max_new_tokens=limit, record_timestamps=True)
             while len(results) < len(prompts):
                 self.check()
@@ -281,8 +364,23 @@ class GenerateRunner:
                 first.append(result.timestamps[0] - started)
         return raw, first
 
+    def masks(self, manager):
+        """Grammar masks, one state per request, installed in a continuous-batching manager before it starts."""
+        from ..grammar import ContinuousMasks
+
+        masks = ContinuousMasks(self.grammars)
+        masks.install(manager)
+        return masks
+
     @torch.inference_mode()
-    def _static(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int], batches: list[np.ndarray]):
+    def _static(
+        self,
+        gen: GenerationConfig,
+        prompts: list[list[int]],
+        max_new: list[int],
+        batches: list[np.ndarray],
+        constraints: list,
+    ):
         raw: list = [None] * len(prompts)
         first = []
         started = time.perf_counter()
@@ -298,17 +396,26 @@ class GenerateRunner:
                 input_ids[k, longest - len(row) :] = torch.tensor(row)
                 mask[k, longest - len(row) :] = 1
             limit = max(max_new[i] for i in batch.tolist())
+            asked = [constraints[i] for i in batch.tolist()]
+            processors = None
+            if any(c is not None for c in asked):
+                from transformers import LogitsProcessorList
+
+                from ..grammar import StaticMasks
+
+                processors = LogitsProcessorList([StaticMasks(self.grammars, asked)])
             out = self.model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 generation_config=self._generation_config(gen, limit),
+                logits_processor=processors,
             )
             first.extend([time.perf_counter() - started] * len(rows))  # a static batch returns all at once
             for k, i in enumerate(batch.tolist()):
                 raw[i] = (out[k, longest:].tolist(), None)
         return raw, first
 
-    def _vllm(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int]):
+    def _vllm(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int], constraints: list):
         from vllm import SamplingParams  # checked importable when the runner was built
 
         params = [
@@ -320,11 +427,20 @@ class GenerateRunner:
                 seed=gen.seed,
                 stop=gen.stop or None,
                 skip_special_tokens=True,
+                **vllm_structured(c),
             )
-            for m in max_new
+            for m, c in zip(max_new, constraints)
         ]
         outputs = self.model.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [(list(o.outputs[0].token_ids), None) for o in outputs], []
+        return [(self._vllm_tokens(o.outputs[0]), None) for o in outputs], []
+
+    def _vllm_tokens(self, output) -> list[int]:
+        """A vLLM completion's tokens, ending in an end token when vLLM says it stopped (finish_reason stop),
+        so that _finish reads stop, not length, whether or not vLLM kept that token."""
+        tokens = list(output.token_ids)
+        if output.finish_reason == "stop" and self.eos and not (tokens and tokens[-1] in self.eos):
+            tokens.append(min(self.eos))
+        return tokens
 
     # --- output ----------------------------------------------------------------------------------------------
 
@@ -335,6 +451,27 @@ class GenerateRunner:
             "prompt_tokens": pa.array(prompt_lengths, pa.int32()),
             "completion_tokens": pa.array([len(i) for i in completions.ids], pa.int32()),
         }
+
+
+def vllm_structured(constraint: Constraint | None) -> dict:
+    """SamplingParams arguments that make vLLM follow `constraint`: structured_outputs (vLLM 0.10.2 and
+    later), else guided_decoding (earlier releases), with the same fields. Its outputs are checked
+    against the grammar afterwards like every engine's."""
+    if constraint is None:
+        return {}
+    fields = {
+        "json_schema": lambda: {"json": json.loads(constraint.spec)},
+        "json_object": lambda: {"json_object": True},
+        "choices": lambda: {"choice": json.loads(constraint.spec)},
+        "regex": lambda: {"regex": constraint.spec},
+    }[constraint.kind]()
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        from vllm.sampling_params import GuidedDecodingParams
+
+        return {"guided_decoding": GuidedDecodingParams(**fields)}
+    return {"structured_outputs": StructuredOutputsParams(**fields)}
 
 
 def load_vllm(path, engine_options: dict):

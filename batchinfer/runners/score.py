@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .base import EncoderRunner, encode_capped, fixed_size_list, rows_of, tokens_of
+from .base import EncoderRunner, encode_capped, fixed_size_list, head_labels, rows_of, tokens_of
 
 # CrossEncoder's activation, by the class name its config stores (sentence_transformers.activation_fn).
 ACTIVATIONS = {
@@ -26,6 +26,7 @@ class ScoreRunner(EncoderRunner):
     def __init__(self, tokenizer, model, device, job, model_path=None):
         super().__init__(tokenizer, model, device, job)
         self.width = model.config.num_labels
+        self.score_labels = head_labels(model.config)
         self.activation = activation(model.config)
         self.scores = job.output.scores
 

@@ -23,6 +23,7 @@ class ZeroShotRunner(EncoderRunner):
         super().__init__(tokenizer, model, device, job)
         self.tokenizer.enable_truncation(self.max_length, strategy="only_first")  # never cut the hypothesis
         self.labels = list(job.model.labels)
+        self.score_labels = self.labels
         self.hypotheses = [job.model.hypothesis_template.format(label) for label in self.labels]
         self.multi_label = job.model.multi_label or len(self.labels) == 1
         # Counted alone: a pair encoding would fail to truncate, rather than say so.

@@ -23,6 +23,7 @@ REQUEST_TYPES = {
     "top_p": pa.float64(),
     "seed": pa.int64(),
     "stop": pa.list_(pa.string()),
+    "response_format": pa.string(),
 }  # messages: inferred per block, checked per line
 
 

@@ -16,13 +16,13 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_tokenizer(folder: Path, texts: list[str]):
+def make_tokenizer(folder: Path, texts: list[str], vocab_size: int = 600):
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
     bpe = ByteLevelBPETokenizer()
     specials = ["<|endoftext|>", "<|pad|>", "<|user|>", "<|assistant|>", "<|system|>"]
-    bpe.train_from_iterator(texts, vocab_size=600, min_frequency=2, special_tokens=specials, show_progress=False)
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, special_tokens=specials, show_progress=False)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token="<|endoftext|>", bos_token="<|endoftext|>", pad_token="<|pad|>"
     )

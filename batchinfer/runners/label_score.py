@@ -1,0 +1,185 @@
+"""task: classify with model.labels — a causal LM scores every label after every row's prompt, as
+lm-evaluation-harness scores a multiple-choice continuation. Prefill only: nothing is decoded.
+
+A row's prompt is its text, through the chat template when the tokenizer has one (the text as the
+user's message, the label as the start of the assistant's reply), else as the tokenizer encodes it.
+Each label is tokenized alone, without special tokens, and appended; its score is the sum of its
+tokens' log-probabilities (model.label_norm: divided by its token or character count). `label` is the
+best, `scores` the softmax of the scores over the labels.
+
+With label_prompt shared (the default) a row is one item: its prompt, then every label's tokens but
+its last (whose output predicts nothing, as lm-evaluation-harness leaves it out too), under an
+attention mask in which each label sees the prompt and its own earlier tokens only, at positions that
+follow the prompt. The prompt is computed once for all its labels, and each label's first token is
+predicted by the prompt's last position, which they share: one-token labels cost nothing beyond the
+prompt. label_prompt repeated runs one plain sequence per (row, label), the prompt repeated: the
+baseline the shared layout is measured against.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ..errors import ModelError
+from .base import EncoderRunner, Tokens, encode_capped, fixed_size_list
+
+
+class LabelScoreRunner(EncoderRunner):
+    def __init__(self, tokenizer, model, device, job, model_path=None):
+        super().__init__(tokenizer, model, device, job)
+        self.chat = tokenizer if getattr(tokenizer, "chat_template", None) else None
+        self.labels = list(job.model.labels)
+        self.score_labels = self.labels
+        self.label_ids = [tokenizer.encode(label, add_special_tokens=False) for label in self.labels]
+        self.shared = job.model.label_prompt == "shared"
+        self.norm = job.model.label_norm
+        self.scores = job.output.scores
+        self.fed = [ids[:-1] for ids in self.label_ids]  # the tokens that go in: a label's last only comes out
+        appended = sum(map(len, self.fed)) if self.shared else max(map(len, self.fed))
+        self.room = self.max_length - appended  # prompt tokens an item has room for
+        if self.room < 1:
+            raise ModelError(
+                f"model.max_length {self.max_length} leaves no room for a prompt beside the labels' {appended} tokens",
+                f"raise model.max_length above {appended}, or use shorter labels",
+            )
+        # Keep the end of an over-long prompt, as task generate does: that is where the question is.
+        self.tokenizer.enable_truncation(self.room, direction="left")
+        self.head_ok = _head_shortcut_agrees(model, device)
+
+    # --- items ---------------------------------------------------------------------------------------------------
+
+    def tokenize(self, texts: list[str]) -> Tokens:
+        """One item per row (shared) or per (row, label) (repeated): the prompt's ids, then label ids
+        (each label without its last token)."""
+        special = self.chat is None  # the chat template writes its own special tokens
+        if self.chat is not None:
+            texts = [
+                self.chat.apply_chat_template(
+                    [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+                )
+                for text in texts
+            ]
+        encodings = encode_capped(self.tokenizer, texts, self.room, from_end=True, add_special_tokens=special)
+        prompts = [e.ids for e in encodings]
+        cut = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
+        if self.shared:
+            appended = [t for ids in self.fed for t in ids]
+            ids, owner = [p + appended for p in prompts], None
+        else:
+            ids = [Scored(p + fed, k) for p in prompts for k, fed in enumerate(self.fed)]
+            owner = np.repeat(np.arange(len(prompts)), len(self.labels))
+            cut = np.repeat(cut, len(self.labels))
+        lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
+        return Tokens(ids, lengths, cut, owner)
+
+    # --- a batch -------------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(self, ids: list[list[int]]) -> list:
+        """A batch of items → per item, each of its labels' summed log-probability ([labels] or [1])."""
+        layout = self.layout(ids)
+        inputs = {
+            k: torch.from_numpy(v).to(self.device) for k, v in layout.items() if k in ("input_ids", "position_ids")
+        }
+        mask = torch.from_numpy(layout["mask"]).to(self.device)[:, None]  # [b, 1, L, L], True: may attend
+        logprobs = self.target_logprobs(inputs, mask, layout["at"], layout["target"])  # [n]
+        sums = np.zeros(len(ids) * layout["per_item"], dtype=np.float64)
+        np.add.at(sums, layout["slot"], logprobs)
+        return list(sums.reshape(len(ids), layout["per_item"]))
+
+    def layout(self, ids: list[list[int]]) -> dict[str, np.ndarray]:
+        """Padded input ids, position ids and [b, L, L] attention masks of a batch, and for every label
+        token: the flat position whose logits predict it (`at`), the token (`target`), and the (item,
+        label) it counts for (`slot`, item x per_item + label)."""
+        rows, longest = len(ids), max(len(row) for row in ids)
+        input_ids = np.full((rows, longest), self.pad_id, dtype=np.int64)
+        positions = np.zeros((rows, longest), dtype=np.int64)
+        mask = np.zeros((rows, longest, longest), dtype=bool)
+        causal = np.tril(np.ones((longest, longest), dtype=bool))
+        mask[:] = np.eye(longest, dtype=bool)  # padding attends to itself: no softmax over nothing
+        at, target, slot = [], [], []
+        per_item = len(self.labels) if self.shared else 1
+        for i, row in enumerate(ids):
+            n = len(row)
+            input_ids[i, :n] = row
+            labels = self.label_ids if self.shared else [self.label_ids[row.label]]
+            prompt = n - sum(len(label) - 1 for label in labels)
+            mask[i, :n, :prompt] = causal[:n, :prompt]  # everyone sees the prompt, causally
+            positions[i, :prompt] = np.arange(prompt)
+            start = prompt
+            for k, label in enumerate(labels):
+                fed = len(label) - 1
+                stop = start + fed
+                mask[i, start:stop, start:stop] = causal[:fed, :fed]  # a label sees its own past
+                positions[i, start:stop] = np.arange(prompt, prompt + fed)
+                # token 0 is predicted by the prompt's last position, token j by the label's token j - 1
+                at += [i * longest + prompt - 1] + [i * longest + p for p in range(start, stop)]
+                target += label
+                slot += [i * per_item + k] * len(label)
+                start = stop
+        return {
+            "input_ids": input_ids,
+            "position_ids": positions,
+            "mask": mask,
+            "at": np.array(at, dtype=np.int64),
+            "target": np.array(target, dtype=np.int64),
+            "slot": np.array(slot, dtype=np.int64),
+            "per_item": per_item,
+        }
+
+    def target_logprobs(self, inputs: dict, mask: torch.Tensor, at: np.ndarray, target: np.ndarray) -> np.ndarray:
+        """log p(target token) at each flat position `at` of the batch: [n]. The LM head runs on those
+        positions alone when it agrees with the model's own logits (checked at load), not on every token."""
+        at_t = torch.from_numpy(at).to(self.device)
+        if self.head_ok:
+            hidden = self.model.base_model(**inputs, attention_mask=mask).last_hidden_state  # [b, L, hidden]
+            logits = self.model.get_output_embeddings()(hidden.reshape(-1, hidden.shape[-1])[at_t])  # [n, vocab]
+        else:
+            logits = self.model(**inputs, attention_mask=mask).logits
+            logits = logits.reshape(-1, logits.shape[-1])[at_t]
+        logprobs = logits.float().log_softmax(dim=-1)
+        return logprobs.gather(1, torch.from_numpy(target).to(self.device)[:, None])[:, 0].double().cpu().numpy()
+
+    # --- result columns ------------------------------------------------------------------------------------------
+
+    def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
+        width = len(self.labels)
+        sums = np.array(results, dtype=np.float64).reshape(len(results), width)  # [rows, labels]
+        if self.norm == "tokens":
+            sums = sums / np.array([len(ids) for ids in self.label_ids])
+        elif self.norm == "chars":
+            sums = sums / np.array([len(label) for label in self.labels])
+        shifted = np.exp(sums - sums.max(axis=1, keepdims=True)) if len(sums) else sums
+        probs = (shifted / shifted.sum(axis=1, keepdims=True)).astype(np.float32)
+        best = probs.argmax(axis=1).astype(np.int32) if len(sums) else np.zeros(0, dtype=np.int32)
+        columns = {
+            "label": pa.array([self.labels[i] for i in best.tolist()], pa.string()),
+            "label_id": pa.array(best, pa.int32()),
+            "score": pa.array(probs.max(axis=1) if len(sums) else [], pa.float32()),
+        }
+        if self.scores:
+            columns["scores"] = fixed_size_list(probs.reshape(len(sums), width))
+        return columns
+
+
+class Scored(list):
+    """label_prompt repeated: a (row, label) item's token ids, and which label it ends with."""
+
+    def __init__(self, ids: list[int], label: int):
+        super().__init__(ids)
+        self.label = label
+
+
+def _head_shortcut_agrees(model, device: torch.device) -> bool:
+    """Whether the output embeddings over the base model's last hidden states are the model's logits
+    (not so for models that scale or cap their logits after the head)."""
+    base, head = getattr(model, "base_model", None), model.get_output_embeddings()
+    if base is None or base is model or head is None:
+        return False
+    ids = torch.arange(1, 9, device=device)[None] % model.config.get_text_config().vocab_size
+    with torch.inference_mode():
+        full = model(input_ids=ids).logits.float()
+        short = head(base(input_ids=ids).last_hidden_state).float()
+    return bool(torch.allclose(full, short, atol=1e-4, rtol=1e-4))

@@ -1,0 +1,212 @@
+"""Constrained generation: every output of a json_schema, choices or regex job is complete and valid, or
+its row is an error with a reason; OpenAI Batch lines bring their own response_format; serve answers
+the same as offline."""
+
+import asyncio
+import json
+import re
+
+import jsonschema
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers import read_output as _read
+
+from batchinfer.config import validate_job
+from batchinfer.driver import run_job
+from batchinfer.errors import ConfigError
+
+pytest.importorskip("xgrammar")
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"spam": {"type": "boolean"}, "why": {"type": "string", "maxLength": 12}},
+    "required": ["spam", "why"],
+    "additionalProperties": False,
+}
+CHOICES = ["ham", "spam", 'not "sure"']
+JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
+
+
+def _prompts(tmp_path, sms_table, n=24):
+    path = tmp_path / "prompts.parquet"
+    pq.write_table(
+        pa.table({"id": [f"p{i}" for i in range(n)], "text": sms_table.column("text").to_pylist()[:n]}), path
+    )
+    return path
+
+
+def _generate(path, model, out, **generation):
+    return validate_job(
+        {
+            "input": {"path": str(path), "text": "text", "id": "id"},
+            "model": {"path": str(model), "task": "generate", "max_length": 96},
+            "generation": {"max_new_tokens": 40, **generation},
+            "output": {"path": str(out)},
+        }
+    )
+
+
+def _results(out):
+    table = _read(out).to_pylist()
+    errors = pq.read_table(out / "_errors").to_pylist() if (out / "_errors").exists() else []
+    return {r["id"]: r for r in table}, {e["id"]: e for e in errors}
+
+
+@pytest.mark.parametrize("engine", ["transformers", "static"])
+def test_every_json_schema_output_validates_or_its_row_says_why(tmp_path, sms_table, tiny_llama, engine):
+    prompts = _prompts(tmp_path, sms_table)
+    run_job(_generate(prompts, tiny_llama, tmp_path / "out", engine=engine, response_format=JSON_SCHEMA))
+    ok, errors = _results(tmp_path / "out")
+    assert len(ok) + len(errors) == 24 and len(ok) >= 6  # the schema leaves a random model room to finish
+    for row in ok.values():
+        jsonschema.validate(json.loads(row["text"]), SCHEMA)  # strict JSON: no raw control characters
+        assert row["finish_reason"] == "stop"
+    # invalid_output: a random model can spell broken UTF-8 in byte tokens, which xgrammar lets into a
+    # bounded string; the final check catches it
+    assert {e["reason"] for e in errors.values()} <= {"length", "invalid_output"}
+    run_job(
+        _generate(prompts, tiny_llama, tmp_path / "short", engine=engine, response_format=JSON_SCHEMA, max_new_tokens=3)
+    )
+    ok, errors = _results(tmp_path / "short")
+    assert not ok and {e["reason"] for e in errors.values()} == {"length"}  # 3 tokens never close the object
+    assert "max_new_tokens (3) cut the output before it was JSON that follows the schema" in errors["p0"]["message"]
+
+
+def test_choices_and_regex_are_always_kept_and_both_engines_agree(tmp_path, sms_table, tiny_llama):
+    prompts = _prompts(tmp_path, sms_table)
+    texts = {}
+    for engine in ("transformers", "static"):
+        run_job(_generate(prompts, tiny_llama, tmp_path / engine, engine=engine, choices=CHOICES))
+        ok, errors = _results(tmp_path / engine)
+        assert len(ok) == 24 and not errors
+        texts[engine] = [ok[f"p{i}"]["text"] for i in range(24)]
+        assert set(texts[engine]) <= set(CHOICES)
+    assert texts["transformers"] == texts["static"]  # greedy, the same masks: the same answers
+    run_job(_generate(prompts, tiny_llama, tmp_path / "regex", regex=r"[0-9]{2}-[a-z]{1,3}", max_new_tokens=12))
+    ok, errors = _results(tmp_path / "regex")
+    assert len(ok) == 24 and all(re.fullmatch(r"[0-9]{2}-[a-z]{1,3}", r["text"]) for r in ok.values())
+    run_job(_generate(prompts, tiny_llama, tmp_path / "object", response_format={"type": "json_object"}))
+    ok, errors = _results(tmp_path / "object")
+    assert all(isinstance(json.loads(r["text"]), dict) for r in ok.values())
+    assert len(ok) + len(errors) == 24 and {e["reason"] for e in errors.values()} <= {"length"}
+
+
+def test_bad_or_uncompilable_constraints_name_their_key(tmp_path, sms_table, tiny_llama):
+    prompts = _prompts(tmp_path, sms_table, n=2)
+    with pytest.raises(ConfigError, match="generation.response_format: xgrammar cannot compile this schema: Unsupp"):
+        run_job(_generate(prompts, tiny_llama, tmp_path / "a", response_format=_with_schema({"type": "strin"})))
+    with pytest.raises(ConfigError, match="generation.regex: xgrammar cannot compile this regex"):
+        run_job(_generate(prompts, tiny_llama, tmp_path / "b", regex="(ab"))
+    for settings, said in (
+        ({"response_format": {"type": "xml"}}, "type must be text, json_object or json_schema"),
+        ({"response_format": {"type": "json_schema"}}, "json_schema.schema must be a JSON schema object"),
+        ({"choices": ["a"], "regex": "a"}, "give one of response_format, choices and regex"),
+        ({"choices": ["a", "a"]}, "each choice once"),
+        ({"choices": ["a", "b"], "stop": ["\n"]}, "a stop string could cut the choices output"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            _generate(prompts, tiny_llama, tmp_path / "c", **settings)
+
+
+def _with_schema(schema):
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def _request(custom_id, url, **body):
+    if url == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": body.pop("prompt")}]
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": {"model": "m", **body}})
+
+
+def test_openai_batch_lines_with_response_format_are_answered(tmp_path, tiny_llama):
+    lines = [
+        _request("schema", "/v1/chat/completions", prompt="Free prize, call now", response_format=JSON_SCHEMA),
+        _request("object", "/v1/completions", prompt="Are you home?", response_format={"type": "json_object"}),
+        _request("text", "/v1/completions", prompt="Are you home?", response_format={"type": "text"}, max_tokens=5),
+        _request("bad", "/v1/completions", prompt="x", response_format=_with_schema({"$ref": "#/$defs/none"})),
+        _request("stop", "/v1/completions", prompt="x", response_format={"type": "json_object"}, stop="}"),
+        _request("kind", "/v1/completions", prompt="x", response_format={"type": "yaml"}),
+    ]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    job = {
+        "input": {"path": str(path), "format": "openai"},
+        "model": {"path": str(tiny_llama), "task": "generate"},
+        "generation": {"max_new_tokens": 60},
+        "output": {"path": str(tmp_path / "out"), "format": "openai"},
+    }
+    run_job(validate_job(job))
+    answered = {json.loads(line)["custom_id"]: json.loads(line) for line in (tmp_path / "out" / "output.jsonl").open()}
+    failed = {json.loads(line)["custom_id"]: json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").open()}
+    assert set(answered) | set(failed) == {"schema", "object", "text", "bad", "stop", "kind"}
+    content = answered["schema"]["response"]["body"]["choices"][0]["message"]["content"]
+    jsonschema.validate(json.loads(content), SCHEMA)
+    if "object" in answered:  # or an error line with reason length
+        assert isinstance(json.loads(answered["object"]["response"]["body"]["choices"][0]["text"]), dict)
+    else:
+        assert failed["object"]["error"]["code"] == "length"
+    assert "text" in answered  # type text: free text, as OpenAI reads it
+    assert failed["bad"]["error"]["code"] == "bad_request"
+    assert failed["bad"]["error"]["message"].startswith("body.response_format: xgrammar cannot compile this schema")
+    assert "a stop string could cut" in failed["stop"]["error"]["message"]
+    assert "body.response_format.type must be" in failed["kind"]["error"]["message"]
+
+
+def test_serve_answers_constrained_requests_as_the_offline_job(tmp_path, sms_table, tiny_llama):
+    pytest.importorskip("fastapi")
+    import httpx
+
+    from batchinfer.models import resolve_model_path
+    from batchinfer.server import create_app
+
+    prompts = _prompts(tmp_path, sms_table, n=4)
+    run_job(_generate(prompts, tiny_llama, tmp_path / "choices", choices=CHOICES))
+    run_job(_generate(prompts, tiny_llama, tmp_path / "schema", response_format=JSON_SCHEMA))
+    offline = {kind: _results(tmp_path / kind)[0] for kind in ("choices", "schema")}
+    texts = sms_table.column("text").to_pylist()[:4]
+    job = _generate(prompts, tiny_llama, tmp_path / "unused", choices=CHOICES)  # the server's default constraint
+
+    async def go():
+        app = create_app(job, resolve_model_path(job.model.path))
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://b", timeout=60) as client:
+                default = [await client.post("/v1/completions", json={"prompt": t}) for t in texts]
+                schema = [
+                    await client.post("/v1/completions", json={"prompt": t, "response_format": JSON_SCHEMA})
+                    for t in texts
+                ]
+                short = await client.post(
+                    "/v1/completions", json={"prompt": texts[0], "response_format": JSON_SCHEMA, "max_tokens": 3}
+                )
+                bad = await client.post(
+                    "/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "x"}], "response_format": _with_schema({"type": 1})},
+                )
+                events = []
+                async with client.stream(
+                    "POST", "/v1/completions", json={"prompt": texts[1], "response_format": JSON_SCHEMA, "stream": True}
+                ) as streamed:
+                    async for line in streamed.aiter_lines():
+                        if line.startswith("data: ") and line != "data: [DONE]":
+                            events.append(json.loads(line[6:]))
+                return default, schema, short, bad, events
+
+    default, schema, short, bad, events = asyncio.run(go())
+    for i, answer in enumerate(default):
+        assert answer.json()["choices"][0]["text"] == offline["choices"][f"p{i}"]["text"]
+    for i, answer in enumerate(schema):
+        if f"p{i}" in offline["schema"]:
+            assert answer.status_code == 200
+            assert answer.json()["choices"][0]["text"] == offline["schema"][f"p{i}"]["text"]
+        else:
+            assert answer.status_code == 422 and answer.json()["error"]["code"] == "length"
+    assert short.status_code == 422 and short.json()["error"]["code"] == "length"
+    assert bad.status_code == 400 and "xgrammar cannot compile this schema" in bad.json()["error"]["message"]
+    # the stream ends as the plain answer does: finished, or an error event naming the reason
+    if schema[1].status_code == 200:
+        assert events[-1]["choices"][0]["finish_reason"] == "stop"
+        assert len("".join(e["choices"][0]["text"] for e in events)) == len(schema[1].json()["choices"][0]["text"])
+    else:
+        assert events[-1]["error"]["code"] == schema[1].json()["error"]["code"]

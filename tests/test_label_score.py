@@ -1,0 +1,197 @@
+"""task classify with model.labels: a causal LM scores labels by likelihood, as a direct transformers
+computation does, with and without a chat template, shared prompt or repeated, and resumes after a kill."""
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from helpers import EXAMPLES, Crash, CrashAfterChunks
+from helpers import read_output as _read
+from helpers import sms_job as _job
+
+from batchinfer.config import validate_job
+from batchinfer.driver import run_job
+from batchinfer.errors import ConfigError, ModelError
+
+LABELS = ["ham", "spam", "not sure"]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_plain(tmp_path_factory, tiny_llama):
+    """The tiny Llama without a chat template: prompts are the text as the tokenizer encodes it."""
+    folder = tmp_path_factory.mktemp("tiny-llama-plain")
+    for path in tiny_llama.iterdir():
+        if path.name != "chat_template.jinja":
+            shutil.copy(path, folder / path.name)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _direct_logprobs(model_path, texts: list[str], labels: list[str]) -> np.ndarray:
+    """[rows, labels] sums of the label tokens' log-probabilities, one plain forward per (row, label)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    out = np.zeros((len(texts), len(labels)))
+    for i, text in enumerate(texts):
+        if tokenizer.chat_template:
+            rendered = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            )
+            prompt = tokenizer.encode(rendered, add_special_tokens=False)
+        else:
+            prompt = tokenizer.encode(text)
+        for k, label in enumerate(labels):
+            ids = tokenizer.encode(label, add_special_tokens=False)
+            with torch.no_grad():
+                logprobs = model(torch.tensor([prompt + ids])).logits[0].double().log_softmax(-1)
+            out[i, k] = sum(logprobs[len(prompt) - 1 + j, t].item() for j, t in enumerate(ids))
+    return out
+
+
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_llama_plain"])
+@pytest.mark.parametrize("prompt", ["shared", "repeated"])
+def test_label_scores_equal_a_direct_transformers_computation(sms_parquet, sms_table, tmp_path, request, model, prompt):
+    path = request.getfixturevalue(model)
+    job = _job(
+        sms_parquet,
+        path,
+        tmp_path / "out",
+        task="classify",
+        model__labels=LABELS,
+        model__label_prompt=prompt,
+        output__scores=True,
+        batching__chunk_rows=200,
+        batching__max_tokens=2048,
+    )
+    job.input.path = str(sms_parquet / "part-0.parquet")
+    run_job(job)
+    table = _read(tmp_path / "out")
+    texts = sms_table.column("text").to_pylist()[:200]
+    picked = np.arange(0, 200, 9)  # 23 rows of every length, compared one by one
+    direct = _direct_logprobs(path, [texts[i] for i in picked], LABELS)
+    scores = np.array(table.column("scores").to_pylist(), dtype=np.float64)[picked]
+    # the softmax of the sums: log-ratios to the first label are the sums' differences
+    assert np.allclose(np.log(scores[:, 1:]) - np.log(scores[:, :1]), direct[:, 1:] - direct[:, :1], atol=1e-4)
+    expected = np.exp(direct - direct.max(1, keepdims=True))
+    assert np.allclose(scores, expected / expected.sum(1, keepdims=True), atol=1e-4)
+    assert table.column("label").to_pylist() == [LABELS[i] for i in table.column("label_id").to_pylist()]
+    assert [table.column("label").to_pylist()[i] for i in picked] == [LABELS[i] for i in direct.argmax(1)]
+    assert np.allclose(table.column("score").to_numpy(), np.array(table.column("scores").to_pylist()).max(1))
+    field = pq.read_schema(next((tmp_path / "out").glob("part-*.parquet"))).field("scores")
+    assert json.loads(field.metadata[b"labels"]) == LABELS  # the names of the scores, next to them
+
+
+def test_length_normalised_scores_divide_each_sum(sms_parquet, sms_table, tiny_llama, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    direct = _direct_logprobs(tiny_llama, sms_table.column("text").to_pylist()[:10], LABELS)
+    sizes = {
+        "tokens": np.array([len(tokenizer.encode(label, add_special_tokens=False)) for label in LABELS]),
+        "chars": np.array([len(label) for label in LABELS]),
+    }
+    for norm, size in sizes.items():
+        job = _job(
+            sms_parquet, tiny_llama, tmp_path / norm, task="classify", model__labels=LABELS, model__label_norm=norm
+        )
+        job.output.scores = True
+        job.input.path = str(sms_parquet / "part-0.parquet")
+        run_job(job)
+        scores = np.array(_read(tmp_path / norm).column("scores").to_pylist(), dtype=np.float64)[:10]
+        expected = np.exp(direct / size - (direct / size).max(1, keepdims=True))
+        assert np.allclose(scores, expected / expected.sum(1, keepdims=True), atol=1e-4)
+    assert sizes["tokens"].tolist() != sizes["chars"].tolist()
+
+
+def test_resume_after_a_kill_equals_an_uninterrupted_run(sms_parquet, sms_table, tiny_llama, tmp_path):
+    common = dict(task="classify", model__labels=LABELS, output__scores=True)
+    run_job(_job(sms_parquet, tiny_llama, tmp_path / "whole", **common))
+    job = _job(sms_parquet, tiny_llama, tmp_path / "out", **common)
+    with pytest.raises(Crash):
+        run_job(job, progress=CrashAfterChunks(2))
+    report = run_job(job)
+    assert report["complete"] and report["run"]["rows"] == 400
+    resumed, whole = _read(tmp_path / "out"), _read(tmp_path / "whole")
+    assert resumed.column("sms_id").to_pylist() == sms_table.column("sms_id").to_pylist()[:600]
+    assert resumed.column("label").to_pylist() == whole.column("label").to_pylist()
+    assert np.array_equal(np.array(resumed.column("scores").to_pylist()), np.array(whole.column("scores").to_pylist()))
+
+
+def test_scores_of_every_task_carry_their_names(sms_parquet, tiny_classify, tiny_nli, tiny_cross_encoder, tmp_path):
+    run_job(_job(sms_parquet, tiny_classify, tmp_path / "classify", task="classify", output__scores=True))
+    run_job(_job(sms_parquet, tiny_nli, tmp_path / "zero", task="zero-shot", model__labels=["billing", "refund"]))
+    pairs = {"path": str(EXAMPLES / "pairs" / "sms-pairs.parquet"), "text": "query", "text_pair": "message"}
+    run_job(
+        validate_job(
+            {
+                "input": pairs,
+                "model": {"path": str(tiny_cross_encoder), "task": "score"},
+                "output": {"path": str(tmp_path / "score"), "scores": True},
+            }
+        )
+    )
+    for folder, names in (
+        ("classify", ["negative", "neutral", "positive"]),
+        ("zero", ["billing", "refund"]),
+        ("score", ["LABEL_0"]),
+    ):
+        field = pq.read_schema(next((tmp_path / folder).glob("part-*.parquet"))).field("scores")
+        assert json.loads(field.metadata[b"labels"]) == names
+
+
+def test_label_scoring_settings_are_checked(sms_parquet, tiny_llama, tiny_classify, tmp_path):
+    with pytest.raises(ConfigError, match="model.label_norm: only for model.task: classify with model.labels"):
+        _job(sms_parquet, tiny_classify, tmp_path / "a", task="classify", model__label_norm="tokens")
+    with pytest.raises(ConfigError, match="model.labels: only for model.task zero-shot"):
+        _job(sms_parquet, tiny_llama, tmp_path / "b", task="embed", model__labels=LABELS)
+    with pytest.raises(ModelError, match="needs a causal language model"):
+        run_job(_job(sms_parquet, tiny_classify, tmp_path / "c", task="classify", model__labels=LABELS))
+    with pytest.raises(ModelError, match="needs a sequence-classification head") as caught:
+        run_job(_job(sms_parquet, tiny_llama, tmp_path / "d", task="classify"))
+    assert "give model.labels" in caught.value.hint
+    long = ["ham", "a label of many words, more tokens than max_length"]
+    with pytest.raises(ModelError, match="leaves no room for a prompt"):
+        run_job(_job(sms_parquet, tiny_llama, tmp_path / "e", task="classify", model__labels=long, model__max_length=8))
+    assert (
+        validate_job(
+            {
+                "input": {"path": "x", "text": "text"},
+                "model": {"path": "m", "task": "classify", "labels": LABELS, "label_norm": "chars"},
+                "output": {"path": "o"},
+            }
+        ).model.label_norm
+        == "chars"
+    )
+
+
+def test_serve_classify_scores_labels_as_the_offline_job(sms_parquet, sms_table, tiny_llama, tmp_path):
+    pytest.importorskip("fastapi")
+    import asyncio
+
+    import httpx
+
+    from batchinfer.server import create_app
+
+    job = _job(sms_parquet, tiny_llama, tmp_path / "out", task="classify", model__labels=LABELS)
+    job.input.path = str(sms_parquet / "part-0.parquet")
+    run_job(job)
+    offline = _read(tmp_path / "out")
+    texts = sms_table.column("text").to_pylist()[:12]
+
+    async def go():
+        app = create_app(job, tiny_llama)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://b", timeout=60) as client:
+                return (await client.post("/classify", json={"input": texts})).json()
+
+    answer = asyncio.run(go())
+    assert [row["label"] for row in answer["data"]] == offline.column("label").to_pylist()[:12]
+    assert np.allclose([row["score"] for row in answer["data"]], offline.column("score").to_numpy()[:12], atol=1e-5)
