@@ -21,6 +21,9 @@ from .progress import labelled
 
 app = typer.Typer(
     add_completion=False,
+    # Plain help: rich markup would eat [serve] in `pip install -e ".[serve]"`, and flags show as flags (--restart),
+    # not as options taking a <bool>.
+    rich_markup_mode=None,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Offline batch inference: Parquet/JSONL shards in, Parquet results out, resumable.",
@@ -29,7 +32,7 @@ app = typer.Typer(
 out = Console(soft_wrap=True, markup=False)
 err = Console(stderr=True, soft_wrap=True, markup=False)
 
-SetOption = typer.Option(None, "--set", help="Override a job key, e.g. --set batching.max_tokens=8192 (repeatable).")
+SetOption = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a job key, e.g. --set batching.max_tokens=8192 (repeatable).")
 DebugOption = typer.Option(False, "--debug", help="Show the full traceback of an error.")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress (--progress none).")
 ProgressOption = typer.Option("auto", "--progress", help="auto (a bar on a terminal, else lines), bar, lines or none.")

@@ -330,3 +330,13 @@ def test_an_output_path_that_is_a_file_and_brackets_in_messages(tmp_path, sms_pa
     assert result.exit_code == 1 and f"{odd} holds no batchinfer run" in result.output
     result = runner.invoke(app, ["validate", str(job), "--set", "input.text=[red]x"])
     assert "column '[red]x' not found" in result.output
+
+
+def test_help_shows_brackets_and_flags_as_typed():
+    serve = runner.invoke(app, ["serve", "--help"], terminal_width=200).output
+    assert 'pip install -e ".[serve]"' in serve
+    usage = runner.invoke(app, ["run", "--help"], terminal_width=200).output
+    flags = {line.split()[0]: line for line in usage.splitlines() if line.strip().startswith("--")}
+    for flag in ("--restart", "--retry-errors", "--debug"):
+        assert flags[flag].split()[1][0] not in "<[", flags[flag]  # `--restart  Discard ...`, not `--restart <bool>`
+    assert "--set KEY=VALUE" in usage and "--limit <int range>" in usage
