@@ -32,7 +32,9 @@ app = typer.Typer(
 out = Console(soft_wrap=True, markup=False)
 err = Console(stderr=True, soft_wrap=True, markup=False)
 
-SetOption = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a job key, e.g. --set batching.max_tokens=8192 (repeatable).")
+SetOption = typer.Option(
+    None, "--set", metavar="KEY=VALUE", help="Override a job key, e.g. --set batching.max_tokens=8192 (repeatable)."
+)
 DebugOption = typer.Option(False, "--debug", help="Show the full traceback of an error.")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress (--progress none).")
 ProgressOption = typer.Option("auto", "--progress", help="auto (a bar on a terminal, else lines), bar, lines or none.")
@@ -79,7 +81,7 @@ def reported(debug: bool):
             traceback.print_exc()
         err.print(labelled("internal error:", "bold red", f"{type(exc).__name__}: {exc}"), highlight=False)
         err.print(
-            "[yellow]fix:[/] rerun with --debug for the traceback, and report it if the input looks fine",
+            labelled("fix:", "yellow", "rerun with --debug for the traceback, and report it if the input looks fine"),
             highlight=False,
         )
         raise typer.Exit(1) from None
@@ -331,16 +333,12 @@ def plan_command(
             b = summary["batching"]
             out.print(
                 f"batches  {b['strategy']}, max_tokens {b['max_tokens']:,}: padding efficiency "
-                f"{b['padding_efficiency']:.3f} on the sample (batching: auto measures more on the first chunk)",
+                f"{b['padding_efficiency']:.3f} on the sample ({BATCHING_SOURCE[b['source']]})",
                 highlight=False,
             )
         if "estimate" in summary:
-            e = summary["estimate"]
-            out.print(
-                f"time     about {_duration(e['seconds'])} on {e['device']} ({e['tokens_per_s']:,.0f} tokens/s "
-                "measured on the sample)",
-                highlight=False,
-            )
+            for line in estimate_lines(summary):
+                out.print(line, highlight=False)
         elif config.model.task == "generate":
             out.print(
                 "time     generation time depends on what the model writes: try `batchinfer run JOB --limit 100`",
@@ -349,9 +347,48 @@ def plan_command(
         out.print(f"output   {config.output.path}: {summary['output']}", highlight=False)
 
 
+BATCHING_SOURCE = {
+    "recorded": "the probe's choice, recorded in the output folder",
+    "probe": "the probe's choice on the sample; the run probes its first chunk",
+    "job": "as the job sets it",
+}
+
+
+def estimate_lines(summary: dict) -> list[str]:
+    """plan's time estimate: for the rows left, start-up and probe included, and how busy the machine was."""
+    e, left = summary["estimate"], summary["rows_left"]
+    if not left:
+        return ["time     nothing left to run: the output folder holds every row of this job"]
+    what = f"{left:,} rows" + (" left" if left < summary["rows"] else "")
+    parts = [f"{_duration(e['startup_s'])} start-up (imports, discovery and model load, as this process took them)"]
+    if e["probe_s"] is not None:
+        parts.append(f"{_duration(e['probe_s'])} for the batching probe")
+    if e["rate_from"] == "folder":
+        finished = datetime.fromtimestamp(e["folder_finished"]).isoformat(timespec="minutes")
+        parts.append(
+            f"{_duration(e['work_s'])} at {e['rows_per_s']:,.1f} rows/s, the rate the folder's last run measured "
+            f"(up to {finished})"
+        )
+    else:
+        parts.append(
+            f"{_duration(e['work_s'])} of work at {e['tokens_per_s']:,.0f} tokens/s on {e['device']} "
+            f"(the model on the sample; reading and tokenizing at {e['read_tokens_per_s']:,.0f} tokens/s)"
+        )
+    lines = [f"time     about {_duration(e['seconds'])} for {what}: " + ", ".join(parts)]
+    for label, load in (("this estimate", e["load"]), ("the folder's rate", e.get("folder_load"))):
+        if load is not None and load.busy() and (label == "this estimate" or e["rate_from"] == "folder"):
+            lines.append(
+                f"note     the machine was busy while {label} was measured: {load.describe()}; on a quiet "
+                f"machine the work may run up to {load.slowdown():.1f}x faster"
+            )
+    return lines
+
+
 def _duration(seconds: float) -> str:
-    hours, rest = divmod(int(seconds), 3600)
-    return f"{hours} h {rest // 60:02d} min" if hours else f"{rest // 60} min {rest % 60:02d} s"
+    hours, rest = divmod(round(seconds), 3600)
+    if hours:
+        return f"{hours} h {rest // 60:02d} min"
+    return f"{rest // 60} min {rest % 60:02d} s" if rest >= 60 else f"{rest} s"
 
 
 @app.command()

@@ -12,6 +12,7 @@ from typing import Callable
 from .config import JobConfig
 from .control import Budget, Progress, Quiet, StopFlag
 from .executors import make_executor
+from .machine import LoadWindow
 from .models import model_identity, read_config, resolve_model_path
 from .openai_batch import OPENAI_FILES
 from .openai_batch import export as export_openai
@@ -86,7 +87,7 @@ def run_job(
         if retry_errors:
             todo += _retries(chunks, done, out)
         budget, auto = settle_budget(job, out.tuning())
-        run_stats, workers, lowered, device = Counter(), {}, [], "none"
+        run_stats, workers, lowered, device, machine = Counter(), {}, [], "none", None
         if todo:
             inputs = TaskInputs(job, model_path, shards, read_spec(job.input, job.columns, types), out.writer(), budget)
             with make_executor(inputs, stop, progress, on_runner) as executor:
@@ -97,6 +98,7 @@ def run_job(
                     sum(r["rows"] for r in done.values() if r["chunk"] in planned),
                 )
                 loop_started = time.perf_counter()
+                window = LoadWindow()
                 for record in executor.run(todo, probe=auto and out.tuning() is None):
                     _commit(out, done, record)
                     budget.max_tokens, budget.strategy = record.pop("budget")  # the worker's, after this chunk
@@ -111,6 +113,7 @@ def run_job(
                     workers.setdefault(record["worker"], Counter()).update(chunks=1, **stats)
                     progress.advance(record["rows"], record["tokens"])
                 run_stats["loop"] = time.perf_counter() - loop_started
+                machine = window.stop()
         report = build_report(
             job,
             chunks,
@@ -120,6 +123,8 @@ def run_job(
             str(device),
             workers,
         )
+        if machine is not None:  # how busy the machine was while this run measured its rates
+            report["run"]["machine"] = machine.as_dict()
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
         if job.model.task != "generate":
             report["batching"] = {

@@ -340,3 +340,50 @@ def test_help_shows_brackets_and_flags_as_typed():
     for flag in ("--restart", "--retry-errors", "--debug"):
         assert flags[flag].split()[1][0] not in "<[", flags[flag]  # `--restart  Discard ...`, not `--restart <bool>`
     assert "--set KEY=VALUE" in usage and "--limit <int range>" in usage
+
+
+def test_plan_of_a_partly_done_folder_estimates_what_is_left_at_the_folders_rate(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)  # 600 rows, chunks of 100
+    assert runner.invoke(app, ["run", str(job), "--limit", "200", "-q"]).exit_code == 0
+    report = json.loads((tmp_path / "out" / "_report.json").read_text())
+    assert set(report["run"]["machine"]) == {"cores", "other_cores", "steal_cores", "load_avg"}
+    rate = report["run"]["rows_per_s"]
+    result = runner.invoke(app, ["plan", str(job), "--sample", "60"])
+    assert result.exit_code == 0, result.output
+    time_line = next(line for line in result.output.splitlines() if line.startswith("time "))
+    assert "for 400 rows left: " in time_line and " start-up (imports, discovery and model load" in time_line
+    assert f"at {rate:,.1f} rows/s, the rate the folder's last run measured" in time_line
+    assert "batching probe" not in time_line  # the folder recorded the probe's choice: no second probe
+    assert "the probe's choice, recorded in the output folder" in result.output
+
+
+def test_plan_says_when_the_machine_was_busy_and_counts_the_probe(monkeypatch, tmp_path, sms_parquet, tiny_embed):
+    from batchinfer import dryrun
+    from batchinfer.machine import Load
+
+    class Busy:
+        def stop(self):
+            return Load(5.0, others=1.5, steal=0.0, cores=2, load_avg=3.5)
+
+    monkeypatch.setattr(dryrun, "LoadWindow", Busy)
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    result = runner.invoke(app, ["plan", str(job), "--sample", "60"])
+    assert result.exit_code == 0, result.output
+    assert "time     about " in result.output and "for 600 rows: " in result.output
+    assert " for the batching probe, " in result.output  # batching: auto, and no choice recorded yet
+    assert (
+        "note     the machine was busy while this estimate was measured: other processes used 1.5 of 2 cores "
+        "(load average 3.5); on a quiet machine the work may run up to 4.0x faster"
+    ) in result.output
+
+
+def test_an_internal_error_says_how_to_see_it_in_plain_words(monkeypatch, tmp_path):
+    import batchinfer.config
+
+    def broken(*_):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(batchinfer.config, "load_job", broken)
+    result = runner.invoke(app, ["run", str(tmp_path / "job.yaml")])
+    assert result.exit_code == 1 and "internal error: RuntimeError: a bug" in result.output
+    assert "fix: rerun with --debug" in result.output and "[yellow]" not in result.output
