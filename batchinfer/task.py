@@ -59,6 +59,7 @@ class ChunkContext:
     heap: HeapGuard
     log: Callable[[str], None]
     probe: bool = False
+    on_batch: Callable[[int, int], None] = lambda items, tokens: None  # after each batch: its items and tokens
 
 
 @dataclass
@@ -162,15 +163,24 @@ class ChunkTask:
 
     # --- the model and the part files ------------------------------------------------------------------------
 
-    def run(self, loaded: Loaded, probe: bool = False, log: Callable[[str], None] = lambda message: None) -> dict:
+    def run(
+        self,
+        loaded: Loaded,
+        probe: bool = False,
+        log: Callable[[str], None] = lambda message: None,
+        partial: Callable[[int, int], None] | None = None,
+    ) -> dict:
         """Run one loaded chunk through the model and write its part files; return its record.
 
-        probe: settle `batching: auto` on this chunk first (see tune.py); the record carries the choice."""
+        probe: settle `batching: auto` on this chunk first (see tune.py); the record carries the choice.
+        partial(rows, tokens): called after each batch with the chunk's rows and tokens run so far."""
         t0 = time.perf_counter()
         job = self.job
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
         lowered_before = len(self.budget.lowered)
         ctx = ChunkContext(job, self.budget, self.stop, self.heap, log, probe)
+        if partial:
+            ctx.on_batch = _rows_so_far(loaded.work.rows, len(index), partial)
         task_columns, kept, extra = self.runner.run_chunk(loaded, ctx)
         owners = tokens.owners()
         sent = np.unique(owners[index])  # the rows (positions in the chunk's texts) that went to the model
@@ -214,6 +224,19 @@ class ChunkTask:
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()
+
+
+def _rows_so_far(rows: int, items: int, partial: Callable[[int, int], None]) -> Callable[[int, int], None]:
+    """Per-batch (items, tokens) → partial(the chunk's rows so far, its tokens so far). A row may be several
+    items (zero-shot: one per label), so rows count in proportion to the chunk's items run."""
+    done = [0, 0]
+
+    def on_batch(batch_items: int, batch_tokens: int) -> None:
+        done[0] += batch_items
+        done[1] += batch_tokens
+        partial(rows * done[0] // max(items, 1), done[1])
+
+    return on_batch
 
 
 def check_strategy(job: JobConfig, runner) -> None:

@@ -387,3 +387,19 @@ def test_an_internal_error_says_how_to_see_it_in_plain_words(monkeypatch, tmp_pa
     result = runner.invoke(app, ["run", str(tmp_path / "job.yaml")])
     assert result.exit_code == 1 and "internal error: RuntimeError: a bug" in result.output
     assert "fix: rerun with --debug" in result.output and "[yellow]" not in result.output
+
+
+def test_progress_lines_come_batch_by_batch_inside_one_chunk_the_probes_too(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    result = subprocess.run(  # one chunk of 600 rows, probed (batching: auto), in batches of at most 16 rows
+        [sys.executable, "-m", "batchinfer", "run", str(job), "--every", "0"]
+        + ["--set", "batching.chunk_rows=600", "--set", "batching.max_rows=16"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    done = [
+        int(line.split()[2].split("/")[0].replace(",", "")) for line in result.stderr.splitlines() if " left" in line
+    ]
+    assert len(done) >= 10 and done == sorted(set(done)) and done[-1] == 600  # rising, never said twice
+    assert sum(1 for d in done if d < 600) >= 9  # before the chunk's commit: nothing is silent until 100%

@@ -12,6 +12,7 @@ from helpers import sms_job as _job
 from helpers import vectors as _vectors
 
 from batchinfer.config import validate_job
+from batchinfer.control import Quiet
 from batchinfer.driver import run_job
 from batchinfer.errors import ResumeError
 
@@ -80,7 +81,7 @@ def test_embeddings_agree_with_sentence_transformers(sms_table, tmp_path, reques
     assert cosine.min() >= 0.9999
 
 
-class _PassesAtCommit:
+class _PassesAtCommit(Quiet):
     """Counts forward passes, and notes the count each time a chunk is committed."""
 
     def __init__(self):
@@ -212,7 +213,7 @@ def test_truncation_flag_and_error_mode(tmp_path, tiny_embed):
     assert _read(tmp_path / "err").num_rows == 1 and report["errors_by_reason"] == {"too_long": 1}
 
 
-class Recorder:
+class Recorder(Quiet):
     """A progress display that remembers what it was told."""
 
     def __init__(self):
