@@ -523,15 +523,24 @@ def status(
         holder = sink.holder()
         stray = stray_markers(sink, done)
         complete = sink.folder.read(SUCCESS) is not None and not stray
-        total = sink.job.get("plan", {}).get("chunks", "?")
-        out.print(f"chunks  {len(chunks)}/{total} done" + (" (complete)" if complete else ""))
-        out.print(f"rows    {sum(r['rows'] for r in chunks):,} done, {sum(r['ok'] for r in done.values()):,} ok")
+        plan = sink.job.get("plan", {})
+        limit, rows = plan.get("limit"), sum(r["rows"] for r in chunks)
+        total, total_rows = plan.get("job_chunks", plan.get("chunks", "?")), plan.get("job_rows", plan.get("rows"))
+        out.print(
+            f"chunks  {len(chunks)}/{total} done"
+            + (" (complete)" if complete else "")
+            + (f" (--limit {limit:,}: {plan['chunks']} chunk(s), the first {plan['rows']:,} rows)" if limit else "")
+        )
+        share = f"/{total_rows:,} done ({rows / total_rows:.1%})" if total_rows else " done"
+        out.print(f"rows    {rows:,}{share}, {sum(r['ok'] for r in done.values()):,} ok")
         out.print(f"errors  {', '.join(f'{k} {v:,}' for k, v in sorted(errors.items())) or 'none'}")
         if skipped := skipped_shards(sink):
             names = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
             out.print(f"skipped {len(skipped)} shard(s) (input.on_bad_shard: skip): {names}")
         out.print(f"updated {datetime.fromtimestamp(updated).isoformat(timespec='seconds')}")
         out.print(f"active  {'yes, pid ' + str(holder['pid']) + ' on ' + holder['host'] if holder else 'no'}")
+        if holder and isinstance(holder.get("started"), (int, float)):
+            out.print(running_rate(holder["started"], done, plan.get("rows", 0) - rows), highlight=False)
         raw = sink.folder.read(REPORT)
         if raw is not None:
             try:
@@ -549,11 +558,37 @@ def status(
                 "run refuses the folder until you move the file(s) away",
                 highlight=False,
             )
-        if not complete and not holder:
+        command = sink.command or "batchinfer run JOB.yaml (the same job file and --set options)"
+        if limit and not holder and len(chunks) >= plan["chunks"]:  # the limited run is done: go on past it
             out.print(
-                f"resume  {sink.command or 'batchinfer run JOB.yaml (the same job file and --set options)'}",
-                highlight=False,
+                f"go on   {without_limit(command)} (the whole job), or the same with a larger --limit", highlight=False
             )
+        elif not complete and not holder:
+            out.print(f"resume  {command}", highlight=False)
+
+
+def running_rate(started: float, done: dict[str, dict], rows_left: int) -> str:
+    """status of a running job: its rate since it started, from the markers it committed, and the time left."""
+    since = datetime.fromtimestamp(started).isoformat(timespec="seconds")
+    mine = [r for r in done.values() if r.get("finished", 0.0) >= started]
+    if not mine:
+        return f"rate    no chunk committed yet by the run that started at {since}"
+    rows = sum(r["rows"] for r in mine)
+    rate = rows / max(max(r["finished"] for r in mine) - started, 1e-9)
+    return (
+        f"rate    {rate:,.1f} rows/s since the run started at {since} ({rows:,} rows committed); "
+        f"about {_duration(max(rows_left, 0) / rate)} left"
+    )
+
+
+def without_limit(command: str) -> str:
+    """A saved run command without its --limit N: the command that continues a limited job to its end."""
+    words, kept = shlex.split(command), []
+    for i, word in enumerate(words):
+        if word == "--limit" or word.startswith("--limit=") or (i and words[i - 1] == "--limit"):
+            continue
+        kept.append(word)
+    return shlex.join(kept)
 
 
 def say_sample_problems(seen: int, reasons: Counter, examples: dict[str, str]) -> None:

@@ -65,6 +65,7 @@ def run_job(
     out = OutputDir(job.output.path, job.output.compression, job.output.storage_options)
     limit = limit if restart else out.covering_limit(limit)
     chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows, limit)
+    whole = plan_chunks([s.num_rows for s in shards], job.chunk_rows) if limit is not None else chunks
     done = out.open(
         fingerprint(job, model_identity(model_path), shards, limit),
         restart,
@@ -72,7 +73,11 @@ def run_job(
         (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},
         inputs=tuple(s.path for s in shards),
         files=OUTPUT_FILES[job.output.format],
-        plan={"chunks": len(chunks), "rows": sum(c.rows for c in chunks)},
+        plan={
+            "chunks": len(chunks),
+            "rows": sum(c.rows for c in chunks),
+            **({"job_chunks": len(whole), "job_rows": sum(c.rows for c in whole), "limit": limit} if limit else {}),
+        },
     )
     try:
         planned = {c.name: c.rows for c in chunks}

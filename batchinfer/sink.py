@@ -70,6 +70,7 @@ class OutputDir:
         self.folder = open_folder(str(path), options)
         self.compression = None if compression == "none" else compression
         self.run_id = uuid.uuid4().hex
+        self.started = time.time()
         self.job: dict = {}
         self._locked = False
 
@@ -356,6 +357,7 @@ class OutputDir:
                 "pid": os.getpid(),
                 "process": process_identity(),
                 "host": socket.gethostname(),
+                "started": round(self.started, 3),  # for `status`: the rate of the run since it began
                 "heartbeat": round(time.time(), 3),
             }
         )

@@ -403,3 +403,35 @@ def test_progress_lines_come_batch_by_batch_inside_one_chunk_the_probes_too(tmp_
     ]
     assert len(done) >= 10 and done == sorted(set(done)) and done[-1] == 600  # rising, never said twice
     assert sum(1 for d in done if d < 600) >= 9  # before the chunk's commit: nothing is silent until 100%
+
+
+def test_status_of_a_running_job_has_its_total_share_rate_and_time_left(tmp_path):
+    from batchinfer.sink import OutputDir
+
+    out = OutputDir(tmp_path / "out")
+    out.started = time.time() - 20  # the run began 20 s ago
+    out.open({}, restart=False, plan={"chunks": 6, "rows": 600})
+    try:
+        for k in range(2):  # two chunks committed, 5 and 10 s in: 200 rows in 10 s
+            out.commit({"chunk": f"00000-0000{k}", "rows": 100, "ok": 100, "errors": {}, "truncated": 0})
+            marker = tmp_path / "out" / "_done" / f"00000-0000{k}.json"
+            marker.write_text(json.dumps({**json.loads(marker.read_text()), "finished": out.started + 5 + 5 * k}))
+        result = runner.invoke(app, ["status", str(tmp_path / "out")])
+    finally:
+        out.unlock()
+    assert result.exit_code == 0, result.output
+    assert "chunks  2/6 done" in result.output and "rows    200/600 done (33.3%), 200 ok" in result.output
+    assert "rate    20.0 rows/s since the run started at " in result.output and "about 20 s left" in result.output
+    assert "resume" not in result.output  # it is running
+
+
+def test_status_after_a_limit_counts_the_whole_job_and_says_how_to_go_on(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)  # 600 rows, chunks of 100
+    assert runner.invoke(app, ["run", str(job), "--limit", "250", "-q"]).exit_code == 0
+    result = runner.invoke(app, ["status", str(tmp_path / "out")])
+    assert "chunks  3/6 done (--limit 250: 3 chunk(s), the first 250 rows)" in result.output
+    assert "rows    250/600 done (41.7%)" in result.output
+    go_on = next(line for line in result.output.splitlines() if line.startswith("go on"))
+    assert f"batchinfer run {job} (the whole job)" in go_on and "--limit 250" not in go_on
+    plan = runner.invoke(app, ["plan", str(job), "--sample", "30"]).output
+    assert "holds this job: 3/6 chunks done" in plan  # plan and status count alike
