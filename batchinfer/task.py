@@ -198,14 +198,20 @@ class ChunkTask:
         if job.output.format == "openai" and "prompt_tokens" not in task_columns:
             task_columns["prompt_tokens"] = pa.array(tokens.lengths[kept], pa.int32())  # one item per row
         table = result_table(job, loaded, rows, task_columns, cut[kept])
-        self.writer.write_chunk(loaded.work.name, table, error_table(job, loaded))
+        errors, carried = error_table(job, loaded), loaded.work.carry
+        if carried is not None and carried.num_rows:  # a retry keeps the error rows it did not run again
+            errors = carried if errors is None else pa.concat_tables([errors, carried]).sort_by("row")
+        self.writer.write_chunk(loaded.work.name, table, errors)
         self.heap.trim()
         return {
             "chunk": loaded.work.name,
             **({"retry_of": loaded.work.retry_of} if loaded.work.retry_of else {}),
             "rows": loaded.work.rows,
             "ok": table.num_rows,
-            "errors": dict(Counter(reason for reason, _ in prepared.errors.values())),
+            "errors": dict(
+                Counter(reason for reason, _ in prepared.errors.values())
+                + Counter(carried.column("reason").to_pylist() if carried is not None else [])
+            ),
             "truncated": int(cut[kept].sum()) if job.model.truncation is True else 0,
             "tokens": real,
             "padded_tokens": padded,

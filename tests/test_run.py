@@ -251,7 +251,7 @@ def test_retry_errors_after_raising_max_length(sms_parquet, sms_table, tiny_embe
         retry_errors=True,
         progress=bar,
     )
-    assert bar.started == (600 + still, 600) and bar.rows == still  # the rows of this pass, over the job's
+    assert bar.started == (still, 0) and bar.rows == still  # only error rows run: they alone are counted
     assert retried["rows_ok"] == 600 and retried["errors_by_reason"] == {} and retried["rows"] == 600
     assert not list((tmp_path / "out" / "_errors").glob("*.parquet"))
     table = _read(tmp_path / "out")
@@ -271,21 +271,26 @@ def test_retry_keeps_rows_that_fail_again_and_survives_a_crash(tmp_path, tiny_em
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"text": ["fine", None, "word " * 100, "also fine"]}), tmp_path / "t.parquet")
+    texts = ["fine", None, "word " * 100, "  ", "also fine", "more " * 100]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet")
     job = {
         "input": {"path": str(tmp_path / "t.parquet"), "text": "text"},
         "model": {"path": str(tiny_embed), "task": "embed", "max_length": 16, "truncation": "error"},
+        "batching": {"chunk_rows": 2},  # chunk 0: a null text alone among the errors; chunks 1, 2: a long text each
         "output": {"path": str(tmp_path / "out")},
     }
-    assert run_job(validate_job(job))["errors_by_reason"] == {"null_text": 1, "too_long": 1}
+    assert run_job(validate_job(job))["errors_by_reason"] == {"empty_text": 1, "null_text": 1, "too_long": 2}
     job["model"]["max_length"] = 256
     with pytest.raises(Crash):
         run_job(validate_job(job), retry_errors=True, on_runner=_crash_after(0))
-    report = run_job(validate_job(job), retry_errors=True)
-    assert report["errors_by_reason"] == {"null_text": 1} and report["rows_ok"] == 3
+    bar = Recorder()
+    report = run_job(validate_job(job), retry_errors=True, progress=bar)
+    assert bar.started == (2, 0) and report["run"]["rows"] == 2  # the too_long rows; no setting cures the others
+    assert report["errors_by_reason"] == {"empty_text": 1, "null_text": 1} and report["rows_ok"] == 4
     errors = ds.dataset(str(tmp_path / "out" / "_errors"), format="parquet").to_table().to_pylist()
-    assert [(e["row"], e["reason"]) for e in errors] == [(1, "null_text")]
-    assert sorted(_read(tmp_path / "out").column("row").to_pylist()) == [0, 2, 3]
+    assert [(e["row"], e["reason"]) for e in errors] == [(1, "null_text"), (3, "empty_text")]
+    assert sorted(_read(tmp_path / "out").column("row").to_pylist()) == [0, 2, 4, 5]
+    assert not (tmp_path / "out" / "_done" / "00000-00000-r1.json").exists()  # a pass would only fail again
 
 
 def test_int8_quantization_stays_close_to_fp32(sms_parquet, minilm_path, tmp_path):
