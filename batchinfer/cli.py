@@ -185,10 +185,17 @@ def openai_batch(
             retry_errors=False,
             progress=progress_display("none" if quiet else progress, every),
         )
-        deliver(work, {"output.jsonl": output, "errors.jsonl": errors})
+        counts = report["openai"]
+        deliver(work, {"output.jsonl": output, "errors.jsonl": errors}, counts)
+        failed = counts["errors.jsonl"]
         err.print(
-            f"wrote {report['openai']['output.jsonl']:,} responses to {output} and "
-            f"{report['openai']['errors.jsonl']:,} failed requests to {errors}",
+            f"wrote {counts['output.jsonl']:,} responses to {output} and "
+            + (f"{failed:,} failed requests to {errors}" if failed else "no failed request (so no errors file)"),
+            highlight=False,
+        )
+        err.print(
+            f"{work}/ keeps the checkpoint: a rerun resumes from it, and may replace these files because it "
+            "holds their digests; remove it when you are done with this batch",
             highlight=False,
         )
 
