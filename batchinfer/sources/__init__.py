@@ -156,7 +156,8 @@ def _check_columns(name: str, present: list[str] | None, columns: list[str]) -> 
     missing = [c for c in columns if c not in present]
     if missing:
         raise InputError(
-            f"column {', '.join(repr(c) for c in missing)} not found in {name}; it has: {', '.join(present)}",
+            f"{'column' if len(missing) == 1 else 'columns'} {', '.join(repr(c) for c in missing)} not found in "
+            f"{name}; it has: {', '.join(present)}",
             "fix input.text, input.id or input.keep to name existing columns, or remove the shard of another schema",
         )
 
