@@ -416,7 +416,7 @@ def serve(
         try:
             import uvicorn
 
-            from .server import BadInput, create_app
+            from .server import SERVED, BadInput, create_app
         except ImportError as exc:
             raise ConfigError(
                 f"batchinfer serve needs FastAPI and uvicorn ({exc})", 'pip install -e ".[serve]"'
@@ -424,6 +424,11 @@ def serve(
         if job is not None:
             config = load_job(job, set_ or [])
         elif model and task:
+            if task not in SERVED:  # before the job is checked, which would first ask for what the task needs
+                raise ConfigError(
+                    f"serve runs tasks {', '.join(SERVED)}; {task} runs offline with batchinfer run",
+                    f"use batchinfer run for task {task}, or --task one of {', '.join(SERVED)}",
+                )
             data = {
                 "input": {"path": "-", "text": "text", **({"text_pair": "text_pair"} if task == "score" else {})},
                 "model": {"path": model, "task": task},
