@@ -157,6 +157,12 @@ def summary_table(report: dict) -> Table:
                 + (f", median time to first token {ttft:.2f} s" if ttft is not None else ""),
             )
         )
+    skipped = report.get("skipped_shards") or []
+    if skipped:  # said here too, since -q hides the notes that named them as the run began
+        names = ", ".join(s["source"] for s in skipped[:3]) + (
+            f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        )
+        rows.append(("skipped", f"{len(skipped)} shard(s) (input.on_bad_shard: skip): {names}; see _errors/"))
     for key, value in rows:
         table.add_row(key, value)
     return table
