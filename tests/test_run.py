@@ -373,3 +373,13 @@ def test_output_inside_the_input_folder_is_never_read_back(sms_parquet, tiny_emb
     second = run_job(job, restart=True)
     assert first["rows"] == second["rows"] == 600 and second["run"]["rows"] == 600
     assert _read(sms_parquet / "embedded").num_rows == 600
+
+
+def test_polars_and_duckdb_read_the_output_by_the_readmes_glob(sms_parquet, tiny_embed, tmp_path):
+    import duckdb
+    import polars as pl
+
+    run_job(_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    frame = pl.read_parquet(str(tmp_path / "out" / "*.parquet"))
+    assert frame.height == 600 and frame["sms_id"].to_list() == _read(tmp_path / "out").column("sms_id").to_pylist()
+    assert duckdb.sql(f"SELECT count(*) FROM '{tmp_path / 'out'}/*.parquet'").fetchall() == [(600,)]
