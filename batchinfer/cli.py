@@ -603,6 +603,22 @@ def without_limit(command: str) -> str:
     return shlex.join(kept)
 
 
+@app.command()
+def export(
+    folder: str = typer.Argument(..., help="A finished job's output folder (a path or a URL)."),
+    format: str = typer.Option("parquet", "--format", "-f", help="parquet, jsonl or csv."),
+    output: Path = typer.Option(..., "--output", "-o", help="The file to write."),
+    force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
+    debug: bool = DebugOption,
+):
+    """Write a finished job's results as one file, in input order (CSV holds lists as JSON text)."""
+    from .export import export_folder
+
+    with reported(debug):
+        rows = export_folder(folder, format, output, force)
+        err.print(f"wrote {rows:,} rows to {output}", highlight=False)
+
+
 def say_sample_problems(seen: int, reasons: Counter, examples: dict[str, str]) -> None:
     """validate and plan: stop when every row read from the start of the input would fail; warn when some would."""
     if not reasons:
