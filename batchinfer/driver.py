@@ -116,7 +116,8 @@ def run_job(
                         sum(r["rows"] for r in done.values() if r["chunk"] in planned),
                     )
                 loop_started = time.perf_counter()
-                window = LoadWindow()
+                # in-process only: Ray's workers are other processes, so their CPU would read as the machine's load
+                window = LoadWindow() if job.runtime.executor == "local" else None
                 for record in executor.run(todo, probe=auto and out.tuning() is None):
                     _commit(out, done, record)
                     budget.max_tokens, budget.strategy = record.pop("budget")  # the worker's, after this chunk
@@ -131,7 +132,7 @@ def run_job(
                     workers.setdefault(record["worker"], Counter()).update(chunks=1, **stats)
                     progress.advance(record["rows"], record["tokens"])
                 run_stats["loop"] = time.perf_counter() - loop_started
-                machine = window.stop()
+                machine = window.stop() if window else None
         report = build_report(
             job,
             chunks,
