@@ -152,7 +152,8 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
         summary["estimate"] = estimate
         budget.max_tokens, budget.strategy = measured["budget"]
     batches = plan(lengths, *budget.key, job.batching.max_rows, runner.device)
-    padded = sum(int(lengths[b].max()) * len(b) for b in batches)
+    # packed batches lay rows end to end: the model computes no padding
+    padded = int(lengths.sum()) if budget.strategy == "packed" else sum(int(lengths[b].max()) * len(b) for b in batches)
     summary["batching"] = {
         "max_tokens": budget.max_tokens,
         "strategy": budget.strategy,
@@ -166,7 +167,7 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
 def time_sample(runner, lengths: np.ndarray, budget, job: JobConfig, probing: bool, first_chunk: float) -> dict:
     """The model's rate on the sample's token counts (pad ids: the model's speed does not depend on which
     tokens), cut as the run would cut them. probing: first run the run's own probe on the sample, as the
-    run does on its first chunk, and time the rest with its choice; probe_s is what the probe adds to the
+    run does on its first chunk, then time the sample with its choice; probe_s is what the probe adds to the
     work it does (the settings that lose, the warm-up), scaled to the probe of a first chunk of `first_chunk`
     tokens."""
     ids = [[runner.pad_id] * int(n) for n in lengths]
@@ -194,10 +195,10 @@ def time_sample(runner, lengths: np.ndarray, budget, job: JobConfig, probing: bo
             supports_packing(runner.model) is None,
         )
         probe_wall, key = time.perf_counter() - t0, (tuning.max_tokens, tuning.strategy)
-    if not len(rest):  # a sample the probe used up: time it all again with the choice
-        rest = np.arange(len(lengths))
-    seconds = run([rest[b] for b in plan(lengths[rest], *key, rows, runner.device)], key[1])
-    rate = float(lengths[rest].sum() / max(seconds, 1e-9))
+    # The whole sample with the choice: the probe's slices are small, and what it left over smaller still.
+    everything = np.arange(len(lengths))
+    seconds = run([everything[b] for b in plan(lengths, *key, rows, runner.device)], key[1])
+    rate = float(lengths.sum() / max(seconds, 1e-9))
     probe_tokens = int(lengths.sum()) - int(lengths[rest].sum()) if probing else 0
     extra = max(probe_wall - probe_tokens / rate, 0.0)
     # The sample's probe cut smaller slices than a run's first chunk gives it; its extra cost grows with them.

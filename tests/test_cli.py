@@ -375,6 +375,10 @@ def test_plan_says_when_the_machine_was_busy_and_counts_the_probe(monkeypatch, t
         "note     the machine was busy while this estimate was measured: other processes used 1.5 of 2 cores "
         "(load average 3.5); on a quiet machine the work may run up to 4.0x faster"
     ) in result.output
+    packed = ["--set", "batching.strategy=packed", "--set", "batching.max_tokens=4096"]
+    result = runner.invoke(app, ["plan", str(job), "--sample", "60", *packed])
+    assert "batches  packed, max_tokens 4,096: padding efficiency 1.000" in result.output  # no padding at all
+    assert "batching probe" not in result.output and "(as the job sets it)" in result.output
 
 
 def test_an_internal_error_says_how_to_see_it_in_plain_words(monkeypatch, tmp_path):
