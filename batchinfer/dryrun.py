@@ -142,7 +142,9 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
             "rate_from": "sample",
             "load": load,
         }
-        if earlier.rate and summary["rows_left"]:  # what this job ran at here, end to end: better than a sample
+        # What this job ran at here, end to end, is better than a sample, once that run went past its first chunk
+        # (which carries the probe, and a --limit run may hold no more).
+        if earlier.rate and earlier.run_rows > job.chunk_rows and summary["rows_left"]:
             estimate.update(work_s=summary["rows_left"] / earlier.rate, rate_from="folder", rows_per_s=earlier.rate)
             estimate["folder_load"] = earlier.load
             estimate["folder_finished"] = earlier.finished
@@ -214,6 +216,7 @@ class SoFar:
     rows: int = 0
     tuning: dict | None = None
     rate: float | None = None
+    run_rows: int = 0
     load: Load | None = None
     finished: float | None = None
 
@@ -237,4 +240,4 @@ def folder_so_far(job: JobConfig, job_print: dict, chunks: list) -> SoFar:
     run = report.get("run") if isinstance(report.get("run"), dict) else {}
     rate = run.get("rows_per_s") if isinstance(run.get("rows_per_s"), (int, float)) and run.get("rows", 0) else None
     finished = max((r.get("finished", 0.0) for r in done.values()), default=None)
-    return SoFar(rows, sink.tuning(), rate or None, Load.from_dict(run.get("machine")), finished)
+    return SoFar(rows, sink.tuning(), rate or None, run.get("rows", 0), Load.from_dict(run.get("machine")), finished)

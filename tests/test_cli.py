@@ -344,14 +344,17 @@ def test_help_shows_brackets_and_flags_as_typed():
 
 def test_plan_of_a_partly_done_folder_estimates_what_is_left_at_the_folders_rate(tmp_path, sms_parquet, tiny_embed):
     job = _job(tmp_path, sms_parquet, tiny_embed)  # 600 rows, chunks of 100
-    assert runner.invoke(app, ["run", str(job), "--limit", "200", "-q"]).exit_code == 0
+    assert runner.invoke(app, ["run", str(job), "--limit", "100", "-q"]).exit_code == 0
+    result = runner.invoke(app, ["plan", str(job), "--sample", "60"])  # the probe's chunk alone: no rate to go by
+    assert "for 500 rows left: " in result.output and "of work at " in result.output, result.output
+    assert runner.invoke(app, ["run", str(job), "--limit", "300", "-q"]).exit_code == 0  # 200 rows, 2 chunks
     report = json.loads((tmp_path / "out" / "_report.json").read_text())
     assert set(report["run"]["machine"]) == {"cores", "other_cores", "steal_cores", "load_avg"}
     rate = report["run"]["rows_per_s"]
     result = runner.invoke(app, ["plan", str(job), "--sample", "60"])
     assert result.exit_code == 0, result.output
     time_line = next(line for line in result.output.splitlines() if line.startswith("time "))
-    assert "for 400 rows left: " in time_line and " start-up (imports, discovery and model load" in time_line
+    assert "for 300 rows left: " in time_line and " start-up (imports, discovery and model load" in time_line
     assert f"at {rate:,.1f} rows/s, the rate the folder's last run measured" in time_line
     assert "batching probe" not in time_line  # the folder recorded the probe's choice: no second probe
     assert "the probe's choice, recorded in the output folder" in result.output
