@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from .config import TASK_COLUMNS, JobConfig, apply_override, load_job, validate_job
 from .driver import run_job
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 
 
 def run(
@@ -60,19 +60,27 @@ def infer(data, *, model: str, task: str = "embed", text: str = "text", **overri
         )
     with tempfile.TemporaryDirectory(prefix="batchinfer-") as work:
         work = Path(work)
-        pq.write_table(table, work / "rows.parquet")
         spec = {
             "input": {"path": str(work / "rows.parquet"), "text": text},
             "model": {"path": model, "task": task},
             "output": {"path": str(work / "out")},
         }
-        run_job(_config(spec, overrides))
+        config = _config(spec, overrides, "batchinfer.infer")
+        missing = [c for c in config.columns if c not in table.column_names]
+        if missing:  # said of the data, before the rows go to a file the caller never named
+            raise InputError(
+                f"data: {'column' if len(missing) == 1 else 'columns'} {', '.join(map(repr, missing))} not found; "
+                f"it has: {', '.join(table.column_names)}",
+                'give text= a column of the data, or a template over its columns such as "{title}. {body}"',
+            )
+        pq.write_table(table, work / "rows.parquet")
+        run_job(config)
         results = _concat([pq.read_table(p) for p in sorted((work / "out").glob("part-*.parquet"))])
         errors = _concat([pq.read_table(p) for p in sorted((work / "out" / "_errors").glob("part-*.parquet"))])
     return _align(table, results, errors)
 
 
-def _config(job, overrides: dict) -> JobConfig:
+def _config(job, overrides: dict, caller: str = "batchinfer.run") -> JobConfig:
     items = [f"{key.replace('__', '.')}={_yaml(value)}" for key, value in overrides.items()]
     if isinstance(job, JobConfig):
         job = job.model_dump()
@@ -80,7 +88,7 @@ def _config(job, overrides: dict) -> JobConfig:
         data = {section: dict(values) if isinstance(values, dict) else values for section, values in job.items()}
         for item in items:
             apply_override(data, item)
-        return validate_job(data, "batchinfer.run")
+        return validate_job(data, caller)
     return load_job(job, items)
 
 

@@ -22,6 +22,9 @@ from .progress import labelled
 
 app = typer.Typer(
     add_completion=False,
+    # Plain help: rich markup would eat [serve] in `pip install -e ".[serve]"`, and flags show as flags (--restart),
+    # not as options taking a <bool>.
+    rich_markup_mode=None,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Offline batch inference: Parquet/JSONL shards in, Parquet results out, resumable.",
@@ -30,7 +33,9 @@ app = typer.Typer(
 out = Console(soft_wrap=True, markup=False)
 err = Console(stderr=True, soft_wrap=True, markup=False)
 
-SetOption = typer.Option(None, "--set", help="Override a job key, e.g. --set batching.max_tokens=8192 (repeatable).")
+SetOption = typer.Option(
+    None, "--set", metavar="KEY=VALUE", help="Override a job key, e.g. --set batching.max_tokens=8192 (repeatable)."
+)
 DebugOption = typer.Option(False, "--debug", help="Show the full traceback of an error.")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress (--progress none).")
 ProgressOption = typer.Option("auto", "--progress", help="auto (a bar on a terminal, else lines), bar, lines or none.")
@@ -77,7 +82,7 @@ def reported(debug: bool):
             traceback.print_exc()
         err.print(labelled("internal error:", "bold red", f"{type(exc).__name__}: {exc}"), highlight=False)
         err.print(
-            "[yellow]fix:[/] rerun with --debug for the traceback, and report it if the input looks fine",
+            labelled("fix:", "yellow", "rerun with --debug for the traceback, and report it if the input looks fine"),
             highlight=False,
         )
         raise typer.Exit(1) from None
@@ -181,10 +186,17 @@ def openai_batch(
             retry_errors=False,
             progress=progress_display("none" if quiet else progress, every),
         )
-        deliver(work, {"output.jsonl": output, "errors.jsonl": errors})
+        counts = report["openai"]
+        deliver(work, {"output.jsonl": output, "errors.jsonl": errors}, counts)
+        failed = counts["errors.jsonl"]
         err.print(
-            f"wrote {report['openai']['output.jsonl']:,} responses to {output} and "
-            f"{report['openai']['errors.jsonl']:,} failed requests to {errors}",
+            f"wrote {counts['output.jsonl']:,} responses to {output} and "
+            + (f"{failed:,} failed requests to {errors}" if failed else "no failed request (so no errors file)"),
+            highlight=False,
+        )
+        err.print(
+            f"{work}/ keeps the checkpoint: a rerun resumes from it, and may replace these files because it "
+            "holds their digests; remove it when you are done with this batch",
             highlight=False,
         )
 
@@ -351,16 +363,12 @@ def plan_command(
             b = summary["batching"]
             out.print(
                 f"batches  {b['strategy']}, max_tokens {b['max_tokens']:,}: padding efficiency "
-                f"{b['padding_efficiency']:.3f} on the sample (batching: auto measures more on the first chunk)",
+                f"{b['padding_efficiency']:.3f} on the sample ({BATCHING_SOURCE[b['source']]})",
                 highlight=False,
             )
         if "estimate" in summary:
-            e = summary["estimate"]
-            out.print(
-                f"time     about {_duration(e['seconds'])} on {e['device']} ({e['tokens_per_s']:,.0f} tokens/s "
-                "measured on the sample)",
-                highlight=False,
-            )
+            for line in estimate_lines(summary):
+                out.print(line, highlight=False)
         elif config.model.task == "generate":
             out.print(
                 "time     generation time depends on what the model writes: try `batchinfer run JOB --limit 100`",
@@ -369,9 +377,48 @@ def plan_command(
         out.print(f"output   {config.output.path}: {summary['output']}", highlight=False)
 
 
+BATCHING_SOURCE = {
+    "recorded": "the probe's choice, recorded in the output folder",
+    "probe": "the probe's choice on the sample; the run probes its first chunk",
+    "job": "as the job sets it",
+}
+
+
+def estimate_lines(summary: dict) -> list[str]:
+    """plan's time estimate: for the rows left, start-up and probe included, and how busy the machine was."""
+    e, left = summary["estimate"], summary["rows_left"]
+    if not left:
+        return ["time     nothing left to run: the output folder holds every row of this job"]
+    what = f"{left:,} rows" + (" left" if left < summary["rows"] else "")
+    parts = [f"{_duration(e['startup_s'])} start-up (imports, discovery and model load, as this process took them)"]
+    if e["probe_s"] is not None:
+        parts.append(f"{_duration(e['probe_s'])} for the batching probe")
+    if e["rate_from"] == "folder":
+        finished = datetime.fromtimestamp(e["folder_finished"]).isoformat(timespec="minutes")
+        parts.append(
+            f"{_duration(e['work_s'])} at {e['rows_per_s']:,.1f} rows/s, the rate the folder's last run measured "
+            f"(up to {finished})"
+        )
+    else:
+        parts.append(
+            f"{_duration(e['work_s'])} of work at {e['tokens_per_s']:,.0f} tokens/s on {e['device']} "
+            f"(the model on the sample; reading and tokenizing at {e['read_tokens_per_s']:,.0f} tokens/s)"
+        )
+    lines = [f"time     about {_duration(e['seconds'])} for {what}: " + ", ".join(parts)]
+    for label, load in (("this estimate", e["load"]), ("the folder's rate", e.get("folder_load"))):
+        if load is not None and load.busy() and (label == "this estimate" or e["rate_from"] == "folder"):
+            lines.append(
+                f"note     the machine was busy while {label} was measured: {load.describe()}; on a quiet "
+                f"machine the work may run up to {load.slowdown():.1f}x faster"
+            )
+    return lines
+
+
 def _duration(seconds: float) -> str:
-    hours, rest = divmod(int(seconds), 3600)
-    return f"{hours} h {rest // 60:02d} min" if hours else f"{rest // 60} min {rest % 60:02d} s"
+    hours, rest = divmod(round(seconds), 3600)
+    if hours:
+        return f"{hours} h {rest // 60:02d} min"
+    return f"{rest // 60} min {rest % 60:02d} s" if rest >= 60 else f"{rest} s"
 
 
 @app.command()
@@ -392,7 +439,7 @@ def serve(
         try:
             import uvicorn
 
-            from .server import BadInput, create_app
+            from .server import SERVED, BadInput, create_app
         except ImportError as exc:
             raise ConfigError(
                 f"batchinfer serve needs FastAPI and uvicorn ({exc})", 'pip install -e ".[serve]"'
@@ -400,6 +447,11 @@ def serve(
         if job is not None:
             config = load_job(job, set_ or [])
         elif model and task:
+            if task not in SERVED:  # before the job is checked, which would first ask for what the task needs
+                raise ConfigError(
+                    f"serve runs tasks {', '.join(SERVED)}; {task} runs offline with batchinfer run",
+                    f"use batchinfer run for task {task}, or --task one of {', '.join(SERVED)}",
+                )
             data = {
                 "input": {"path": "-", "text": "text", **({"text_pair": "text_pair"} if task == "score" else {})},
                 "model": {"path": model, "task": task},
@@ -507,16 +559,25 @@ def status(
         holder = sink.holder()
         stray = stray_markers(sink, done)
         complete = sink.folder.read(SUCCESS) is not None and not stray and not lost
-        total = sink.job.get("plan", {}).get("chunks", "?")
-        out.print(f"chunks  {len(chunks)}/{total} done" + (" (complete)" if complete else ""))
+        plan = sink.job.get("plan", {})
+        limit, rows = plan.get("limit"), sum(r["rows"] for r in chunks)
+        total, total_rows = plan.get("job_chunks", plan.get("chunks", "?")), plan.get("job_rows", plan.get("rows"))
+        out.print(
+            f"chunks  {len(chunks)}/{total} done"
+            + (" (complete)" if complete else "")
+            + (f" (--limit {limit:,}: {plan['chunks']} chunk(s), the first {plan['rows']:,} rows)" if limit else "")
+        )
+        share = f"/{total_rows:,} done ({rows / total_rows:.1%})" if total_rows else " done"
         passes = [r for r in done.values() if r.get("retry_of", r["chunk"]) not in lost]
-        out.print(f"rows    {sum(r['rows'] for r in chunks):,} done, {sum(r['ok'] for r in passes):,} ok")
+        out.print(f"rows    {rows:,}{share}, {sum(r['ok'] for r in passes):,} ok")
         out.print(f"errors  {', '.join(f'{k} {v:,}' for k, v in sorted(errors.items())) or 'none'}")
         if skipped := skipped_shards(sink):
             names = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
             out.print(f"skipped {len(skipped)} shard(s) (input.on_bad_shard: skip): {names}")
         out.print(f"updated {datetime.fromtimestamp(updated).isoformat(timespec='seconds')}")
         out.print(f"active  {'yes, pid ' + str(holder['pid']) + ' on ' + holder['host'] if holder else 'no'}")
+        if holder and isinstance(holder.get("started"), (int, float)):
+            out.print(running_rate(holder["started"], done, plan.get("rows", 0) - rows), highlight=False)
         raw = sink.folder.read(REPORT)
         if raw is not None:
             try:
@@ -542,11 +603,53 @@ def status(
                 "part is missing and refuses a file that is not this job's until you move it away",
                 highlight=False,
             )
-        if not complete and not holder:
+        command = sink.command or "batchinfer run JOB.yaml (the same job file and --set options)"
+        if limit and not holder and len(chunks) >= plan["chunks"]:  # the limited run is done: go on past it
             out.print(
-                f"resume  {sink.command or 'batchinfer run JOB.yaml (the same job file and --set options)'}",
-                highlight=False,
+                f"go on   {without_limit(command)} (the whole job), or the same with a larger --limit", highlight=False
             )
+        elif not complete and not holder:
+            out.print(f"resume  {command}", highlight=False)
+
+
+def running_rate(started: float, done: dict[str, dict], rows_left: int) -> str:
+    """status of a running job: its rate since it started, from the markers it committed, and the time left."""
+    since = datetime.fromtimestamp(started).isoformat(timespec="seconds")
+    mine = [r for r in done.values() if r.get("finished", 0.0) >= started]
+    if not mine:
+        return f"rate    no chunk committed yet by the run that started at {since}"
+    rows = sum(r["rows"] for r in mine)
+    rate = rows / max(max(r["finished"] for r in mine) - started, 1e-9)
+    return (
+        f"rate    {rate:,.1f} rows/s since the run started at {since} ({rows:,} rows committed); "
+        f"about {_duration(max(rows_left, 0) / rate)} left"
+    )
+
+
+def without_limit(command: str) -> str:
+    """A saved run command without its --limit N: the command that continues a limited job to its end."""
+    words, kept = shlex.split(command), []
+    for i, word in enumerate(words):
+        if word == "--limit" or word.startswith("--limit=") or (i and words[i - 1] == "--limit"):
+            continue
+        kept.append(word)
+    return shlex.join(kept)
+
+
+@app.command()
+def export(
+    folder: str = typer.Argument(..., help="A finished job's output folder (a path or a URL)."),
+    format: str = typer.Option("parquet", "--format", "-f", help="parquet, jsonl or csv."),
+    output: Path = typer.Option(..., "--output", "-o", help="The file to write."),
+    force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
+    debug: bool = DebugOption,
+):
+    """Write a finished job's results as one file, in input order (CSV holds lists as JSON text)."""
+    from .export import export_folder
+
+    with reported(debug):
+        rows = export_folder(folder, format, output, force)
+        err.print(f"wrote {rows:,} rows to {output}", highlight=False)
 
 
 def say_sample_problems(seen: int, reasons: Counter, examples: dict[str, str]) -> None:

@@ -13,7 +13,8 @@ from typing import Callable, Protocol
 
 class Progress(Protocol):
     def start(self, total_rows: int, done_rows: int) -> None: ...
-    def advance(self, rows: int, tokens: int) -> None: ...
+    def advance(self, rows: int, tokens: int) -> None: ...  # a chunk committed
+    def partial(self, rows: int, tokens: int) -> None: ...  # so far in the chunk in flight, batch by batch
     def log(self, message: str) -> None: ...
 
 
@@ -24,6 +25,9 @@ class Quiet:
         pass
 
     def advance(self, rows: int, tokens: int) -> None:
+        pass
+
+    def partial(self, rows: int, tokens: int) -> None:
         pass
 
     def log(self, message: str) -> None:

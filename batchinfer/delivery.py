@@ -29,18 +29,26 @@ def check_targets(work, targets: list) -> None:
             )
 
 
-def deliver(work, targets: dict) -> None:
-    """Copy the folder's output.jsonl and errors.jsonl to where the user asked ({name: path}), whole
-    or not at all, and note what was written so a rerun may replace it."""
+def deliver(work, targets: dict, lines: dict[str, int]) -> None:
+    """Move the folder's output.jsonl and errors.jsonl to where the user asked ({name: path}), each whole or
+    not at all, so no second copy stays in the work folder; a file of no lines is not written (and one an
+    earlier run wrote there is removed). Notes what was written, so a rerun may replace it."""
     known = _exported(work)
-    for name, target in targets.items():
-        with open(work / name, "rb") as source:
-            LocalFolder(str(target.parent)).write_with(
-                target.name, lambda f, source=source: shutil.copyfileobj(source, f)
-            )
-        known[str(target.resolve())] = _digest(target)
     sink, _ = read_state(work)
-    sink.write_file(EXPORTED, lambda f: f.write(json.dumps(known, indent=2).encode()))
+    for name, target in targets.items():
+        key = str(target.resolve())
+        if lines.get(name):
+            with open(work / name, "rb") as source:
+                LocalFolder(str(target.parent)).write_with(
+                    target.name, lambda f, source=source: shutil.copyfileobj(source, f)
+                )
+            known[key] = _digest(target)
+        elif key in known:  # none this time: an earlier run's file would tell of failures there are not
+            if target.exists() and known[key] == _digest(target):
+                target.unlink()
+            known.pop(key)
+        sink.write_file(EXPORTED, lambda f: f.write(json.dumps(known, indent=2).encode()))
+        sink.folder.delete(name)  # delivered: the results live at -o only
 
 
 def _exported(work) -> dict:

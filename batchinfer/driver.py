@@ -9,11 +9,15 @@ import time
 from collections import Counter
 from typing import Callable
 
+import numpy as np
+import pyarrow as pa
+
 from .backends import backend_is_open
 from .config import JobConfig
 from .control import Budget, Progress, Quiet, StopFlag
 from .errors import OutputError
 from .executors import make_executor
+from .machine import LoadWindow
 from .models import model_identity, read_config, resolve_model_path
 from .openai_batch import OPENAI_FILES
 from .openai_batch import export as export_openai
@@ -37,6 +41,9 @@ def json_lines(table) -> list[str]:
 
 # What --retry-errors may change: the settings that decide whether a row fits, not what a row means.
 RETRY_MAY_CHANGE = frozenset({"model.max_length", "model.truncation", "model.dtype"})
+# The error reasons such a change can cure; the others (empty_text, bad_csv, bad_json, bad_utf8, ...) are in the
+# input itself and would only fail again, so a retry keeps them in _errors/ without running them.
+RETRYABLE = frozenset({"too_long", "oom", "model_error"})
 
 
 def run_job(
@@ -67,6 +74,7 @@ def run_job(
     out = OutputDir(job.output.path, job.output.compression, job.output.storage_options)
     limit = limit if restart else out.covering_limit(limit)
     chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows, limit)
+    whole = plan_chunks([s.num_rows for s in shards], job.chunk_rows) if limit is not None else chunks
     done = out.open(
         fingerprint(job, model_identity(model_path), shards, limit),
         restart,
@@ -74,7 +82,11 @@ def run_job(
         (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},
         inputs=tuple(s.path for s in shards),
         files=OUTPUT_FILES[job.output.format],
-        plan={"chunks": len(chunks), "rows": sum(c.rows for c in chunks)},
+        plan={
+            "chunks": len(chunks),
+            "rows": sum(c.rows for c in chunks),
+            **({"job_chunks": len(whole), "job_rows": sum(c.rows for c in whole), "limit": limit} if limit else {}),
+        },
     )
     try:
         for note in out.notes:
@@ -89,21 +101,30 @@ def run_job(
             progress.log(f"skipped shard {bad.name}: {bad.message}")
         todo = [Work(c, c.name) for c in chunks if c.name not in done]
         if retry_errors:
-            todo += _retries(chunks, done, out)
+            retries, kept = _retries(chunks, done, out)
+            todo += retries
+            if kept:
+                reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(kept.items()))
+                progress.log(f"not retried, since no setting changes them: {reasons} (they stay in _errors/)")
         budget, auto = settle_budget(job, out.tuning())
-        run_stats, workers, lowered, device, startup = Counter(), {}, [], "none", {}
+        run_stats, workers, lowered, device, startup, machine = Counter(), {}, [], "none", {}, None
         if todo:
             inputs = TaskInputs(job, model_path, shards, read_spec(job.input, job.columns, types), out.writer(), budget)
             opened = time.perf_counter()
             with make_executor(inputs, stop, progress, on_runner) as executor:
                 device = executor.device
                 startup = startup_figures(started, opened, getattr(executor, "load_seconds", {}))
-                progress.start(
-                    sum(c.rows for c in chunks) + sum(w.rows for w in todo if w.retry_of),
-                    # finished chunks only: rows an earlier retry pass ran again are inside them already
-                    sum(r["rows"] for r in done.values() if r["chunk"] in planned),
-                )
+                retried = sum(w.rows for w in todo if w.retry_of)
+                if retried == sum(w.rows for w in todo):  # only error rows run again: count those alone
+                    progress.start(retried, 0)
+                else:  # finished chunks only: rows an earlier retry pass ran again are inside them already
+                    progress.start(
+                        sum(c.rows for c in chunks) + retried,
+                        sum(r["rows"] for r in done.values() if r["chunk"] in planned),
+                    )
                 loop_started = time.perf_counter()
+                # in-process only: Ray's workers are other processes, so their CPU would read as the machine's load
+                window = LoadWindow() if job.runtime.executor == "local" else None
                 for record in executor.run(todo, probe=auto and out.tuning() is None):
                     _commit(out, done, record)
                     # the worker's, after this chunk
@@ -119,6 +140,7 @@ def run_job(
                     workers.setdefault(record["worker"], Counter()).update(chunks=1, **stats)
                     progress.advance(record["rows"], record["tokens"])
                 run_stats["loop"] = time.perf_counter() - loop_started
+                machine = window.stop() if window else None
         report = build_report(
             job,
             chunks,
@@ -130,6 +152,8 @@ def run_job(
         )
         missing = out.missing(done)  # deleted while the job ran: _SUCCESS is never written over missing rows
         report["complete"] = report["complete"] and not missing
+        if machine is not None:  # how busy the machine was while this run measured its rates
+            report["run"]["machine"] = machine.as_dict()
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
         if job.model.task != "generate":
             report["batching"] = {
@@ -213,17 +237,24 @@ def settle_budget(job: JobConfig, recorded: dict | None) -> tuple[Budget, bool]:
     return Budget(max_tokens, strategy, backend=recorded.get("backend"), precision=recorded.get("precision")), auto
 
 
-def _retries(chunks: list[Chunk], done: dict[str, dict], out: OutputDir) -> list[Work]:
-    """A retry pass for every chunk whose current error file lists rows."""
+def _retries(chunks: list[Chunk], done: dict[str, dict], out: OutputDir) -> tuple[list[Work], Counter]:
+    """A retry pass for every chunk whose current error file lists rows a changed setting may cure (RETRYABLE);
+    its other error rows ride along into the pass's error file. Also: the error rows not run, by reason."""
+    import pyarrow.compute as pc
+
     by_name = {c.name: c for c in chunks}
-    work = []
+    work, kept = [], Counter()
     for chunk_name, latest in current_errors(done).items():
         errors = out.error_rows(latest)
         if errors is None or chunk_name not in by_name:
             continue
         chunk = by_name[chunk_name]
-        offsets = sorted(r - chunk.start for r in errors.column("row").to_pylist() if r is not None)
+        again = pc.is_in(errors.column("reason"), value_set=pa.array(sorted(RETRYABLE))).to_numpy(zero_copy_only=False)
+        rows = errors.column("row").to_numpy(zero_copy_only=False)
+        offsets = sorted(int(r) - chunk.start for r in rows[again & ~np.isnan(rows.astype(float))])
+        carry = errors.filter(pa.array(~again))
+        kept.update(carry.column("reason").to_pylist())
         generation = sum(1 for r in done.values() if r.get("retry_of") == chunk_name) + 1
         if offsets:
-            work.append(Work(chunk, retry_name(chunk_name, generation), offsets, retry_of=chunk_name))
-    return work
+            work.append(Work(chunk, retry_name(chunk_name, generation), offsets, retry_of=chunk_name, carry=carry))
+    return work, kept

@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
 from .config import JobConfig
 from .control import StopFlag
 from .driver import settle_budget
+from .machine import Load, LoadWindow, process_age
 from .models import model_identity, read_config, resolve_model_path
-from .plan import Work, fingerprint, plan_chunks
+from .packing import supports_packing
+from .plan import Work, describe_changes, fingerprint, plan_chunks
 from .prepare import prepare_rows
-from .sink import OutputDir
+from .sink import OutputDir, read_state
 from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec
-from .tune import plan
+from .tune import CPU_BUDGETS, SAMPLE_TOKENS, plan, probe
+
+PROBE_TOKENS = SAMPLE_TOKENS * (len(CPU_BUDGETS) + 2)  # about what a run's probe times: each budget, then packed
 
 
 def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[int, Counter, dict[str, str]]:
@@ -49,34 +54,42 @@ def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[in
 
 
 def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
+    started = time.perf_counter()
     inputs = discover_shards(job.input, job.columns, output=job.output.path)
     model_path = resolve_model_path(job.model.path)
     read_config(job.model, model_path)
     shards = inputs.shards
     chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows)
     rows = sum(s.num_rows for s in shards)
+    job_print = fingerprint(job, model_identity(model_path), shards)
     folder = OutputDir(job.output.path, job.output.compression, job.output.storage_options).describe(
-        fingerprint(job, model_identity(model_path), shards), len(chunks)
+        job_print, len(chunks)
     )
+    aside = time.perf_counter()  # plan's own reading, which a run does not do
+    earlier = folder_so_far(job, job_print, chunks)
     sampled = sample_problems(job, inputs)
+    aside = time.perf_counter() - aside
     summary = {
         "sample_check": sampled,
         "shards": len(shards),
         "skipped_shards": len(inputs.bad),
         "rows": rows,
+        "rows_left": rows - earlier.rows,
         "chunks": len(chunks),
         "output": folder,
     }
 
     from .task import TaskInputs
 
-    budget, _ = settle_budget(job, None)
+    budget, auto = settle_budget(job, earlier.tuning)
     spec = read_spec(job.input, job.columns, inputs.types)
     task = TaskInputs(job, model_path, shards, spec, None, budget).task(StopFlag())  # writes nothing: no writer
     runner = task.runner
+    # What a run spends before its first batch: the process's start and imports, discovery, the model's load.
+    startup = (process_age() or time.perf_counter() - started) - aside
     per_chunk = max(1, sample // len(chunks))
     picks = np.linspace(0, len(chunks) - 1, num=min(len(chunks), sample)).round().astype(int)
-    lengths, truncated, errors, seen = [], 0, 0, 0
+    lengths, truncated, errors, seen, reading = [], 0, 0, 0, 0.0
     for index in dict.fromkeys(picks.tolist()):
         chunk = chunks[index]
         offsets = list(range(min(per_chunk, chunk.rows)))
@@ -85,6 +98,7 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
         truncated += int(loaded.tokens.truncated[loaded.index].sum())
         errors += len(loaded.prepared.errors)
         seen += len(offsets)
+        reading += loaded.seconds
         if seen >= sample:
             break
     task.close()
@@ -108,26 +122,131 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
     )
     if job.model.task == "generate":
         return summary
+    probing = auto and earlier.tuning is None
+    if timed:
+        window = LoadWindow()
+        measured = time_sample(runner, lengths, budget, job, probing, lengths.mean() * chunks[0].rows)
+        load = window.stop()
+        tokens_left = lengths.mean() * summary["rows_left"] * share_ok
+        model_rate = measured["tokens_per_s"]
+        read_rate = float(lengths.sum() / reading) if reading else float("inf")
+        # On a CPU reading and tokenizing share the cores with the model; on a GPU they overlap with it.
+        work = tokens_left / model_rate + (tokens_left / read_rate if runner.device.type == "cpu" else 0.0)
+        estimate = {
+            "device": f"{runner.device} ({runner.backend}{' ' + runner.precision if runner.precision else ''})",
+            "tokens_per_s": model_rate,
+            "read_tokens_per_s": read_rate,
+            "startup_s": startup,
+            "probe_s": measured["probe_s"] if probing and summary["rows_left"] else None,
+            "work_s": work,
+            "rate_from": "sample",
+            "load": load,
+        }
+        # What this job ran at here, end to end, is better than a sample, once that run went past its first chunk
+        # (which carries the probe, and a --limit run may hold no more).
+        if earlier.rate and earlier.run_rows > job.chunk_rows and summary["rows_left"]:
+            estimate.update(work_s=summary["rows_left"] / earlier.rate, rate_from="folder", rows_per_s=earlier.rate)
+            estimate["folder_load"] = earlier.load
+            estimate["folder_finished"] = earlier.finished
+        estimate["seconds"] = (
+            estimate["startup_s"] + (estimate["probe_s"] or 0.0) + estimate["work_s"] if summary["rows_left"] else 0.0
+        )
+        summary["estimate"] = estimate
+        budget.max_tokens, budget.strategy = measured["budget"]
     batches = plan(lengths, *budget.key, job.batching.max_rows, runner.device)
-    padded = sum(int(lengths[b].max()) * len(b) for b in batches)
+    # packed batches lay rows end to end: the model computes no padding
+    padded = int(lengths.sum()) if budget.strategy == "packed" else sum(int(lengths[b].max()) * len(b) for b in batches)
     summary["batching"] = {
         "max_tokens": budget.max_tokens,
         "strategy": budget.strategy,
         "batches": len(batches),
         "padding_efficiency": float(lengths.sum() / padded) if padded else 1.0,
+        "source": "recorded" if earlier.tuning else ("probe" if probing and timed else "job"),
     }
-    if timed:
-        runner.settle_default()  # the backend and precision a run would most likely take
-        ids = [[runner.pad_id] * int(n) for n in lengths]
-        runner.packed = budget.strategy == "packed"
-        runner.run(ids[:8])  # warm-up
-        started = time.perf_counter()
-        for batch in batches:
-            runner.run([ids[i] for i in batch.tolist()])
-        seconds = time.perf_counter() - started
-        summary["estimate"] = {
-            "device": f"{runner.device} ({runner.backend}{' ' + runner.precision if runner.precision else ''})",
-            "tokens_per_s": float(lengths.sum() / seconds),
-            "seconds": summary["tokens"] / (lengths.sum() / seconds),
-        }
     return summary
+
+
+def time_sample(runner, lengths: np.ndarray, budget, job: JobConfig, probing: bool, first_chunk: float) -> dict:
+    """The model's rate on the sample's token counts (pad ids: the model's speed does not depend on which
+    tokens), cut as the run would cut them. probing: first run the run's own probe on the sample, as the
+    run does on its first chunk, then time the sample with its choice; probe_s is what the probe adds to the
+    work it does (the settings that lose, the warm-up), scaled to the probe of a first chunk of `first_chunk`
+    tokens."""
+    for backend in list(runner.models):  # each backend's precision, checked as a run checks it
+        runner.use(backend)
+        runner.precisions[backend] = [runner.check_precision(runner.tokenize(runner.sample_inputs()).ids)[0]]
+    if not probing:  # the backend a run would take: the recorded one, or the default
+        runner.keep(next(iter(runner.models)), runner.precisions[next(iter(runner.models))][0])
+    ids = [[runner.pad_id] * int(n) for n in lengths]
+    rows = job.batching.max_rows
+
+    def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
+        if backend is not None:
+            runner.use(backend)
+        runner.packed = strategy == "packed"
+        t0 = time.perf_counter()
+        for batch in batches:
+            if len(batch):
+                runner.run([ids[i] for i in batch.tolist()])
+        return time.perf_counter() - t0
+
+    run([np.arange(min(8, len(ids)))], budget.strategy)  # warm-up
+    rest, probe_wall, key = np.arange(len(lengths)), 0.0, budget.key
+    if probing:
+        t0 = time.perf_counter()
+        tuning, rest = probe(
+            lengths,
+            run,
+            job.batching.max_tokens,
+            job.batching.strategy,
+            rows,
+            runner.device,
+            "torch" in runner.models and supports_packing(runner.models["torch"]) is None,
+            tuple(runner.models),
+        )
+        runner.keep(tuning.backend, runner.precisions[tuning.backend][0])
+        probe_wall, key = time.perf_counter() - t0, (tuning.max_tokens, tuning.strategy)
+    # The whole sample with the choice: the probe's slices are small, and what it left over smaller still.
+    everything = np.arange(len(lengths))
+    seconds = run([everything[b] for b in plan(lengths, *key, rows, runner.device)], key[1])
+    rate = float(lengths.sum() / max(seconds, 1e-9))
+    probe_tokens = int(lengths.sum()) - int(lengths[rest].sum()) if probing else 0
+    extra = max(probe_wall - probe_tokens / rate, 0.0)
+    # The sample's probe cut smaller slices than a run's first chunk gives it; its extra cost grows with them.
+    scale = max(1.0, min(PROBE_TOKENS, first_chunk) / probe_tokens) if probe_tokens else 1.0
+    return {"tokens_per_s": rate, "probe_s": extra * scale, "budget": key}
+
+
+@dataclass
+class SoFar:
+    """What an output folder already holds of this job: rows done, the probe's recorded choice, and the rate
+    (rows/s, end to end) and machine load its last working run measured."""
+
+    rows: int = 0
+    tuning: dict | None = None
+    rate: float | None = None
+    run_rows: int = 0
+    load: Load | None = None
+    finished: float | None = None
+
+
+def folder_so_far(job: JobConfig, job_print: dict, chunks: list) -> SoFar:
+    """Read only; an output folder of another job, or none, holds nothing of this one."""
+    try:
+        state = read_state(job.output.path, job.output.storage_options)
+    except OSError:
+        return SoFar()
+    if state is None:
+        return SoFar()
+    sink, done = state
+    changed = describe_changes(sink.fingerprint(), job_print)
+    changed.pop("limit", None)
+    if changed:
+        return SoFar()
+    planned = {c.name: c.rows for c in chunks}
+    rows = sum(r["rows"] for n, r in done.items() if "retry_of" not in r and r["rows"] >= planned.get(n, 1 << 62))
+    report = sink.read_report() or {}
+    run = report.get("run") if isinstance(report.get("run"), dict) else {}
+    rate = run.get("rows_per_s") if isinstance(run.get("rows_per_s"), (int, float)) and run.get("rows", 0) else None
+    finished = max((r.get("finished", 0.0) for r in done.values()), default=None)
+    return SoFar(rows, sink.tuning(), rate or None, run.get("rows", 0), Load.from_dict(run.get("machine")), finished)

@@ -77,7 +77,7 @@ def _hub_snapshot(repo_id: str) -> Path:
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
         raise ModelError(
             f"model {repo_id} is not a local folder and could not be fetched from the hub ({type(exc).__name__})",
-            "on an offline machine, download the model elsewhere (huggingface-cli download "
+            "on an offline machine, download the model elsewhere (hf download "
             f"{repo_id} --local-dir DIR), copy DIR here, and set model.path to it",
         ) from exc
 

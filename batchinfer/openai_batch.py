@@ -153,11 +153,12 @@ def error_lines(errors: pa.Table, model: str) -> list[str]:
     lines = []
     for row in errors.to_pylist():
         custom_id = row["id"]
-        key = custom_id if custom_id is not None else f"{row['source']}:{row['row']}"
+        # By the request's line, not its custom_id: a duplicate_id line shares its custom_id with a response.
+        key = _stable_id("error", row["source"], str(row["row"]), model)
         lines.append(
             json.dumps(
                 {
-                    "id": f"batch_req_{_stable_id(key, model)}",
+                    "id": f"batch_req_{key}",
                     "custom_id": custom_id,
                     "response": None,
                     "error": {"code": row["reason"], "message": row["message"]},

@@ -38,6 +38,7 @@ class Work:
     name: str  # the part file's name: the chunk's, or "<chunk>-r<generation>" for a retry
     offsets: list[int] | None = None  # rows of the chunk to run, counted from its start; None: all
     retry_of: str | None = None
+    carry: object = None  # a retry: the error rows (a pyarrow Table) it does not run again, kept in its error file
 
     @property
     def rows(self) -> int:

@@ -19,7 +19,8 @@ class _Rate(ProgressColumn):
 
     def render(self, task) -> Text:
         elapsed = max(time.perf_counter() - self.bar.t0, 1e-9)
-        return Text(f"{self.bar.rows / elapsed:,.0f} rows/s  {self.bar.tokens / elapsed:,.0f} tok/s", style="cyan")
+        rows, tokens = self.bar.rows + self.bar.inflight[0], self.bar.tokens + self.bar.inflight[1]
+        return Text(f"{rows / elapsed:,.0f} rows/s  {tokens / elapsed:,.0f} tok/s", style="cyan")
 
 
 def labelled(label: str, style: str, text: str) -> Text:
@@ -32,7 +33,8 @@ class RunProgress:
 
     def __init__(self, console: Console):
         self.console = console
-        self.rows = self.tokens = 0
+        self.rows = self.tokens = self.before = 0
+        self.inflight = (0, 0)  # rows and tokens run so far in the chunk not yet committed
         self.t0 = time.perf_counter()
         self._bar = Progress(
             TextColumn("[bold]{task.description}"),
@@ -46,14 +48,18 @@ class RunProgress:
         self._task = None
 
     def start(self, total_rows: int, done_rows: int) -> None:
-        self.t0 = time.perf_counter()
+        self.t0, self.before = time.perf_counter(), done_rows
         self._task = self._bar.add_task("rows", total=total_rows, completed=done_rows)
         self._bar.start()
 
     def advance(self, rows: int, tokens: int) -> None:
         self.rows += rows
         self.tokens += tokens
-        self._bar.update(self._task, advance=rows)
+        self.partial(0, 0)
+
+    def partial(self, rows: int, tokens: int) -> None:
+        self.inflight = (rows, tokens)
+        self._bar.update(self._task, completed=self.before + self.rows + rows)
 
     def log(self, message: str) -> None:
         self._bar.console.print(labelled("note:", "yellow", message), highlight=False)
@@ -64,11 +70,13 @@ class RunProgress:
 
 class LineProgress:
     """Plain lines for logs (nohup, cron, a scheduler): one when the run starts, one every `every`
-    seconds, one at the end: rows done of total, rows/s over this run, and the time left."""
+    seconds (counted batch by batch, so a long chunk, the probe's first one too, is no silence), one at
+    the end: rows done of total, rows/s over this run, and the time left."""
 
     def __init__(self, console: Console, every: float = 30.0):
         self.console, self.every = console, every
         self.rows = self.tokens = self.total = self.before = self.shown = 0
+        self.inflight = (0, 0)  # rows and tokens run so far in the chunk not yet committed
         self.t0 = self.last = time.perf_counter()
 
     def start(self, total_rows: int, done_rows: int) -> None:
@@ -81,6 +89,10 @@ class LineProgress:
     def advance(self, rows: int, tokens: int) -> None:
         self.rows += rows
         self.tokens += tokens
+        self.partial(0, 0)
+
+    def partial(self, rows: int, tokens: int) -> None:
+        self.inflight = (rows, tokens)
         if time.perf_counter() - self.last >= self.every:
             self._line()
 
@@ -88,19 +100,22 @@ class LineProgress:
         self._print(f"note: {message}")
 
     def stop(self) -> None:
-        if self.rows > self.shown:  # the last periodic line may already say it all
-            self._line()
+        self.inflight = (0, 0)  # a run stopped mid-chunk keeps only its committed chunks
+        self._line()
 
     def _line(self) -> None:
-        self.last, self.shown = time.perf_counter(), self.rows
+        rows, tokens = self.rows + self.inflight[0], self.tokens + self.inflight[1]
+        if rows == self.shown:  # nothing new since the last line (the end, said by its last batch)
+            return
+        self.last, self.shown = time.perf_counter(), rows
         elapsed = max(self.last - self.t0, 1e-9)
-        rate = self.rows / elapsed
-        done = self.before + self.rows
+        rate = rows / elapsed
+        done = self.before + rows
         left = max(self.total - done, 0)
         eta = _duration(left / rate) if rate else "?"
         share = f" ({done / self.total:.1%})" if self.total else ""
         self._print(
-            f"{done:,}/{self.total:,} rows{share}, {rate:,.1f} rows/s, {self.tokens / elapsed:,.0f} input tokens/s, "
+            f"{done:,}/{self.total:,} rows{share}, {rate:,.1f} rows/s, {tokens / elapsed:,.0f} input tokens/s, "
             f"{eta} left"
         )
 
@@ -142,6 +157,12 @@ def summary_table(report: dict) -> Table:
                 + (f", median time to first token {ttft:.2f} s" if ttft is not None else ""),
             )
         )
+    skipped = report.get("skipped_shards") or []
+    if skipped:  # said here too, since -q hides the notes that named them as the run began
+        names = ", ".join(s["source"] for s in skipped[:3]) + (
+            f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        )
+        rows.append(("skipped", f"{len(skipped)} shard(s) (input.on_bad_shard: skip): {names}; see _errors/"))
     for key, value in rows:
         table.add_row(key, value)
     return table

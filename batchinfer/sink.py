@@ -74,6 +74,7 @@ class OutputDir:
         self.folder = open_folder(str(path), options)
         self.compression = None if compression == "none" else compression
         self.run_id = uuid.uuid4().hex
+        self.started = time.time()
         self.job: dict = {}
         self.notes: list[str] = []  # what open() found and mended, for the run's log
         self._locked = False
@@ -382,6 +383,7 @@ class OutputDir:
                 "pid": os.getpid(),
                 "process": process_identity(),
                 "host": socket.gethostname(),
+                "started": round(self.started, 3),  # for `status`: the rate of the run since it began
                 "heartbeat": round(time.time(), 3),
             }
         )
@@ -515,14 +517,14 @@ class OutputDir:
     def write_report(self, report: dict, success: bool, idle: bool = False) -> None:
         """idle: this run had nothing to do, so the report keeps the figures (`run`, `device`) of the last
         run that did the work, with totals brought up to date."""
-        old = self._read_report() if idle else None
+        old = self.read_report() if idle else None
         if old and isinstance(old.get("run"), dict):
             report = {**report, "run": old["run"], "device": old.get("device", report["device"])}
         self._write(lambda: self.folder.write(REPORT, _dumps({"job_id": self.job_id, **report}, indent=2)))
         if success:
             self._write(lambda: self.folder.write(SUCCESS, _dumps({"job_id": self.job_id})))
 
-    def _read_report(self) -> dict | None:
+    def read_report(self) -> dict | None:
         try:
             report = json.loads(self.folder.read(REPORT) or b"null")
         except ValueError:

@@ -337,8 +337,12 @@ class LocalFolder:
 
     def create(self, name: str, data: bytes) -> bool:
         """Write `name` only if it does not exist, content and all at once; False if it existed."""
+        return self.create_with(name, lambda f: f.write(data))
+
+    def create_with(self, name: str, fill) -> bool:
+        """create(), with the content written by fill(binary file)."""
         target = self.path / name
-        tmp = self._write_tmp(target, lambda f: f.write(data))
+        tmp = self._write_tmp(target, fill)
         try:
             os.link(tmp, target)  # fails if target exists: no window in which it is there but empty
             _fsync_dir(target.parent)

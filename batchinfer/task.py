@@ -62,6 +62,7 @@ class ChunkContext:
     heap: HeapGuard
     log: Callable[[str], None]
     probe: bool = False
+    on_batch: Callable[[int, int], None] = lambda items, tokens: None  # after each batch: its items and tokens
 
 
 @dataclass
@@ -169,15 +170,24 @@ class ChunkTask:
 
     # --- the model and the part files ------------------------------------------------------------------------
 
-    def run(self, loaded: Loaded, probe: bool = False, log: Callable[[str], None] = lambda message: None) -> dict:
+    def run(
+        self,
+        loaded: Loaded,
+        probe: bool = False,
+        log: Callable[[str], None] = lambda message: None,
+        partial: Callable[[int, int], None] | None = None,
+    ) -> dict:
         """Run one loaded chunk through the model and write its part files; return its record.
 
-        probe: settle `batching: auto` on this chunk first (see tune.py); the record carries the choice."""
+        probe: settle `batching: auto` on this chunk first (see tune.py); the record carries the choice.
+        partial(rows, tokens): called after each batch with the chunk's rows and tokens run so far."""
         t0 = time.perf_counter()
         job = self.job
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
         lowered_before = len(self.budget.lowered)
         ctx = ChunkContext(job, self.budget, self.stop, self.heap, log, probe)
+        if partial:
+            ctx.on_batch = _rows_so_far(loaded.work.rows, len(index), partial)
         task_columns, kept, extra = self.runner.run_chunk(loaded, ctx)
         owners = tokens.owners()
         sent = np.unique(owners[index])  # the rows (positions in the chunk's texts) that went to the model
@@ -195,14 +205,20 @@ class ChunkTask:
         if job.output.format == "openai" and "prompt_tokens" not in task_columns:
             task_columns["prompt_tokens"] = pa.array(tokens.lengths[kept], pa.int32())  # one item per row
         table = name_scores(result_table(job, loaded, rows, task_columns, cut[kept]), self.runner)
-        self.writer.write_chunk(loaded.work.name, table, error_table(job, loaded))
+        errors, carried = error_table(job, loaded), loaded.work.carry
+        if carried is not None and carried.num_rows:  # a retry keeps the error rows it did not run again
+            errors = carried if errors is None else pa.concat_tables([errors, carried]).sort_by("row")
+        self.writer.write_chunk(loaded.work.name, table, errors)
         self.heap.trim()
         return {
             "chunk": loaded.work.name,
             **({"retry_of": loaded.work.retry_of} if loaded.work.retry_of else {}),
             "rows": loaded.work.rows,
             "ok": table.num_rows,
-            "errors": dict(Counter(reason for reason, _ in prepared.errors.values())),
+            "errors": dict(
+                Counter(reason for reason, _ in prepared.errors.values())
+                + Counter(carried.column("reason").to_pylist() if carried is not None else [])
+            ),
             "truncated": int(cut[kept].sum()) if job.model.truncation is True else 0,
             "tokens": real,
             "padded_tokens": padded,
@@ -221,6 +237,19 @@ class ChunkTask:
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()
+
+
+def _rows_so_far(rows: int, items: int, partial: Callable[[int, int], None]) -> Callable[[int, int], None]:
+    """Per-batch (items, tokens) → partial(the chunk's rows so far, its tokens so far). A row may be several
+    items (zero-shot: one per label), so rows count in proportion to the chunk's items run."""
+    done = [0, 0]
+
+    def on_batch(batch_items: int, batch_tokens: int) -> None:
+        done[0] += batch_items
+        done[1] += batch_tokens
+        partial(rows * done[0] // max(items, 1), done[1])
+
+    return on_batch
 
 
 def check_strategy(job: JobConfig, runner) -> None:

@@ -3,7 +3,8 @@ with an uninterrupted run of the same job, row by row.
 
     python examples/soak_kill.py --rows 20000 --kills 20      # MiniLM on 20,000 mixed rows, CPU
 
-Needs ../shared/data (the benchmark mix) and the minilm extra. Prints one line per kill and a verdict.
+Runs on the benchmark mix from ../shared/data (--shared DIR), or on the shipped SMS messages without it
+(saying so); needs the minilm extra. Prints one line per kill and a verdict.
 """
 
 from __future__ import annotations

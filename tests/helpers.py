@@ -11,6 +11,7 @@ import pyarrow.dataset as ds
 import torch
 
 from batchinfer.config import validate_job
+from batchinfer.control import Quiet
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -19,7 +20,7 @@ class Crash(BaseException):  # not an Exception: nothing may catch it, as nothin
     pass
 
 
-class CrashAfterChunks:
+class CrashAfterChunks(Quiet):
     """A progress display that dies once `chunks` chunks are committed, as a killed process would."""
 
     def __init__(self, chunks: int):

@@ -57,3 +57,18 @@ def test_infer_never_hides_a_result_behind_an_input_column(sms_table, tiny_class
     assert generated.column("prompt").to_pylist() == texts
     assert all(isinstance(t, str) for t in generated.column("text").to_pylist())
     assert all(1 <= n <= 3 for n in generated.column("completion_tokens").to_pylist())
+
+
+def test_infer_names_the_data_not_an_internal_file(tiny_classify):
+    from batchinfer.errors import InputError
+
+    frame = pd.DataFrame({"title": ["a"], "body": ["b"]})
+    with pytest.raises(InputError) as info:
+        batchinfer.infer(frame, model=str(tiny_classify), task="classify")
+    assert info.value.message == "data: column 'text' not found; it has: title, body"
+    assert "rows.parquet" not in info.value.message + info.value.hint
+    with pytest.raises(InputError, match=r"^data: columns 'head', 'tail' not found; it has: title, body$"):
+        batchinfer.infer(frame, model=str(tiny_classify), task="classify", text="{head} {tail}")
+    with pytest.raises(ConfigError, match="^batchinfer.infer is not a valid job"):
+        batchinfer.infer(frame, model=str(tiny_classify), task="classify", text="title", model__max_length=-1)
+    assert batchinfer.infer(frame, model=str(tiny_classify), task="classify", text="{title}. {body}").num_rows == 1

@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from batchinfer.config import validate_job
 from batchinfer.driver import run_job
@@ -120,3 +121,25 @@ def test_shard_that_breaks_mid_read_accounts_every_row(tmp_path, tiny_embed, mon
         run_job(_job(folder, tmp_path / "out", tiny_embed))
     report = run_job(_job(folder, tmp_path / "out", tiny_embed, on_bad_shard="skip"))
     assert report["rows"] == 6 and report["rows_ok"] == 2 and report["errors_by_reason"] == {"bad_shard": 4}
+
+
+def test_every_bad_shard_is_named_at_once_and_a_skip_is_in_the_summary(tmp_path, tiny_embed):
+    from typer.testing import CliRunner
+
+    from batchinfer.cli import app
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    kinds = sorted(SHARD_KINDS)[:2]
+    for name in kinds:
+        shutil.copy(BAD / name, folder / name)
+    shutil.copy(BAD / "crlf_and_bom.jsonl", folder / "good.jsonl")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(_job(folder, tmp_path / "out", tiny_embed).model_dump(exclude_defaults=True)))
+    result = CliRunner().invoke(app, ["validate", str(job)])
+    assert result.exit_code == 1 and "2 shards cannot be used:" in result.output
+    assert all(name in result.output and SHARD_KINDS[name] in result.output for name in kinds)
+    result = CliRunner().invoke(app, ["run", str(job), "-q", "--set", "input.on_bad_shard=skip"])
+    assert result.exit_code == 0, result.output
+    summary = " ".join(result.output.split())  # the table wraps long cells
+    assert "skipped 2 shard(s) (input.on_bad_shard: skip): " + ", ".join(kinds) in summary  # with -q too

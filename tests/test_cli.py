@@ -442,3 +442,115 @@ def test_a_committed_part_that_vanished_is_not_complete_and_runs_again(tmp_path,
     assert "part-00001-00000.parquet is missing: chunk 00001-00000 runs again" in result.output
     assert ds.dataset(str(out)).count_rows() == 600 and (out / "_SUCCESS").exists()
     assert "6/6 done (complete)" in runner.invoke(app, ["status", str(out)]).output
+
+
+def test_help_shows_brackets_and_flags_as_typed():
+    serve = runner.invoke(app, ["serve", "--help"], terminal_width=200).output
+    assert 'pip install -e ".[serve]"' in serve
+    usage = runner.invoke(app, ["run", "--help"], terminal_width=200).output
+    flags = {line.split()[0]: line for line in usage.splitlines() if line.strip().startswith("--")}
+    for flag in ("--restart", "--retry-errors", "--debug"):
+        assert flags[flag].split()[1][0] not in "<[", flags[flag]  # `--restart  Discard ...`, not `--restart <bool>`
+    assert "--set KEY=VALUE" in usage and "--limit <int range>" in usage
+
+
+def test_plan_of_a_partly_done_folder_estimates_what_is_left_at_the_folders_rate(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)  # 600 rows, chunks of 100
+    assert runner.invoke(app, ["run", str(job), "--limit", "100", "-q"]).exit_code == 0
+    result = runner.invoke(app, ["plan", str(job), "--sample", "60"])  # the probe's chunk alone: no rate to go by
+    assert "for 500 rows left: " in result.output and "of work at " in result.output, result.output
+    assert runner.invoke(app, ["run", str(job), "--limit", "300", "-q"]).exit_code == 0  # 200 rows, 2 chunks
+    report = json.loads((tmp_path / "out" / "_report.json").read_text())
+    assert set(report["run"]["machine"]) == {"cores", "other_cores", "steal_cores", "load_avg"}
+    rate = report["run"]["rows_per_s"]
+    result = runner.invoke(app, ["plan", str(job), "--sample", "60"])
+    assert result.exit_code == 0, result.output
+    time_line = next(line for line in result.output.splitlines() if line.startswith("time "))
+    assert "for 300 rows left: " in time_line and " start-up (imports, discovery and model load" in time_line
+    assert f"at {rate:,.1f} rows/s, the rate the folder's last run measured" in time_line
+    assert "batching probe" not in time_line  # the folder recorded the probe's choice: no second probe
+    assert "the probe's choice, recorded in the output folder" in result.output
+
+
+def test_plan_says_when_the_machine_was_busy_and_counts_the_probe(monkeypatch, tmp_path, sms_parquet, tiny_embed):
+    from batchinfer import dryrun
+    from batchinfer.machine import Load
+
+    class Busy:
+        def stop(self):
+            return Load(5.0, others=1.5, steal=0.0, cores=2, load_avg=3.5)
+
+    monkeypatch.setattr(dryrun, "LoadWindow", Busy)
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    result = runner.invoke(app, ["plan", str(job), "--sample", "60"])
+    assert result.exit_code == 0, result.output
+    assert "time     about " in result.output and "for 600 rows: " in result.output
+    assert " for the batching probe, " in result.output  # batching: auto, and no choice recorded yet
+    assert (
+        "note     the machine was busy while this estimate was measured: other processes used 1.5 of 2 cores "
+        "(load average 3.5); on a quiet machine the work may run up to 4.0x faster"
+    ) in result.output
+    packed = ["--set", "batching.strategy=packed", "--set", "batching.max_tokens=4096"]
+    result = runner.invoke(app, ["plan", str(job), "--sample", "60", *packed])
+    assert "batches  packed, max_tokens 4,096: padding efficiency 1.000" in result.output  # no padding at all
+    assert "batching probe" not in result.output and "(as the job sets it)" in result.output
+
+
+def test_an_internal_error_says_how_to_see_it_in_plain_words(monkeypatch, tmp_path):
+    import batchinfer.config
+
+    def broken(*_):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(batchinfer.config, "load_job", broken)
+    result = runner.invoke(app, ["run", str(tmp_path / "job.yaml")])
+    assert result.exit_code == 1 and "internal error: RuntimeError: a bug" in result.output
+    assert "fix: rerun with --debug" in result.output and "[yellow]" not in result.output
+
+
+def test_progress_lines_come_batch_by_batch_inside_one_chunk_the_probes_too(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)
+    result = subprocess.run(  # one chunk of 600 rows, probed (batching: auto), in batches of at most 16 rows
+        [sys.executable, "-m", "batchinfer", "run", str(job), "--every", "0"]
+        + ["--set", "batching.chunk_rows=600", "--set", "batching.max_rows=16"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    done = [
+        int(line.split()[2].split("/")[0].replace(",", "")) for line in result.stderr.splitlines() if " left" in line
+    ]
+    assert len(done) >= 10 and done == sorted(set(done)) and done[-1] == 600  # rising, never said twice
+    assert sum(1 for d in done if d < 600) >= 9  # before the chunk's commit: nothing is silent until 100%
+
+
+def test_status_of_a_running_job_has_its_total_share_rate_and_time_left(tmp_path):
+    from batchinfer.sink import OutputDir
+
+    out = OutputDir(tmp_path / "out")
+    out.started = time.time() - 20  # the run began 20 s ago
+    out.open({}, restart=False, plan={"chunks": 6, "rows": 600})
+    try:
+        for k in range(2):  # two chunks committed, 5 and 10 s in: 200 rows in 10 s
+            out.commit({"chunk": f"00000-0000{k}", "rows": 100, "ok": 100, "errors": {}, "truncated": 0})
+            marker = tmp_path / "out" / "_done" / f"00000-0000{k}.json"
+            marker.write_text(json.dumps({**json.loads(marker.read_text()), "finished": out.started + 5 + 5 * k}))
+        result = runner.invoke(app, ["status", str(tmp_path / "out")])
+    finally:
+        out.unlock()
+    assert result.exit_code == 0, result.output
+    assert "chunks  2/6 done" in result.output and "rows    200/600 done (33.3%), 200 ok" in result.output
+    assert "rate    20.0 rows/s since the run started at " in result.output and "about 20 s left" in result.output
+    assert "resume" not in result.output  # it is running
+
+
+def test_status_after_a_limit_counts_the_whole_job_and_says_how_to_go_on(tmp_path, sms_parquet, tiny_embed):
+    job = _job(tmp_path, sms_parquet, tiny_embed)  # 600 rows, chunks of 100
+    assert runner.invoke(app, ["run", str(job), "--limit", "250", "-q"]).exit_code == 0
+    result = runner.invoke(app, ["status", str(tmp_path / "out")])
+    assert "chunks  3/6 done (--limit 250: 3 chunk(s), the first 250 rows)" in result.output
+    assert "rows    250/600 done (41.7%)" in result.output
+    go_on = next(line for line in result.output.splitlines() if line.startswith("go on"))
+    assert f"batchinfer run {job} (the whole job)" in go_on and "--limit 250" not in go_on
+    plan = runner.invoke(app, ["plan", str(job), "--sample", "30"]).output
+    assert "holds this job: 3/6 chunks done" in plan  # plan and status count alike

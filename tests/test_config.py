@@ -2,6 +2,7 @@ import os
 import re
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -156,3 +157,16 @@ def test_settings_that_would_give_ambiguous_or_ignored_output_are_refused():
     assert "output.scores: only for model.task classify or score, not token-classify" in _error(ner)
     unquoted = {**GOOD, "input": {"path": "d", "text": {"title": None}}}  # what YAML makes of text: {title}
     assert 'quote a template in YAML, e.g. text: "{title}. {body}"' in _error(unquoted)
+
+
+def test_the_shipped_classifier_is_small_and_labels_messages_it_never_saw():
+    import batchinfer
+
+    model = ROOT / "examples" / "models" / "sms-spam-minilm"
+    assert sum(f.stat().st_size for f in model.iterdir()) < 12e6  # a few MB in the repository
+    held_out = pq.read_table(ROOT / "examples" / "sms_spam" / "sms-00001.parquet").slice(0, 400)  # not trained on
+    table = batchinfer.infer(
+        held_out.select(["text", "label"]).rename_columns(["text", "gold"]), model=str(model), task="classify"
+    )
+    labels, gold = table.column("label").to_pylist(), table.column("gold").to_pylist()
+    assert set(labels) == {"ham", "spam"} and sum(a == b for a, b in zip(labels, gold)) / len(gold) >= 0.97

@@ -25,6 +25,7 @@ def test_hub_id_offline_says_how_to_use_a_local_folder(monkeypatch, tmp_path):
     with pytest.raises(ModelError, match="could not be fetched from the hub") as info:
         resolve_model_path("someone/some-model")
     assert "set model.path to it" in info.value.hint
+    assert "(hf download someone/some-model --local-dir DIR)" in info.value.hint  # huggingface_hub's current CLI
 
 
 def test_missing_and_incomplete_folders(tmp_path, tiny_embed):

@@ -103,6 +103,11 @@ def test_embeddings_requests(tmp_path, tiny_embed):
     body = out[0]["response"]["body"]
     assert body["object"] == "list" and body["data"][0]["object"] == "embedding"
     assert len(body["data"][0]["embedding"]) == 32 and body["usage"]["prompt_tokens"] > 0
+    assert "no failed request (so no errors file)" in result.output and not (tmp_path / "out.errors.jsonl").exists()
+    work = tmp_path / "out.jsonl.batchinfer"  # the checkpoint stays, but no second copy of the results in it
+    assert not list(work.glob("*.jsonl")) and "keeps the checkpoint: a rerun resumes from it" in result.output
+    again = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(tmp_path / "out.jsonl")])
+    assert again.exit_code == 0 and (tmp_path / "out.jsonl").read_text().splitlines()[0].startswith('{"id"')
 
 
 def test_resume_neither_repeats_nor_loses_a_custom_id(tmp_path, tiny_llama):
@@ -211,9 +216,12 @@ def test_repeated_custom_ids_and_hostile_lines_become_error_lines(tmp_path, tiny
         ],
     )
     assert result.exit_code == 0, result.output
-    out = [json.loads(line)["custom_id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    responses = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    out = [line["custom_id"] for line in responses]
     assert out == ["dup"] + [f"u{i}" for i in range(5)]  # one response per custom_id, the first request's
     errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    ids = [line["id"] for line in responses + errors]
+    assert len(set(ids)) == len(ids) == 6 + 1002  # a duplicate_id line has an id of its own
     codes = [(e["custom_id"], e["error"]["code"]) for e in errors]
     assert codes == [("dup", "duplicate_id")] * 999 + [
         ("deep", "bad_json"),

@@ -12,6 +12,7 @@ from helpers import sms_job as _job
 from helpers import vectors as _vectors
 
 from batchinfer.config import validate_job
+from batchinfer.control import Quiet
 from batchinfer.driver import run_job
 from batchinfer.errors import ResumeError
 
@@ -80,7 +81,7 @@ def test_embeddings_agree_with_sentence_transformers(sms_table, tmp_path, reques
     assert cosine.min() >= 0.9999
 
 
-class _PassesAtCommit:
+class _PassesAtCommit(Quiet):
     """Counts forward passes, and notes the count each time a chunk is committed."""
 
     def __init__(self):
@@ -212,7 +213,7 @@ def test_truncation_flag_and_error_mode(tmp_path, tiny_embed):
     assert _read(tmp_path / "err").num_rows == 1 and report["errors_by_reason"] == {"too_long": 1}
 
 
-class Recorder:
+class Recorder(Quiet):
     """A progress display that remembers what it was told."""
 
     def __init__(self):
@@ -250,7 +251,7 @@ def test_retry_errors_after_raising_max_length(sms_parquet, sms_table, tiny_embe
         retry_errors=True,
         progress=bar,
     )
-    assert bar.started == (600 + still, 600) and bar.rows == still  # the rows of this pass, over the job's
+    assert bar.started == (still, 0) and bar.rows == still  # only error rows run: they alone are counted
     assert retried["rows_ok"] == 600 and retried["errors_by_reason"] == {} and retried["rows"] == 600
     assert not list((tmp_path / "out" / "_errors").glob("*.parquet"))
     table = _read(tmp_path / "out")
@@ -270,21 +271,26 @@ def test_retry_keeps_rows_that_fail_again_and_survives_a_crash(tmp_path, tiny_em
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"text": ["fine", None, "word " * 100, "also fine"]}), tmp_path / "t.parquet")
+    texts = ["fine", None, "word " * 100, "  ", "also fine", "more " * 100]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet")
     job = {
         "input": {"path": str(tmp_path / "t.parquet"), "text": "text"},
         "model": {"path": str(tiny_embed), "task": "embed", "max_length": 16, "truncation": "error"},
+        "batching": {"chunk_rows": 2},  # chunk 0: a null text alone among the errors; chunks 1, 2: a long text each
         "output": {"path": str(tmp_path / "out")},
     }
-    assert run_job(validate_job(job))["errors_by_reason"] == {"null_text": 1, "too_long": 1}
+    assert run_job(validate_job(job))["errors_by_reason"] == {"empty_text": 1, "null_text": 1, "too_long": 2}
     job["model"]["max_length"] = 256
     with pytest.raises(Crash):
         run_job(validate_job(job), retry_errors=True, on_runner=_crash_after(0))
-    report = run_job(validate_job(job), retry_errors=True)
-    assert report["errors_by_reason"] == {"null_text": 1} and report["rows_ok"] == 3
+    bar = Recorder()
+    report = run_job(validate_job(job), retry_errors=True, progress=bar)
+    assert bar.started == (2, 0) and report["run"]["rows"] == 2  # the too_long rows; no setting cures the others
+    assert report["errors_by_reason"] == {"empty_text": 1, "null_text": 1} and report["rows_ok"] == 4
     errors = ds.dataset(str(tmp_path / "out" / "_errors"), format="parquet").to_table().to_pylist()
-    assert [(e["row"], e["reason"]) for e in errors] == [(1, "null_text")]
-    assert sorted(_read(tmp_path / "out").column("row").to_pylist()) == [0, 2, 3]
+    assert [(e["row"], e["reason"]) for e in errors] == [(1, "null_text"), (3, "empty_text")]
+    assert sorted(_read(tmp_path / "out").column("row").to_pylist()) == [0, 2, 4, 5]
+    assert not (tmp_path / "out" / "_done" / "00000-00000-r1.json").exists()  # a pass would only fail again
 
 
 def test_int8_quantization_stays_close_to_fp32(sms_parquet, minilm_path, tmp_path):
@@ -453,3 +459,13 @@ def test_output_inside_the_input_folder_is_never_read_back(sms_parquet, tiny_emb
     second = run_job(job, restart=True)
     assert first["rows"] == second["rows"] == 600 and second["run"]["rows"] == 600
     assert _read(sms_parquet / "embedded").num_rows == 600
+
+
+def test_polars_and_duckdb_read_the_output_by_the_readmes_glob(sms_parquet, tiny_embed, tmp_path):
+    import duckdb
+    import polars as pl
+
+    run_job(_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    frame = pl.read_parquet(str(tmp_path / "out" / "*.parquet"))
+    assert frame.height == 600 and frame["sms_id"].to_list() == _read(tmp_path / "out").column("sms_id").to_pylist()
+    assert duckdb.sql(f"SELECT count(*) FROM '{tmp_path / 'out'}/*.parquet'").fetchall() == [(600,)]

@@ -473,3 +473,14 @@ def test_a_port_already_taken_is_one_message_before_the_model_loads(tiny_embed):
         )
     assert result.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "serving embed" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_serve_says_at_once_that_it_does_not_run_a_task(tiny_nli):
+    from typer.testing import CliRunner
+
+    from batchinfer.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--model", str(tiny_nli), "--task", "zero-shot"])
+    assert result.exit_code == 2, result.output
+    assert "serve runs tasks embed, classify, score, generate; zero-shot runs offline" in result.output
+    assert "labels" not in result.output  # not first a request for what the task would need

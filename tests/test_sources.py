@@ -80,6 +80,8 @@ def test_missing_column_lists_what_exists(tmp_path):
     _jsonl(tmp_path / "b.jsonl", ROWS)
     with pytest.raises(InputError, match=r"column 'txt' not found in b.jsonl; it has: id, text, label"):
         discover_shards(InputConfig(path=str(tmp_path / "b.jsonl"), text="txt"))
+    with pytest.raises(InputError, match=r"^columns 'head', 'tail' not found in a.parquet; it has: id, text, label$"):
+        discover_shards(InputConfig(path=str(tmp_path / "a.parquet"), text="{head} {tail}"))
 
 
 # --- input identity ---------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ def make_executor(inputs: TaskInputs, stop: StopFlag, progress: Progress, on_run
         else:
             from .local import LocalExecutor
 
-            executor = LocalExecutor(inputs.task(stop, wrap=on_runner), progress.log)
+            executor = LocalExecutor(inputs.task(stop, wrap=on_runner), progress)
     try:
         yield executor
     finally:

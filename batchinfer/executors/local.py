@@ -7,19 +7,20 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
+from ..control import Progress
 from ..plan import Work
 from ..task import ChunkTask, Loaded
 
 
 class LocalExecutor:
-    def __init__(self, task: ChunkTask, log):
-        self.task, self.log = task, log
+    def __init__(self, task: ChunkTask, progress: Progress):
+        self.task, self.progress = task, progress
         self.device = str(task.runner.device)
         self.load_seconds = getattr(task.runner, "load_seconds", {})
 
     def run(self, todo: list[Work], probe: bool) -> Iterator[dict]:
         for loaded in self._prefetch(todo):
-            record = self.task.run(loaded, probe=probe, log=self.log)
+            record = self.task.run(loaded, probe=probe, log=self.progress.log, partial=self.progress.partial)
             probe = probe and "tuning" not in record  # a chunk with no rows to run leaves the probe to the next
             yield record
 

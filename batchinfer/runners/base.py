@@ -208,6 +208,7 @@ class EncoderRunner:
                     budget.lowered.append(note)
                     ctx.log(note + " for the rest of the run")
                 ctx.heap.check()
+                ctx.on_batch(len(batch), int(lengths[batch].sum()))
             seconds = time.perf_counter() - t0
             # Packed batches compute no padding in linear layers (attention re-pads, see packing.py).
             if batches:

@@ -128,7 +128,7 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
         ) from exc
     root = posixpath.commonpath([posixpath.dirname(p) for p in paths]) if len(paths) > 1 else None
     spec = read_spec(cfg, columns)
-    shards, bad, infos = [], [], []
+    shards, bad, infos, hints = [], [], [], []
     for path in paths:
         fmt = shard_format(path, cfg.format)
         name = posixpath.relpath(path, root) if root else posixpath.basename(path.rstrip("/"))
@@ -136,15 +136,18 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
             info, stamp = _inspect(path, fmt, spec)
             _check_columns(name, info.columns, list(spec.columns))
         except InputError as exc:
-            if cfg.on_bad_shard == "fail":
-                raise InputError(
-                    exc.message,
-                    exc.hint + ("; or set input.on_bad_shard: skip to leave it out" if len(paths) > 1 else ""),
-                ) from exc
             bad.append(BadShard(name, exc.message))
+            hints.append(exc.hint)
             continue
         shards.append(Shard(path, name, fmt, info.rows, info.digest, stamp=stamp))
         infos.append(info)
+    if bad and cfg.on_bad_shard == "fail":  # every bad shard at once, not one per attempt
+        raise InputError(
+            bad[0].message
+            if len(bad) == 1
+            else f"{len(bad)} shards cannot be used:\n  " + "\n  ".join(b.message for b in bad),
+            hints[0] + ("; or set input.on_bad_shard: skip to leave it out" if len(paths) > 1 else ""),
+        )
     if not shards:
         raise InputError(
             f"no readable shard: {bad[0].message}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
@@ -183,7 +186,8 @@ def _check_columns(name: str, present: list[str] | None, columns: list[str]) -> 
     missing = [c for c in columns if c not in present]
     if missing:
         raise InputError(
-            f"column {', '.join(repr(c) for c in missing)} not found in {name}; it has: {', '.join(present)}",
+            f"{'column' if len(missing) == 1 else 'columns'} {', '.join(repr(c) for c in missing)} not found in "
+            f"{name}; it has: {', '.join(present)}",
             "fix input.text, input.id or input.keep to name existing columns, or remove the shard of another schema",
         )
 

@@ -65,8 +65,8 @@ def write_inputs(shared: Path, rows: int, gen_rows: int, dst: Path) -> None:
 
     if (dst / "mix").exists():
         shutil.rmtree(dst / "mix")
-    write_shards(build_mix(shared, rows), dst / "mix")
-    make_prompts(shared, gen_rows, dst)
+    write_shards(build_mix(shared, rows, fallback=False), dst / "mix")  # the GPU figures need the real sets
+    make_prompts(shared, gen_rows, dst, fallback=False)
 
 
 def main() -> None:

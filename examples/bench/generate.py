@@ -59,11 +59,11 @@ def make_model(folder: Path, minilm: Path | None = None) -> Path:
     return folder
 
 
-def make_prompts(shared: Path, rows: int, folder: Path) -> Path:
+def make_prompts(shared: Path, rows: int, folder: Path, fallback: bool = True) -> Path:
     sys.path.insert(0, str(HERE))
     from mixdata import load_sets
 
-    sets = load_sets(shared)
+    sets = load_sets(shared, fallback)
     rng = np.random.default_rng(0)
     pool = sets["bbc_news"] + sets["ag_news"] + sets["tweeteval"]
     texts, budgets = [], []

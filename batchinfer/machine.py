@@ -1,0 +1,111 @@
+"""How busy the machine was while something was timed: the CPU other processes took, and what the hypervisor
+stole (Linux /proc/stat), against the cores there are. A rate measured on a busy machine says little about a
+quiet night, so `plan` and the report say so. No package imports."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+BUSY_CORES = 0.25  # other processes' share of the cores (in cores) from which a measurement is flagged
+_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def _cpu_ticks() -> dict[str, int] | None:
+    """The machine's CPU time by kind since boot, in clock ticks; None where /proc/stat is not there."""
+    try:
+        with open("/proc/stat") as f:
+            first = f.readline().split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu":
+        return None
+    return dict(zip(_FIELDS, map(int, first[1 : 1 + len(_FIELDS)])))
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (its imports included); None where /proc is not there."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks after boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return max(uptime - started / os.sysconf("SC_CLK_TCK"), 0.0)
+
+
+def _own_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+@dataclass
+class Load:
+    """Over a window of `seconds`: cores busy with other processes, cores stolen, cores there are."""
+
+    seconds: float
+    others: float
+    steal: float
+    cores: int
+    load_avg: float
+
+    def slowdown(self) -> float:
+        """How much longer work may take than on a quiet machine: all cores / the cores left to it."""
+        taken = self.others + self.steal
+        return self.cores / max(self.cores - taken, 0.5)
+
+    def busy(self) -> bool:
+        return self.others + self.steal >= BUSY_CORES
+
+    def describe(self) -> str:
+        """One clause: what took the machine, e.g. 'other processes used 1.3 of 2 cores (load average 3.1)'."""
+        parts = []
+        if self.others >= 0.05:
+            parts.append(f"other processes used {self.others:.1f} of {self.cores} cores")
+        if self.steal >= 0.05:
+            parts.append(f"the hypervisor stole {self.steal:.1f} of {self.cores} cores")
+        return " and ".join(parts or ["the machine was quiet"]) + f" (load average {self.load_avg:.1f})"
+
+    def as_dict(self) -> dict:
+        return {
+            "cores": self.cores,
+            "other_cores": round(self.others, 2),
+            "steal_cores": round(self.steal, 2),
+            "load_avg": round(self.load_avg, 2),
+        }
+
+    @classmethod
+    def from_dict(cls, value) -> Load | None:
+        """A Load as as_dict() saved it (in _report.json); None for anything else."""
+        if not isinstance(value, dict):
+            return None
+        try:
+            others, steal = float(value["other_cores"]), float(value["steal_cores"])
+            return cls(0.0, others, steal, int(value["cores"]), float(value.get("load_avg", 0.0)))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+class LoadWindow:
+    """Started when made; stop() gives the Load since then (None off Linux)."""
+
+    def __init__(self):
+        self._ticks, self._own, self._t0 = _cpu_ticks(), _own_cpu(), time.monotonic()
+
+    def stop(self) -> Load | None:
+        ticks, wall = _cpu_ticks(), time.monotonic() - self._t0
+        if self._ticks is None or ticks is None or wall <= 0:
+            return None
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        delta = {k: (ticks[k] - self._ticks[k]) / hz for k in _FIELDS}
+        busy = delta["user"] + delta["nice"] + delta["system"] + delta["irq"] + delta["softirq"]
+        own = _own_cpu() - self._own
+        return Load(
+            wall,
+            max(busy - own, 0.0) / wall,
+            delta["steal"] / wall,
+            os.cpu_count() or 1,
+            os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0,
+        )

@@ -1,0 +1,29 @@
+"""The example scripts without this project's ../shared/data: one line that says so, then the shipped data."""
+
+import sys
+
+import pytest
+from helpers import EXAMPLES
+
+
+@pytest.fixture
+def mixdata(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES / "bench"))
+    monkeypatch.setattr(sys, "argv", ["bench.py"])
+    import mixdata
+
+    return mixdata
+
+
+def test_the_benchmark_mix_falls_back_to_the_shipped_messages_saying_so(mixdata, tmp_path, capsys):
+    mix = mixdata.build_mix(tmp_path / "no-shared-data", 50)
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and said[0].startswith(f"bench.py: no sst2, mpqa, tweeteval, ag_news, bbc_news in {tmp_path}")
+    assert "TweetEval (github.com/cardiffnlp/tweeteval)" in said[0] and "shipped SMS messages" in said[0]
+    assert mix.num_rows == 50 and set(mix.column("text").to_pylist()) <= set(mixdata.shipped_texts())
+
+
+def test_inputs_that_must_be_the_real_sets_stop_in_one_line(mixdata, tmp_path):
+    with pytest.raises(SystemExit) as info:
+        mixdata.build_mix(tmp_path, 10, fallback=False)
+    assert str(info.value).endswith("these inputs must be the real sets") and "\n" not in str(info.value)
