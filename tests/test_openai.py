@@ -296,7 +296,7 @@ HI = [{"role": "user", "content": "hi"}]
         (CHAT_URL, {"messages": HI, "presence_penalty": 0.5}, "unsupported: presence_penalty"),
         (CHAT_URL, {"messages": HI, "frequency_penalty": -1}, "unsupported: frequency_penalty"),
         (CHAT_URL, {"messages": HI, "logit_bias": {"50256": -100}}, "unsupported: logit_bias"),
-        (CHAT_URL, {"messages": HI, "response_format": {"type": "json_object"}}, "unsupported: response_format"),
+        (CHAT_URL, {"messages": HI, "reasoning_effort": "high"}, "unsupported: reasoning_effort"),
         (CHAT_URL, {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "unsupported: tools"),
         (CHAT_URL, {"messages": HI, "tool_choice": "required"}, "unsupported: tool_choice"),
         (CHAT_URL, {"messages": HI, "functions": [{"name": "f"}]}, "unsupported: functions"),

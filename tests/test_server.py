@@ -217,7 +217,7 @@ def test_every_request_field_is_honoured_or_refused_by_name(tiny_llama, tiny_emb
                     {"logprobs": True},
                     {"temprature": 0.5},
                     {"tools": [{"type": "function", "function": {"name": "f"}}]},
-                    {"response_format": {"type": "json_object"}},
+                    {"functions": [{"name": "f"}]},
                     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
                     {"stream_options": {"include_usage": True}},
                 )
@@ -249,7 +249,7 @@ def test_every_request_field_is_honoured_or_refused_by_name(tiny_llama, tiny_emb
             "unsupported: logprobs",
             "unsupported: temprature",
             "unsupported: tools",
-            "unsupported: response_format",
+            "unsupported: functions",
             "unsupported: messages[0].content[0] is a content part of type image_url",
             "stream_options: only with stream: true",
         ),
