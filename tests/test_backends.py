@@ -14,6 +14,7 @@ import pytest
 from helpers import Crash, CrashAfterChunks, job_record, read_output, sms_job, vectors
 
 from batchinfer.config import validate_job
+from batchinfer.control import Quiet
 from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
 
@@ -133,9 +134,7 @@ def test_a_failed_precision_check_falls_back_to_f32_with_a_note(sms_parquet, tin
     monkeypatch.setattr("batchinfer.runners.base.agree", lambda how, ref, got: (False, {"labels_equal": 0.5}))
     notes = []
 
-    class Log:
-        def start(self, *a): ...
-        def advance(self, *a): ...
+    class Log(Quiet):
         def log(self, message):
             notes.append(message)
 
@@ -232,6 +231,7 @@ def test_a_job_killed_on_openvino_resumes_on_torch_with_every_id_once(sms_parque
     "settings,message",
     [
         ({"model__task": "generate"}, "model.backend: openvino runs encoder tasks"),
+        ({"model__task": "classify", "model__labels": ["ham", "spam"]}, "not a causal LM scoring labels"),
         ({"model__quantize": "int8"}, "does not run model.quantize"),
         ({"batching__strategy": "packed"}, "runs padded batches only"),
     ],
@@ -239,7 +239,7 @@ def test_a_job_killed_on_openvino_resumes_on_torch_with_every_id_once(sms_parque
 def test_jobs_openvino_cannot_run_are_refused_with_the_fix(
     sms_parquet, tiny_embed, tiny_llama, tmp_path, settings, message
 ):
-    model = tiny_llama if settings.get("model__task") == "generate" else tiny_embed
+    model = tiny_llama if settings.get("model__task") in ("generate", "classify") else tiny_embed
     task = settings.pop("model__task", "embed")
     with pytest.raises(ConfigError, match=message):
         run_job(sms_job(sms_parquet, model, tmp_path / "out", task, model__backend="openvino", **settings))

@@ -42,6 +42,8 @@ def openvino_problem(cfg: ModelConfig, device: torch.device) -> tuple[str, str] 
     """Why this job cannot run on OpenVINO here (what, and the fix), or None."""
     if cfg.task == "generate":
         return "runs encoder tasks, not generate", "remove model.backend (auto), or set it to torch"
+    if cfg.task == "classify" and cfg.labels:
+        return "runs encoder models, not a causal LM scoring labels", "remove model.backend (auto), or set it to torch"
     if device.type != "cpu":
         return f"runs on the CPU, but model.device is {device}", "set model.device: cpu, or model.backend: torch"
     if cfg.quantize != "none":
