@@ -8,6 +8,7 @@ import sys
 import time
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from helpers import done_chunks, write_job
@@ -532,6 +533,8 @@ def test_status_of_a_running_job_has_its_total_share_rate_and_time_left(tmp_path
     out.open({}, restart=False, plan={"chunks": 6, "rows": 600})
     try:
         for k in range(2):  # two chunks committed, 5 and 10 s in: 200 rows in 10 s
+            rows = pa.table({"source": ["s"] * 100, "row": list(range(k * 100, k * 100 + 100))})
+            out.writer().write_chunk(f"00000-0000{k}", rows, None)  # the parts their markers name
             out.commit({"chunk": f"00000-0000{k}", "rows": 100, "ok": 100, "errors": {}, "truncated": 0})
             marker = tmp_path / "out" / "_done" / f"00000-0000{k}.json"
             marker.write_text(json.dumps({**json.loads(marker.read_text()), "finished": out.started + 5 + 5 * k}))
