@@ -248,7 +248,9 @@ class EncoderRunner:
         sentences of SETTLE_SAMPLE. Returns the check's figures."""
         backend = next(iter(self.models))
         self.use(backend)
-        precision, check = self.check_precision(self.tokenize(self.sample_inputs()).ids)
+        precision, check = self.precisions[backend][0], {}
+        if len(self.precisions[backend]) > 1:
+            precision, check = self.check_precision(self.tokenize(self.sample_inputs()).ids)
         self.keep(backend, precision)
         return check
 
