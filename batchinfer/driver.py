@@ -17,7 +17,7 @@ from .config import JobConfig
 from .control import Budget, Progress, Quiet, StopFlag
 from .errors import OutputError
 from .executors import make_executor
-from .machine import LoadWindow
+from .machine import LoadWindow, process_age
 from .models import model_identity, read_config, resolve_model_path
 from .openai_batch import OPENAI_FILES
 from .openai_batch import export as export_openai
@@ -190,24 +190,10 @@ def startup_figures(started: float, opened: float, load: dict) -> dict:
     shards and opening the output, loading the model (converting and compiling it: `load`)."""
     now = time.perf_counter()
     figures = {"discover_open_s": round(opened - started, 3), "load_s": round(now - opened, 3), "load": load}
-    age = _process_age()
+    age = process_age()
     if age is not None:
         figures.update(imports_s=round(age - (now - started), 3), to_first_chunk_s=round(age, 3))
     return figures
-
-
-def _process_age() -> float | None:
-    """Seconds since this process started (Linux), else None."""
-    import os
-
-    try:
-        with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return uptime - ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _commit(out: OutputDir, done: dict[str, dict], record: dict) -> None:
