@@ -172,9 +172,7 @@ def time_sample(runner, lengths: np.ndarray, budget, job: JobConfig, probing: bo
     run does on its first chunk, then time the sample with its choice; probe_s is what the probe adds to the
     work it does (the settings that lose, the warm-up), scaled to the probe of a first chunk of `first_chunk`
     tokens."""
-    for backend in list(runner.models):  # each backend's precision, checked as a run checks it
-        runner.use(backend)
-        runner.precisions[backend] = [runner.check_precision(runner.tokenize(runner.sample_inputs()).ids)[0]]
+    runner.settle_precisions()  # each backend's precision, checked as a run checks it
     if not probing:  # the backend a run would take: the recorded one, or the default
         runner.keep(next(iter(runner.models)), runner.precisions[next(iter(runner.models))][0])
     ids = [[runner.pad_id] * int(n) for n in lengths]

@@ -247,12 +247,21 @@ class EncoderRunner:
         """Where no chunk is there to probe (serve): the default backend, its precision checked on a few
         sentences of SETTLE_SAMPLE. Returns the check's figures."""
         backend = next(iter(self.models))
-        self.use(backend)
-        precision, check = self.precisions[backend][0], {}
-        if len(self.precisions[backend]) > 1:
-            precision, check = self.check_precision(self.tokenize(self.sample_inputs()).ids)
-        self.keep(backend, precision)
+        check = self.settle_precisions().get(backend, {})
+        self.keep(backend, self.precisions[backend][0])
         return check
+
+    def settle_precisions(self, ids: list | None = None) -> dict[str, dict]:
+        """Settle each loaded backend's precision where it has a choice, checked on the items `ids` (default:
+        SETTLE_SAMPLE's); returns each check's figures by backend."""
+        checks = {}
+        for backend in list(self.models):
+            if len(self.precisions[backend]) > 1:
+                self.use(backend)
+                ids = self.tokenize(self.sample_inputs()).ids if ids is None else ids
+                precision, checks[backend] = self.check_precision(ids)
+                self.precisions[backend] = [precision]
+        return checks
 
     def sample_inputs(self) -> list:
         return list(SETTLE_SAMPLE)
@@ -268,13 +277,8 @@ class EncoderRunner:
         lengths, ids: the chunk's items to run. Returns the choice, for the record, and the positions not
         run yet."""
         job, budget = ctx.job, ctx.budget
-        checks = {}
         sample = np.random.default_rng(1).permutation(len(ids))[:PRECISION_SAMPLE]
-        for backend in list(self.models):
-            if len(self.precisions[backend]) > 1:
-                self.use(backend)
-                precision, checks[backend] = self.check_precision([ids[i] for i in sample.tolist()])
-                self.precisions[backend] = [precision]
+        checks = self.settle_precisions([ids[i] for i in sample.tolist()])
         # A recorded probe settled batching already; only the backend is open then.
         tuning, rest = probe(
             lengths,
