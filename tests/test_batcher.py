@@ -1,0 +1,201 @@
+"""The online batcher (serve): requests close together share batches, each gets its rows back in order,
+the queue is bounded in tokens, one failed batch fails only its own requests. A stand-in runner, no model."""
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from batchinfer.batcher import Batcher, Overloaded
+
+FOREVER = 60.0  # a max_wait no test reaches: the window closes on the token budget or on stop()
+
+
+class Runner:
+    """Answers each row with its token ids' sum; remembers every batch it ran; fails on a poison id."""
+
+    device = torch.device("cpu")
+    packed = False
+
+    def __init__(self, poison: int | None = None):
+        self.batches: list[list[list[int]]] = []
+        self.poison = poison
+
+    def run(self, ids):
+        if self.poison is not None and any(self.poison in row for row in ids):
+            raise ValueError("a row the model cannot take")
+        self.batches.append([list(row) for row in ids])
+        return [sum(row) for row in ids]
+
+
+def _batcher(runner, max_tokens=1000, max_wait=FOREVER, max_queue_tokens=1000, **extra) -> Batcher:
+    return Batcher(runner, max_tokens, "padded", 64, max_wait, max_queue_tokens, **extra)
+
+
+async def _stop(batcher: Batcher) -> None:
+    """stop() from the model's side of the loop: what it runs then is delivered to a loop still open."""
+    await asyncio.get_running_loop().run_in_executor(None, batcher.stop)
+
+
+def _rows(*lengths: int, start: int = 1) -> list[list[int]]:
+    """Rows of the given token counts, each of distinct ids."""
+    rows, next_id = [], start
+    for n in lengths:
+        rows.append(list(range(next_id, next_id + n)))
+        next_id += n
+    return rows
+
+
+def test_requests_close_together_share_a_batch_and_get_their_own_rows_back_in_order():
+    runner, stats = Runner(), []
+    a, b = _rows(5, 1, 3), _rows(2, 4, start=100)
+    batcher = _batcher(runner, max_tokens=15, on_batch=stats.append)  # the two together reach the budget
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        first = batcher.submit(a, loop)
+        await asyncio.sleep(0.05)
+        assert not first.future.done()  # 9 tokens, a budget of 15 and a long max_wait: it waits for company
+        second = batcher.submit(b, loop)
+        return await asyncio.wait_for(asyncio.gather(first.future, second.future), 10)
+
+    (got_a, failed_a), (got_b, failed_b) = asyncio.run(go())
+    batcher.stop()
+    assert got_a == [sum(r) for r in a] and got_b == [sum(r) for r in b] and failed_a == failed_b == {}
+    assert sorted(map(tuple, sum(runner.batches, []))) == sorted(map(tuple, a + b))
+    assert max(s.requests for s in stats) == 2  # shared, not one by one
+    assert sum(s.rows for s in stats) == 5 and sum(s.tokens for s in stats) == 15
+    for batch in runner.batches:  # sorted by length before cutting, as offline
+        assert [len(r) for r in batch] == sorted((len(r) for r in batch), reverse=True)
+
+
+def test_a_lone_request_waits_max_wait_then_runs():
+    runner, stats = Runner(), []
+    batcher = _batcher(runner, max_wait=0.2, on_batch=stats.append)
+
+    async def go():
+        started = time.monotonic()
+        request = batcher.submit(_rows(2, 3), asyncio.get_running_loop())
+        result = await asyncio.wait_for(request.future, 10)
+        return result, time.monotonic() - started
+
+    (results, _), waited = asyncio.run(go())
+    batcher.stop()
+    assert results == [3, 12] and waited >= 0.2
+    assert len(stats) == 1 and min(stats[0].waited) >= 0.2
+
+
+def test_the_queue_is_bounded_in_tokens_and_a_reservation_counts():
+    batcher = _batcher(Runner(), max_queue_tokens=10)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        queued = batcher.submit(_rows(6), loop)
+        with pytest.raises(Overloaded, match="6 tokens are queued or being read, the limit is 10"):
+            batcher.submit(_rows(5), loop)
+        last = batcher.submit(_rows(4), loop)  # fits: 10 of 10
+        assert batcher.queued_tokens == 10
+        await _stop(batcher)
+        return await asyncio.wait_for(asyncio.gather(queued.future, last.future), 1)
+
+    assert [results for results, _ in asyncio.run(go())] == [[21], [10]]
+
+    alone = _batcher(Runner(), max_queue_tokens=10)
+
+    async def reserve():
+        loop = asyncio.get_running_loop()
+        with alone.reserved(8):  # a request being tokenized holds its estimate
+            with pytest.raises(Overloaded):
+                alone.submit(_rows(3), loop)
+            own = alone.submit(_rows(7), loop, reserved=8)  # its own reservation is not counted twice
+        assert alone.queued_tokens == 7
+        big = _rows(50)  # larger than the bound: refused while others wait, taken alone otherwise
+        with pytest.raises(Overloaded):
+            alone.submit(big, loop)
+        await _stop(alone)
+        return await asyncio.wait_for(own.future, 1)
+
+    assert asyncio.run(reserve()) == ([sum(range(1, 8))], {})
+
+
+def test_a_request_larger_than_the_bound_is_taken_alone_when_the_queue_is_empty():
+    runner = Runner()
+    batcher = _batcher(runner, max_tokens=20, max_queue_tokens=10)
+
+    async def go():
+        request = batcher.submit(_rows(12, 12), asyncio.get_running_loop())  # spans two batches
+        return await asyncio.wait_for(request.future, 10)
+
+    results, failed = asyncio.run(go())
+    batcher.stop()
+    assert results == [sum(r) for r in _rows(12, 12)] and failed == {} and len(runner.batches) == 2
+
+
+def test_a_poison_row_fails_alone_and_the_others_get_their_results():
+    batcher = _batcher(Runner(poison=2), max_tokens=9)
+
+    async def go():
+        request = batcher.submit([[1, 1, 1], [2, 2, 2], [3, 3, 3]], asyncio.get_running_loop())
+        return await asyncio.wait_for(request.future, 10)
+
+    results, failed = asyncio.run(go())
+    batcher.stop()
+    assert results == [3, None, 9]
+    assert list(failed) == [1] and failed[1][0] == "model_error" and "a row the model cannot take" in failed[1][1]
+
+
+def test_a_failed_batch_rejects_its_requests_and_the_batcher_goes_on():
+    calls = []
+
+    def broken_metrics(stats):
+        calls.append(stats)
+        if len(calls) == 1:
+            raise KeyError("metrics")
+
+    batcher = _batcher(Runner(), max_wait=0.01, on_batch=broken_metrics)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        first = batcher.submit(_rows(2), loop)
+        with pytest.raises(RuntimeError, match="the batch failed: KeyError"):
+            await asyncio.wait_for(first.future, 10)
+        second = batcher.submit(_rows(3), loop)
+        return await asyncio.wait_for(second.future, 10)
+
+    results, _ = asyncio.run(go())
+    assert results == [6] and batcher.alive
+    batcher.stop()
+
+
+def test_cancelled_rows_never_reach_the_model_and_an_empty_request_resolves_at_once():
+    runner = Runner()
+    batcher = _batcher(runner)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        gone = batcher.submit(_rows(4), loop)
+        gone.cancelled = True  # the caller went away before the window closed
+        empty = batcher.submit([], loop)
+        return await asyncio.wait_for(empty.future, 1)
+
+    assert asyncio.run(go()) == ([], {})
+    batcher.stop()
+    assert runner.batches == []
+
+
+def test_stop_runs_what_is_queued_then_refuses():
+    runner = Runner()
+    batcher = _batcher(runner)  # FOREVER: only stop() closes the window
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        request = batcher.submit(_rows(3), loop)
+        await _stop(batcher)
+        result = await asyncio.wait_for(request.future, 1)
+        with pytest.raises(Overloaded, match="shutting down"):
+            batcher.submit(_rows(1), loop)
+        return result
+
+    assert asyncio.run(go()) == ([6], {})
+    assert not batcher.alive and runner.batches == [_rows(3)]

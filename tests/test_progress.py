@@ -1,0 +1,78 @@
+"""Progress for people and for logs: what the lines say, when they come, and what a stop keeps."""
+
+import io
+import re
+
+from rich.console import Console
+
+from batchinfer.progress import LineProgress, RunProgress, _duration, labelled
+
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
+
+
+def _console() -> tuple[Console, io.StringIO]:
+    text = io.StringIO()
+    return Console(file=text, width=300, force_terminal=False, color_system=None), text
+
+
+def _lines(text: io.StringIO) -> list[str]:
+    return text.getvalue().splitlines()
+
+
+def test_lines_say_rows_done_of_total_counting_the_chunk_in_flight_batch_by_batch():
+    console, text = _console()
+    progress = LineProgress(console, every=0.0)  # a line at every batch
+    progress.start(100, 10)
+    progress.partial(5, 50)  # a batch inside the first chunk: no silence until it commits
+    progress.advance(20, 400)  # the chunk commits: its 20 rows replace the 5 in flight
+    progress.log("lowered batching.max_tokens to [512]")
+    lines = _lines(text)
+    assert all(re.match(STAMP, line) for line in lines)
+    assert lines[0].endswith("started: 90 rows to run (10 done before)")
+    assert re.search(
+        r" 15/100 rows \(15\.0%\), [\d,.]+ rows/s, [\d,]+ input tokens/s, (\d+[hms]\d*[ms]?|\?) left$", lines[1]
+    )
+    assert " 30/100 rows (30.0%)," in lines[2]
+    assert lines[3].endswith("note: lowered batching.max_tokens to [512]")  # no markup: the brackets stay
+    assert len(lines) == 4
+
+
+def test_lines_come_every_so_often_and_the_end_says_only_what_was_committed():
+    console, text = _console()
+    progress = LineProgress(console, every=3600.0)
+    progress.start(50, 0)
+    progress.advance(10, 100)
+    progress.partial(7, 70)
+    assert len(_lines(text)) == 1 and _lines(text)[0].endswith("started: 50 rows to run")  # not yet due
+    progress.stop()  # stopped mid-chunk: the 7 rows in flight are not kept
+    assert " 10/50 rows (20.0%)," in _lines(text)[-1] and len(_lines(text)) == 2
+    progress.stop()  # nothing new since: no second line
+    assert len(_lines(text)) == 2
+
+
+def test_the_time_left_reads_as_hours_minutes_seconds():
+    assert [_duration(s) for s in (0, 59.9, 60, 61, 3599, 3600, 3 * 3600 + 5 * 60 + 9)] == [
+        "0s",
+        "59s",
+        "1m00s",
+        "1m01s",
+        "59m59s",
+        "1h00m",
+        "3h05m",
+    ]
+
+
+def test_the_bar_starts_at_the_rows_done_before_and_counts_the_chunk_in_flight():
+    console, text = _console()
+    bar = RunProgress(console)
+    bar.start(100, 10)
+    bar.advance(20, 200)
+    bar.partial(5, 50)
+    bar.stop()
+    assert "35/100" in text.getvalue()
+    bar.log("kept [this] as it is")
+    assert "note: kept [this] as it is" in text.getvalue()
+
+
+def test_a_label_never_reads_the_text_as_markup():
+    assert labelled("note:", "yellow", "/data/[bold]x").plain == "note: /data/[bold]x"
