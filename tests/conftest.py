@@ -82,6 +82,15 @@ def conversion_cache(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(autouse=True)
+def no_settle_waits(monkeypatch):
+    """No test waits out the output layer's settle waits (see helpers.SETTLE_WAITS)."""
+    from helpers import SETTLE_WAITS
+
+    for module, name in SETTLE_WAITS.items():
+        monkeypatch.setattr(f"{module}.{name}", 0.0)
+
+
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     return _minilm_path()

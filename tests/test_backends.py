@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import Crash, CrashAfterChunks, job_record, read_output, sms_job, vectors
+from helpers import Crash, CrashAfterChunks, job_record, make_job, read_output, vectors
 
 from batchinfer.config import validate_job
 from batchinfer.control import Quiet
@@ -22,7 +22,7 @@ pytest.importorskip("openvino", reason="the OpenVINO backend needs the openvino 
 
 
 def _run(data, model, out, task, backend, dtype="float32", **extra):
-    return run_job(sms_job(data, model, out, task, model__backend=backend, model__dtype=dtype, **extra))
+    return run_job(make_job(data, model, out, task, model__backend=backend, model__dtype=dtype, **extra))
 
 
 def _entries(cache) -> list:
@@ -104,7 +104,7 @@ def test_auto_records_backend_and_precision_and_a_resume_reuses_them(
     sms_parquet, sms_table, tiny_embed, tmp_path, monkeypatch
 ):
     monkeypatch.setattr("batchinfer.tune.SAMPLE_TOKENS", 300)
-    job = sms_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="auto")
+    job = make_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="auto")
     with pytest.raises(Crash):
         run_job(job, progress=CrashAfterChunks(1))
     tuning = job_record(tmp_path / "out")["tuning"]
@@ -139,7 +139,7 @@ def test_a_failed_precision_check_falls_back_to_f32_with_a_note(sms_parquet, tin
             notes.append(message)
 
     report = run_job(
-        sms_job(
+        make_job(
             sms_parquet, tiny_classify, tmp_path / "out", "classify", model__backend="openvino", output__scores=True
         ),
         progress=Log(),
@@ -216,14 +216,16 @@ def _is_for(entry, model) -> bool:
 def test_a_job_killed_on_openvino_resumes_on_torch_with_every_id_once(sms_parquet, sms_table, tiny_embed, tmp_path):
     with pytest.raises(Crash):
         run_job(
-            sms_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="openvino", model__dtype="float32"),
+            make_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="openvino", model__dtype="float32"),
             progress=CrashAfterChunks(2),
         )
-    report = run_job(sms_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="torch", model__dtype="float32"))
+    report = run_job(
+        make_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="torch", model__dtype="float32")
+    )
     assert report["complete"] and report["rows_ok"] == 600 and report["run"]["rows"] == 400
     table = read_output(tmp_path / "out")
     assert table.column("sms_id").to_pylist() == sms_table.column("sms_id").to_pylist()[:600]
-    run_job(sms_job(sms_parquet, tiny_embed, tmp_path / "plain", model__backend="torch", model__dtype="float32"))
+    run_job(make_job(sms_parquet, tiny_embed, tmp_path / "plain", model__backend="torch", model__dtype="float32"))
     assert np.abs(vectors(table, "embedding") - vectors(read_output(tmp_path / "plain"), "embedding")).max() < 1e-5
 
 
@@ -242,17 +244,17 @@ def test_jobs_openvino_cannot_run_are_refused_with_the_fix(
     model = tiny_llama if settings.get("model__task") in ("generate", "classify") else tiny_embed
     task = settings.pop("model__task", "embed")
     with pytest.raises(ConfigError, match=message):
-        run_job(sms_job(sms_parquet, model, tmp_path / "out", task, model__backend="openvino", **settings))
+        run_job(make_job(sms_parquet, model, tmp_path / "out", task, model__backend="openvino", **settings))
 
 
 def test_without_openvino_auto_runs_torch_and_openvino_says_what_to_install(
     sms_parquet, tiny_embed, tmp_path, monkeypatch
 ):
     monkeypatch.setattr("batchinfer.backends.openvino.available", lambda: False)
-    report = run_job(sms_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="auto"))
+    report = run_job(make_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="auto"))
     assert report["complete"] and report["batching"]["backend"] == "torch"
     with pytest.raises(ConfigError, match="needs the openvino package") as refused:
-        run_job(sms_job(sms_parquet, tiny_embed, tmp_path / "out2", model__backend="openvino"))
+        run_job(make_job(sms_parquet, tiny_embed, tmp_path / "out2", model__backend="openvino"))
     assert 'pip install -e ".[cpu]"' in refused.value.hint
 
 
@@ -262,11 +264,11 @@ def test_torch_is_not_loaded_where_openvino_was_clearly_faster_on_this_cpu_befor
 ):
     from batchinfer.backends import openvino
 
-    run_job(sms_job(sms_parquet, tiny_embed, tmp_path / "first", model__backend="openvino", model__dtype="float32"))
+    run_job(make_job(sms_parquet, tiny_embed, tmp_path / "first", model__backend="openvino", model__dtype="float32"))
     (entry,) = [e for e in _entries(conversion_cache) if _is_for(e, tiny_embed)]
     rates = {"cpu-of-another-machine": {"openvino": 1.0, "torch": 100.0}}
     (entry / openvino.RATES).write_text(json.dumps({**rates, openvino.cpu_id(): {"openvino": ratio, "torch": 1.0}}))
-    report = run_job(sms_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="auto"))
+    report = run_job(make_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="auto"))
     assert report["complete"] and ("torch_load" in report["startup"]["load"]) == loads_torch
     if not loads_torch:
         assert report["batching"]["backend"] == "openvino"

@@ -3,14 +3,15 @@ one place, a part file or _errors/. Shards that cannot be read at all are skippe
 stop the job with a message naming them."""
 
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from helpers import make_job
 
-from batchinfer.config import validate_job
 from batchinfer.driver import run_job
 from batchinfer.errors import InputError
 
@@ -44,14 +45,16 @@ SHARD_KINDS = {
 }
 
 
-def _job(folder: Path, out: Path, model: Path, **input_extra):
-    return validate_job(
-        {
-            "input": {"path": str(folder), "text": "text", "id": "id", **input_extra},
-            "model": {"path": str(model), "task": "embed", "max_length": 64, "truncation": "error"},
-            "output": {"path": str(out)},
-        }
-    )
+# The user's defaults (batching and backend auto), max_length 64 with truncation: error, rows keyed "id"
+_job = partial(
+    make_job,
+    input__id="id",
+    input__keep=None,
+    model__max_length=64,
+    model__truncation="error",
+    model__backend=None,
+    batching=None,
+)
 
 
 def _count_errors(out: Path) -> dict:
@@ -75,7 +78,7 @@ def test_bad_rows_go_to_errors_and_every_row_is_accounted_for(tmp_path, tiny_emb
     folder = tmp_path / "in"
     folder.mkdir()
     shutil.copy(BAD / name, folder / name)
-    report = run_job(_job(folder, tmp_path / "out", tiny_embed))
+    report = run_job(_job(folder, tiny_embed, tmp_path / "out"))
     parts = list((tmp_path / "out").glob("part-*.parquet"))
     written = sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
     errors = _count_errors(tmp_path / "out")
@@ -91,10 +94,10 @@ def test_unreadable_shard_fails_with_its_name_or_is_skipped_and_listed(tmp_path,
     shutil.copy(BAD / name, folder / name)
     shutil.copy(BAD / "crlf_and_bom.jsonl", folder / "good.jsonl")
     with pytest.raises(InputError) as info:
-        run_job(_job(folder, tmp_path / "out", tiny_embed))
+        run_job(_job(folder, tiny_embed, tmp_path / "out"))
     assert name in info.value.message and SHARD_KINDS[name] in info.value.message
     assert "on_bad_shard: skip" in info.value.hint
-    report = run_job(_job(folder, tmp_path / "out", tiny_embed, on_bad_shard="skip"))
+    report = run_job(_job(folder, tiny_embed, tmp_path / "out", input__on_bad_shard="skip"))
     assert report["rows_ok"] == 2 and report["complete"]
     assert [s["source"] for s in report["skipped_shards"]] == [name]
     skipped = pq.read_table(tmp_path / "out" / "_errors" / "skipped-shards.parquet").to_pylist()
@@ -118,8 +121,8 @@ def test_shard_that_breaks_mid_read_accounts_every_row(tmp_path, tiny_embed, mon
 
     monkeypatch.setattr(sources.ParquetReader, "_open", corrupt)
     with pytest.raises(InputError, match=r"rows 0-3 of breaks.parquet cannot be read: OSError: Corrupt snappy"):
-        run_job(_job(folder, tmp_path / "out", tiny_embed))
-    report = run_job(_job(folder, tmp_path / "out", tiny_embed, on_bad_shard="skip"))
+        run_job(_job(folder, tiny_embed, tmp_path / "out"))
+    report = run_job(_job(folder, tiny_embed, tmp_path / "out", input__on_bad_shard="skip"))
     assert report["rows"] == 6 and report["rows_ok"] == 2 and report["errors_by_reason"] == {"bad_shard": 4}
 
 
@@ -135,7 +138,7 @@ def test_every_bad_shard_is_named_at_once_and_a_skip_is_in_the_summary(tmp_path,
         shutil.copy(BAD / name, folder / name)
     shutil.copy(BAD / "crlf_and_bom.jsonl", folder / "good.jsonl")
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(_job(folder, tmp_path / "out", tiny_embed).model_dump(exclude_defaults=True)))
+    job.write_text(yaml.safe_dump(_job(folder, tiny_embed, tmp_path / "out").model_dump(exclude_defaults=True)))
     result = CliRunner().invoke(app, ["validate", str(job)])
     assert result.exit_code == 1 and "2 shards cannot be used:" in result.output
     assert all(name in result.output and SHARD_KINDS[name] in result.output for name in kinds)

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
-from helpers import done_chunks, write_job
+from helpers import BATCHINFER, done_chunks, run_until, user_job, write_job
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
@@ -19,18 +19,8 @@ from batchinfer.cli import app
 runner = CliRunner()
 
 
-def _job(tmp_path, data, model, **output):
-    return write_job(
-        tmp_path,
-        input={"path": str(data), "text": "text", "id": "sms_id"},
-        model={"path": str(model), "task": "embed", "max_length": 64},
-        batching={"chunk_rows": 100},
-        output={"path": str(tmp_path / "out"), **output},
-    )
-
-
 def test_run_validate_status(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["validate", str(job)])
     assert result.exit_code == 0 and "3 shard(s), 600 rows, 6 chunk(s)" in result.output
     result = runner.invoke(app, ["run", str(job), "--set", "batching.max_rows=32"])
@@ -42,7 +32,7 @@ def test_run_validate_status(tmp_path, sms_parquet, tiny_embed):
 
 
 def test_output_option_and_schema(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["run", str(job), "-q", "--output", str(tmp_path / "other")])
     assert result.exit_code == 0 and (tmp_path / "other" / "_SUCCESS").exists() and not (tmp_path / "out").exists()
     schema = json.loads(runner.invoke(app, ["schema"]).output)
@@ -50,7 +40,7 @@ def test_output_option_and_schema(tmp_path, sms_parquet, tiny_embed):
 
 
 def test_errors_are_one_message_with_a_fix_and_no_traceback(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, tmp_path / "missing", tiny_embed)
+    job = write_job(tmp_path, user_job(tmp_path / "missing", tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["run", str(job)])
     assert result.exit_code == 1
     assert "error: input.path" in result.output and "does not exist" in result.output and "fix:" in result.output
@@ -64,7 +54,7 @@ def test_errors_are_one_message_with_a_fix_and_no_traceback(tmp_path, sms_parque
 
 
 def test_changed_job_names_keys_and_restart(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
     result = runner.invoke(app, ["run", str(job), "-q", "--set", "input.text={text}!"])
     assert result.exit_code == 1 and "input.text: 'text' -> '{text}!'" in result.output and "--restart" in result.output
@@ -72,7 +62,7 @@ def test_changed_job_names_keys_and_restart(tmp_path, sms_parquet, tiny_embed):
 
 
 def test_folder_in_use_is_refused_and_stale_lock_taken_over(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     (tmp_path / "out").mkdir()
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -88,20 +78,15 @@ def test_folder_in_use_is_refused_and_stale_lock_taken_over(tmp_path, sms_parque
 
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_stops_cleanly_and_the_same_command_resumes(tmp_path, sms_parquet, tiny_embed, signum, code):
-    job = _job(tmp_path, sms_parquet, tiny_embed)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "batchinfer", "run", str(job), "--set", "batching.max_rows=1"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    deadline = time.time() + 120
-    while time.time() < deadline and not done_chunks(tmp_path / "out"):
-        time.sleep(0.05)
-    proc.send_signal(signum)
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == code, output
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    command = [*BATCHINFER, "run", str(job), "--set", "batching.max_rows=1"]
+    stopped = run_until(command, lambda _: done_chunks(tmp_path / "out") > 0, signum)
+    output = stopped.output
+    assert stopped.returncode == code, output
     assert f"stopped on {signal.Signals(signum).name}" in output and "resume with: batchinfer run" in output
     done = done_chunks(tmp_path / "out")
     assert 1 <= done < 6
-    result = subprocess.run(command[:5], capture_output=True, text=True, env=env)
+    result = subprocess.run(command[:5], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     ids = ds.dataset(str(tmp_path / "out")).to_table().column("sms_id").to_pylist()
     assert len(ids) == len(set(ids)) == 600
@@ -126,17 +111,9 @@ def test_ctrl_c_during_discovery_of_a_large_jsonl_stops_at_once(tmp_path, sms_ta
         model={"path": str(tiny_embed), "task": "embed", "max_length": 64},
         output={"path": str(tmp_path / "out")},
     )
-    proc = subprocess.Popen([sys.executable, "-m", "batchinfer", "run", str(job)], stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while time.time() < deadline and proc.poll() is None and not _holds(proc.pid, shard):
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGINT)
-    signalled = time.perf_counter()
-    try:
-        _, said = proc.communicate(timeout=20)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130 and time.perf_counter() - signalled < 2, said  # was discovery, load, a batch
+    stopped = run_until([*BATCHINFER, "run", str(job)], lambda proc: _holds(proc.pid, shard), signal.SIGINT, timeout=60)
+    said = stopped.output
+    assert stopped.returncode == 130 and stopped.seconds < 2, said  # was discovery, load, a batch
     assert "stopped on SIGINT" in said and "resume with: batchinfer run" in said
     assert not (tmp_path / "out").exists()  # stopped before the output folder was touched
 
@@ -171,24 +148,14 @@ def test_a_second_signal_exits_at_once_and_the_same_command_resumes(tmp_path, sm
     )
     script, busy = tmp_path / "slow.py", tmp_path / "busy"
     script.write_text(SLOW_BATCH)
-    proc = subprocess.Popen(
+    stopped = run_until(
         [sys.executable, str(script), str(busy), str(tmp_path / "out"), "run", str(job)],
-        stderr=subprocess.PIPE,
-        text=True,
+        lambda _: busy.exists(),
+        (signum, signum),  # the first waits for the batch in flight
     )
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None and not busy.exists():
-        time.sleep(0.01)
-    proc.send_signal(signum)  # the first waits for the batch in flight
-    time.sleep(0.5)
-    assert proc.poll() is None
-    proc.send_signal(signum)
-    signalled = time.perf_counter()
-    try:
-        _, said = proc.communicate(timeout=20)
-    finally:
-        proc.kill()
-    assert proc.returncode == code and time.perf_counter() - signalled < 2, said
+    said = stopped.output
+    assert stopped.alive == [True, True]
+    assert stopped.returncode == code and stopped.seconds < 2, said
     assert f"stopped at once on a second {signal.Signals(signum).name}" in said and "resume with:" in said
     out = tmp_path / "out"
     assert done_chunks(out) == 1
@@ -196,14 +163,14 @@ def test_a_second_signal_exits_at_once_and_the_same_command_resumes(tmp_path, sm
         ds.dataset(str(part)).to_table()
     for marker in out.glob("_done/*.json"):
         json.loads(marker.read_text())
-    result = subprocess.run([sys.executable, "-m", "batchinfer", "run", str(job), "-q"], capture_output=True, text=True)
+    result = subprocess.run([*BATCHINFER, "run", str(job), "-q"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     ids = ds.dataset(str(out)).to_table().column("sms_id").to_pylist()
     assert len(ids) == len(set(ids)) == 200
 
 
 def test_status_changes_nothing_and_explains_a_damaged_report(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
     out = tmp_path / "out"
     (out / "_report.json").write_text('{"rows": 6')  # damaged
@@ -240,7 +207,7 @@ def test_status_knows_the_total_before_the_first_chunk(tmp_path, sms_parquet, ti
 
 
 def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed)  # 600 rows, chunks of 100
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows, chunks of 100
     result = runner.invoke(app, ["run", str(job), "--limit", "250", "--progress", "none"])
     assert result.exit_code == 0 and "the first 250 rows (--limit)" in result.output
     limited = ds.dataset(str(tmp_path / "out")).to_table()
@@ -266,7 +233,7 @@ def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_p
 
 
 def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = subprocess.run(
         [sys.executable, "-m", "batchinfer", "run", str(job), "--every", "0"], capture_output=True, text=True
     )  # stderr is a pipe, as under nohup or cron
@@ -285,7 +252,7 @@ def test_version():
 
 
 def test_plan_says_what_a_job_will_do_and_writes_nothing(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["plan", str(job), "--sample", "120"])
     assert result.exit_code == 0, result.output
     assert "3 shard(s), 600 rows, 6 chunk(s) of 100 rows" in result.output
@@ -301,7 +268,7 @@ def test_plan_says_what_a_job_will_do_and_writes_nothing(tmp_path, sms_parquet, 
 def test_validate_reads_the_head_and_the_output_folder_and_a_failed_run_leaves_no_trap(
     tmp_path, sms_parquet, tiny_embed
 ):
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["validate", str(job), "--set", "model.task=classify"])
     assert result.exit_code == 1 and "needs a sequence-classification head" in result.output
     result = runner.invoke(app, ["run", str(job), "-q", "--set", "model.task=classify"])
@@ -324,7 +291,7 @@ def test_validate_reads_the_head_and_the_output_folder_and_a_failed_run_leaves_n
 
 
 def test_jsonl_output_holds_every_result_row_in_input_order(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed, format="jsonl")
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out", output__format="jsonl"))
     assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
     rows = [json.loads(line) for line in (tmp_path / "out" / "_results.jsonl").read_text().splitlines()]
     table = ds.dataset(str(tmp_path / "out")).to_table()
@@ -336,7 +303,7 @@ def test_jsonl_output_holds_every_result_row_in_input_order(tmp_path, sms_parque
 def test_an_output_that_holds_the_input_or_lies_in_another_jobs_output_is_refused_by_name(
     tmp_path, sms_parquet, tiny_embed
 ):
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     for command in ("validate", "plan", "run"):
         for output, said in [(sms_parquet, "holds the input"), (tmp_path, "holds the input"), ("/", "root folder")]:
             result = runner.invoke(app, [command, str(job), "--set", f"output.path={output}"])
@@ -404,14 +371,13 @@ def test_validate_says_when_the_device_asked_for_is_not_here(tmp_path, sms_parqu
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    result = runner.invoke(
-        app, ["validate", str(_job(tmp_path, sms_parquet, tiny_embed)), "--set", "model.device=cuda"]
-    )
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    result = runner.invoke(app, ["validate", str(job), "--set", "model.device=cuda"])
     assert result.exit_code == 1 and "no CUDA GPU is visible" in result.output
 
 
 def test_an_output_path_that_is_a_file_and_brackets_in_messages(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     shard = sorted(sms_parquet.iterdir())[0]
     before = shard.read_bytes()
     for command in ("validate", "plan", "run"):
@@ -431,7 +397,7 @@ def test_an_output_path_that_is_a_file_and_brackets_in_messages(tmp_path, sms_pa
 def test_a_committed_part_that_vanished_is_not_complete_and_runs_again(tmp_path, sms_parquet, tiny_embed):
     """The probe deleted one part of a finished job: the rerun said 'already complete', rewrote _SUCCESS,
     and status said every row was done, over a folder 100 rows short."""
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
     out = tmp_path / "out"
     (out / "part-00001-00000.parquet").unlink()
@@ -456,7 +422,7 @@ def test_help_shows_brackets_and_flags_as_typed():
 
 
 def test_plan_of_a_partly_done_folder_estimates_what_is_left_at_the_folders_rate(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed)  # 600 rows, chunks of 100
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows, chunks of 100
     assert runner.invoke(app, ["run", str(job), "--limit", "100", "-q"]).exit_code == 0
     result = runner.invoke(app, ["plan", str(job), "--sample", "60"])  # the probe's chunk alone: no rate to go by
     assert "for 500 rows left: " in result.output and "of work at " in result.output, result.output
@@ -482,7 +448,7 @@ def test_plan_says_when_the_machine_was_busy_and_counts_the_probe(monkeypatch, t
             return Load(5.0, others=1.5, steal=0.0, cores=2, load_avg=3.5)
 
     monkeypatch.setattr(dryrun, "LoadWindow", Busy)
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["plan", str(job), "--sample", "60"])
     assert result.exit_code == 0, result.output
     assert "time     about " in result.output and "for 600 rows: " in result.output
@@ -510,7 +476,7 @@ def test_an_internal_error_says_how_to_see_it_in_plain_words(monkeypatch, tmp_pa
 
 
 def test_progress_lines_come_batch_by_batch_inside_one_chunk_the_probes_too(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = subprocess.run(  # one chunk of 600 rows, probed (batching: auto), in batches of at most 16 rows
         [sys.executable, "-m", "batchinfer", "run", str(job), "--every", "0"]
         + ["--set", "batching.chunk_rows=600", "--set", "batching.max_rows=16"],
@@ -548,7 +514,7 @@ def test_status_of_a_running_job_has_its_total_share_rate_and_time_left(tmp_path
 
 
 def test_status_after_a_limit_counts_the_whole_job_and_says_how_to_go_on(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed)  # 600 rows, chunks of 100
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows, chunks of 100
     assert runner.invoke(app, ["run", str(job), "--limit", "250", "-q"]).exit_code == 0
     result = runner.invoke(app, ["status", str(tmp_path / "out")])
     assert "chunks  3/6 done (--limit 250: 3 chunk(s), the first 250 rows)" in result.output

@@ -5,11 +5,13 @@ the same as offline."""
 import asyncio
 import json
 import re
+from functools import partial
 
 import jsonschema
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import make_job
 from helpers import read_output as _read
 
 from batchinfer.config import validate_job
@@ -36,15 +38,16 @@ def _prompts(tmp_path, sms_table, n=24):
     return path
 
 
-def _generate(path, model, out, **generation):
-    return validate_job(
-        {
-            "input": {"path": str(path), "text": "text", "id": "id"},
-            "model": {"path": str(model), "task": "generate", "max_length": 96},
-            "generation": {"max_new_tokens": 40, **generation},
-            "output": {"path": str(out)},
-        }
-    )
+_generate = partial(
+    make_job,
+    task="generate",
+    input__id="id",
+    input__keep=None,
+    model__max_length=96,
+    model__backend=None,
+    batching=None,
+    generation__max_new_tokens=40,
+)
 
 
 def _results(out):
@@ -56,7 +59,11 @@ def _results(out):
 @pytest.mark.parametrize("engine", ["transformers", "static"])
 def test_every_json_schema_output_validates_or_its_row_says_why(tmp_path, sms_table, tiny_llama, engine):
     prompts = _prompts(tmp_path, sms_table)
-    run_job(_generate(prompts, tiny_llama, tmp_path / "out", engine=engine, response_format=JSON_SCHEMA))
+    run_job(
+        _generate(
+            prompts, tiny_llama, tmp_path / "out", generation__engine=engine, generation__response_format=JSON_SCHEMA
+        )
+    )
     ok, errors = _results(tmp_path / "out")
     assert len(ok) + len(errors) == 24 and len(ok) >= 6  # the schema leaves a random model room to finish
     for row in ok.values():
@@ -66,7 +73,14 @@ def test_every_json_schema_output_validates_or_its_row_says_why(tmp_path, sms_ta
     # bounded string; the final check catches it
     assert {e["reason"] for e in errors.values()} <= {"length", "invalid_output"}
     run_job(
-        _generate(prompts, tiny_llama, tmp_path / "short", engine=engine, response_format=JSON_SCHEMA, max_new_tokens=3)
+        _generate(
+            prompts,
+            tiny_llama,
+            tmp_path / "short",
+            generation__engine=engine,
+            generation__response_format=JSON_SCHEMA,
+            generation__max_new_tokens=3,
+        )
     )
     ok, errors = _results(tmp_path / "short")
     assert not ok and {e["reason"] for e in errors.values()} == {"length"}  # 3 tokens never close the object
@@ -77,16 +91,26 @@ def test_choices_and_regex_are_always_kept_and_both_engines_agree(tmp_path, sms_
     prompts = _prompts(tmp_path, sms_table)
     texts = {}
     for engine in ("transformers", "static"):
-        run_job(_generate(prompts, tiny_llama, tmp_path / engine, engine=engine, choices=CHOICES))
+        run_job(
+            _generate(prompts, tiny_llama, tmp_path / engine, generation__engine=engine, generation__choices=CHOICES)
+        )
         ok, errors = _results(tmp_path / engine)
         assert len(ok) == 24 and not errors
         texts[engine] = [ok[f"p{i}"]["text"] for i in range(24)]
         assert set(texts[engine]) <= set(CHOICES)
     assert texts["transformers"] == texts["static"]  # greedy, the same masks: the same answers
-    run_job(_generate(prompts, tiny_llama, tmp_path / "regex", regex=r"[0-9]{2}-[a-z]{1,3}", max_new_tokens=12))
+    run_job(
+        _generate(
+            prompts,
+            tiny_llama,
+            tmp_path / "regex",
+            generation__regex=r"[0-9]{2}-[a-z]{1,3}",
+            generation__max_new_tokens=12,
+        )
+    )
     ok, errors = _results(tmp_path / "regex")
     assert len(ok) == 24 and all(re.fullmatch(r"[0-9]{2}-[a-z]{1,3}", r["text"]) for r in ok.values())
-    run_job(_generate(prompts, tiny_llama, tmp_path / "object", response_format={"type": "json_object"}))
+    run_job(_generate(prompts, tiny_llama, tmp_path / "object", generation__response_format={"type": "json_object"}))
     ok, errors = _results(tmp_path / "object")
     assert all(isinstance(json.loads(r["text"]), dict) for r in ok.values())
     assert len(ok) + len(errors) == 24 and {e["reason"] for e in errors.values()} <= {"length"}
@@ -95,9 +119,11 @@ def test_choices_and_regex_are_always_kept_and_both_engines_agree(tmp_path, sms_
 def test_bad_or_uncompilable_constraints_name_their_key(tmp_path, sms_table, tiny_llama):
     prompts = _prompts(tmp_path, sms_table, n=2)
     with pytest.raises(ConfigError, match="generation.response_format: xgrammar cannot compile this schema: Unsupp"):
-        run_job(_generate(prompts, tiny_llama, tmp_path / "a", response_format=_with_schema({"type": "strin"})))
+        run_job(
+            _generate(prompts, tiny_llama, tmp_path / "a", generation__response_format=_with_schema({"type": "strin"}))
+        )
     with pytest.raises(ConfigError, match="generation.regex: xgrammar cannot compile this regex"):
-        run_job(_generate(prompts, tiny_llama, tmp_path / "b", regex="(ab"))
+        run_job(_generate(prompts, tiny_llama, tmp_path / "b", generation__regex="(ab"))
     for settings, said in (
         ({"response_format": {"type": "xml"}}, "type must be text, json_object or json_schema"),
         ({"response_format": {"type": "json_schema"}}, "json_schema.schema must be a JSON schema object"),
@@ -106,7 +132,7 @@ def test_bad_or_uncompilable_constraints_name_their_key(tmp_path, sms_table, tin
         ({"choices": ["a", "b"], "stop": ["\n"]}, "a stop string could cut the choices output"),
     ):
         with pytest.raises(ConfigError, match=re.escape(said)):
-            _generate(prompts, tiny_llama, tmp_path / "c", **settings)
+            _generate(prompts, tiny_llama, tmp_path / "c", generation=settings)
 
 
 def _with_schema(schema):
@@ -161,11 +187,13 @@ def test_serve_answers_constrained_requests_as_the_offline_job(tmp_path, sms_tab
     from batchinfer.server import create_app
 
     prompts = _prompts(tmp_path, sms_table, n=4)
-    run_job(_generate(prompts, tiny_llama, tmp_path / "choices", choices=CHOICES))
-    run_job(_generate(prompts, tiny_llama, tmp_path / "schema", response_format=JSON_SCHEMA))
+    run_job(_generate(prompts, tiny_llama, tmp_path / "choices", generation__choices=CHOICES))
+    run_job(_generate(prompts, tiny_llama, tmp_path / "schema", generation__response_format=JSON_SCHEMA))
     offline = {kind: _results(tmp_path / kind)[0] for kind in ("choices", "schema")}
     texts = sms_table.column("text").to_pylist()[:4]
-    job = _generate(prompts, tiny_llama, tmp_path / "unused", choices=CHOICES)  # the server's default constraint
+    job = _generate(
+        prompts, tiny_llama, tmp_path / "unused", generation__choices=CHOICES
+    )  # the server's default constraint
 
     async def go():
         app = create_app(job, resolve_model_path(job.model.path))

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from helpers import write_job
+from helpers import user_job, write_job
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
@@ -14,18 +14,10 @@ from batchinfer.cli import app
 runner = CliRunner()
 
 
-def _job(tmp_path, data, model):
-    return write_job(
-        tmp_path,
-        input={"path": str(data), "text": "text", "id": "sms_id"},
-        model={"path": str(model), "task": "embed", "max_length": 64},
-        batching={"chunk_rows": 100},
-        output={"path": str(tmp_path / "out")},
-    )
-
-
 def test_export_writes_every_result_row_in_input_order_in_each_format(tmp_path, sms_parquet, tiny_embed):
-    result = runner.invoke(app, ["run", str(_job(tmp_path, sms_parquet, tiny_embed)), "-q"])
+    result = runner.invoke(
+        app, ["run", str(write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))), "-q"]
+    )
     assert result.exit_code == 0, result.output
     whole = ds.dataset(str(tmp_path / "out"), format="parquet").to_table()
     for fmt in ("parquet", "jsonl", "csv"):
@@ -44,7 +36,7 @@ def test_export_writes_every_result_row_in_input_order_in_each_format(tmp_path, 
 
 
 def test_export_refuses_an_unfinished_folder_and_an_existing_file(tmp_path, sms_parquet, tiny_embed):
-    job = _job(tmp_path, sms_parquet, tiny_embed)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     assert runner.invoke(app, ["run", str(job), "--limit", "150", "-q"]).exit_code == 0
     target = tmp_path / "all.parquet"
     result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target)])

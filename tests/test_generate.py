@@ -2,12 +2,15 @@
 text `model.generate` gives for that row alone."""
 
 import json
+import signal
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers import BATCHINFER, make_job, run_until, write_job
 from helpers import generate_alone as _alone
 from helpers import prompt_table as _prompts
 
@@ -15,17 +18,18 @@ from batchinfer.config import validate_job
 from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
 
-
-def _job(data, model, out, engine="transformers", **generation):
-    return validate_job(
-        {
-            "input": {"path": str(data), "text": "text", "id": "id"},
-            "model": {"path": str(model), "task": "generate", "max_length": 128},
-            "batching": {"max_rows": 8},
-            "generation": {"engine": engine, "max_new_tokens": 16, "max_new_tokens_column": "budget", **generation},
-            "output": {"path": str(out)},
-        }
-    )
+_job = partial(
+    make_job,
+    task="generate",
+    input__id="id",
+    input__keep=None,
+    model__backend=None,
+    batching=None,
+    batching__max_rows=8,
+    generation__engine="transformers",
+    generation__max_new_tokens=16,
+    generation__max_new_tokens_column="budget",
+)
 
 
 @pytest.mark.parametrize("engine", ["transformers", "static"])
@@ -36,7 +40,7 @@ def test_greedy_equals_model_generate_row_by_row(sms_table, tmp_path, request, e
     model_path = request.getfixturevalue(model)
     table = _prompts(sms_table)
     pq.write_table(table, tmp_path / "prompts.parquet")
-    report = run_job(_job(tmp_path / "prompts.parquet", model_path, tmp_path / "out", engine))
+    report = run_job(_job(tmp_path / "prompts.parquet", model_path, tmp_path / "out", generation__engine=engine))
     out = ds.dataset(str(tmp_path / "out"), format="parquet").to_table()
     assert out.column("id").to_pylist() == table.column("id").to_pylist()
     assert out.column_names[-5:] == ["text", "finish_reason", "prompt_tokens", "completion_tokens", "truncated"]
@@ -86,7 +90,7 @@ def test_stop_strings_cut_the_text(sms_table, tmp_path, tiny_llama):
     run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "plain"))
     plain = ds.dataset(str(tmp_path / "plain"), format="parquet").to_table().column("text").to_pylist()
     stop = next(t[2:4] for t in plain if len(t) > 4)  # a string that occurs inside a completion
-    run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "stopped", stop=[stop]))
+    run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "stopped", generation__stop=[stop]))
     out = ds.dataset(str(tmp_path / "stopped"), format="parquet").to_table().to_pylist()
     for before, row in zip(plain, out):
         if stop in before:
@@ -99,7 +103,14 @@ def test_sampling_is_repeatable_with_a_seed(sms_table, tmp_path, tiny_llama):
     pq.write_table(_prompts(sms_table, 6), tmp_path / "p.parquet")
     texts = []
     for k in range(2):
-        run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / f"s{k}", temperature=1.0, top_p=0.9, seed=7))
+        run_job(
+            _job(
+                tmp_path / "p.parquet",
+                tiny_llama,
+                tmp_path / f"s{k}",
+                generation={"temperature": 1.0, "top_p": 0.9, "seed": 7},
+            )
+        )
         texts.append(ds.dataset(str(tmp_path / f"s{k}"), format="parquet").to_table().column("text").to_pylist())
     assert texts[0] == texts[1]
 
@@ -109,7 +120,7 @@ def test_generate_errors_are_clear(tmp_path, tiny_embed, tiny_llama, sms_table):
     with pytest.raises(ModelError, match="needs a causal language model"):
         run_job(_job(tmp_path / "p.parquet", tiny_embed, tmp_path / "out"))
     with pytest.raises(ModelError, match="needs vLLM|needs a CUDA GPU"):
-        run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "out2", engine="vllm"))
+        run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "out2", generation__engine="vllm"))
     with pytest.raises(ConfigError, match="generation: only for model.task: generate"):
         validate_job(
             {
@@ -120,7 +131,11 @@ def test_generate_errors_are_clear(tmp_path, tiny_embed, tiny_llama, sms_table):
             }
         )
     with pytest.raises(ModelError, match="engine_options"):
-        run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "out3", engine_options={"no_such_option": 1}))
+        run_job(
+            _job(
+                tmp_path / "p.parquet", tiny_llama, tmp_path / "out3", generation__engine_options={"no_such_option": 1}
+            )
+        )
 
 
 def test_the_kv_cache_is_sized_from_the_job_not_the_machine():
@@ -137,39 +152,23 @@ def test_the_kv_cache_is_sized_from_the_job_not_the_machine():
 
 
 def test_ctrl_c_stops_generation_within_seconds_and_keeps_finished_chunks(tmp_path, sms_table, tiny_llama):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    import yaml
-
     pq.write_table(pa.table({"text": sms_table.column("text").to_pylist()[:2000]}), tmp_path / "prompts.parquet")
-    job = {
-        "input": {"path": str(tmp_path / "prompts.parquet"), "text": "text"},
-        "model": {"path": str(tiny_llama), "task": "generate", "max_length": 64},
-        "batching": {"chunk_rows": 32},
-        "generation": {"max_new_tokens": 64},
-        "output": {"path": str(tmp_path / "out")},
-    }
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "batchinfer", "run", str(tmp_path / "job.yaml"), "--progress", "lines"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    job = write_job(
+        tmp_path,
+        input={"path": str(tmp_path / "prompts.parquet"), "text": "text"},
+        model={"path": str(tiny_llama), "task": "generate", "max_length": 64},
+        batching={"chunk_rows": 32},
+        generation={"max_new_tokens": 64},
+        output={"path": str(tmp_path / "out")},
     )
-    deadline = time.time() + 120
-    while time.time() < deadline and not list((tmp_path / "out" / "_done").glob("*.json")):
-        time.sleep(0.05)
-    time.sleep(0.5)  # inside the next chunk's generation
-    sent = time.perf_counter()
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=60)
-    waited = time.perf_counter() - sent
-    assert proc.returncode == 130 and "stopped on SIGINT" in output, output
+    stopped = run_until(
+        [*BATCHINFER, "run", str(job), "--progress", "lines"],
+        lambda _: any((tmp_path / "out" / "_done").glob("*.json")),
+        signal.SIGINT,
+        delay=0.5,  # inside the next chunk's generation
+    )
+    output, waited = stopped.output, stopped.seconds
+    assert stopped.returncode == 130 and "stopped on SIGINT" in output, output
     assert waited < 5, f"took {waited:.1f} s to stop"
     assert "Traceback" not in output and "Batch processor" not in output and "WARNING" not in output.upper()
     assert list((tmp_path / "out" / "_done").glob("*.json"))

@@ -8,12 +8,10 @@ MiniLM is the real all-MiniLM-L6-v2 (the package's, or the fp16 copy gpu.sh carr
 $BATCHINFER_MINILM), or random weights of its shape where only its tokenizer travelled.
 """
 
-import os
 import random
 import signal
 import subprocess
-import sys
-import time
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -21,10 +19,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import EXAMPLES, write_job
+from helpers import BATCHINFER, EXAMPLES, run_until, write_job
+from helpers import make_job as _job
 from helpers import prompt_table as _prompts
 from helpers import read_output as _read
-from helpers import sms_job as _job
 from helpers import vectors as _vectors
 
 import batchinfer.packing
@@ -38,8 +36,7 @@ CUDA = torch.device("cuda")
 LONG_ROWS = 4096
 
 
-def _cuda_job(data, model, out, task="embed", **extra):
-    return _job(data, model, out, task, model__device="cuda", **extra)
+_cuda_job = partial(_job, model__device="cuda")
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -92,17 +89,7 @@ def long_rows(tmp_path_factory, sms_table):
     return path
 
 
-def _long_job(data, model, out, task="embed", **extra):
-    return _cuda_job(
-        data,
-        model,
-        out,
-        task,
-        model__max_length=512,
-        batching__chunk_rows=LONG_ROWS,
-        batching__max_rows=LONG_ROWS,
-        **extra,
-    )
+_long_job = partial(_cuda_job, model__max_length=512, batching__chunk_rows=LONG_ROWS, batching__max_rows=LONG_ROWS)
 
 
 def test_bf16_agrees_with_fp32(sms_parquet, minilm_path, minilm_cls, tmp_path):
@@ -213,12 +200,6 @@ def _parts(out) -> list:
     return sorted(out.glob("part-*.parquet"))
 
 
-def _wait_for_parts(out, count, proc, timeout=180):
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None and len(_parts(out)) < count:
-        time.sleep(0.01)
-
-
 def test_kill_9_then_resume_on_cuda(tmp_path, minilm_path):
     """All 5,574 SMS messages in chunks of 200, killed twice mid-run; the same command then finishes
     with every id once and embeddings bit-equal to an uninterrupted run (batching pinned)."""
@@ -231,17 +212,17 @@ def test_kill_9_then_resume_on_cuda(tmp_path, minilm_path):
         output={"path": str(out)},
     )
     run_job(load_job(job, [f"output.path={tmp_path / 'reference'}"]))
-    command = [sys.executable, "-m", "batchinfer", "run", str(job), "-q"]
+    command = [*BATCHINFER, "run", str(job), "-q"]
     rng = random.Random(16)
-    for kill in range(2):
-        log = tmp_path / f"run-{kill}.log"
-        with open(log, "w") as stderr:
-            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
-            _wait_for_parts(out, len(_parts(out)) + rng.randint(1, 4), proc)
-            time.sleep(rng.uniform(0, 0.05))  # somewhere inside a chunk
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-        assert proc.returncode == -signal.SIGKILL, log.read_text()[-2000:]  # killed mid-run, not finished
+    for _ in range(2):
+        target = len(_parts(out)) + rng.randint(1, 4)
+        stopped = run_until(
+            command,
+            lambda _, target=target: len(_parts(out)) >= target,
+            delay=rng.uniform(0, 0.05),  # somewhere inside a chunk
+            timeout=180,
+        )
+        assert stopped.returncode == -signal.SIGKILL, stopped.output[-2000:]  # killed mid-run, not finished
         for part in _parts(out):
             pq.read_metadata(part)  # no part is visible half-written
     finished = subprocess.run(command, capture_output=True, text=True, check=False)

@@ -1,31 +1,19 @@
 """kill -9 at random moments, then the same command: the output equals an uninterrupted run."""
 
 import json
-import os
 import random
-import signal
 import subprocess
-import sys
-import time
 
 import numpy as np
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from helpers import done_chunks, write_job
+from helpers import BATCHINFER, done_chunks, run_until, write_job
 
 from batchinfer.config import load_job
 from batchinfer.driver import run_job
 
 KILLS = 5
-
-
-def _wait_for_chunks(out, count, proc, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        if done_chunks(out) >= count:
-            return
-        time.sleep(0.01)
 
 
 def _visible_files_are_whole(out):
@@ -47,17 +35,16 @@ def _kill_and_resume(tmp_path, sms_parquet, tiny_embed, kills: int, chunk_rows: 
     run_job(reference)
     total = -(-200 // chunk_rows) * 3  # three shards of 200 rows
     rng = random.Random(seed)
-    command = [sys.executable, "-m", "batchinfer", "run", str(job), "-q"]
+    command = [*BATCHINFER, "run", str(job), "-q"]
     landed = []
     for _ in range(kills):
-        done = done_chunks(tmp_path / "out")
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_for_chunks(tmp_path / "out", done + rng.randint(0, 2), proc)
-        time.sleep(rng.uniform(0, 0.05))  # somewhere inside a chunk: mid-batch, mid-write or mid-commit
-        running = proc.poll() is None
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        landed.append(running and done_chunks(tmp_path / "out") < total)
+        target = done_chunks(tmp_path / "out") + rng.randint(0, 2)
+        stopped = run_until(
+            command,
+            lambda _, target=target: done_chunks(tmp_path / "out") >= target,
+            delay=rng.uniform(0, 0.05),  # somewhere inside a chunk: mid-batch, mid-write or mid-commit
+        )
+        landed.append(stopped.alive == [True] and done_chunks(tmp_path / "out") < total)
         _visible_files_are_whole(tmp_path / "out")
         assert not (tmp_path / "out" / "_SUCCESS").exists()
     assert landed == [True] * kills  # every kill hit a run in progress, with chunks still to do

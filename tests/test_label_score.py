@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from helpers import EXAMPLES, Crash, CrashAfterChunks
+from helpers import make_job as _job
 from helpers import read_output as _read
-from helpers import sms_job as _job
 
 from batchinfer.config import validate_job
 from batchinfer.driver import run_job

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 import transformers as tf
 from helpers import Crash, CrashAfterChunks, job_record
+from helpers import make_job as _job
 from helpers import read_output as _read
-from helpers import sms_job as _job
 from helpers import vectors as _vectors
 
 import batchinfer.packing

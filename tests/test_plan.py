@@ -1,6 +1,9 @@
 """Chunk planning and the job fingerprint: pure functions, no model."""
 
-from batchinfer.config import validate_job
+from functools import partial
+
+from helpers import make_job
+
 from batchinfer.plan import describe_changes, fingerprint, plan_chunks
 from batchinfer.sources import Shard
 
@@ -21,10 +24,19 @@ def test_chunks_follow_shards_and_the_limit_cuts_the_last_one_short():
     assert plan_chunks([5], chunk_rows=2, limit=0) == [] and plan_chunks([], chunk_rows=2) == []
 
 
-def _job(**model):
-    return validate_job(
-        {"input": {"path": "d", "text": "t"}, "model": {"path": "m", "task": "embed", **model}, "output": {"path": "o"}}
-    )
+# The smallest job: the defaults of every key not named
+_job = partial(
+    make_job,
+    "d",
+    "m",
+    "o",
+    input__text="t",
+    input__id=None,
+    input__keep=None,
+    model__max_length=None,
+    model__backend=None,
+    batching=None,
+)
 
 
 def test_the_fingerprint_names_what_changed_in_words():
@@ -39,7 +51,7 @@ def test_the_fingerprint_names_what_changed_in_words():
         Shard("/d/b.jsonl", "b.jsonl", "jsonl", 4, "ccc"),
         Shard("/d/c.csv", "c.csv", "csv", 1, "d"),
     ]
-    changes = describe_changes(old, fingerprint(_job(max_length=64), "hash2", rewritten))
+    changes = describe_changes(old, fingerprint(_job(model__max_length=64), "hash2", rewritten))
     assert changes["input.shards"] == "input: b.jsonl changed since this folder's first run; c.csv added"
     assert changes["model.max_length"] == "model.max_length: 256 -> 64"
     assert changes["model.hash"] == "model.hash: 'hash1' -> 'hash2'"
@@ -49,5 +61,5 @@ def test_the_fingerprint_names_what_changed_in_words():
 
 def test_batching_and_the_device_are_not_in_the_fingerprint():
     base = fingerprint(_job(), "h", [])
-    assert describe_changes(base, fingerprint(_job(device="cpu"), "h", [])) == {}
+    assert describe_changes(base, fingerprint(_job(model__device="cpu"), "h", [])) == {}
     assert not any(key.startswith("batching.max") or key.startswith("runtime") for key in base)

@@ -4,13 +4,13 @@ dies — a worker killed by Ray, a worker process killed with kill -9, the drive
 import os
 import signal
 import subprocess
-import sys
 import time
+from functools import partial
 
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
-from helpers import done_chunks, write_job
+from helpers import BATCHINFER, done_chunks, make_job, run_until, write_job
 
 from batchinfer.config import validate_job
 from batchinfer.driver import run_job
@@ -25,14 +25,17 @@ def cluster():
     ray.shutdown()
 
 
-def _job(data, model, out, task="embed", executor="ray", **batching):
-    return {
-        "input": {"path": str(data), "text": "text", "id": "sms_id"},
-        "model": {"path": str(model), "task": task, "max_length": 64},
-        "batching": {"chunk_rows": 50, "max_tokens": 4096, "strategy": "padded", **batching},
-        "output": {"path": str(out), "scores": task == "classify"},
-        "runtime": {"executor": executor, "workers": 2},
-    }
+_job = partial(
+    make_job,
+    raw=True,
+    input__keep=None,
+    model__max_length=64,
+    model__backend=None,
+    batching__chunk_rows=50,
+    batching__max_tokens=4096,
+    runtime__executor="ray",
+    runtime__workers=2,
+)
 
 
 def _read(out):
@@ -68,8 +71,19 @@ class KillWorkerAfter:
 )
 def test_ray_output_equals_the_in_process_output(cluster, sms_parquet, tmp_path, request, task, column, model):
     model = request.getfixturevalue(model)
-    local = run_job(validate_job(_job(sms_parquet, model, tmp_path / "local", task, executor="local")))
-    report = run_job(validate_job(_job(sms_parquet, model, tmp_path / "ray", task)))
+    local = run_job(
+        validate_job(
+            _job(
+                sms_parquet,
+                model,
+                tmp_path / "local",
+                task,
+                runtime__executor="local",
+                output__scores=task == "classify",
+            )
+        )
+    )
+    report = run_job(validate_job(_job(sms_parquet, model, tmp_path / "ray", task, output__scores=task == "classify")))
     assert report["complete"] and report["rows"] == local["rows"] == 600 and report["device"] == "cpu x2 (ray)"
     assert sorted(report["run"]["workers"]) == ["ray-0", "ray-1"]
     assert sum(w["rows"] for w in report["run"]["workers"].values()) == 600
@@ -100,29 +114,17 @@ def test_a_worker_that_dies_costs_only_its_chunks_in_flight(
 def test_the_driver_killed_with_kill_9_resumes_with_the_same_command(
     cluster, sms_parquet, sms_table, tiny_embed, tmp_path
 ):
-    job = write_job(tmp_path, **{**_job(sms_parquet, tiny_embed, tmp_path / "out", max_rows=4), "runtime": {}})
-    command = [
-        sys.executable,
-        "-m",
-        "batchinfer",
-        "run",
-        str(job),
-        "-q",
-        "--set",
-        "runtime.executor=ray",
-        "--set",
-        "runtime.workers=2",
-    ]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 180
-    while done_chunks(tmp_path / "out") < 2 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert 2 <= done_chunks(tmp_path / "out") < 12, proc.stderr.read()  # the kill landed mid-run
+    job = write_job(
+        tmp_path, **{**_job(sms_parquet, tiny_embed, tmp_path / "out", batching__max_rows=4), "runtime": {}}
+    )
+    command = [*BATCHINFER, "run", str(job), "-q", "--set", "runtime.executor=ray", "--set", "runtime.workers=2"]
+    stopped = run_until(command, lambda _: done_chunks(tmp_path / "out") >= 2, timeout=180)
+    assert 2 <= done_chunks(tmp_path / "out") < 12, stopped.output  # the kill landed mid-run
     finished = subprocess.run(command, capture_output=True, text=True)
     assert finished.returncode == 0, finished.stderr
-    run_job(validate_job(_job(sms_parquet, tiny_embed, tmp_path / "whole", executor="local", max_rows=4)))
+    run_job(
+        validate_job(_job(sms_parquet, tiny_embed, tmp_path / "whole", runtime__executor="local", batching__max_rows=4))
+    )
     resumed, whole = _read(tmp_path / "out"), _read(tmp_path / "whole")
     assert resumed.column("sms_id").to_pylist() == whole.column("sms_id").to_pylist()
     assert (
@@ -137,7 +139,7 @@ def test_a_model_error_in_a_worker_is_the_same_message(cluster, sms_parquet, tin
     from batchinfer.errors import ModelError
 
     with pytest.raises(ModelError, match="sequence-classification head"):
-        run_job(validate_job(_job(sms_parquet, tiny_embed, tmp_path / "out", task="classify")))
+        run_job(validate_job(_job(sms_parquet, tiny_embed, tmp_path / "out", "classify", output__scores=True)))
 
 
 def test_more_workers_than_the_cluster_holds_is_refused(cluster, sms_parquet, tiny_embed, tmp_path):
@@ -170,21 +172,11 @@ def test_without_ray_installed_the_message_says_what_to_install(sms_parquet, tin
 def test_sigterm_stops_the_workers_keeps_finished_chunks_and_says_how_to_resume(
     cluster, sms_parquet, tiny_embed, tmp_path
 ):
-    job = write_job(tmp_path, **_job(sms_parquet, tiny_embed, tmp_path / "out", max_rows=2))
-    command = [sys.executable, "-m", "batchinfer", "run", str(job)]
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    deadline = time.time() + 180
-    while done_chunks(tmp_path / "out") < 1 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 143 and "stopped on SIGTERM" in output and "resume with: batchinfer run" in output
+    job = write_job(tmp_path, **_job(sms_parquet, tiny_embed, tmp_path / "out", batching__max_rows=2))
+    command = [*BATCHINFER, "run", str(job)]
+    stopped = run_until(command, lambda _: done_chunks(tmp_path / "out") >= 1, signal.SIGTERM, timeout=180)
+    output = stopped.output
+    assert stopped.returncode == 143 and "stopped on SIGTERM" in output and "resume with: batchinfer run" in output
     assert 1 <= done_chunks(tmp_path / "out") < 12
     assert not [n for n in ray.util.list_named_actors() if n.startswith("batchinfer-")]  # no worker left behind
     assert subprocess.run(command + ["-q"], capture_output=True).returncode == 0

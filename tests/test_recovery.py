@@ -1,11 +1,13 @@
 """Out of memory and model failures: split, retry, lower the budget, and lose no row."""
 
+from functools import partial
+
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
 import torch
+from helpers import make_job
 
-from batchinfer.config import validate_job
 from batchinfer.driver import run_job
 from batchinfer.errors import ModelError
 from batchinfer.recovery import is_oom, run_resilient
@@ -28,15 +30,7 @@ def _fail_above(tokens: int, error=torch.OutOfMemoryError):
     return wrap
 
 
-def _job(data, model, out, **batching):
-    return validate_job(
-        {
-            "input": {"path": str(data), "text": "text", "id": "sms_id"},
-            "model": {"path": str(model), "task": "embed", "max_length": 128, "backend": "torch"},
-            "batching": {"chunk_rows": 200, **batching},
-            "output": {"path": str(out)},
-        }
-    )
+_job = partial(make_job, input__keep=None, batching=None, batching__chunk_rows=200)
 
 
 def _embeddings(out):

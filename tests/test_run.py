@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from helpers import Crash, CrashAfterChunks, done_chunks, leftover_tmp
+from helpers import make_job as _job
 from helpers import read_output as _read
-from helpers import sms_job as _job
 from helpers import vectors as _vectors
 
 from batchinfer.config import validate_job

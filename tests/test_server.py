@@ -19,9 +19,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from helpers import generate_alone
+from helpers import generate_alone, make_job
 
-from batchinfer.config import validate_job
 from batchinfer.driver import run_job
 from batchinfer.models import resolve_model_path
 
@@ -30,16 +29,19 @@ from batchinfer.server import create_app  # noqa: E402
 
 
 def _serving(model, task, **serve):
-    data = {
-        "input": {"path": "-", "text": "text", **({"text_pair": "text_pair"} if task == "score" else {})},
-        "model": {"path": str(model), "task": task, "max_length": 128, "backend": "torch"},
-        "batching": {"max_tokens": 4096, "strategy": "padded"},
-        "output": {"path": "-"},
-        "serve": {"max_wait_ms": 50, **serve},
-    }
-    if task == "generate":
-        data["generation"] = {"max_new_tokens": 12}
-    return validate_job(data)
+    return make_job(
+        "-",
+        model,
+        "-",
+        task,
+        input__id=None,
+        input__keep=None,
+        input__text_pair="text_pair" if task == "score" else None,
+        batching__chunk_rows=None,
+        batching__max_tokens=4096,
+        generation__max_new_tokens=12 if task == "generate" else None,
+        serve={"max_wait_ms": 50, **serve},
+    )
 
 
 @contextlib.asynccontextmanager
@@ -54,16 +56,16 @@ async def _client(job):
 def _offline(model, task, rows, tmp_path, **input_extra):
     tmp_path.mkdir(parents=True, exist_ok=True)
     pq.write_table(rows, tmp_path / "rows.parquet")
-    run_job(
-        validate_job(
-            {
-                "input": {"path": str(tmp_path / "rows.parquet"), "text": "text", **input_extra},
-                "model": {"path": str(model), "task": task, "max_length": 128, "backend": "torch"},
-                "batching": {"max_tokens": 4096, "strategy": "padded"},
-                "output": {"path": str(tmp_path / "offline")},
-            }
-        )
+    rows_job = make_job(
+        tmp_path / "rows.parquet",
+        model,
+        tmp_path / "offline",
+        task,
+        input={"id": None, "keep": None, **input_extra},
+        batching__chunk_rows=None,
+        batching__max_tokens=4096,
     )
+    run_job(rows_job)
     return ds.dataset(str(tmp_path / "offline"), format="parquet").to_table()
 
 

@@ -4,17 +4,16 @@ same output, resume and refusals as on local disk."""
 import io
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
+from functools import partial
 
 import numpy as np
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from helpers import write_job
+from helpers import BATCHINFER, make_job, run_until, write_job
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
@@ -37,14 +36,7 @@ def _upload(client, bucket, sms_table):
     client.put_object(Bucket=bucket, Key="reviews/README.txt", Body=b"not a shard")
 
 
-def _job(data, model, out, **extra):
-    return {
-        "input": {"path": data, "text": "text", "id": "sms_id"},
-        "model": {"path": str(model), "task": "embed", "max_length": 64},
-        "batching": {"chunk_rows": 40, "max_tokens": 16384, "strategy": "padded"},
-        "output": {"path": out},
-        **extra,
-    }
+_job = partial(make_job, raw=True, input__keep=None, model__max_length=64, model__backend=None, batching__chunk_rows=40)
 
 
 def _s3fs():
@@ -110,20 +102,15 @@ def test_kill_9_on_s3_then_the_same_command_resumes(s3, sms_table, tiny_embed, t
             batching={"chunk_rows": 20, "max_rows": 2, "max_tokens": 16384, "strategy": "padded"},
         ),
     )
-    command = [sys.executable, "-m", "batchinfer", "run", str(job), "-q"]
+    command = [*BATCHINFER, "run", str(job), "-q"]
 
     def markers():
         listing = client.list_objects_v2(Bucket=bucket, Prefix="out/_done/")
         return len(listing.get("Contents", []))
 
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while markers() < 3 and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    stopped = run_until(command, lambda _: markers() >= 3)
     killed_at = markers()
-    assert 3 <= killed_at < 15, proc.stderr.read()  # the kill landed mid-run
+    assert 3 <= killed_at < 15, stopped.output  # the kill landed mid-run
     finished = subprocess.run(command, capture_output=True, text=True)
     assert finished.returncode == 0, finished.stderr
     ids = _table(f"s3://{bucket}/out").column("sms_id").to_pylist()

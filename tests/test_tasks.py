@@ -1,14 +1,15 @@
 """The encoder tasks beyond embed and classify: each agrees with the library users would otherwise
 run (sentence-transformers' CrossEncoder, transformers' pipelines) and resumes after a crash."""
 
+from functools import partial
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from helpers import Crash, CrashAfterChunks
+from helpers import Crash, CrashAfterChunks, make_job
 
-from batchinfer.config import validate_job
 from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
 
@@ -19,16 +20,14 @@ def _pairs(sms_table, n=120):
     return pa.table({"pair_id": [f"p{i}" for i in range(n)], "query": queries, "message": texts})
 
 
-def _job(data, model_path, out, task, **sections):
-    job = {
-        "input": {"path": str(data), "text": "text", "id": "pair_id"},
-        "model": {"path": str(model_path), "task": task, "max_length": 128},
-        "batching": {"chunk_rows": 40, "max_tokens": 2048, "strategy": "padded"},
-        "output": {"path": str(out)},
-    }
-    for section, values in sections.items():
-        job[section] = {**job.get(section, {}), **values}
-    return validate_job(job)
+_job = partial(
+    make_job,
+    input__id="pair_id",
+    input__keep=None,
+    model__backend=None,
+    batching__chunk_rows=40,
+    batching__max_tokens=2048,
+)
 
 
 def _read(out):
