@@ -131,8 +131,8 @@ def write_job(tmp_path: Path, job: dict | None = None, **sections) -> Path:
     return path
 
 
-def make_job(data, model, out, task="embed", *, raw=False, **overrides):
-    """The job every test starts from: `data` with the sms fixtures' columns, run by `model` into `out`, on
+def make_job(data, model_path, out, task="embed", *, raw=False, **overrides):
+    """The job every test starts from: `data` with the sms fixtures' columns, run by `model_path` into `out`, on
     the torch kernels with batching pinned. A test states only where its job differs:
 
         make_job(data, model, out, "classify", model__max_length=64, batching={"max_rows": 4}, input__keep=None)
@@ -146,7 +146,7 @@ def make_job(data, model, out, task="embed", *, raw=False, **overrides):
         "input": {"path": str(data), "text": "text", "id": "sms_id", "keep": {"label": "gold"}},
         # The torch kernels, pinned like batching: these tests compare against torch peers (pipelines,
         # sentence-transformers) to 1e-5; test_backends.py holds OpenVINO to torch.
-        "model": {"path": str(model), "task": task, "max_length": 128, "backend": "torch"},
+        "model": {"path": str(model_path), "task": task, "max_length": 128, "backend": "torch"},
         # Pinned, not auto: tests that compare two output folders bit for bit need both cut the same way.
         "batching": {"chunk_rows": 100, "max_tokens": 16384, "strategy": "padded"},
         "output": {"path": str(out)},

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
-from helpers import BATCHINFER, done_chunks, run_until, user_job, write_job
+from helpers import BATCHINFER, done_chunks, make_job, run_until, user_job, write_job
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
@@ -78,7 +78,8 @@ def test_folder_in_use_is_refused_and_stale_lock_taken_over(tmp_path, sms_parque
 
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_stops_cleanly_and_the_same_command_resumes(tmp_path, sms_parquet, tiny_embed, signum, code):
-    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    # Kernels and batching pinned: what is signalled is a run, not the probe that `auto` starts with.
+    job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, tmp_path / "out", raw=True, model__max_length=64))
     command = [*BATCHINFER, "run", str(job), "--set", "batching.max_rows=1"]
     stopped = run_until(command, lambda _: done_chunks(tmp_path / "out") > 0, signum)
     output = stopped.output

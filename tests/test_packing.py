@@ -123,10 +123,11 @@ def test_models_that_mix_neighbouring_tokens_are_refused():
 def test_packed_job_equals_padded_job(request, sms_parquet, tmp_path, fixture, task):
     model = request.getfixturevalue(fixture)
     reports, tables = {}, {}
+    rows = sms_parquet / "part-0.parquet"  # 200 rows, two chunks
     for strategy in ("padded", "packed"):
         out = tmp_path / strategy
         reports[strategy] = run_job(
-            _job(sms_parquet, model, out, task=task, batching__strategy=strategy, output__scores=task == "classify")
+            _job(rows, model, out, task=task, batching__strategy=strategy, output__scores=task == "classify")
         )
         tables[strategy] = _read(out)
     column = "embedding" if task == "embed" else "scores"

@@ -42,8 +42,9 @@ def test_batching_does_not_change_results(sms_parquet, tmp_path, request, task, 
     """Each row's result equals the result of running that row alone."""
     model = request.getfixturevalue(model)
     scores = task == "classify"
-    run_job(_job(sms_parquet, model, tmp_path / "alone", task, batching__max_rows=1, output__scores=scores))
-    run_job(_job(sms_parquet, model, tmp_path / "batched", task, batching__max_tokens=4096, output__scores=scores))
+    rows = sms_parquet / "part-0.parquet"  # 200 rows: 200 runs of one row each
+    run_job(_job(rows, model, tmp_path / "alone", task, batching__max_rows=1, output__scores=scores))
+    run_job(_job(rows, model, tmp_path / "batched", task, batching__max_tokens=4096, output__scores=scores))
     alone, batched = _vectors(_read(tmp_path / "alone"), column), _vectors(_read(tmp_path / "batched"), column)
     assert np.abs(alone - batched).max() < 1e-4
 
@@ -294,10 +295,11 @@ def test_retry_keeps_rows_that_fail_again_and_survives_a_crash(tmp_path, tiny_em
 
 
 def test_int8_quantization_stays_close_to_fp32(sms_parquet, minilm_path, tmp_path):
-    run_job(_job(sms_parquet, minilm_path, tmp_path / "fp32"))
-    report = run_job(_job(sms_parquet, minilm_path, tmp_path / "int8", model__quantize="int8"))
+    rows = sms_parquet / "part-0.parquet"  # 200 rows of the real MiniLM, twice
+    run_job(_job(rows, minilm_path, tmp_path / "fp32"))
+    report = run_job(_job(rows, minilm_path, tmp_path / "int8", model__quantize="int8"))
     fp32, int8 = _vectors(_read(tmp_path / "fp32"), "embedding"), _vectors(_read(tmp_path / "int8"), "embedding")
-    assert report["rows_ok"] == 600 and not np.array_equal(fp32, int8)  # quantized for real
+    assert report["rows_ok"] == 200 and not np.array_equal(fp32, int8)  # quantized for real
     cosine = (fp32 * int8).sum(1)  # both normalized: the dot product is the cosine
     assert cosine.mean() > 0.95 and cosine.min() > 0.8  # lossy, as the docs say, but the same embedding space
 
