@@ -312,3 +312,22 @@ def test_a_runs_markers_hold_its_records_alone_and_a_resume_reads_each_once(
     assert {m.relative_to(tmp_path / "out").as_posix(): 1 for m in markers} == {
         name: count for name, count in reads.items() if name.startswith("_done/")
     }
+
+
+def test_a_format_writes_only_the_files_its_job_declared(tmp_path):
+    """What a job writes beside its parts is named in the job file before it is written, so a later run can
+    prove the file is the job's; a name it did not declare is never written."""
+    from batchinfer.output.formats import RESULTS_JSONL, DeclaredFiles, JsonlFormat
+
+    with _open(tmp_path / "out", files=JsonlFormat.files) as out:
+        out.writer().write_chunk("00000-00000", pa.table({"row": [0, 1], "label": ["a", "b"]}), None)
+        out.commit(ChunkRecord("00000-00000", rows=2, ok=2, errors={}))
+        files = DeclaredFiles(out.folder, out.path, out.job)
+        assert JsonlFormat().finish(files) == {RESULTS_JSONL: 2}
+        with pytest.raises(ValueError, match="not among the files this job declared"):
+            files.write("notes.txt", lambda f: f.write(b"x"))
+    lines = (tmp_path / "out" / RESULTS_JSONL).read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [{"row": 0, "label": "a"}, {"row": 1, "label": "b"}]
+    assert not (tmp_path / "out" / "notes.txt").exists()
+    with _open(tmp_path / "out", files=JsonlFormat.files):  # the declared file is the job's: not refused
+        pass

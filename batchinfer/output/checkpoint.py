@@ -14,8 +14,8 @@ import pyarrow as pa
 
 from ..errors import OutputError, ResumeError
 from ..plan import describe_changes
-from ..storage import is_uri, open_folder, refuse_location
-from .failures import reach_error, writing
+from ..storage import open_folder, refuse_location
+from .failures import display_path, reach_error, writing
 from .formats import DeclaredFiles
 from .jobfile import create_job, save_job
 from .layout import (
@@ -41,11 +41,6 @@ from .ownership import refuse_foreign, refuse_foreign_folder
 from .parts import PartWriter, read_table
 from .records import ChunkRecord, committed_parts, current_errors
 from .scan import Scan, scan
-
-
-def display_path(path: str | Path) -> str | Path:
-    """The folder as messages show it."""
-    return str(path).rstrip("/") if is_uri(str(path)) else Path(path)
 
 
 class Checkpoint:
@@ -111,7 +106,7 @@ class Checkpoint:
     def covering_limit(self, limit: int | None) -> int | None:
         """--limit never narrows what this folder's job already covers: a folder that holds the first 1,000
         rows (or all of them) stays so after `--limit 10`, which then has nothing left to do. A job that
-        committed nothing covers nothing."""
+        committed nothing covers nothing. Asked before start(), of the folder as open() read it."""
         found = self._found
         held = found.job["fingerprint"].get("limit", 0) if found.job and found.done else 0
         if limit is None or held is None:

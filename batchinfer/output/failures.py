@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import OutputError
-from ..storage import is_disk_full, reach_problem
+from ..storage import is_disk_full, is_uri, reach_problem
+
+
+def display_path(path: str | Path) -> str | Path:
+    """The folder as messages show it."""
+    return str(path).rstrip("/") if is_uri(str(path)) else Path(path)
 
 
 def reach_error(path, exc: OSError, doing: str, hint: str = "choose a writable output.path") -> OutputError:

@@ -9,8 +9,8 @@ import pyarrow as pa
 
 from ..plan import describe_changes
 from ..storage import open_folder, refuse_location
-from .checkpoint import display_path, lost_chunks, read_report
-from .failures import reach_error
+from .checkpoint import lost_chunks, read_report
+from .failures import display_path, reach_error
 from .layout import JOB, REPORT, SKIPPED, SUCCESS
 from .lock import live_holder
 from .ownership import refuse_foreign, refuse_foreign_folder
