@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from .config import TASK_COLUMNS, JobConfig, apply_override, load_job, validate_job
 from .driver import run_job
 from .errors import ConfigError, InputError
+from .output.status import FolderStatus
 
 
 def run(
@@ -75,8 +76,9 @@ def infer(data, *, model: str, task: str = "embed", text: str = "text", **overri
             )
         pq.write_table(table, work / "rows.parquet")
         run_job(config)
-        results = _concat([pq.read_table(p) for p in sorted((work / "out").glob("part-*.parquet"))])
-        errors = _concat([pq.read_table(p) for p in sorted((work / "out" / "_errors").glob("part-*.parquet"))])
+        out = FolderStatus.read(work / "out")
+        results = _concat([out.read_table(p) for p in out.parts()])
+        errors = _concat([out.read_table(p) for p in out.parts(errors=True)])
     return _align(table, results, errors)
 
 

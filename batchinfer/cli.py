@@ -12,13 +12,16 @@ from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 from rich.console import Console
 
 from .errors import BatchinferError, ConfigError, InputError
 from .progress import labelled
+
+if TYPE_CHECKING:
+    from .output.records import ChunkRecord
 
 app = typer.Typer(
     add_completion=False,
@@ -299,8 +302,8 @@ def validate(
     from .config import load_job
     from .dryrun import sample_problems
     from .models import model_identity, pick_device, read_config, resolve_model_path
+    from .output.status import describe_folder
     from .plan import fingerprint, plan_chunks
-    from .sink import OutputDir
     from .sources import discover_shards
 
     with reported(debug):
@@ -313,8 +316,11 @@ def validate(
             pick_device(config.model.device)
         chunks = plan_chunks([s.num_rows for s in shards], config.chunk_rows)
         rows = sum(s.num_rows for s in shards)
-        folder = OutputDir(config.output.path, options=config.output.storage_options).describe(
-            fingerprint(config, model_identity(model_path), shards), len(chunks)
+        folder = describe_folder(
+            config.output.path,
+            config.output.storage_options,
+            fingerprint(config, model_identity(model_path), shards),
+            len(chunks),
         )
         for shard in bad:
             out.print(labelled("skipped", "yellow", f"(input.on_bad_shard: skip): {shard.message}"), highlight=False)
@@ -520,22 +526,15 @@ def status(
 ):
     """Show how far a job's output folder is: chunks, rows, errors, the run holding it. Changes nothing."""
     from .errors import OutputError
-    from .sink import (
-        JOB,
-        LEGACY,
-        REPORT,
-        SUCCESS,
-        current_errors,
-        reach_error,
-        read_state,
-        skipped_shards,
-        stray_markers,
-    )
+    from .output.failures import reach_error
+    from .output.layout import JOB, LEGACY, REPORT
+    from .output.records import current_errors
+    from .output.status import FolderStatus
     from .storage import is_uri
 
     with reported(debug):
         try:
-            state = read_state(folder)
+            state = FolderStatus.read(folder)
         except OSError as exc:
             raise reach_error(folder, exc, "read", "check the path or URL and the credentials") from exc
         if state is None:
@@ -549,18 +548,17 @@ def status(
                 ),
                 "give the output.path of a job",
             )
-        sink, done = state
+        done = state.done
         errors: Counter = Counter()
         for name in current_errors(done).values():
-            errors.update(done[name]["errors"])
-        lost = sink.lost(done)
-        chunks = [r for name, r in done.items() if "retry_of" not in r and name not in lost]
-        updated = max([sink.folder.mtime(JOB) or 0.0] + [r.get("finished", 0.0) for r in done.values()])
-        holder = sink.holder()
-        stray = stray_markers(sink, done)
-        complete = sink.folder.read(SUCCESS) is not None and not stray and not lost
-        plan = sink.job.get("plan", {})
-        limit, rows = plan.get("limit"), sum(r["rows"] for r in chunks)
+            errors.update(done[name].errors)
+        lost = state.lost()
+        chunks = [r for name, r in done.items() if not r.retry_of and name not in lost]
+        holder = state.holder()
+        stray = state.stray_markers()
+        complete = state.succeeded() and not stray and not lost
+        plan = state.extent
+        limit, rows = plan.get("limit"), sum(r.rows for r in chunks)
         total, total_rows = plan.get("job_chunks", plan.get("chunks", "?")), plan.get("job_rows", plan.get("rows"))
         out.print(
             f"chunks  {len(chunks)}/{total} done"
@@ -568,26 +566,22 @@ def status(
             + (f" (--limit {limit:,}: {plan['chunks']} chunk(s), the first {plan['rows']:,} rows)" if limit else "")
         )
         share = f"/{total_rows:,} done ({rows / total_rows:.1%})" if total_rows else " done"
-        passes = [r for r in done.values() if r.get("retry_of", r["chunk"]) not in lost]
-        out.print(f"rows    {rows:,}{share}, {sum(r['ok'] for r in passes):,} ok")
+        passes = [r for r in done.values() if r.base not in lost]
+        out.print(f"rows    {rows:,}{share}, {sum(r.ok for r in passes):,} ok")
         out.print(f"errors  {', '.join(f'{k} {v:,}' for k, v in sorted(errors.items())) or 'none'}")
-        if skipped := skipped_shards(sink):
+        if skipped := state.skipped_shards():
             names = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
             out.print(f"skipped {len(skipped)} shard(s) (input.on_bad_shard: skip): {names}")
-        out.print(f"updated {datetime.fromtimestamp(updated).isoformat(timespec='seconds')}")
+        out.print(f"updated {datetime.fromtimestamp(state.updated()).isoformat(timespec='seconds')}")
         out.print(f"active  {'yes, pid ' + str(holder['pid']) + ' on ' + holder['host'] if holder else 'no'}")
         if holder and isinstance(holder.get("started"), (int, float)):
             out.print(running_rate(holder["started"], done, plan.get("rows", 0) - rows), highlight=False)
-        raw = sink.folder.read(REPORT)
-        if raw is not None:
-            try:
-                json.loads(raw)
-            except ValueError:
-                out.print(
-                    f"report  {REPORT} is damaged, so batchinfer cannot tell it is its own: a run refuses the "
-                    "folder until you move that file away",
-                    highlight=False,
-                )
+        if state.report_damaged():
+            out.print(
+                f"report  {REPORT} is damaged, so batchinfer cannot tell it is its own: a run refuses the "
+                "folder until you move that file away",
+                highlight=False,
+            )
         if stray:
             shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
             out.print(
@@ -603,7 +597,7 @@ def status(
                 "part is missing and refuses a file that is not this job's until you move it away",
                 highlight=False,
             )
-        command = sink.command or "batchinfer run JOB.yaml (the same job file and --set options)"
+        command = state.command or "batchinfer run JOB.yaml (the same job file and --set options)"
         if limit and not holder and len(chunks) >= plan["chunks"]:  # the limited run is done: go on past it
             out.print(
                 f"go on   {without_limit(command)} (the whole job), or the same with a larger --limit", highlight=False
@@ -612,14 +606,14 @@ def status(
             out.print(f"resume  {command}", highlight=False)
 
 
-def running_rate(started: float, done: dict[str, dict], rows_left: int) -> str:
+def running_rate(started: float, done: dict[str, ChunkRecord], rows_left: int) -> str:
     """status of a running job: its rate since it started, from the markers it committed, and the time left."""
     since = datetime.fromtimestamp(started).isoformat(timespec="seconds")
-    mine = [r for r in done.values() if r.get("finished", 0.0) >= started]
+    mine = [r for r in done.values() if (r.finished or 0.0) >= started]
     if not mine:
         return f"rate    no chunk committed yet by the run that started at {since}"
-    rows = sum(r["rows"] for r in mine)
-    rate = rows / max(max(r["finished"] for r in mine) - started, 1e-9)
+    rows = sum(r.rows for r in mine)
+    rate = rows / max(max(r.finished for r in mine) - started, 1e-9)
     return (
         f"rate    {rate:,.1f} rows/s since the run started at {since} ({rows:,} rows committed); "
         f"about {_duration(max(rows_left, 0) / rate)} left"

@@ -8,8 +8,8 @@ import json
 import shutil
 
 from .errors import OutputError
-from .openai_batch import EXPORTED
-from .sink import read_state
+from .output.formats import EXPORTED, DeclaredFiles
+from .output.status import FolderStatus
 from .storage import LocalFolder
 
 
@@ -34,7 +34,8 @@ def deliver(work, targets: dict, lines: dict[str, int]) -> None:
     not at all, so no second copy stays in the work folder; a file of no lines is not written (and one an
     earlier run wrote there is removed). Notes what was written, so a rerun may replace it."""
     known = _exported(work)
-    sink, _ = read_state(work)
+    state = FolderStatus.read(work)
+    files = DeclaredFiles(state.folder, state.path, state.job)
     for name, target in targets.items():
         key = str(target.resolve())
         if lines.get(name):
@@ -47,8 +48,8 @@ def deliver(work, targets: dict, lines: dict[str, int]) -> None:
             if target.exists() and known[key] == _digest(target):
                 target.unlink()
             known.pop(key)
-        sink.write_file(EXPORTED, lambda f: f.write(json.dumps(known, indent=2).encode()))
-        sink.folder.delete(name)  # delivered: the results live at -o only
+        files.write(EXPORTED, lambda f: f.write(json.dumps(known, indent=2).encode()))
+        state.folder.delete(name)  # delivered: the results live at -o only
 
 
 def _exported(work) -> dict:

@@ -15,29 +15,17 @@ import pyarrow as pa
 from .backends import backend_is_open
 from .config import JobConfig
 from .control import Budget, Progress, Quiet, StopFlag
-from .errors import OutputError
 from .executors import make_executor
 from .machine import LoadWindow, process_age
 from .models import model_identity, read_config, resolve_model_path
-from .openai_batch import OPENAI_FILES
-from .openai_batch import export as export_openai
+from .output.checkpoint import Checkpoint
+from .output.formats import output_format
+from .output.records import ChunkRecord
 from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
 from .report import build_report
-from .sink import OutputDir, current_errors
 from .sources import discover_shards, read_spec
 from .task import TaskInputs
 from .tune import DEFAULT_BUDGET
-
-RESULTS_JSONL = "_results.jsonl"  # the _ keeps Parquet readers of the folder off it
-OUTPUT_FILES = {"parquet": (), "jsonl": (RESULTS_JSONL,), "openai": OPENAI_FILES}  # beside the part files
-
-
-def json_lines(table) -> list[str]:
-    """Result rows as JSON lines (embeddings and scores as arrays)."""
-    import json
-
-    return [json.dumps(row, ensure_ascii=False, default=str) for row in table.to_pylist()]
-
 
 # What --retry-errors may change: the settings that decide whether a row fits, not what a row means.
 RETRY_MAY_CHANGE = frozenset({"model.max_length", "model.truncation", "model.dtype"})
@@ -71,42 +59,41 @@ def run_job(
         model_path = resolve_model_path(job.model.path)
         read_config(job.model, model_path)  # a model without the task's head fails here, before the folder is touched
     shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
-    out = OutputDir(job.output.path, job.output.compression, job.output.storage_options)
-    limit = limit if restart else out.covering_limit(limit)
-    chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows, limit)
-    whole = plan_chunks([s.num_rows for s in shards], job.chunk_rows) if limit is not None else chunks
-    done = out.open(
-        fingerprint(job, model_identity(model_path), shards, limit),
-        restart,
-        command,
-        (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},
-        inputs=tuple(s.path for s in shards),
-        files=OUTPUT_FILES[job.output.format],
-        plan={
-            "chunks": len(chunks),
-            "rows": sum(c.rows for c in chunks),
-            **({"job_chunks": len(whole), "job_rows": sum(c.rows for c in whole), "limit": limit} if limit else {}),
-        },
-    )
-    try:
+    output = job.output
+    with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:
+        limit = limit if restart else out.covering_limit(limit)
+        chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows, limit)
+        whole = plan_chunks([s.num_rows for s in shards], job.chunk_rows) if limit is not None else chunks
+        planned = {c.name: c.rows for c in chunks}
+        fmt = output_format(job)
+        out.start(
+            fingerprint(job, model_identity(model_path), shards, limit),
+            restart,
+            command,
+            (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},
+            files=fmt.files,
+            extent={
+                "chunks": len(chunks),
+                "rows": sum(c.rows for c in chunks),
+                **({"job_chunks": len(whole), "job_rows": sum(c.rows for c in whole), "limit": limit} if limit else {}),
+            },
+            planned=planned,  # a chunk an earlier --limit cut short runs again in full
+        )
+        done = out.done  # read only here: the checkpoint alone changes it
         for note in out.notes:
             progress.log(note)
-        planned = {c.name: c.rows for c in chunks}
-        # A chunk an earlier --limit cut short runs again in full; a full one also covers a shorter limit.
-        out.forget(
-            [n for n, r in done.items() if "retry_of" not in r and n in planned and r["rows"] < planned[n]], done
-        )
         out.write_skipped_shards([(b.name, b.message) for b in bad_shards])
         for bad in bad_shards:
             progress.log(f"skipped shard {bad.name}: {bad.message}")
         todo = [Work(c, c.name) for c in chunks if c.name not in done]
         if retry_errors:
-            retries, kept = _retries(chunks, done, out)
+            retries, kept = _retries(chunks, done, out.error_files())
             todo += retries
             if kept:
                 reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(kept.items()))
                 progress.log(f"not retried, since no setting changes them: {reasons} (they stay in _errors/)")
-        budget, auto = settle_budget(job, out.tuning())
+        recorded = out.tuning  # a probe's choice, from an earlier run
+        budget, auto = settle_budget(job, recorded)
         run_stats, workers, lowered, device, startup, machine = Counter(), {}, [], "none", {}, None
         if todo:
             inputs = TaskInputs(job, model_path, shards, read_spec(job.input, job.columns, types), out.writer(), budget)
@@ -119,49 +106,31 @@ def run_job(
                     progress.start(retried, 0)
                 else:  # finished chunks only: rows an earlier retry pass ran again are inside them already
                     progress.start(
-                        sum(c.rows for c in chunks) + retried,
-                        sum(r["rows"] for r in done.values() if r["chunk"] in planned),
+                        sum(c.rows for c in chunks) + retried, sum(r.rows for r in done.values() if r.chunk in planned)
                     )
                 loop_started = time.perf_counter()
                 # in-process only: Ray's workers are other processes, so their CPU would read as the machine's load
                 window = LoadWindow() if job.runtime.executor == "local" else None
-                for record in executor.run(todo, probe=auto and out.tuning() is None):
-                    _commit(out, done, record)
-                    # the worker's, after this chunk
-                    budget.max_tokens, budget.strategy, budget.backend, budget.precision = record.pop("budget")
-                    lowered += record.get("max_tokens_lowered", [])
-                    stats = {
-                        "rows": record["rows"],
-                        "tokens": record["tokens"],
-                        "busy": record["model_seconds"],
-                        "generated": record.get("generated_tokens", 0),
-                    }
-                    run_stats.update(stats)
-                    workers.setdefault(record["worker"], Counter()).update(chunks=1, **stats)
-                    progress.advance(record["rows"], record["tokens"])
+                for result in executor.run(todo, probe=auto and recorded is None):
+                    out.commit(result.record, result.tuning)
+                    budget.max_tokens, budget.strategy, budget.backend, budget.precision = result.budget  # the worker's
+                    lowered += result.record.max_tokens_lowered
+                    _count(result.record, run_stats, workers)
+                    progress.advance(result.record.rows, result.record.tokens)
                 run_stats["loop"] = time.perf_counter() - loop_started
                 machine = window.stop() if window else None
-        report = build_report(
-            job,
-            chunks,
-            done,
-            run_stats,
-            time.perf_counter() - started,
-            str(device),
-            workers,
-        )
-        missing = out.missing(done)  # deleted while the job ran: _SUCCESS is never written over missing rows
-        report["complete"] = report["complete"] and not missing
+        report = build_report(job, chunks, done, run_stats, time.perf_counter() - started, str(device), workers)
         if machine is not None:  # how busy the machine was while this run measured its rates
             report["run"]["machine"] = machine.as_dict()
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
         if job.model.task != "generate":
+            tuning = out.tuning  # the probe's choice: this run's, or the earlier one this run reused
             report["batching"] = {
                 "max_tokens": budget.max_tokens,
                 "strategy": budget.strategy,
                 "backend": budget.backend,
                 "precision": budget.precision,
-                **({"probe": out.tuning()} if out.tuning() else {}),
+                **({"probe": tuning} if tuning else {}),
             }
         if startup:
             report["startup"] = startup
@@ -169,20 +138,20 @@ def run_job(
             report["max_tokens_lowered"] = lowered
         if limit is not None:
             report["limit"] = limit
-        if report["complete"] and job.output.format == "openai":
-            report["openai"] = export_openai(out, job.model.path, job.model.task)
-        if report["complete"] and job.output.format == "jsonl":
-            report[RESULTS_JSONL] = out.write_lines(RESULTS_JSONL, json_lines)
-        out.write_report(report, success=report["complete"] and limit is None, idle=not todo)
-        if missing:
-            raise OutputError(
-                f"{', '.join(missing[:3])}{' and more' if len(missing) > 3 else ''} of finished chunks vanished "
-                f"from {out.path} while the job ran",
-                "rerun the same command: batchinfer runs those chunks again",
-            )
-        return report
-    finally:
-        out.unlock()
+        # the format's files (a complete job), the report, _SUCCESS; raises if committed parts vanished meanwhile
+        return out.finish(report, fmt, final=limit is None, idle=not todo)
+
+
+def _count(record: ChunkRecord, run_stats: Counter, workers: dict[str, Counter]) -> None:
+    """This run's totals, and each worker's, after a committed chunk."""
+    stats = {
+        "rows": record.rows,
+        "tokens": record.tokens,
+        "busy": record.model_seconds,
+        "generated": record.generated_tokens or 0,
+    }
+    run_stats.update(stats)
+    workers.setdefault(record.worker, Counter()).update(chunks=1, **stats)
 
 
 def startup_figures(started: float, opened: float, load: dict) -> dict:
@@ -194,19 +163,6 @@ def startup_figures(started: float, opened: float, load: dict) -> dict:
     if age is not None:
         figures.update(imports_s=round(age - (now - started), 3), to_first_chunk_s=round(age, 3))
     return figures
-
-
-def _commit(out: OutputDir, done: dict[str, dict], record: dict) -> None:
-    """Record a probe's choice, then the chunk's marker; after a retry pass, drop the error file it replaced."""
-    out.check_lock()
-    tuning = record.pop("tuning", None)
-    if tuning:
-        out.record_tuning(tuning)
-    replaced = current_errors(done).get(record["retry_of"]) if "retry_of" in record else None
-    out.commit(record)
-    done[record["chunk"]] = record
-    if replaced:  # after the commit: a crash before this line is mended on the next open
-        out.drop_errors(replaced)
 
 
 def settle_budget(job: JobConfig, recorded: dict | None) -> tuple[Budget, bool]:
@@ -223,16 +179,16 @@ def settle_budget(job: JobConfig, recorded: dict | None) -> tuple[Budget, bool]:
     return Budget(max_tokens, strategy, backend=recorded.get("backend"), precision=recorded.get("precision")), auto
 
 
-def _retries(chunks: list[Chunk], done: dict[str, dict], out: OutputDir) -> tuple[list[Work], Counter]:
+def _retries(chunks: list[Chunk], done: dict[str, ChunkRecord], error_files) -> tuple[list[Work], Counter]:
     """A retry pass for every chunk whose current error file lists rows a changed setting may cure (RETRYABLE);
-    its other error rows ride along into the pass's error file. Also: the error rows not run, by reason."""
+    its other error rows ride along into the pass's error file. Also: the error rows not run, by reason.
+    error_files: (chunk, its current error rows) for each chunk with error rows."""
     import pyarrow.compute as pc
 
     by_name = {c.name: c for c in chunks}
     work, kept = [], Counter()
-    for chunk_name, latest in current_errors(done).items():
-        errors = out.error_rows(latest)
-        if errors is None or chunk_name not in by_name:
+    for chunk_name, errors in error_files:
+        if chunk_name not in by_name:
             continue
         chunk = by_name[chunk_name]
         again = pc.is_in(errors.column("reason"), value_set=pa.array(sorted(RETRYABLE))).to_numpy(zero_copy_only=False)
@@ -240,7 +196,7 @@ def _retries(chunks: list[Chunk], done: dict[str, dict], out: OutputDir) -> tupl
         offsets = sorted(int(r) - chunk.start for r in rows[again & ~np.isnan(rows.astype(float))])
         carry = errors.filter(pa.array(~again))
         kept.update(carry.column("reason").to_pylist())
-        generation = sum(1 for r in done.values() if r.get("retry_of") == chunk_name) + 1
+        generation = sum(1 for r in done.values() if r.retry_of == chunk_name) + 1
         if offsets:
             work.append(Work(chunk, retry_name(chunk_name, generation), offsets, retry_of=chunk_name, carry=carry))
     return work, kept

@@ -17,10 +17,10 @@ from .control import StopFlag
 from .driver import settle_budget
 from .machine import Load, LoadWindow, process_age
 from .models import model_identity, read_config, resolve_model_path
+from .output.status import FolderStatus, describe_folder
 from .packing import supports_packing
 from .plan import Work, describe_changes, fingerprint, plan_chunks
 from .prepare import prepare_rows
-from .sink import OutputDir, read_state
 from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec
 from .tune import CPU_BUDGETS, SAMPLE_TOKENS, plan, probe
 
@@ -62,9 +62,7 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
     chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows)
     rows = sum(s.num_rows for s in shards)
     job_print = fingerprint(job, model_identity(model_path), shards)
-    folder = OutputDir(job.output.path, job.output.compression, job.output.storage_options).describe(
-        job_print, len(chunks)
-    )
+    folder = describe_folder(job.output.path, job.output.storage_options, job_print, len(chunks))
     aside = time.perf_counter()  # plan's own reading, which a run does not do
     earlier = folder_so_far(job, job_print, chunks)
     sampled = sample_problems(job, inputs)
@@ -231,20 +229,20 @@ class SoFar:
 def folder_so_far(job: JobConfig, job_print: dict, chunks: list) -> SoFar:
     """Read only; an output folder of another job, or none, holds nothing of this one."""
     try:
-        state = read_state(job.output.path, job.output.storage_options)
+        state = FolderStatus.read(job.output.path, job.output.storage_options)
     except OSError:
         return SoFar()
     if state is None:
         return SoFar()
-    sink, done = state
-    changed = describe_changes(sink.fingerprint(), job_print)
+    done = state.done
+    changed = describe_changes(state.fingerprint, job_print)
     changed.pop("limit", None)
     if changed:
         return SoFar()
     planned = {c.name: c.rows for c in chunks}
-    rows = sum(r["rows"] for n, r in done.items() if "retry_of" not in r and r["rows"] >= planned.get(n, 1 << 62))
-    report = sink.read_report() or {}
+    rows = sum(r.rows for n, r in done.items() if not r.retry_of and r.rows >= planned.get(n, 1 << 62))
+    report = state.report() or {}
     run = report.get("run") if isinstance(report.get("run"), dict) else {}
     rate = run.get("rows_per_s") if isinstance(run.get("rows_per_s"), (int, float)) and run.get("rows", 0) else None
-    finished = max((r.get("finished", 0.0) for r in done.values()), default=None)
-    return SoFar(rows, sink.tuning(), rate or None, run.get("rows", 0), Load.from_dict(run.get("machine")), finished)
+    finished = max((r.finished or 0.0 for r in done.values()), default=None)
+    return SoFar(rows, state.tuning, rate or None, run.get("rows", 0), Load.from_dict(run.get("machine")), finished)

@@ -11,7 +11,10 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from .errors import OutputError
-from .sink import SUCCESS, reach_error, read_state, stray_markers
+from .output.failures import reach_error
+from .output.formats import json_lines
+from .output.layout import SUCCESS
+from .output.status import FolderStatus
 from .storage import LocalFolder
 
 FORMATS = ("parquet", "jsonl", "csv")
@@ -24,22 +27,21 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False) -> i
     if target.is_dir():
         raise OutputError(f"-o {target} is a folder", f"give a file path, e.g. -o {target / f'results.{fmt}'}")
     try:
-        state = read_state(folder)
+        state = FolderStatus.read(folder)
     except OSError as exc:
         raise reach_error(folder, exc, "read", "check the path or URL and the credentials") from exc
     if state is None:
         raise OutputError(f"{folder} holds no batchinfer run", "give the output.path of a finished job")
-    sink, done = state
-    if sink.folder.read(SUCCESS) is None or stray_markers(sink, done):
-        chunks = sum(1 for r in done.values() if "retry_of" not in r)
-        total = sink.job.get("plan", {}).get("job_chunks", sink.job.get("plan", {}).get("chunks", "?"))
+    if not state.succeeded() or state.stray_markers():
+        chunks = sum(1 for r in state.done.values() if not r.retry_of)
+        total = state.extent.get("job_chunks", state.extent.get("chunks", "?"))
         raise OutputError(
             f"{folder} is not a finished job ({chunks}/{total} chunks done, no {SUCCESS}): an export would miss rows",
-            f"finish it first ({sink.command or 'batchinfer run JOB.yaml'}, without --limit), then export",
+            f"finish it first ({state.command or 'batchinfer run JOB.yaml'}, without --limit), then export",
         )
     if target.exists() and not force:  # before the work; create_with below still guards a race
         raise OutputError(f"{target} exists", "give another -o path, or add --force to replace it")
-    parts = sink.parts()
+    parts = state.parts()
     if not parts:
         raise OutputError(f"{folder} holds no result rows (every row is in _errors/)", "see batchinfer status")
     rows = 0
@@ -47,7 +49,7 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False) -> i
     def tables():
         nonlocal rows
         for part in parts:
-            table = sink.read_table(part).replace_schema_metadata(None)  # the job id marks the folder's files only
+            table = state.read_table(part).replace_schema_metadata(None)  # the job id marks the folder's files only
             rows += table.num_rows
             yield table
 
@@ -74,7 +76,7 @@ def _parquet(tables, f) -> None:
 
 def _jsonl(tables, f) -> None:
     for table in tables:
-        f.write("".join(json.dumps(row, ensure_ascii=False, default=str) + "\n" for row in table.to_pylist()).encode())
+        f.write("".join(line + "\n" for line in json_lines(table)).encode())
 
 
 def _csv(tables, f) -> None:

@@ -169,21 +169,6 @@ def error_lines(errors: pa.Table, model: str) -> list[str]:
     return lines
 
 
-EXPORTED = "exported.json"  # the files `openai-batch -o` wrote outside the folder, with their digests
-OPENAI_FILES = ("output.jsonl", "errors.jsonl", EXPORTED)
-
-
-def export(out, model: str, task: str) -> dict[str, int]:
-    """Write output.jsonl and errors.jsonl in the output folder `out` from its part files, in input order.
-
-    The Parquet parts stay the checkpoint; these two files are what OpenAI's batch output_file and
-    error_file would hold. Returns the lines written to each."""
-    return {
-        "output.jsonl": out.write_lines("output.jsonl", lambda t: response_lines(t, model, task)),
-        "errors.jsonl": out.write_lines("errors.jsonl", lambda t: error_lines(t, model), errors=True),
-    }
-
-
 def task_of_requests(path) -> str:
     """The task a request file needs, from the url of its first valid line."""
     if not path.is_file():

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections import Counter
 
 from .config import JobConfig
+from .output.records import ChunkRecord, current_errors
 from .plan import Chunk
-from .sink import current_errors
 
 
 def build_report(
     job: JobConfig,
     chunks: list[Chunk],
-    done: dict[str, dict],
+    done: dict[str, ChunkRecord],
     run: Counter,
     seconds: float,
     device: str,
@@ -23,14 +23,14 @@ def build_report(
     run: this run's rows, tokens, model-busy seconds, generated tokens and `loop` (seconds from the
     first chunk handed out to the last one committed); workers: the same per worker."""
     planned = {c.name for c in chunks}
-    records = [r for r in done.values() if r.get("retry_of", r["chunk"]) in planned]  # a larger earlier run's aside
-    chunk_records = [r for r in records if "retry_of" not in r]
+    records = [r for r in done.values() if r.base in planned]  # a larger earlier run's aside
+    chunk_records = [r for r in records if not r.retry_of]
     errors: Counter = Counter()
     for chunk, name in current_errors(done).items():
         if chunk in planned:
-            errors.update(done[name]["errors"])
-    tokens = sum(r["tokens"] for r in records)
-    padded = sum(r["padded_tokens"] for r in records)
+            errors.update(done[name].errors)
+    tokens = sum(r.tokens for r in records)
+    padded = sum(r.padded_tokens for r in records)
     loop = run.get("loop", 0.0)
     report = {
         "output": job.output.path,
@@ -40,11 +40,11 @@ def build_report(
         "complete": len(chunk_records) == len(chunks),
         "chunks_done": len(chunk_records),
         "chunks_total": len(chunks),
-        "rows": sum(r["rows"] for r in chunk_records),
-        "rows_ok": sum(r["ok"] for r in records),
+        "rows": sum(r.rows for r in chunk_records),
+        "rows_ok": sum(r.ok for r in records),
         "rows_error": sum(errors.values()),
         "errors_by_reason": dict(sorted(errors.items())),
-        "truncated": sum(r["truncated"] for r in records),
+        "truncated": sum(r.truncated for r in records),
         "tokens": tokens,
         "padding_efficiency": round(tokens / padded, 4) if padded else 1.0,
         "run": {
@@ -62,8 +62,8 @@ def build_report(
             for name, w in sorted(workers.items())
         }
     if job.model.task == "generate":
-        first = sorted(r["first_token_seconds"] for r in records if r.get("first_token_seconds") is not None)
-        report["generated_tokens"] = sum(r.get("generated_tokens", 0) for r in records)
+        first = sorted(r.first_token_seconds for r in records if r.first_token_seconds is not None)
+        report["generated_tokens"] = sum(r.generated_tokens or 0 for r in records)
         report["run"]["generated_tokens_per_s"] = _rate(run.get("generated", 0), loop)
         report["run"]["time_to_first_token_s"] = first[len(first) // 2] if first else None
     return report

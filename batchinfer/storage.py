@@ -234,8 +234,8 @@ JOB_FILE = "_batchinfer.json"  # the job file at the top of every batchinfer out
 
 def refuse_location(output: str, inputs: tuple[str, ...]) -> None:
     """/, the home folder, a folder holding the input and a folder inside another job's output are never
-    output folders (the other job would take the new one for files it did not write). Here, not in sink,
-    because discovery asks it before any output folder exists: sources depend on storage, not on sink."""
+    output folders (the other job would take the new one for files it did not write). Here, not in output/,
+    because discovery asks it before any output folder exists: sources depend on storage, not on output/."""
     resolved = None if is_uri(output) else local_path(output).resolve()
     if resolved is not None and resolved in (Path(resolved.anchor), Path.home().resolve()):
         what = "the root folder" if resolved == Path(resolved.anchor) else "your home folder"

@@ -22,11 +22,13 @@ from .config import JobConfig
 from .control import Budget, StopFlag
 from .errors import ConfigError, InputError, ModelError
 from .heap import HeapGuard
+from .output.layout import ERROR_SCHEMA
+from .output.parts import PartWriter
+from .output.records import ChunkRecord, ChunkResult
 from .packing import supports_packing
 from .plan import Chunk, Work
 from .prepare import Prepared, prepare_rows, row_limits
 from .runners.base import Tokens
-from .sink import ERROR_SCHEMA, PartWriter
 from .sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
 from .sources.base import ShardChanged, as_text
 from .tune import plan
@@ -176,7 +178,7 @@ class ChunkTask:
         probe: bool = False,
         log: Callable[[str], None] = lambda message: None,
         partial: Callable[[int, int], None] | None = None,
-    ) -> dict:
+    ) -> ChunkResult:
         """Run one loaded chunk through the model and write its part files; return its record.
 
         probe: settle `batching: auto` on this chunk first (see tune.py); the record carries the choice.
@@ -210,28 +212,25 @@ class ChunkTask:
             errors = carried if errors is None else pa.concat_tables([errors, carried]).sort_by("row")
         self.writer.write_chunk(loaded.work.name, table, errors)
         self.heap.trim()
-        return {
-            "chunk": loaded.work.name,
-            **({"retry_of": loaded.work.retry_of} if loaded.work.retry_of else {}),
-            "rows": loaded.work.rows,
-            "ok": table.num_rows,
-            "errors": dict(
+        tuning = extra.pop("tuning", None)
+        record = ChunkRecord(
+            chunk=loaded.work.name,
+            retry_of=loaded.work.retry_of,
+            rows=loaded.work.rows,
+            ok=table.num_rows,
+            errors=dict(
                 Counter(reason for reason, _ in prepared.errors.values())
                 + Counter(carried.column("reason").to_pylist() if carried is not None else [])
             ),
-            "truncated": int(cut[kept].sum()) if job.model.truncation is True else 0,
-            "tokens": real,
-            "padded_tokens": padded,
+            truncated=int(cut[kept].sum()) if job.model.truncation is True else 0,
+            tokens=real,
+            padded_tokens=padded,
             **extra,
-            "seconds": round(loaded.seconds + time.perf_counter() - t0, 4),
-            "worker": self.worker,
-            "budget": [*self.budget.key, self.budget.backend, self.budget.precision],
-            **(
-                {"max_tokens_lowered": self.budget.lowered[lowered_before:]}
-                if len(self.budget.lowered) > lowered_before
-                else {}
-            ),
-        }
+            seconds=round(loaded.seconds + time.perf_counter() - t0, 4),
+            worker=self.worker,
+            max_tokens_lowered=self.budget.lowered[lowered_before:],
+        )
+        return ChunkResult(record, (*self.budget.key, self.budget.backend, self.budget.precision), tuning)
 
     def close(self) -> None:
         for reader in self._readers.values():

@@ -196,14 +196,11 @@ def test_status_changes_nothing_and_explains_a_damaged_report(tmp_path, sms_parq
 
 
 def test_status_knows_the_total_before_the_first_chunk(tmp_path, sms_parquet, tiny_embed):
-    from batchinfer.sink import OutputDir
+    from batchinfer.output.checkpoint import Checkpoint
 
-    out = OutputDir(tmp_path / "out")
-    out.open({}, restart=False, plan={"chunks": 6, "rows": 600})
-    try:
+    with Checkpoint.open(tmp_path / "out") as out:
+        out.start({}, restart=False, extent={"chunks": 6, "rows": 600})
         result = runner.invoke(app, ["status", str(tmp_path / "out")])
-    finally:
-        out.unlock()
     assert "chunks  0/6 done" in result.output and f"active  yes, pid {os.getpid()}" in result.output
 
 
@@ -493,21 +490,19 @@ def test_progress_lines_come_batch_by_batch_inside_one_chunk_the_probes_too(tmp_
 
 
 def test_status_of_a_running_job_has_its_total_share_rate_and_time_left(tmp_path):
-    from batchinfer.sink import OutputDir
+    from batchinfer.output.checkpoint import Checkpoint
+    from batchinfer.output.records import ChunkRecord
 
-    out = OutputDir(tmp_path / "out")
-    out.started = time.time() - 20  # the run began 20 s ago
-    out.open({}, restart=False, plan={"chunks": 6, "rows": 600})
-    try:
+    started = time.time() - 20  # the run began 20 s ago
+    with Checkpoint.open(tmp_path / "out", started=started) as out:
+        out.start({}, restart=False, extent={"chunks": 6, "rows": 600})
         for k in range(2):  # two chunks committed, 5 and 10 s in: 200 rows in 10 s
             rows = pa.table({"source": ["s"] * 100, "row": list(range(k * 100, k * 100 + 100))})
             out.writer().write_chunk(f"00000-0000{k}", rows, None)  # the parts their markers name
-            out.commit({"chunk": f"00000-0000{k}", "rows": 100, "ok": 100, "errors": {}, "truncated": 0})
+            out.commit(ChunkRecord(f"00000-0000{k}", rows=100, ok=100, errors={}, truncated=0))
             marker = tmp_path / "out" / "_done" / f"00000-0000{k}.json"
-            marker.write_text(json.dumps({**json.loads(marker.read_text()), "finished": out.started + 5 + 5 * k}))
+            marker.write_text(json.dumps({**json.loads(marker.read_text()), "finished": started + 5 + 5 * k}))
         result = runner.invoke(app, ["status", str(tmp_path / "out")])
-    finally:
-        out.unlock()
     assert result.exit_code == 0, result.output
     assert "chunks  2/6 done" in result.output and "rows    200/600 done (33.3%), 200 ok" in result.output
     assert "rate    20.0 rows/s since the run started at " in result.output and "about 20 s left" in result.output

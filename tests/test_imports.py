@@ -82,3 +82,19 @@ def test_no_import_inside_a_function_hides_a_cycle():
 def test_the_graph_is_read():
     graph = _graph(top_level_only=False)
     assert "batchinfer.config" in graph["batchinfer.driver"] and "batchinfer.lines" in graph["batchinfer.sources.jsonl"]
+
+
+def test_the_output_layer_reaches_nothing_that_runs_chunks_or_talks_to_users():
+    """output/ knows the folder's files, not models, chunk tasks or commands: the layers above use it."""
+    graph = _graph(top_level_only=False)
+    layer = {m for m in graph if m.startswith("batchinfer.output.")}
+    assert {"batchinfer.output.checkpoint", "batchinfer.output.status", "batchinfer.output.formats"} <= layer
+    reached, todo = set(), list(layer)
+    while todo:
+        for child in graph.get(todo.pop(), ()):
+            if child not in reached:
+                reached.add(child)
+                todo.append(child)
+    above = ("driver", "task", "executors", "runners", "backends", "models", "report", "cli", "dryrun", "server")
+    above += ("api", "export", "delivery")
+    assert sorted(m for m in reached if m.split(".")[1] in above) == []

@@ -3,22 +3,14 @@
 from collections import Counter
 
 from batchinfer.config import validate_job
+from batchinfer.output.records import ChunkRecord
 from batchinfer.plan import plan_chunks
 from batchinfer.report import build_report
 
 
 def _record(chunk, rows, ok, errors=None, **extra):
-    return {
-        "chunk": chunk,
-        "rows": rows,
-        "ok": ok,
-        "errors": errors or {},
-        "truncated": 0,
-        "tokens": rows * 10,
-        "padded_tokens": rows * 12,
-        "model_seconds": 1.0,
-        **extra,
-    }
+    tokens = {"tokens": rows * 10, "padded_tokens": rows * 12}
+    return ChunkRecord(chunk, rows, ok, errors or {}, truncated=0, model_seconds=1.0, **tokens, **extra)
 
 
 def test_totals_count_a_retry_once_and_rates_cover_this_run_only():

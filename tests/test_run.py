@@ -308,7 +308,7 @@ def test_disk_full_and_unwritable_folder_say_what_to_do(sms_parquet, tiny_embed,
     import errno
     import os
 
-    import batchinfer.sink as sink
+    import batchinfer.storage as storage  # the rename and the folder's creation live there
     from batchinfer.errors import OutputError
 
     real_replace = os.replace
@@ -318,19 +318,19 @@ def test_disk_full_and_unwritable_folder_say_what_to_do(sms_parquet, tiny_embed,
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(sink.os, "replace", full)
+    monkeypatch.setattr(storage.os, "replace", full)
     with pytest.raises(OutputError, match="is full") as info:
         run_job(_job(sms_parquet, tiny_embed, tmp_path / "out"))
     assert "rerun the same command to resume" in info.value.hint
     assert not list((tmp_path / "out").glob(".tmp-*"))  # no half-written file left behind
-    monkeypatch.setattr(sink.os, "replace", real_replace)
+    monkeypatch.setattr(storage.os, "replace", real_replace)
     run_job(_job(sms_parquet, tiny_embed, tmp_path / "out"))  # space is back: the same job resumes
     assert _read(tmp_path / "out").num_rows == 600
 
     def unwritable(self, *args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(sink.Path, "mkdir", unwritable)
+    monkeypatch.setattr(storage.Path, "mkdir", unwritable)
     with pytest.raises(OutputError, match="cannot create output folder .*: Permission denied"):
         run_job(_job(sms_parquet, tiny_embed, tmp_path / "elsewhere"))
 

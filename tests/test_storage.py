@@ -137,40 +137,36 @@ def test_missing_bucket_and_bad_credentials_are_one_clear_message(s3, sms_table,
 
 
 def test_a_second_driver_on_the_same_s3_output_is_refused(s3, sms_table, tiny_embed):
-    from batchinfer.sink import OutputDir
+    from batchinfer.output.checkpoint import Checkpoint
 
     bucket, client = s3
     _upload(client, bucket, sms_table)
-    first = OutputDir(f"s3://{bucket}/out")
-    first.open({"input.path": "x"}, restart=False)
-    try:
+    with Checkpoint.open(f"s3://{bucket}/out") as first:
+        first.start({"input.path": "x"}, restart=False)
         with pytest.raises(OutputError, match=f"in use by another batchinfer run \\(pid {os.getpid()}\\)"):
             run_job(validate_job(_job(f"s3://{bucket}/reviews/", tiny_embed, f"s3://{bucket}/out")))
         # A lock from another machine is held while its heartbeat is fresh, and taken over once stale.
         lock = json.loads(client.get_object(Bucket=bucket, Key="out/_lock")["Body"].read())
         client.put_object(Bucket=bucket, Key="out/_lock", Body=json.dumps({**lock, "host": "elsewhere"}).encode())
         with pytest.raises(OutputError, match="host elsewhere"):
-            OutputDir(f"s3://{bucket}/out").open({"input.path": "x"}, restart=False)
+            Checkpoint.open(f"s3://{bucket}/out")
         client.put_object(
             Bucket=bucket,
             Key="out/_lock",
             Body=json.dumps({**lock, "host": "elsewhere", "heartbeat": time.time() - 3600}).encode(),
         )
-        taken = OutputDir(f"s3://{bucket}/out")
-        taken.open({"input.path": "x"}, restart=False)
-        taken.unlock()
-    finally:
-        first.unlock()
+        with Checkpoint.open(f"s3://{bucket}/out") as taken:
+            taken.start({"input.path": "x"}, restart=False)
 
 
 def test_foreign_objects_in_an_s3_output_are_refused_untouched(s3):
-    from batchinfer.sink import OutputDir
+    from batchinfer.output.checkpoint import Checkpoint
 
     bucket, client = s3
     client.put_object(Bucket=bucket, Key="out/part-00000-0a1b.snappy.parquet", Body=b"PAR1...")
     client.put_object(Bucket=bucket, Key="out/_SUCCESS", Body=b"")
     with pytest.raises(OutputError, match="holds no batchinfer job"):
-        OutputDir(f"s3://{bucket}/out").open({}, restart=True)
+        Checkpoint.open(f"s3://{bucket}/out")
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]}
     assert keys == {"out/part-00000-0a1b.snappy.parquet", "out/_SUCCESS"}
 

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Protocol
 
 from ..control import Progress, StopFlag
+from ..output.records import ChunkResult
 from ..plan import Work
 from ..task import TaskInputs
 
@@ -14,9 +15,9 @@ from ..task import TaskInputs
 class Executor(Protocol):
     device: str  # what the runners run on, for the report
 
-    def run(self, todo: list[Work], probe: bool) -> Iterator[dict]:
-        """Run every chunk of `todo` once; yield each chunk's record as it finishes (in any order).
-        probe: settle `batching: auto` on the first chunk that has rows; its record carries the choice,
+    def run(self, todo: list[Work], probe: bool) -> Iterator[ChunkResult]:
+        """Run every chunk of `todo` once; yield each chunk's result as it finishes (in any order).
+        probe: settle `batching: auto` on the first chunk that has rows; its result carries the choice,
         and the chunks after it use it."""
         ...
 

@@ -8,6 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
 from ..control import Progress
+from ..output.records import ChunkResult
 from ..plan import Work
 from ..task import ChunkTask, Loaded
 
@@ -18,11 +19,11 @@ class LocalExecutor:
         self.device = str(task.runner.device)
         self.load_seconds = getattr(task.runner, "load_seconds", {})
 
-    def run(self, todo: list[Work], probe: bool) -> Iterator[dict]:
+    def run(self, todo: list[Work], probe: bool) -> Iterator[ChunkResult]:
         for loaded in self._prefetch(todo):
-            record = self.task.run(loaded, probe=probe, log=self.progress.log, partial=self.progress.partial)
-            probe = probe and "tuning" not in record  # a chunk with no rows to run leaves the probe to the next
-            yield record
+            result = self.task.run(loaded, probe=probe, log=self.progress.log, partial=self.progress.partial)
+            probe = probe and result.tuning is None  # a chunk with no rows to run leaves the probe to the next
+            yield result
 
     def _prefetch(self, todo: list[Work]) -> Iterator[Loaded]:
         """Loaded chunks in order, loading the next one while the caller computes."""

@@ -19,6 +19,7 @@ from typing import Iterator
 from ..control import Progress, StopFlag
 from ..errors import BatchinferError, ConfigError, ModelError
 from ..models import library_logs_shown
+from ..output.records import ChunkResult
 from ..plan import Work
 from ..task import TaskInputs
 
@@ -47,7 +48,7 @@ class Worker:
             raise self.failed
         return str(self.task.runner.device), os.getpid()
 
-    def run(self, work: Work, probe: bool, tuning: dict | None) -> dict:
+    def run(self, work: Work, probe: bool, tuning: dict | None) -> ChunkResult:
         if self.failed:  # a replacement worker whose model did not load
             raise self.failed
         if tuning and not self.tuned:  # once: an out-of-memory may lower the budget afterwards
@@ -59,8 +60,9 @@ class Worker:
             loaded = self.task.load(work)
         notes: list[str] = []
         with self.computing:
-            record = self.task.run(loaded, probe=probe, log=notes.append)
-        return {**record, "notes": notes}
+            result = self.task.run(loaded, probe=probe, log=notes.append)
+        result.notes = notes  # said by the driver's progress, in the driver's process
+        return result
 
 
 class RayExecutor:
@@ -99,7 +101,7 @@ class RayExecutor:
             raise
         self.device = f"{described[0][0]} x{count} (ray)"
 
-    def run(self, todo: list[Work], probe: bool) -> Iterator[dict]:
+    def run(self, todo: list[Work], probe: bool) -> Iterator[ChunkResult]:
         queue = deque(todo)
         in_flight: dict = {}  # object ref -> (worker name, actor, work)
         tuning = None
@@ -116,17 +118,17 @@ class RayExecutor:
             for ref in ready:
                 name, actor, work = in_flight.pop(ref)
                 try:
-                    record = self._get(ref)
+                    result = self._get(ref)
                 except self.ray.exceptions.RayActorError as exc:
                     queue.appendleft(work)
                     if self.actors[name] is actor:  # its other chunks in flight fail the same way: replace once
                         self._replace(name, exc)
                     continue
-                for note in record.pop("notes"):
+                for note in result.notes:
                     self.progress.log(f"{name}: {note}")
-                if probe and "tuning" in record:  # a chunk with no rows to run leaves the probe to the next
-                    probe, tuning = False, record["tuning"]
-                yield record
+                if probe and result.tuning is not None:  # a chunk with no rows to run leaves the probe to the next
+                    probe, tuning = False, result.tuning
+                yield result
 
     def _replace(self, name: str, exc: BaseException) -> None:
         """A fresh worker in place of one that died; its chunks in flight went back to the queue."""

@@ -1,0 +1,90 @@
+"""One class per output.format: the files each writes beside the Parquet parts (declared in the job file
+when the folder is opened, so they are provably the job's), and what it writes once the job is complete.
+The Parquet parts stay the checkpoint in every format."""
+
+from __future__ import annotations
+
+import json
+
+from ..openai_batch import error_lines, response_lines
+from .failures import writing
+from .parts import part_names, read_table
+
+RESULTS_JSONL = "_results.jsonl"  # the _ keeps Parquet readers of the folder off it
+EXPORTED = "exported.json"  # the files `openai-batch -o` wrote outside the folder, with their digests
+
+
+class DeclaredFiles:
+    """Writes the job's other files (those its job file declares), each whole."""
+
+    def __init__(self, folder, path, job: dict):
+        self.folder, self.path, self.declared = folder, path, job.get("files", [])
+
+    def write(self, name: str, fill) -> None:
+        """`name`, written by fill(binary file)."""
+        if name not in self.declared:
+            raise ValueError(f"{name} is not among the files this job declared")
+        writing(self.path, lambda: self.folder.write_with(name, fill))
+
+    def write_lines(self, name: str, convert, errors: bool = False) -> int:
+        """`name`, from every result (or error) part in input order: each part's table → lines by
+        `convert`. Returns the lines written."""
+        count = 0
+
+        def fill(f) -> None:
+            nonlocal count
+            for part in part_names(self.folder, errors=errors):
+                lines = convert(read_table(self.folder, part))
+                f.write("".join(line + "\n" for line in lines).encode())
+                count += len(lines)
+
+        self.write(name, fill)
+        return count
+
+
+class ParquetFormat:
+    """The part files alone."""
+
+    files: tuple[str, ...] = ()
+
+    def finish(self, files: DeclaredFiles) -> dict:
+        return {}
+
+
+class JsonlFormat:
+    """The parts, and every result row as one JSON line in _results.jsonl."""
+
+    files = (RESULTS_JSONL,)
+
+    def finish(self, files: DeclaredFiles) -> dict:
+        return {RESULTS_JSONL: files.write_lines(RESULTS_JSONL, json_lines)}
+
+
+class OpenAIFormat:
+    """The parts, and output.jsonl and errors.jsonl: what OpenAI's batch output_file and error_file hold."""
+
+    files = ("output.jsonl", "errors.jsonl", EXPORTED)
+
+    def __init__(self, model: str, task: str):
+        self.model, self.task = model, task
+
+    def finish(self, files: DeclaredFiles) -> dict:
+        """Returns the lines written to each file, as the report's `openai`."""
+        return {
+            "openai": {
+                "output.jsonl": files.write_lines("output.jsonl", lambda t: response_lines(t, self.model, self.task)),
+                "errors.jsonl": files.write_lines("errors.jsonl", lambda t: error_lines(t, self.model), errors=True),
+            }
+        }
+
+
+def output_format(job) -> ParquetFormat | JsonlFormat | OpenAIFormat:
+    """The format object of a job's output.format."""
+    if job.output.format == "openai":
+        return OpenAIFormat(job.model.path, job.model.task)
+    return JsonlFormat() if job.output.format == "jsonl" else ParquetFormat()
+
+
+def json_lines(table) -> list[str]:
+    """Result rows as JSON lines (embeddings and scores as arrays)."""
+    return [json.dumps(row, ensure_ascii=False, default=str) for row in table.to_pylist()]

@@ -1,0 +1,68 @@
+"""One read of an output folder: its job file, its listing, the completion markers of its job and the
+Parquet footers of the files batchinfer may have written, many small reads at once."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyarrow.parquet as pq
+
+from .jobfile import read_job
+from .layout import BAD_RECORDS, MARKER, PART, SKIPPED, marker_order
+from .records import ChunkRecord
+
+READS_AT_ONCE = 16  # markers and part footers read at once when a run opens the folder
+
+
+@dataclass
+class Scan:
+    job: dict | None  # None: the folder holds no batchinfer job
+    listing: dict[str, int]  # every file: name -> size
+    done: dict[str, ChunkRecord] = field(default_factory=dict)  # this job's finished passes, in marker order
+    footers: dict[str, pq.FileMetaData | None] = field(default_factory=dict)
+
+    def stray_markers(self) -> list[str]:
+        """Completion markers that are damaged or not this job's: a run refuses the folder over them."""
+        return [n for n in self.listing if (m := MARKER.fullmatch(n)) and m.group(1) not in self.done]
+
+
+def scan(folder, path, footers: bool = True) -> Scan:
+    """The folder as it stands; markers and footers only when it holds a job (a damaged job file raises).
+    footers: read the footers too (what checks parts against markers, and ownership, need)."""
+    job = read_job(folder, path)
+    listing = folder.list()
+    if job is None:
+        return Scan(None, listing)
+    return Scan(job, listing, read_markers(folder, job, listing), read_footers(folder, listing) if footers else {})
+
+
+def read_markers(folder, job: dict, listing: dict[str, int]) -> dict[str, ChunkRecord]:
+    """This job's finished passes by name, in order (a retry after what it retries)."""
+    done = {}
+    names = sorted((n for n in listing if MARKER.fullmatch(n)), key=marker_order)
+    for name, raw in read_each(folder.read, names).items():
+        try:
+            content = json.loads(raw or b"")
+        except ValueError:
+            continue  # not ours: reported as foreign
+        if isinstance(content, dict) and content.get("job_id") == job["job_id"]:
+            record = ChunkRecord.from_marker(content)
+            if record is not None:
+                done[MARKER.fullmatch(name).group(1)] = record
+    return done
+
+
+def read_footers(folder, listing: dict[str, int]) -> dict[str, pq.FileMetaData | None]:
+    """The footer of every Parquet file batchinfer may have written here (None: not Parquet, or not
+    whole): the footer alone, not the file."""
+    names = [n for n in listing if PART.fullmatch(n) or n in (SKIPPED, BAD_RECORDS)]
+    return read_each(folder.parquet_metadata, names)
+
+
+def read_each(read, names: list[str]) -> dict:
+    """name -> read(name), in the order given, READS_AT_ONCE at a time: each one small request, so the
+    markers and footers of thousands of chunks on an object store take seconds, not minutes."""
+    with ThreadPoolExecutor(max_workers=READS_AT_ONCE, thread_name_prefix="batchinfer-read") as pool:
+        return dict(zip(names, pool.map(read, names)))

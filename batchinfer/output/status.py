@@ -1,0 +1,133 @@
+"""An output folder read without changing it: what `status`, `validate`, `plan` and `export` say of it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+
+from ..plan import describe_changes
+from ..storage import open_folder, refuse_location
+from .checkpoint import lost_chunks, read_report
+from .failures import display_path, reach_error
+from .layout import JOB, REPORT, SKIPPED, SUCCESS
+from .lock import live_holder
+from .ownership import refuse_foreign, refuse_foreign_folder
+from .parts import part_names, read_table
+from .records import ChunkRecord
+from .scan import Scan, read_footers, scan
+
+
+class FolderStatus:
+    """The job in a folder and its finished chunks, as they stand; reading only."""
+
+    def __init__(self, path, folder, found: Scan):
+        self.path, self.folder, self.found = path, folder, found
+
+    @classmethod
+    def read(cls, path: str | Path, options: dict | None = None) -> FolderStatus | None:
+        """None when the folder holds no batchinfer job; a damaged job file raises."""
+        folder = open_folder(str(path), options)
+        found = scan(folder, display_path(path), footers=False)
+        return cls(display_path(path), folder, found) if found.job is not None else None
+
+    @property
+    def job(self) -> dict:
+        return self.found.job
+
+    @property
+    def done(self) -> dict[str, ChunkRecord]:
+        return self.found.done
+
+    @property
+    def command(self) -> str:
+        return self.job.get("command", "")
+
+    @property
+    def fingerprint(self) -> dict:
+        return self.job.get("fingerprint", {})
+
+    @property
+    def tuning(self) -> dict | None:
+        return self.job.get("tuning")
+
+    @property
+    def extent(self) -> dict:
+        """The job's totals: chunks and rows (job_chunks, job_rows and limit after a --limit run)."""
+        return self.job.get("plan", {})
+
+    def lost(self) -> dict[str, str]:
+        """Finished chunks whose part files are missing or not this job's (see lost_chunks); reads footers."""
+        listing = self.folder.list()
+        return lost_chunks(self.done, listing, read_footers(self.folder, listing), self.job["job_id"])
+
+    def stray_markers(self) -> list[str]:
+        return self.found.stray_markers()
+
+    def skipped_shards(self) -> list[str]:
+        """The shards the last run left out (input.on_bad_shard: skip), as _report.json lists them."""
+        table = read_table(self.folder, SKIPPED)
+        return table.column("source").to_pylist() if table is not None else []
+
+    def succeeded(self) -> bool:
+        """Whether the folder has its _SUCCESS (every chunk done when the last run ended)."""
+        return self.folder.read(SUCCESS) is not None
+
+    def report(self) -> dict | None:
+        return read_report(self.folder)
+
+    def report_damaged(self) -> bool:
+        """A _report.json that is not JSON: batchinfer cannot tell it is its own, so a run refuses it."""
+        raw = self.folder.read(REPORT)
+        if raw is None:
+            return False
+        try:
+            json.loads(raw)
+        except ValueError:
+            return True
+        return False
+
+    def holder(self) -> dict | None:
+        """The live run holding the folder, if any."""
+        return live_holder(self.folder)
+
+    def updated(self) -> float:
+        """When the job last changed: its job file, or its latest commit."""
+        return max([self.folder.mtime(JOB) or 0.0] + [r.finished or 0.0 for r in self.done.values()])
+
+    def parts(self, errors: bool = False) -> list[str]:
+        """Names of the result (or error) part files, in input order."""
+        return part_names(self.folder, errors)
+
+    def read_table(self, name: str) -> pa.Table | None:
+        return read_table(self.folder, name)
+
+
+def describe_folder(path: str | Path, options: dict | None, fingerprint: dict, chunks_total: int) -> str:
+    """What a run of the job with `fingerprint` would find in the folder, without changing anything; raises
+    the errors a run would raise (foreign files, a damaged job file)."""
+    shown = display_path(path)
+    refuse_location(str(shown), ())
+    folder = open_folder(str(path), options)
+    try:
+        refuse_foreign_folder(folder, shown)
+        found = scan(folder, shown)
+    except OSError as exc:
+        raise reach_error(shown, exc, "read output folder") from exc
+    if not found.job:
+        return "a new folder"
+    refuse_foreign(folder, shown, found)
+    changed = describe_changes(found.job["fingerprint"], fingerprint)
+    changed.pop("limit", None)
+    lost = lost_chunks(found.done, found.listing, found.footers, found.job["job_id"])
+    chunks = sum(1 for name, r in found.done.items() if not r.retry_of and name not in lost)
+    again = f"; {len(lost)} finished chunk(s) lost a part file and run again" if lost else ""
+    if changed and found.done:
+        return (
+            f"holds {chunks} finished chunk(s) of a different job ({'; '.join(changed.values())}): the run "
+            "will refuse; add --restart to discard them, or --output NEW_FOLDER"
+        )
+    if chunks >= chunks_total:
+        return f"holds this job, complete: {chunks}/{chunks_total} chunks done; a run has nothing left to do"
+    return f"holds this job: {chunks}/{chunks_total} chunks done; the run resumes{again}"
