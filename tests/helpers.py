@@ -27,7 +27,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # creating an object on a store, and reading it back, so that of two runs racing there one alone goes on.
 # No test races two runs, so none waits: conftest sets them to 0 in this process, BATCHINFER in the runs
 # the tests start. {module: attribute}
-SETTLE_WAITS = {"batchinfer.sink": "TAKEOVER_SETTLE", "batchinfer.storage": "ObjectFolder.SETTLE"}
+SETTLE_WAITS = {"batchinfer.output.lock": "TAKEOVER_SETTLE", "batchinfer.storage": "ObjectFolder.SETTLE"}
 # The command line as users call it (python -m batchinfer runs the same app), its settle waits at 0
 BATCHINFER = [
     sys.executable,

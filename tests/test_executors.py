@@ -11,6 +11,7 @@ import pytest
 from batchinfer.control import Interrupted, Quiet, StopFlag
 from batchinfer.errors import InputError
 from batchinfer.executors.local import LocalExecutor
+from batchinfer.output.records import ChunkRecord, ChunkResult
 from batchinfer.plan import Work, plan_chunks
 
 WAIT = 2.0  # seconds a stand-in waits for what read-ahead should already have started
@@ -18,7 +19,7 @@ WAIT = 2.0  # seconds a stand-in waits for what read-ahead should already have s
 
 class Task:
     """A stand-in ChunkTask. run(k) waits for load(k + 1) to begin: read-ahead or a timeout. A chunk
-    named in `empty` has no rows to run (its record carries no tuning); `fail`/`stop_at` break a load."""
+    named in `empty` has no rows to run (its result carries no tuning); `fail`/`stop_at` break a load."""
 
     def __init__(self, names, empty=(), fail=None, stop_at=None):
         self.runner = SimpleNamespace(device="cpu", load_seconds={"torch": 0.5})
@@ -45,7 +46,8 @@ class Task:
             self.ahead.append(self.started[self.names[following]].wait(WAIT))
         self.probes.append(probe)
         self.ran.append(loaded.name)
-        return {"chunk": loaded.name, **({} if loaded.name in self.empty or not probe else {"tuning": {}})}
+        tuning = None if loaded.name in self.empty or not probe else {"max_tokens": 64}
+        return ChunkResult(ChunkRecord(loaded.name, 10, 10, {}), (64, "padded", "torch", None), tuning)
 
     def close(self):
         self.closed = True
@@ -63,8 +65,8 @@ def test_the_next_chunk_loads_while_this_one_runs_and_records_come_in_order():
     todo = _todo(4)
     task = Task([w.name for w in todo])
     executor = LocalExecutor(task, Quiet())
-    records = list(executor.run(todo, probe=False))
-    assert [r["chunk"] for r in records] == [w.name for w in todo] == task.ran
+    results = list(executor.run(todo, probe=False))
+    assert [r.record.chunk for r in results] == [w.name for w in todo] == task.ran
     assert task.ahead == [True, True, True]  # each load began before the chunk before it finished
     assert executor.device == "cpu" and executor.load_seconds == {"torch": 0.5}
     assert not _loaders()
@@ -84,8 +86,8 @@ def test_a_stop_while_loading_ends_the_run_before_that_chunk_and_leaves_no_loade
     task = Task([w.name for w in todo], stop_at=todo[2].name)
     seen = []
     with pytest.raises(Interrupted) as info:
-        for record in LocalExecutor(task, Quiet()).run(todo, probe=False):
-            seen.append(record["chunk"])
+        for result in LocalExecutor(task, Quiet()).run(todo, probe=False):
+            seen.append(result.record.chunk)
     assert info.value.signum == signal.SIGTERM
     assert seen == task.ran == [todo[0].name, todo[1].name]
     assert not task.started[todo[3].name].is_set() and not _loaders()
@@ -96,15 +98,15 @@ def test_a_failed_read_surfaces_in_order_after_the_chunks_before_it():
     task = Task([w.name for w in todo], fail=todo[1].name)
     seen = []
     with pytest.raises(InputError, match=f"{todo[1].name} cannot be read"):
-        for record in LocalExecutor(task, Quiet()).run(todo, probe=False):
-            seen.append(record["chunk"])
+        for result in LocalExecutor(task, Quiet()).run(todo, probe=False):
+            seen.append(result.record.chunk)
     assert seen == [todo[0].name] and not _loaders()
 
 
 def test_a_caller_that_stops_early_leaves_no_loader():
     todo = _todo(5)
     task = Task([w.name for w in todo])
-    records = LocalExecutor(task, Quiet()).run(todo, probe=False)
-    assert next(records)["chunk"] == todo[0].name
-    records.close()  # the driver stops on an error of its own
+    results = LocalExecutor(task, Quiet()).run(todo, probe=False)
+    assert next(results).record.chunk == todo[0].name
+    results.close()  # the driver stops on an error of its own
     assert not _loaders() and task.ran == [todo[0].name]

@@ -66,7 +66,8 @@ def test_run_writes_good_rows_in_order_and_bad_rows_as_errors_and_counts_them(ch
     task, writer, chunk = chunk_task
     loaded = task.load(Work(chunk, chunk.name))
     seen = []
-    record = task.run(loaded, partial=lambda rows, tokens: seen.append((rows, tokens)))
+    result = task.run(loaded, partial=lambda rows, tokens: seen.append((rows, tokens)))
+    record = result.record
     results, errors = writer.chunks[chunk.name]
     good = [f"r{i}" for i in range(10) if i not in BAD]
     assert results.column("id").to_pylist() == good and results.column("row").to_pylist() == [int(r[1:]) for r in good]
@@ -74,9 +75,9 @@ def test_run_writes_good_rows_in_order_and_bad_rows_as_errors_and_counts_them(ch
     assert errors.column("id").to_pylist() == ["r2", "r5", "r8"]
     assert errors.column("reason").to_pylist() == [BAD[2], BAD[5], BAD[8]]
     tokens = int(loaded.tokens.lengths[loaded.index].sum())
-    assert (record["rows"], record["ok"], record["tokens"]) == (10, 7, tokens)
-    assert record["errors"] == {"null_text": 1, "empty_text": 1, "too_long": 1}
-    assert record["padded_tokens"] >= tokens and record["budget"][:2] == [48, "padded"]
+    assert (record.rows, record.ok, record.tokens) == (10, 7, tokens)
+    assert record.errors == {"null_text": 1, "empty_text": 1, "too_long": 1}
+    assert record.padded_tokens >= tokens and result.budget[:2] == (48, "padded") and result.tuning is None
     assert len(seen) == len(loaded.batches) and seen[-1] == (10, tokens)  # batch by batch, to the whole chunk
     assert [rows for rows, _ in seen] == sorted(rows for rows, _ in seen)
 
@@ -85,10 +86,10 @@ def test_a_retry_reads_only_its_rows_and_keeps_their_place_in_the_shard(chunk_ta
     task, writer, chunk = chunk_task
     loaded = task.load(Work(chunk, f"{chunk.name}-r1", offsets=[1, 2, 7], retry_of=chunk.name))
     assert loaded.row_ids.tolist() == [1, 2, 7] and loaded.table.column("id").to_pylist() == ["r1", "r2", "r7"]
-    record = task.run(loaded)
+    record = task.run(loaded).record
     results, errors = writer.chunks[f"{chunk.name}-r1"]
     assert results.column("row").to_pylist() == [1, 7] and errors.column("row").to_pylist() == [2]
-    assert record["retry_of"] == chunk.name and (record["rows"], record["ok"]) == (3, 2)
+    assert record.retry_of == chunk.name and (record.rows, record.ok) == (3, 2)
 
 
 def test_a_stop_before_reading_reads_nothing(chunk_task):
