@@ -9,7 +9,7 @@ from dataclasses import fields
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import sms_job
+from helpers import make_job
 
 from batchinfer.driver import run_job
 from batchinfer.errors import OutputError, ResumeError
@@ -299,7 +299,7 @@ def test_a_marker_that_also_holds_the_workers_batching_still_resumes(tmp_path):
 def test_a_runs_markers_hold_its_records_alone_and_a_resume_reads_each_once(
     tmp_path, sms_parquet, tiny_embed, monkeypatch
 ):
-    job = sms_job(sms_parquet, tiny_embed, tmp_path / "out")
+    job = make_job(sms_parquet, tiny_embed, tmp_path / "out")
     run_job(job)
     markers = sorted((tmp_path / "out" / "_done").glob("*.json"))
     persisted = {f.name for f in fields(ChunkRecord)} | {"job_id"}
