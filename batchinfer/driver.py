@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from .backends import backend_is_open
+from .chunk_task import TaskInputs
 from .config import JobConfig
 from .control import Budget, Progress, Quiet, StopFlag
 from .executors import make_executor
@@ -24,7 +25,6 @@ from .output.records import ChunkRecord
 from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
 from .report import build_report
 from .sources import discover_shards, read_spec
-from .task import TaskInputs
 from .tune import DEFAULT_BUDGET
 
 # What --retry-errors may change: the settings that decide whether a row fits, not what a row means.

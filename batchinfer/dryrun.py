@@ -77,7 +77,7 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
         "output": folder,
     }
 
-    from .task import TaskInputs
+    from .chunk_task import TaskInputs
 
     budget, auto = settle_budget(job, earlier.tuning)
     spec = read_spec(job.input, job.columns, inputs.types)

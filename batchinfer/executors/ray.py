@@ -16,12 +16,12 @@ import time
 from collections import deque
 from typing import Iterator
 
+from ..chunk_task import TaskInputs
 from ..control import Progress, StopFlag
 from ..errors import BatchinferError, ConfigError, ModelError
 from ..models import library_logs_shown
 from ..output.records import ChunkResult
 from ..plan import Work
-from ..task import TaskInputs
 
 IN_FLIGHT = 2  # chunks per worker: one computing, one loading
 POLL = 0.25  # seconds between checks of the stop flag while chunks run
