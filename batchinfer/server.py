@@ -218,7 +218,7 @@ class GenerateService:
         lengths = [job.model.max_length + gen.max_new_tokens] * rows
         cb_config = runner.engine_config(gen, lengths, rows, constrained)
         self.manager = runner.model.init_continuous_batching(
-            generation_config=runner._generation_config(gen, gen.max_new_tokens), continuous_batching_config=cb_config
+            generation_config=runner.generation_config(gen, gen.max_new_tokens), continuous_batching_config=cb_config
         )
         self.masks = runner.masks(self.manager) if constrained else None
         self.manager.start()
@@ -569,7 +569,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
             last = output
         if last.error:
             raise RuntimeError(f"generation failed: {last.error}")
-        generated, text, reason = service.runner._finish(last.generated_tokens, max_new, stops)
+        generated, text, reason = service.runner.finish(last.generated_tokens, max_new, stops)
         if constraint is not None and (
             problem := service.runner.incomplete(constraint, generated, text, reason, max_new)
         ):
@@ -598,7 +598,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
             async for output in service.stream(ids, max_new, request, constraint):
                 if output.error:
                     raise EngineDown(f"generation failed: {output.error}")
-                generated, text, reason = service.runner._finish(output.generated_tokens, max_new, stops)
+                generated, text, reason = service.runner.finish(output.generated_tokens, max_new, stops)
                 completion = len(generated)
                 if output.is_finished() and constraint is not None:
                     if problem := service.runner.incomplete(constraint, generated, text, reason, max_new):

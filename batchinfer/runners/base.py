@@ -1,5 +1,5 @@
-"""The runner contract, and what every encoder task shares: batch tokenization, padded or packed
-forward passes, split-and-retry, the probe.
+"""What every encoder task shares (its runner contract is protocol.py's Runner): batch tokenization,
+padded or packed forward passes, split-and-retry, the probe.
 
 A runner turns texts into items (token ids: one per row, or several, as zero-shot makes one per
 candidate label), runs batches of items, and turns each row's item results into result columns
@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import time
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -22,18 +21,7 @@ from ..batching import padding_stats
 from ..packing import first_position, pack, packed_forward, supports_packing
 from ..recovery import run_resilient
 from ..tune import plan, probe
-
-
-@dataclass
-class Tokens:
-    ids: list[list[int]]  # per item; a Pair for (text, text_pair) items
-    lengths: np.ndarray  # [items] int64, special tokens included
-    truncated: np.ndarray  # [items] bool
-    owner: np.ndarray | None = None  # [items] the text each item belongs to; None: item i is text i
-    encodings: list | None = None  # the tokenizer's encodings, for runners that read offsets
-
-    def owners(self) -> np.ndarray:
-        return self.owner if self.owner is not None else np.arange(len(self.ids))
+from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 
 
 class Pair(list):
@@ -169,11 +157,19 @@ class EncoderRunner:
         inputs, mask = self.collate(ids)
         return self.head(inputs, mask)
 
-    def run_chunk(self, loaded, ctx) -> tuple[dict[str, pa.Array], np.ndarray, dict]:
-        """A loaded chunk's planned batches of items, each split and retried on failure → (result columns
-        of the rows whose every item ran, those rows as positions in the chunk's texts, figures for the
-        record). With ctx.probe, a probe first settles `batching: auto` on slices of this chunk; the
-        record carries its choice."""
+    def row_settings(self, job, table: pa.Table, prepared) -> None:
+        return None  # encoder tasks read no per-row settings
+
+    def cut(self, lengths: np.ndarray, budget: tuple[int, str], max_rows: int) -> list[np.ndarray]:
+        return plan(lengths, *budget, max_rows, self.device)
+
+    def packing_problem(self) -> str | None:
+        return supports_packing(self.model)
+
+    def run_chunk(self, loaded: ChunkInput, ctx: ChunkContext) -> ChunkOutput:
+        """A loaded chunk's planned batches of items, each split and retried on failure → the result columns
+        of the rows whose every item ran. With ctx.probe, a probe first settles `batching: auto` on slices
+        of this chunk; the output carries its choice."""
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
         budget, rows = ctx.budget, ctx.job.batching.max_rows
         lengths = tokens.lengths[index]
@@ -220,14 +216,13 @@ class EncoderRunner:
             totals["seconds"] += seconds
             return seconds
 
-        extra = {}
+        tuning = None
         if (ctx.probe or self.unsettled) and len(index):
-            extra["tuning"], rest = self.settle(lengths, [tokens.ids[i] for i in index.tolist()], run, ctx)
-            run([rest[b] for b in plan(lengths[rest], *budget.key, rows, self.device)], budget.strategy)
+            tuning, rest = self.settle(lengths, [tokens.ids[i] for i in index.tolist()], run, ctx)
+            run([rest[b] for b in self.cut(lengths[rest], budget.key, rows)], budget.strategy)
         else:  # replanned when a probe or an out-of-memory changed the budget after this chunk was read ahead
             run(
-                loaded.batches if loaded.planned == budget.key else plan(lengths, *budget.key, rows, self.device),
-                budget.strategy,
+                loaded.batches if loaded.planned == budget.key else self.cut(lengths, budget.key, rows), budget.strategy
             )
         budget.backend, budget.precision = self.backend, self.precision
         ctx.stop.check()
@@ -237,10 +232,12 @@ class EncoderRunner:
             if text not in failed:
                 items.setdefault(text, []).append(results[position])
         kept = np.fromiter(items, dtype=np.int64, count=len(items))
-        return (
+        return ChunkOutput(
             self.columns(list(items.values()), kept, loaded),
             kept,
-            {"model_seconds": round(totals["seconds"], 4), "padded_tokens": totals["padded"], **extra},
+            round(totals["seconds"], 4),
+            totals["padded"],
+            tuning=tuning,
         )
 
     def settle_default(self) -> dict:
