@@ -23,6 +23,7 @@ from .errors import InputError
 from .lines import open_lines, parse_object, read_lines
 from .messages import message_problem
 from .openai_api import CHAT, COMPLETIONS, EMBEDDINGS, chat_messages, unsupported
+from .openai_shapes import choice, completion, embedding_list, usage
 
 REQUEST_COLUMNS = [
     "custom_id",
@@ -114,30 +115,12 @@ def response_lines(table: pa.Table, model: str, task: str) -> list[str]:
     for row in table.to_pylist():
         request_id = _stable_id(row["custom_id"], model)
         if task == "embed":
-            body = {
-                "object": "list",
-                "model": model,
-                "data": [{"object": "embedding", "index": 0, "embedding": row["embedding"]}],
-                "usage": {"prompt_tokens": row["prompt_tokens"], "total_tokens": row["prompt_tokens"]},
-            }
+            body = embedding_list([row["embedding"]], model, row["prompt_tokens"])
         else:
-            usage = {
-                "prompt_tokens": row["prompt_tokens"],
-                "completion_tokens": row["completion_tokens"],
-                "total_tokens": row["prompt_tokens"] + row["completion_tokens"],
-            }
-            if row["url"] == CHAT:
-                choice = {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": row["text"]},
-                    "logprobs": None,
-                    "finish_reason": row["finish_reason"],
-                }
-                body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion"}
-            else:
-                choice = {"index": 0, "text": row["text"], "logprobs": None, "finish_reason": row["finish_reason"]}
-                body = {"id": f"cmpl-{request_id}", "object": "text_completion"}
-            body.update({"created": created, "model": model, "choices": [choice], "usage": usage})
+            chat = row["url"] == CHAT
+            choices = [choice(chat, row["text"], row["finish_reason"])]
+            body = completion(chat, request_id, created, model, choices)
+            body["usage"] = usage(row["prompt_tokens"], row["completion_tokens"])
         response = {"status_code": 200, "request_id": request_id, "body": body}
         lines.append(
             json.dumps(
