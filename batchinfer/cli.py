@@ -445,7 +445,7 @@ def serve(
         try:
             import uvicorn
 
-            from .server import SERVED, BadInput, create_app
+            from .serve import SERVED, BadInput, create_app
         except ImportError as exc:
             raise ConfigError(
                 f"batchinfer serve needs FastAPI and uvicorn ({exc})", 'pip install -e ".[serve]"'

@@ -1,5 +1,5 @@
 """Every field of OpenAI's request bodies and what batchinfer does with it: one table, read by OpenAI Batch
-files (openai_batch.py) and by serve's endpoints (server.py).
+files (openai_batch.py) and by serve's endpoints (serve/).
 
 A field is implemented (read and honoured), or taken only at a value that changes nothing (its default,
 or a field such as user or metadata that never changes an answer). Any other value, and any field the

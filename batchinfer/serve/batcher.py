@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .recovery import run_resilient
-from .tune import plan
+from ..recovery import run_resilient
+from ..tune import plan
 
 
 class Overloaded(Exception):
