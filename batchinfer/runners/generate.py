@@ -101,23 +101,22 @@ class GenerateRunner:
 
     # --- prompts ---------------------------------------------------------------------------------------------
 
-    def tokenize(self, prompts: list) -> Tokens:
-        """Strings are encoded as they are; message lists go through the chat template first."""
-        encodings: list = [None] * len(prompts)
-        plain = [i for i, p in enumerate(prompts) if isinstance(p, str)]
-        chats = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
+    def tokenize(self, texts: list) -> Tokens:
+        """Prompts: strings are encoded as they are; message lists go through the chat template first."""
+        encodings: list = [None] * len(texts)
+        plain = [i for i, p in enumerate(texts) if isinstance(p, str)]
+        chats = [i for i, p in enumerate(texts) if not isinstance(p, str)]
         for i, encoding in zip(
             plain,
-            encode_capped(self.backend, [prompts[i] for i in plain], self.max_length, from_end=True) if plain else [],
+            encode_capped(self.backend, [texts[i] for i in plain], self.max_length, from_end=True) if plain else [],
         ):
             encodings[i] = encoding
         if chats:  # the template writes its own special tokens
-            texts = [
-                self.tokenizer.apply_chat_template(prompts[i], add_generation_prompt=True, tokenize=False)
-                for i in chats
+            templated = [
+                self.tokenizer.apply_chat_template(texts[i], add_generation_prompt=True, tokenize=False) for i in chats
             ]
             for i, encoding in zip(
-                chats, encode_capped(self.backend, texts, self.max_length, from_end=True, add_special_tokens=False)
+                chats, encode_capped(self.backend, templated, self.max_length, from_end=True, add_special_tokens=False)
             ):
                 encodings[i] = encoding
         ids = [e.ids for e in encodings]

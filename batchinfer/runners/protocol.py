@@ -92,5 +92,5 @@ class Runner(Protocol):
     def packing_problem(self) -> str | None:
         """Why batching.strategy: packed cannot run this runner's model, or None."""
 
-    def run_chunk(self, chunk: ChunkInput, ctx: ChunkContext) -> ChunkOutput:
-        """Run a chunk's items through the model; failed rows go to chunk.prepared.errors."""
+    def run_chunk(self, loaded: ChunkInput, ctx: ChunkContext) -> ChunkOutput:
+        """Run a loaded chunk's items through the model; rows that fail go to loaded.prepared.errors."""
