@@ -1,7 +1,8 @@
 """One chunk, start to end: read → prepare → tokenize → batch → run → write its part files → its record.
 
 A ChunkTask holds a loaded runner and plain, picklable inputs (the job, the shards, the read spec,
-where the output goes); it knows nothing of who calls it. `load` does everything up to the model and
+where the output goes); it knows nothing of who calls it, nor which task runs: what differs between tasks
+is the runner's to say (runners/protocol.py). `load` does everything up to the model and
 `run` the rest, so an executor can load the next chunk while this one computes. The record it
 returns is committed by the driver, which alone writes completion markers.
 """
