@@ -22,6 +22,7 @@ from .models import model_identity, read_config, resolve_model_path
 from .openai_batch import OPENAI_FILES
 from .openai_batch import export as export_openai
 from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
+from .reasons import RETRYABLE
 from .report import build_report
 from .sink import OutputDir, current_errors
 from .sources import discover_shards, read_spec
@@ -39,11 +40,9 @@ def json_lines(table) -> list[str]:
     return [json.dumps(row, ensure_ascii=False, default=str) for row in table.to_pylist()]
 
 
-# What --retry-errors may change: the settings that decide whether a row fits, not what a row means.
+# What --retry-errors may change: the settings that decide whether a row fits, not what a row means. The
+# error reasons such a change can cure are reasons.RETRYABLE; the others would only fail again.
 RETRY_MAY_CHANGE = frozenset({"model.max_length", "model.truncation", "model.dtype"})
-# The error reasons such a change can cure; the others (empty_text, bad_csv, bad_json, bad_utf8, ...) are in the
-# input itself and would only fail again, so a retry keeps them in _errors/ without running them.
-RETRYABLE = frozenset({"too_long", "oom", "model_error"})
 
 
 def run_job(

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 
 from .errors import OutputError, ResumeError
 from .plan import describe_changes
+from .reasons import Reason
 from .storage import JOB_FILE, is_disk_full, is_uri, join, open_folder, reach_problem, refuse_location
 
 JOB = JOB_FILE
@@ -441,7 +442,7 @@ class OutputDir:
                     "id": pa.nulls(len(names), pa.string()),
                     "source": list(names),
                     "row": pa.nulls(len(names), pa.int64()),
-                    "reason": ["bad_shard"] * len(names),
+                    "reason": [Reason.BAD_SHARD] * len(names),
                     "message": list(messages),
                 },
                 schema=ERROR_SCHEMA,

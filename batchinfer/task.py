@@ -25,6 +25,7 @@ from .heap import HeapGuard
 from .packing import supports_packing
 from .plan import Chunk, Work
 from .prepare import Prepared, prepare_rows, row_limits
+from .reasons import Reason
 from .runners.base import Tokens
 from .sink import ERROR_SCHEMA, PartWriter
 from .sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
@@ -140,7 +141,7 @@ class ChunkTask:
         if job.model.truncation == "error":
             for i in np.flatnonzero(tokens.truncated).tolist():
                 prepared.errors[int(prepared.rows[owners[i]])] = (
-                    "too_long",
+                    Reason.TOO_LONG,
                     f"text is longer than max_length={self.runner.max_length} tokens",
                 )
         # the items of rows with no error so far (a row whose text was too long loses all its items)
@@ -192,7 +193,7 @@ class ChunkTask:
         owners = tokens.owners()
         sent = np.unique(owners[index])  # the rows (positions in the chunk's texts) that went to the model
         errors = [prepared.errors.get(int(prepared.rows[t]), ("", "")) for t in np.setdiff1d(sent, kept)]
-        model_errors = [message for reason, message in errors if reason == "model_error"]
+        model_errors = [message for reason, message in errors if reason == Reason.MODEL_ERROR]
         if len(sent) > 1 and len(model_errors) == len(sent):
             raise ModelError(
                 f"the model failed on every row of chunk {loaded.work.name}: {model_errors[0]}",
@@ -274,7 +275,7 @@ def unreadable(job: JobConfig, shard: Shard, chunk: Chunk, exc: BaseException) -
         )
         raise InputError(message, f"{fix}, or set input.on_bad_shard: skip") from exc
     table = pa.table({c: pa.nulls(chunk.rows, pa.string()) for c in job.columns})
-    return RowBlock(table, {offset: ("bad_shard", message) for offset in range(chunk.rows)})
+    return RowBlock(table, {offset: (Reason.BAD_SHARD, message) for offset in range(chunk.rows)})
 
 
 def result_table(
