@@ -30,7 +30,7 @@ from .runners.base import Tokens
 from .sink import ERROR_SCHEMA, PartWriter
 from .sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
 from .sources.base import ShardChanged, as_text
-from .tune import plan
+from .tune import cut_batches
 
 SCORE_LABELS = "labels"  # the key of the `scores` field's metadata that names its entries
 
@@ -154,7 +154,7 @@ class ChunkTask:
             rows = job.batching.max_rows
             batches = [np.arange(i, min(i + rows, len(index))) for i in range(0, len(index), rows)]
         else:
-            batches = plan(tokens.lengths[index], *planned, job.batching.max_rows, self.runner.device)
+            batches = cut_batches(tokens.lengths[index], *planned, job.batching.max_rows, self.runner.device)
         return Loaded(
             work,
             shard,

@@ -21,7 +21,7 @@ import torch
 from ..batching import padding_stats
 from ..packing import first_position, pack, packed_forward, supports_packing
 from ..recovery import run_resilient
-from ..tune import plan, probe
+from ..tune import cut_batches, probe
 
 
 @dataclass
@@ -223,10 +223,12 @@ class EncoderRunner:
         extra = {}
         if (ctx.probe or self.unsettled) and len(index):
             extra["tuning"], rest = self.settle(lengths, [tokens.ids[i] for i in index.tolist()], run, ctx)
-            run([rest[b] for b in plan(lengths[rest], *budget.key, rows, self.device)], budget.strategy)
-        else:  # replanned when a probe or an out-of-memory changed the budget after this chunk was read ahead
+            run([rest[b] for b in cut_batches(lengths[rest], *budget.key, rows, self.device)], budget.strategy)
+        else:  # cut again when a probe or an out-of-memory changed the budget after this chunk was read ahead
             run(
-                loaded.batches if loaded.planned == budget.key else plan(lengths, *budget.key, rows, self.device),
+                loaded.batches
+                if loaded.planned == budget.key
+                else cut_batches(lengths, *budget.key, rows, self.device),
                 budget.strategy,
             )
         budget.backend, budget.precision = self.backend, self.precision
