@@ -1,6 +1,7 @@
 import ast
-import os
 from pathlib import Path
+
+from helpers import check_readme_section
 
 from batchinfer.reasons import REASONS, RETRYABLE, reasons_markdown
 
@@ -10,13 +11,7 @@ PACKAGE = ROOT / "batchinfer"
 
 def test_readme_reason_table_is_generated_from_the_table():
     """Regenerate with: BATCHINFER_UPDATE_README=1 python -m pytest tests/test_reasons.py"""
-    readme = (ROOT / "README.md").read_text()
-    start, end = "<!-- reasons:start -->\n", "<!-- reasons:end -->"
-    current = readme[readme.index(start) + len(start) : readme.index(end)]
-    if os.environ.get("BATCHINFER_UPDATE_README"):
-        (ROOT / "README.md").write_text(readme.replace(current, reasons_markdown() + "\n"))
-        current = reasons_markdown() + "\n"
-    assert current == reasons_markdown() + "\n", "README reason table is stale; see this test's docstring"
+    check_readme_section("reasons", reasons_markdown())
 
 
 def test_reason_codes_are_spelled_only_in_the_table():
