@@ -28,6 +28,7 @@ from .output.parts import PartWriter
 from .output.records import ChunkRecord, ChunkResult
 from .plan import Chunk, Work
 from .prepare import prepare_rows
+from .reasons import Reason
 from .runners.protocol import ChunkContext, ChunkInput, Runner
 from .sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
 from .sources.base import ShardChanged, as_text
@@ -115,7 +116,7 @@ class ChunkTask:
         if job.model.truncation == "error":
             for i in np.flatnonzero(tokens.truncated).tolist():
                 prepared.errors[int(prepared.rows[owners[i]])] = (
-                    "too_long",
+                    Reason.TOO_LONG,
                     f"text is longer than max_length={self.runner.max_length} tokens",
                 )
         # the items of rows with no error so far (a row whose text was too long loses all its items)
@@ -163,7 +164,7 @@ class ChunkTask:
         owners = tokens.owners()
         sent = np.unique(owners[index])  # the rows (positions in the chunk's texts) that went to the model
         errors = [prepared.errors.get(int(prepared.rows[t]), ("", "")) for t in np.setdiff1d(sent, kept)]
-        model_errors = [message for reason, message in errors if reason == "model_error"]
+        model_errors = [message for reason, message in errors if reason == Reason.MODEL_ERROR]
         if len(sent) > 1 and len(model_errors) == len(sent):
             raise ModelError(
                 f"the model failed on every row of chunk {loaded.work.name}: {model_errors[0]}",
@@ -240,7 +241,7 @@ def unreadable(job: JobConfig, shard: Shard, chunk: Chunk, exc: BaseException) -
         )
         raise InputError(message, f"{fix}, or set input.on_bad_shard: skip") from exc
     table = pa.table({c: pa.nulls(chunk.rows, pa.string()) for c in job.columns})
-    return RowBlock(table, {offset: ("bad_shard", message) for offset in range(chunk.rows)})
+    return RowBlock(table, {offset: (Reason.BAD_SHARD, message) for offset in range(chunk.rows)})
 
 
 def result_table(

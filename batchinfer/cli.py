@@ -345,11 +345,11 @@ def plan_command(
 ):
     """What a job will do, before any output is written: rows, tokens, chunks, padding, a time estimate."""
     from .config import load_job
-    from .dryrun import plan_job
+    from .dryrun import estimate_job
 
     with reported(debug):
         config = load_job(job, set_ or [])
-        summary = plan_job(config, sample)
+        summary = estimate_job(config, sample)
         say_sample_problems(*summary["sample_check"])
         out.print(
             f"input    {summary['shards']} shard(s), {summary['rows']:,} rows, {summary['chunks']} chunk(s) "

@@ -23,15 +23,14 @@ from .output.checkpoint import Checkpoint
 from .output.formats import output_format
 from .output.records import ChunkRecord
 from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
+from .reasons import RETRYABLE
 from .report import build_report
 from .sources import discover_shards, read_spec
 from .tune import DEFAULT_BUDGET
 
-# What --retry-errors may change: the settings that decide whether a row fits, not what a row means.
+# What --retry-errors may change: the settings that decide whether a row fits, not what a row means. The
+# error reasons such a change can cure are reasons.RETRYABLE; the others would only fail again.
 RETRY_MAY_CHANGE = frozenset({"model.max_length", "model.truncation", "model.dtype"})
-# The error reasons such a change can cure; the others (empty_text, bad_csv, bad_json, bad_utf8, ...) are in the
-# input itself and would only fail again, so a retry keeps them in _errors/ without running them.
-RETRYABLE = frozenset({"too_long", "oom", "model_error"})
 
 
 def run_job(

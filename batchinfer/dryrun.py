@@ -22,7 +22,7 @@ from .packing import supports_packing
 from .plan import Work, describe_changes, fingerprint, plan_chunks
 from .prepare import prepare_rows
 from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec
-from .tune import CPU_BUDGETS, SAMPLE_TOKENS, plan, probe
+from .tune import CPU_BUDGETS, SAMPLE_TOKENS, cut_batches, probe
 
 PROBE_TOKENS = SAMPLE_TOKENS * (len(CPU_BUDGETS) + 2)  # about what a run's probe times: each budget, then packed
 
@@ -53,7 +53,7 @@ def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[in
     return seen, reasons, examples
 
 
-def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
+def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
     started = time.perf_counter()
     inputs = discover_shards(job.input, job.columns, output=job.output.path)
     model_path = resolve_model_path(job.model.path)
@@ -151,7 +151,7 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
         )
         summary["estimate"] = estimate
         budget.max_tokens, budget.strategy = measured["budget"]
-    batches = plan(lengths, *budget.key, job.batching.max_rows, runner.device)
+    batches = cut_batches(lengths, *budget.key, job.batching.max_rows, runner.device)
     # packed batches lay rows end to end: the model computes no padding
     padded = int(lengths.sum()) if budget.strategy == "packed" else sum(int(lengths[b].max()) * len(b) for b in batches)
     summary["batching"] = {
@@ -204,7 +204,7 @@ def time_sample(runner, lengths: np.ndarray, budget, job: JobConfig, probing: bo
         probe_wall, key = time.perf_counter() - t0, (tuning.max_tokens, tuning.strategy)
     # The whole sample with the choice: the probe's slices are small, and what it left over smaller still.
     everything = np.arange(len(lengths))
-    seconds = run([everything[b] for b in plan(lengths, *key, rows, runner.device)], key[1])
+    seconds = run([everything[b] for b in cut_batches(lengths, *key, rows, runner.device)], key[1])
     rate = float(lengths.sum() / max(seconds, 1e-9))
     probe_tokens = int(lengths.sum()) - int(lengths[rest].sum()) if probing else 0
     extra = max(probe_wall - probe_tokens / rate, 0.0)

@@ -112,3 +112,18 @@ def generate_alone(model_path, prompt_ids: list[int], max_new: int) -> list[int]
     tokens = out[0, len(prompt_ids) :].tolist()
     eos = model.generation_config.eos_token_id
     return tokens[: tokens.index(eos)] if eos in tokens else tokens
+
+
+def check_readme_section(name: str, generated: str) -> None:
+    """The README between <!-- NAME:start --> and <!-- NAME:end --> is `generated`; with
+    BATCHINFER_UPDATE_README=1 it is rewritten to it first."""
+    import os
+
+    path = Path(__file__).resolve().parent.parent / "README.md"
+    readme = path.read_text()
+    start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+    current = readme[readme.index(start) + len(start) : readme.index(end)]
+    if os.environ.get("BATCHINFER_UPDATE_README"):
+        path.write_text(readme.replace(current, generated + "\n"))
+        current = generated + "\n"
+    assert current == generated + "\n", f"README {name} section is stale: rerun with BATCHINFER_UPDATE_README=1"

@@ -20,7 +20,7 @@ import torch
 from ..batching import padding_stats
 from ..packing import first_position, pack, packed_forward, supports_packing
 from ..recovery import run_resilient
-from ..tune import plan, probe
+from ..tune import cut_batches, probe
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 
 
@@ -161,7 +161,7 @@ class EncoderRunner:
         return None  # encoder tasks read no per-row settings
 
     def cut(self, lengths: np.ndarray, budget: tuple[int, str], max_rows: int) -> list[np.ndarray]:
-        return plan(lengths, *budget, max_rows, self.device)
+        return cut_batches(lengths, *budget, max_rows, self.device)
 
     def packing_problem(self) -> str | None:
         return supports_packing(self.model)

@@ -26,6 +26,7 @@ from ..config import GenerationConfig
 from ..constrain import Constraint, job_constraint, response_format
 from ..errors import ConfigError, ModelError
 from ..prepare import Prepared, row_limits
+from ..reasons import Reason
 from .base import encode_capped
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 
@@ -219,7 +220,7 @@ class GenerateRunner:
                     self.grammars.compile(constraint)
                 out.append(constraint)
             except Uncompilable as exc:
-                out.append(("bad_request", str(exc)))
+                out.append((Reason.BAD_REQUEST, str(exc)))
         return out
 
     # --- generation ------------------------------------------------------------------------------------------
@@ -264,7 +265,7 @@ class GenerateRunner:
                 raw[p], stops[p] = result, gen.stop
         for position, (tokens, error) in enumerate(raw):
             if error:
-                out.failed[position] = ("model_error", error)
+                out.failed[position] = (Reason.MODEL_ERROR, error)
                 tokens = []
             ids, text, reason = self.finish(tokens, max_new[position], stops[position])
             if constraints[position] is not None and position not in out.failed:
@@ -279,14 +280,14 @@ class GenerateRunner:
         self, constraint: Constraint, ids: list[int], text: str, reason: str, limit: int
     ) -> tuple[str, str] | None:
         """Why a constrained completion is no answer ((reason, message)), or None when it is whole and valid."""
-        if reason == "length":
+        if reason == "length":  # the finish reason
             return (
-                "length",
+                Reason.LENGTH,
                 f"max_new_tokens ({limit}) cut the output before it was {constraint.describe()}; raise "
                 "max_new_tokens (an OpenAI request's max_tokens)",
             )
         if not self.grammars.complete(constraint, ids, text):
-            return ("invalid_output", f"the output is not {constraint.describe()} ({constraint.where})")
+            return (Reason.INVALID_OUTPUT, f"the output is not {constraint.describe()} ({constraint.where})")
         return None
 
     def finish(self, tokens: list[int], limit: int, stop: list[str]) -> tuple[list[int], str, str]:
