@@ -155,11 +155,11 @@ class ChunkTask:
         t0 = time.perf_counter()
         job = self.job
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
-        lowered_before = len(self.budget.lowered)
         ctx = ChunkContext(job, self.budget, self.stop, self.heap, log, probe)
         if partial:
             ctx.on_batch = _rows_so_far(loaded.work.rows, len(index), partial)
         out = self.runner.run_chunk(loaded, ctx)
+        self.budget = out.budget or self.budget  # the next chunk is cut with what this one ended with
         kept = out.kept
         owners = tokens.owners()
         sent = np.unique(owners[index])  # the rows (positions in the chunk's texts) that went to the model
@@ -196,9 +196,9 @@ class ChunkTask:
             **out.figures,
             seconds=round(loaded.seconds + time.perf_counter() - t0, 4),
             worker=self.worker,
-            max_tokens_lowered=self.budget.lowered[lowered_before:],
+            max_tokens_lowered=out.lowered,
         )
-        return ChunkResult(record, (*self.budget.key, self.budget.backend, self.budget.precision), out.tuning)
+        return ChunkResult(record, self.budget, out.tuning)
 
     def close(self) -> None:
         for reader in self._readers.values():

@@ -112,7 +112,7 @@ def run_job(
                 window = LoadWindow() if job.runtime.executor == "local" else None
                 for result in executor.run(todo, probe=auto and recorded is None):
                     out.commit(result.record, result.tuning)
-                    budget.max_tokens, budget.strategy, budget.backend, budget.precision = result.budget  # the worker's
+                    budget = result.budget  # the worker's: a probe's choice, or lowered after an out-of-memory
                     lowered += result.record.max_tokens_lowered
                     _count(result.record, run_stats, workers)
                     progress.advance(result.record.rows, result.record.tokens)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -150,7 +150,7 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
             estimate["startup_s"] + (estimate["probe_s"] or 0.0) + estimate["work_s"] if summary["rows_left"] else 0.0
         )
         summary["estimate"] = estimate
-        budget.max_tokens, budget.strategy = measured["budget"]
+        budget = replace(budget, max_tokens=measured["budget"][0], strategy=measured["budget"][1])
     batches = cut_batches(lengths, *budget.key, job.batching.max_rows, runner.device)
     # packed batches lay rows end to end: the model computes no padding
     padded = int(lengths.sum()) if budget.strategy == "packed" else sum(int(lengths[b].max()) * len(b) for b in batches)

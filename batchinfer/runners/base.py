@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -171,7 +172,7 @@ class EncoderRunner:
         of the rows whose every item ran. With ctx.probe, a probe first settles `batching: auto` on slices
         of this chunk; the output carries its choice."""
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
-        budget, rows = ctx.budget, ctx.job.batching.max_rows
+        budget, rows, lowered_notes = ctx.budget, ctx.job.batching.max_rows, []
         lengths = tokens.lengths[index]
         owners = tokens.owners()[index]
         results: list = [None] * len(index)
@@ -181,6 +182,7 @@ class EncoderRunner:
         def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
             """Run batches of positions in `index` (on `backend`: the probe's candidates); keep results and
             errors; return the seconds taken."""
+            nonlocal budget
             if backend is not None:
                 self.use(backend)
             self.packed = strategy == "packed"
@@ -200,8 +202,8 @@ class EncoderRunner:
                         f"out of memory at {outcome.oom_tokens} padded tokens: "
                         f"max_tokens {budget.max_tokens} -> {lowered}"
                     )
-                    budget.max_tokens = lowered
-                    budget.lowered.append(note)
+                    budget = replace(budget, max_tokens=lowered)
+                    lowered_notes.append(note)
                     ctx.log(note + " for the rest of the run")
                 ctx.heap.check()
                 ctx.on_batch(len(batch), int(lengths[batch].sum()))
@@ -219,12 +221,15 @@ class EncoderRunner:
         tuning = None
         if (ctx.probe or self.unsettled) and len(index):
             tuning, rest = self.settle(lengths, [tokens.ids[i] for i in index.tolist()], run, ctx)
+            if lowered_notes:  # a budget that ran out of memory while the probe timed it is not chosen after all
+                tuning["max_tokens"] = min(tuning["max_tokens"], budget.max_tokens)
+            budget = replace(budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
             run([rest[b] for b in self.cut(lengths[rest], budget.key, rows)], budget.strategy)
         else:  # replanned when a probe or an out-of-memory changed the budget after this chunk was read ahead
             run(
                 loaded.batches if loaded.planned == budget.key else self.cut(lengths, budget.key, rows), budget.strategy
             )
-        budget.backend, budget.precision = self.backend, self.precision
+        budget = replace(budget, backend=self.backend, precision=self.precision)
         ctx.stop.check()
         failed = set(owners[~ok].tolist())
         items: dict[int, list] = {}
@@ -238,6 +243,8 @@ class EncoderRunner:
             round(totals["seconds"], 4),
             totals["padded"],
             tuning=tuning,
+            budget=budget,
+            lowered=lowered_notes,
         )
 
     def settle_default(self) -> dict:
@@ -287,7 +294,6 @@ class EncoderRunner:
             "torch" in self.models and supports_packing(self.models["torch"]) is None,
             tuple(self.models),
         )
-        budget.max_tokens, budget.strategy = tuning.max_tokens, tuning.strategy
         if len(tuning.backends) > 1 and "openvino" in self.models:
             from ..backends.openvino import remember
 

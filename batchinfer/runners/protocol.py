@@ -70,6 +70,8 @@ class ChunkOutput:
     padded_tokens: int  # the tokens the model computed, padding included
     figures: dict = field(default_factory=dict)  # the task's own figures for the record (generated_tokens, ...)
     tuning: dict | None = None  # the probe's choice (batching: auto), when this chunk settled it
+    budget: Budget | None = None  # the budget the chunk ended with (a probe's choice, lowered on OOM); None: as given
+    lowered: list[str] = field(default_factory=list)  # each out-of-memory that lowered max_tokens in this chunk
 
 
 class Runner(Protocol):
