@@ -124,14 +124,14 @@ class ChunkTask:
             prepared.rows[owners], np.fromiter(prepared.errors, dtype=np.int64, count=len(prepared.errors))
         )
         index = np.flatnonzero(~failed) if len(owners) else np.zeros(0, dtype=np.int64)
-        planned = self.budget.key
+        cut_with = self.budget.key
         return Loaded(
             table=block.table,
             prepared=prepared,
             tokens=tokens,
             index=index,
-            batches=self.runner.cut(tokens.lengths[index], planned, job.batching.max_rows),
-            planned=planned,
+            batches=self.runner.cut(tokens.lengths[index], cut_with, job.batching.max_rows),
+            cut_with=cut_with,
             row_settings=settings,
             work=work,
             shard=shard,

@@ -225,9 +225,10 @@ class EncoderRunner:
                 tuning["max_tokens"] = min(tuning["max_tokens"], budget.max_tokens)
             budget = replace(budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
             run([rest[b] for b in self.cut(lengths[rest], budget.key, rows)], budget.strategy)
-        else:  # replanned when a probe or an out-of-memory changed the budget after this chunk was read ahead
+        else:  # cut again when a probe or an out-of-memory changed the budget after this chunk was read ahead
             run(
-                loaded.batches if loaded.planned == budget.key else self.cut(lengths, budget.key, rows), budget.strategy
+                loaded.batches if loaded.cut_with == budget.key else self.cut(lengths, budget.key, rows),
+                budget.strategy,
             )
         budget = replace(budget, backend=self.backend, precision=self.precision)
         ctx.stop.check()

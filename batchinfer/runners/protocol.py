@@ -42,7 +42,7 @@ class ChunkInput:
     tokens: Tokens
     index: np.ndarray  # positions in `tokens` that go to the model (the rest became errors)
     batches: list[np.ndarray]  # positions in `index`, as the model will see them
-    planned: tuple[int, str]  # the Budget.key the batches were cut with
+    cut_with: tuple[int, str]  # the Budget.key the batches were cut with
     row_settings: list | None = None  # per table row, what Runner.row_settings read (generate: max_new_tokens)
 
 
