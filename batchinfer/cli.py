@@ -10,18 +10,14 @@ import traceback
 import warnings
 from collections import Counter
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import List, Optional
 
 import typer
 from rich.console import Console
 
 from .errors import BatchinferError, ConfigError, InputError
 from .progress import labelled
-
-if TYPE_CHECKING:
-    from .output.records import ChunkRecord
 
 app = typer.Typer(
     add_completion=False,
@@ -345,86 +341,15 @@ def plan_command(
 ):
     """What a job will do, before any output is written: rows, tokens, chunks, padding, a time estimate."""
     from .config import load_job
-    from .dryrun import plan_job
+    from .dryrun import estimate_job
+    from .show import plan_lines
 
     with reported(debug):
         config = load_job(job, set_ or [])
-        summary = plan_job(config, sample)
+        summary = estimate_job(config, sample)
         say_sample_problems(*summary["sample_check"])
-        out.print(
-            f"input    {summary['shards']} shard(s), {summary['rows']:,} rows, {summary['chunks']} chunk(s) "
-            f"of {config.chunk_rows:,} rows"
-            + (f"; {summary['skipped_shards']} shard(s) skipped" if summary["skipped_shards"] else ""),
-            highlight=False,
-        )
-        if "tokens" in summary:
-            t = summary["tokens_per_row"]
-            out.print(
-                f"tokens   about {summary['tokens']:,} (from {summary['sampled_rows']:,} sampled rows: mean "
-                f"{t['mean']:.0f}, median {t['p50']}, p95 {t['p95']}, max {t['max']} per row; "
-                f"{summary['truncated_share']:.1%} cut at max_length, {summary['error_share']:.1%} error rows)",
-                highlight=False,
-            )
-        if "batching" in summary:
-            b = summary["batching"]
-            out.print(
-                f"batches  {b['strategy']}, max_tokens {b['max_tokens']:,}: padding efficiency "
-                f"{b['padding_efficiency']:.3f} on the sample ({BATCHING_SOURCE[b['source']]})",
-                highlight=False,
-            )
-        if "estimate" in summary:
-            for line in estimate_lines(summary):
-                out.print(line, highlight=False)
-        elif config.model.task == "generate":
-            out.print(
-                "time     generation time depends on what the model writes: try `batchinfer run JOB --limit 100`",
-                highlight=False,
-            )
-        out.print(f"output   {config.output.path}: {summary['output']}", highlight=False)
-
-
-BATCHING_SOURCE = {
-    "recorded": "the probe's choice, recorded in the output folder",
-    "probe": "the probe's choice on the sample; the run probes its first chunk",
-    "job": "as the job sets it",
-}
-
-
-def estimate_lines(summary: dict) -> list[str]:
-    """plan's time estimate: for the rows left, start-up and probe included, and how busy the machine was."""
-    e, left = summary["estimate"], summary["rows_left"]
-    if not left:
-        return ["time     nothing left to run: the output folder holds every row of this job"]
-    what = f"{left:,} rows" + (" left" if left < summary["rows"] else "")
-    parts = [f"{_duration(e['startup_s'])} start-up (imports, discovery and model load, as this process took them)"]
-    if e["probe_s"] is not None:
-        parts.append(f"{_duration(e['probe_s'])} for the batching probe")
-    if e["rate_from"] == "folder":
-        finished = datetime.fromtimestamp(e["folder_finished"]).isoformat(timespec="minutes")
-        parts.append(
-            f"{_duration(e['work_s'])} at {e['rows_per_s']:,.1f} rows/s, the rate the folder's last run measured "
-            f"(up to {finished})"
-        )
-    else:
-        parts.append(
-            f"{_duration(e['work_s'])} of work at {e['tokens_per_s']:,.0f} tokens/s on {e['device']} "
-            f"(the model on the sample; reading and tokenizing at {e['read_tokens_per_s']:,.0f} tokens/s)"
-        )
-    lines = [f"time     about {_duration(e['seconds'])} for {what}: " + ", ".join(parts)]
-    for label, load in (("this estimate", e["load"]), ("the folder's rate", e.get("folder_load"))):
-        if load is not None and load.busy() and (label == "this estimate" or e["rate_from"] == "folder"):
-            lines.append(
-                f"note     the machine was busy while {label} was measured: {load.describe()}; on a quiet "
-                f"machine the work may run up to {load.slowdown():.1f}x faster"
-            )
-    return lines
-
-
-def _duration(seconds: float) -> str:
-    hours, rest = divmod(round(seconds), 3600)
-    if hours:
-        return f"{hours} h {rest // 60:02d} min"
-    return f"{rest // 60} min {rest % 60:02d} s" if rest >= 60 else f"{rest} s"
+        for line in plan_lines(config, summary):
+            out.print(line, highlight=False)
 
 
 @app.command()
@@ -445,7 +370,7 @@ def serve(
         try:
             import uvicorn
 
-            from .server import SERVED, BadInput, create_app
+            from .serve import SERVED, BadInput, create_app
         except ImportError as exc:
             raise ConfigError(
                 f"batchinfer serve needs FastAPI and uvicorn ({exc})", 'pip install -e ".[serve]"'
@@ -527,9 +452,9 @@ def status(
     """Show how far a job's output folder is: chunks, rows, errors, the run holding it. Changes nothing."""
     from .errors import OutputError
     from .output.failures import reach_error
-    from .output.layout import JOB, LEGACY, REPORT
-    from .output.records import current_errors
+    from .output.layout import JOB, LEGACY
     from .output.status import FolderStatus
+    from .show import status_lines
     from .storage import is_uri
 
     with reported(debug):
@@ -548,86 +473,8 @@ def status(
                 ),
                 "give the output.path of a job",
             )
-        done = state.done
-        errors: Counter = Counter()
-        for name in current_errors(done).values():
-            errors.update(done[name].errors)
-        lost = state.lost()
-        chunks = [r for name, r in done.items() if not r.retry_of and name not in lost]
-        holder = state.holder()
-        stray = state.stray_markers()
-        complete = state.succeeded() and not stray and not lost
-        plan = state.extent
-        limit, rows = plan.get("limit"), sum(r.rows for r in chunks)
-        total, total_rows = plan.get("job_chunks", plan.get("chunks", "?")), plan.get("job_rows", plan.get("rows"))
-        out.print(
-            f"chunks  {len(chunks)}/{total} done"
-            + (" (complete)" if complete else "")
-            + (f" (--limit {limit:,}: {plan['chunks']} chunk(s), the first {plan['rows']:,} rows)" if limit else "")
-        )
-        share = f"/{total_rows:,} done ({rows / total_rows:.1%})" if total_rows else " done"
-        passes = [r for r in done.values() if r.base not in lost]
-        out.print(f"rows    {rows:,}{share}, {sum(r.ok for r in passes):,} ok")
-        out.print(f"errors  {', '.join(f'{k} {v:,}' for k, v in sorted(errors.items())) or 'none'}")
-        if skipped := state.skipped_shards():
-            names = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
-            out.print(f"skipped {len(skipped)} shard(s) (input.on_bad_shard: skip): {names}")
-        out.print(f"updated {datetime.fromtimestamp(state.updated()).isoformat(timespec='seconds')}")
-        out.print(f"active  {'yes, pid ' + str(holder['pid']) + ' on ' + holder['host'] if holder else 'no'}")
-        if holder and isinstance(holder.get("started"), (int, float)):
-            out.print(running_rate(holder["started"], done, plan.get("rows", 0) - rows), highlight=False)
-        if state.report_damaged():
-            out.print(
-                f"report  {REPORT} is damaged, so batchinfer cannot tell it is its own: a run refuses the "
-                "folder until you move that file away",
-                highlight=False,
-            )
-        if stray:
-            shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
-            out.print(
-                f"damaged {shown}: not a completion marker of this job, so its chunk counts as not done and a "
-                "run refuses the folder until you move the file(s) away",
-                highlight=False,
-            )
-        if lost:
-            shown = "; ".join(f"chunk {chunk}: {problem}" for chunk, problem in list(lost.items())[:3])
-            out.print(
-                f"lost    {len(lost)} finished chunk(s) whose rows are not all there ({shown}"
-                f"{' and more' if len(lost) > 3 else ''}): they count as not done; the next run redoes those whose "
-                "part is missing and refuses a file that is not this job's until you move it away",
-                highlight=False,
-            )
-        command = state.command or "batchinfer run JOB.yaml (the same job file and --set options)"
-        if limit and not holder and len(chunks) >= plan["chunks"]:  # the limited run is done: go on past it
-            out.print(
-                f"go on   {without_limit(command)} (the whole job), or the same with a larger --limit", highlight=False
-            )
-        elif not complete and not holder:
-            out.print(f"resume  {command}", highlight=False)
-
-
-def running_rate(started: float, done: dict[str, ChunkRecord], rows_left: int) -> str:
-    """status of a running job: its rate since it started, from the markers it committed, and the time left."""
-    since = datetime.fromtimestamp(started).isoformat(timespec="seconds")
-    mine = [r for r in done.values() if (r.finished or 0.0) >= started]
-    if not mine:
-        return f"rate    no chunk committed yet by the run that started at {since}"
-    rows = sum(r.rows for r in mine)
-    rate = rows / max(max(r.finished for r in mine) - started, 1e-9)
-    return (
-        f"rate    {rate:,.1f} rows/s since the run started at {since} ({rows:,} rows committed); "
-        f"about {_duration(max(rows_left, 0) / rate)} left"
-    )
-
-
-def without_limit(command: str) -> str:
-    """A saved run command without its --limit N: the command that continues a limited job to its end."""
-    words, kept = shlex.split(command), []
-    for i, word in enumerate(words):
-        if word == "--limit" or word.startswith("--limit=") or (i and words[i - 1] == "--limit"):
-            continue
-        kept.append(word)
-    return shlex.join(kept)
+        for line in status_lines(state):
+            out.print(line, highlight=False)
 
 
 @app.command()

@@ -28,7 +28,8 @@ class Section(BaseModel):
 class InputConfig(Section):
     path: str = Field(
         description="A file, a folder or a glob of shards: .parquet, .jsonl, .csv, .tsv (JSONL and CSV also .gz), or "
-        "a folder saved by `datasets.Dataset.save_to_disk`. Relative paths are taken from the current directory. "
+        "a folder saved by `datasets.Dataset.save_to_disk` (pip install 'batchinfer[hf]'). Relative paths are "
+        "taken from the current directory. "
         "A folder is read with every folder below it, leaving out names that start with _ or . (_SUCCESS, "
         ".hidden, _errors/, as Spark and pyarrow do). URLs too: "
         "s3://bucket/reviews/, gs://bucket/reviews/*.parquet, or any fsspec URL."

@@ -34,14 +34,15 @@ class Quiet:
         pass
 
 
-@dataclass
+@dataclass(frozen=True)
 class Budget:
     """How batches are cut and which kernels run them: settled by the job, a recorded probe or a new one,
-    and lowered for the rest of the run when a batch runs out of memory."""
+    and lowered for the rest of the run when a batch runs out of memory. A value: a runner hands back the
+    budget it ended a chunk with (ChunkOutput.budget), its chunk task cuts the next chunk with that, and the
+    driver reports the last one a worker returned; nothing is changed in place across those hands."""
 
     max_tokens: int
     strategy: str
-    lowered: list[str] = field(default_factory=list)
     backend: str | None = None  # torch | openvino; None: not settled yet (the probe or the default decides)
     precision: str | None = None  # OpenVINO's f32 | bf16 | f16; None: not settled yet
 

@@ -7,31 +7,31 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 
 from .backends import backend_is_open
+from .chunk_task import TaskInputs
 from .config import JobConfig
 from .control import Budget, Progress, Quiet, StopFlag
 from .executors import make_executor
-from .machine import LoadWindow, process_age
+from .machine import Load, LoadWindow, process_age
 from .models import model_identity, read_config, resolve_model_path
 from .output.checkpoint import Checkpoint
 from .output.formats import output_format
 from .output.records import ChunkRecord
 from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
+from .reasons import RETRYABLE
 from .report import build_report
 from .sources import discover_shards, read_spec
-from .task import TaskInputs
 from .tune import DEFAULT_BUDGET
 
-# What --retry-errors may change: the settings that decide whether a row fits, not what a row means.
+# What --retry-errors may change: the settings that decide whether a row fits, not what a row means. The
+# error reasons such a change can cure are reasons.RETRYABLE; the others would only fail again.
 RETRY_MAY_CHANGE = frozenset({"model.max_length", "model.truncation", "model.dtype"})
-# The error reasons such a change can cure; the others (empty_text, bad_csv, bad_json, bad_utf8, ...) are in the
-# input itself and would only fail again, so a retry keeps them in _errors/ without running them.
-RETRYABLE = frozenset({"too_long", "oom", "model_error"})
 
 
 def run_job(
@@ -94,37 +94,17 @@ def run_job(
                 progress.log(f"not retried, since no setting changes them: {reasons} (they stay in _errors/)")
         recorded = out.tuning  # a probe's choice, from an earlier run
         budget, auto = settle_budget(job, recorded)
-        run_stats, workers, lowered, device, startup, machine = Counter(), {}, [], "none", {}, None
+        ran = Ran(budget)
         if todo:
-            inputs = TaskInputs(job, model_path, shards, read_spec(job.input, job.columns, types), out.writer(), budget)
-            opened = time.perf_counter()
-            with make_executor(inputs, stop, progress, on_runner) as executor:
-                device = executor.device
-                startup = startup_figures(started, opened, getattr(executor, "load_seconds", {}))
-                retried = sum(w.rows for w in todo if w.retry_of)
-                if retried == sum(w.rows for w in todo):  # only error rows run again: count those alone
-                    progress.start(retried, 0)
-                else:  # finished chunks only: rows an earlier retry pass ran again are inside them already
-                    progress.start(
-                        sum(c.rows for c in chunks) + retried, sum(r.rows for r in done.values() if r.chunk in planned)
-                    )
-                loop_started = time.perf_counter()
-                # in-process only: Ray's workers are other processes, so their CPU would read as the machine's load
-                window = LoadWindow() if job.runtime.executor == "local" else None
-                for result in executor.run(todo, probe=auto and recorded is None):
-                    out.commit(result.record, result.tuning)
-                    budget.max_tokens, budget.strategy, budget.backend, budget.precision = result.budget  # the worker's
-                    lowered += result.record.max_tokens_lowered
-                    _count(result.record, run_stats, workers)
-                    progress.advance(result.record.rows, result.record.tokens)
-                run_stats["loop"] = time.perf_counter() - loop_started
-                machine = window.stop() if window else None
-        report = build_report(job, chunks, done, run_stats, time.perf_counter() - started, str(device), workers)
-        if machine is not None:  # how busy the machine was while this run measured its rates
-            report["run"]["machine"] = machine.as_dict()
+            spec = read_spec(job.input, job.columns, types)
+            inputs = TaskInputs(job, model_path, shards, spec, out.writer(), budget)
+            ran = _run_chunks(inputs, out, todo, chunks, auto and recorded is None, stop, progress, on_runner, started)
+        report = build_report(job, chunks, done, ran.stats, time.perf_counter() - started, ran.device, ran.workers)
+        if ran.machine is not None:  # how busy the machine was while this run measured its rates
+            report["run"]["machine"] = ran.machine.as_dict()
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
         if job.model.task != "generate":
-            tuning = out.tuning  # the probe's choice: this run's, or the earlier one this run reused
+            tuning, budget = out.tuning, ran.budget  # the probe's choice: this run's, or the earlier one reused
             report["batching"] = {
                 "max_tokens": budget.max_tokens,
                 "strategy": budget.strategy,
@@ -132,14 +112,66 @@ def run_job(
                 "precision": budget.precision,
                 **({"probe": tuning} if tuning else {}),
             }
-        if startup:
-            report["startup"] = startup
-        if lowered:
-            report["max_tokens_lowered"] = lowered
+        if ran.startup:
+            report["startup"] = ran.startup
+        if ran.lowered:
+            report["max_tokens_lowered"] = ran.lowered
         if limit is not None:
             report["limit"] = limit
         # the format's files (a complete job), the report, _SUCCESS; raises if committed parts vanished meanwhile
         return out.finish(report, fmt, final=limit is None, idle=not todo)
+
+
+@dataclass
+class Ran:
+    """What this run's chunks did: totals (run and per worker), the batching the workers ended with, each
+    out-of-memory that lowered it, the device, the start-up figures and how busy the machine was."""
+
+    budget: Budget
+    stats: Counter = field(default_factory=Counter)
+    workers: dict[str, Counter] = field(default_factory=dict)
+    lowered: list[str] = field(default_factory=list)
+    device: str = "none"
+    startup: dict = field(default_factory=dict)
+    machine: Load | None = None
+
+
+def _run_chunks(
+    inputs: TaskInputs,
+    out: Checkpoint,
+    todo: list[Work],
+    chunks: list[Chunk],
+    probe: bool,
+    stop: StopFlag,
+    progress: Progress,
+    on_runner: Callable | None,
+    started: float,
+) -> Ran:
+    """Hand `todo` to an executor and commit each chunk that comes back, in the order they finish."""
+    ran, done, planned = Ran(inputs.budget), out.done, {c.name for c in chunks}
+    opened = time.perf_counter()
+    with make_executor(inputs, stop, progress, on_runner) as executor:
+        ran.device = str(executor.device)
+        ran.startup = startup_figures(started, opened, getattr(executor, "load_seconds", {}))
+        retried = sum(w.rows for w in todo if w.retry_of)
+        if retried == sum(w.rows for w in todo):  # only error rows run again: count those alone
+            progress.start(retried, 0)
+        else:  # finished chunks only: rows an earlier retry pass ran again are inside them already
+            progress.start(
+                sum(c.rows for c in chunks) + retried, sum(r.rows for r in done.values() if r.chunk in planned)
+            )
+        loop_started = time.perf_counter()
+        # in-process only: Ray's workers are other processes, so their CPU would read as the machine's load
+        window = LoadWindow() if inputs.job.runtime.executor == "local" else None
+        for result in executor.run(todo, probe=probe):
+            out.commit(result.record, result.tuning)
+            ran.budget = result.budget  # the worker's: a probe's choice, or lowered after an out-of-memory
+            ran.lowered += result.record.max_tokens_lowered
+            _count(result.record, ran.stats, ran.workers)
+            progress.advance(result.record.rows, result.record.tokens)
+        ran.stats["loop"] = time.perf_counter() - loop_started
+        ran.machine = window.stop() if window else None
+    return ran
 
 
 def _count(record: ChunkRecord, run_stats: Counter, workers: dict[str, Counter]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from .packing import supports_packing
 from .plan import Work, describe_changes, fingerprint, plan_chunks
 from .prepare import prepare_rows
 from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec
-from .tune import CPU_BUDGETS, SAMPLE_TOKENS, plan, probe
+from .tune import CPU_BUDGETS, SAMPLE_TOKENS, cut_batches, probe
 
 PROBE_TOKENS = SAMPLE_TOKENS * (len(CPU_BUDGETS) + 2)  # about what a run's probe times: each budget, then packed
 
@@ -53,7 +53,9 @@ def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[in
     return seen, reasons, examples
 
 
-def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
+def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
+    """`batchinfer plan`'s summary of a job: its input and chunks, what the output folder holds, the tokens of a
+    sample of its rows, the batches they cut into and (timed) how long the rows left will take. Writes nothing."""
     started = time.perf_counter()
     inputs = discover_shards(job.input, job.columns, output=job.output.path)
     model_path = resolve_model_path(job.model.path)
@@ -77,7 +79,7 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
         "output": folder,
     }
 
-    from .task import TaskInputs
+    from .chunk_task import TaskInputs
 
     budget, auto = settle_budget(job, earlier.tuning)
     spec = read_spec(job.input, job.columns, inputs.types)
@@ -85,6 +87,59 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
     runner = task.runner
     # What a run spends before its first batch: the process's start and imports, discovery, the model's load.
     startup = (process_age() or time.perf_counter() - started) - aside
+    sampled = sample_tokens(task, chunks, sample)
+    lengths, seen = sampled.lengths, sampled.seen
+    summary["sampled_rows"] = seen
+    if not len(lengths):
+        return summary
+    share_ok = len(lengths) / max(seen, 1)
+    summary.update(
+        {
+            "tokens_per_row": {
+                "mean": float(lengths.mean()),
+                "p50": int(np.percentile(lengths, 50)),
+                "p95": int(np.percentile(lengths, 95)),
+                "max": int(lengths.max()),
+            },
+            "tokens": int(lengths.mean() * rows * share_ok),
+            "truncated_share": sampled.truncated / len(lengths),
+            "error_share": sampled.errors / max(seen, 1),
+        }
+    )
+    if job.model.task == "generate":
+        return summary
+    probing = auto and earlier.tuning is None
+    if timed:
+        summary["estimate"], key = estimate_time(
+            runner, job, budget, sampled, probing, summary, earlier, startup, chunks[0].rows
+        )
+        budget = replace(budget, max_tokens=key[0], strategy=key[1])
+    batches = cut_batches(lengths, *budget.key, job.batching.max_rows, runner.device)
+    # packed batches lay rows end to end: the model computes no padding
+    padded = int(lengths.sum()) if budget.strategy == "packed" else sum(int(lengths[b].max()) * len(b) for b in batches)
+    summary["batching"] = {
+        "max_tokens": budget.max_tokens,
+        "strategy": budget.strategy,
+        "batches": len(batches),
+        "padding_efficiency": float(lengths.sum() / padded) if padded else 1.0,
+        "source": "recorded" if earlier.tuning else ("probe" if probing and timed else "job"),
+    }
+    return summary
+
+
+@dataclass
+class Sampled:
+    """Rows tokenized from across the job, as a run reads them."""
+
+    lengths: np.ndarray  # tokens per item that would run
+    truncated: int  # items cut at max_length
+    errors: int  # rows that would go to _errors/
+    seen: int  # rows read
+    reading: float  # seconds spent reading, preparing and tokenizing
+
+
+def sample_tokens(task, chunks: list, sample: int) -> Sampled:
+    """About `sample` rows from the start of chunks spread over the job, read and tokenized by the chunk task."""
     per_chunk = max(1, sample // len(chunks))
     picks = np.linspace(0, len(chunks) - 1, num=min(len(chunks), sample)).round().astype(int)
     lengths, truncated, errors, seen, reading = [], 0, 0, 0, 0.0
@@ -100,68 +155,51 @@ def plan_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
         if seen >= sample:
             break
     task.close()
-    lengths = np.array(lengths, dtype=np.int64)
-    summary["sampled_rows"] = seen
-    if not len(lengths):
-        return summary
-    share_ok = len(lengths) / max(seen, 1)
-    summary.update(
-        {
-            "tokens_per_row": {
-                "mean": float(lengths.mean()),
-                "p50": int(np.percentile(lengths, 50)),
-                "p95": int(np.percentile(lengths, 95)),
-                "max": int(lengths.max()),
-            },
-            "tokens": int(lengths.mean() * rows * share_ok),
-            "truncated_share": truncated / len(lengths),
-            "error_share": errors / max(seen, 1),
-        }
-    )
-    if job.model.task == "generate":
-        return summary
-    probing = auto and earlier.tuning is None
-    if timed:
-        window = LoadWindow()
-        measured = time_sample(runner, lengths, budget, job, probing, lengths.mean() * chunks[0].rows)
-        load = window.stop()
-        tokens_left = lengths.mean() * summary["rows_left"] * share_ok
-        model_rate = measured["tokens_per_s"]
-        read_rate = float(lengths.sum() / reading) if reading else float("inf")
-        # On a CPU reading and tokenizing share the cores with the model; on a GPU they overlap with it.
-        work = tokens_left / model_rate + (tokens_left / read_rate if runner.device.type == "cpu" else 0.0)
-        estimate = {
-            "device": f"{runner.device} ({runner.backend}{' ' + runner.precision if runner.precision else ''})",
-            "tokens_per_s": model_rate,
-            "read_tokens_per_s": read_rate,
-            "startup_s": startup,
-            "probe_s": measured["probe_s"] if probing and summary["rows_left"] else None,
-            "work_s": work,
-            "rate_from": "sample",
-            "load": load,
-        }
-        # What this job ran at here, end to end, is better than a sample, once that run went past its first chunk
-        # (which carries the probe, and a --limit run may hold no more).
-        if earlier.rate and earlier.run_rows > job.chunk_rows and summary["rows_left"]:
-            estimate.update(work_s=summary["rows_left"] / earlier.rate, rate_from="folder", rows_per_s=earlier.rate)
-            estimate["folder_load"] = earlier.load
-            estimate["folder_finished"] = earlier.finished
-        estimate["seconds"] = (
-            estimate["startup_s"] + (estimate["probe_s"] or 0.0) + estimate["work_s"] if summary["rows_left"] else 0.0
-        )
-        summary["estimate"] = estimate
-        budget.max_tokens, budget.strategy = measured["budget"]
-    batches = plan(lengths, *budget.key, job.batching.max_rows, runner.device)
-    # packed batches lay rows end to end: the model computes no padding
-    padded = int(lengths.sum()) if budget.strategy == "packed" else sum(int(lengths[b].max()) * len(b) for b in batches)
-    summary["batching"] = {
-        "max_tokens": budget.max_tokens,
-        "strategy": budget.strategy,
-        "batches": len(batches),
-        "padding_efficiency": float(lengths.sum() / padded) if padded else 1.0,
-        "source": "recorded" if earlier.tuning else ("probe" if probing and timed else "job"),
+    return Sampled(np.array(lengths, dtype=np.int64), truncated, errors, seen, reading)
+
+
+def estimate_time(
+    runner,
+    job: JobConfig,
+    budget,
+    sampled: Sampled,
+    probing: bool,
+    summary: dict,
+    earlier,
+    startup: float,
+    first_chunk_rows: int,
+):
+    """The time for the rows left: start-up, the probe where the run will probe, and the work at the model's rate
+    on the sample (or at the rate this job ran at here). Returns the estimate and the batching it was timed with."""
+    lengths = sampled.lengths
+    window = LoadWindow()
+    measured = time_sample(runner, lengths, budget, job, probing, lengths.mean() * first_chunk_rows)
+    load = window.stop()
+    tokens_left = lengths.mean() * summary["rows_left"] * len(lengths) / max(sampled.seen, 1)
+    model_rate = measured["tokens_per_s"]
+    read_rate = float(lengths.sum() / sampled.reading) if sampled.reading else float("inf")
+    # On a CPU reading and tokenizing share the cores with the model; on a GPU they overlap with it.
+    work = tokens_left / model_rate + (tokens_left / read_rate if runner.device.type == "cpu" else 0.0)
+    estimate = {
+        "device": f"{runner.device} ({runner.backend}{' ' + runner.precision if runner.precision else ''})",
+        "tokens_per_s": model_rate,
+        "read_tokens_per_s": read_rate,
+        "startup_s": startup,
+        "probe_s": measured["probe_s"] if probing and summary["rows_left"] else None,
+        "work_s": work,
+        "rate_from": "sample",
+        "load": load,
     }
-    return summary
+    # What this job ran at here, end to end, is better than a sample, once that run went past its first chunk
+    # (which carries the probe, and a --limit run may hold no more).
+    if earlier.rate and earlier.run_rows > job.chunk_rows and summary["rows_left"]:
+        estimate.update(work_s=summary["rows_left"] / earlier.rate, rate_from="folder", rows_per_s=earlier.rate)
+        estimate["folder_load"] = earlier.load
+        estimate["folder_finished"] = earlier.finished
+    estimate["seconds"] = (
+        estimate["startup_s"] + (estimate["probe_s"] or 0.0) + estimate["work_s"] if summary["rows_left"] else 0.0
+    )
+    return estimate, measured["budget"]
 
 
 def time_sample(runner, lengths: np.ndarray, budget, job: JobConfig, probing: bool, first_chunk: float) -> dict:
@@ -204,7 +242,7 @@ def time_sample(runner, lengths: np.ndarray, budget, job: JobConfig, probing: bo
         probe_wall, key = time.perf_counter() - t0, (tuning.max_tokens, tuning.strategy)
     # The whole sample with the choice: the probe's slices are small, and what it left over smaller still.
     everything = np.arange(len(lengths))
-    seconds = run([everything[b] for b in plan(lengths, *key, rows, runner.device)], key[1])
+    seconds = run([everything[b] for b in cut_batches(lengths, *key, rows, runner.device)], key[1])
     rate = float(lengths.sum() / max(seconds, 1e-9))
     probe_tokens = int(lengths.sum()) - int(lengths[rest].sum()) if probing else 0
     extra = max(probe_wall - probe_tokens / rate, 0.0)

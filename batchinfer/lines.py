@@ -17,6 +17,8 @@ from typing import IO, Iterator
 
 import numpy as np
 
+from .reasons import Reason
+
 BOM = b"\xef\xbb\xbf"
 MAX_DEPTH = 20  # nesting of objects and lists in one line; Parquet cannot read back much deeper schemas
 HEAD = 4096  # bytes of an over-long line kept to name it
@@ -73,23 +75,23 @@ def read_lines(stream: IO[bytes], max_bytes: int) -> Iterator[bytes | Oversized]
 def parse_object(line: bytes | Oversized, max_bytes: int) -> tuple[dict | None, Problem | None]:
     """One line → its JSON object, or the reason it is not one."""
     if isinstance(line, Oversized):
-        return None, ("too_long", f"line is {line.size:,} bytes, over input.max_line_bytes ({max_bytes:,})")
+        return None, (Reason.TOO_LONG, f"line is {line.size:,} bytes, over input.max_line_bytes ({max_bytes:,})")
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return None, ("bad_utf8", f"line is not UTF-8: {exc.reason} at byte {exc.start}")
+        return None, (Reason.BAD_UTF8, f"line is not UTF-8: {exc.reason} at byte {exc.start}")
     if not text.strip():
-        return None, ("bad_json", "line is empty")
+        return None, (Reason.BAD_JSON, "line is empty")
     if too_deep(line):
-        return None, ("bad_json", f"line nests objects or lists more than {MAX_DEPTH} levels deep")
+        return None, (Reason.BAD_JSON, f"line nests objects or lists more than {MAX_DEPTH} levels deep")
     try:
         record = json.loads(text)
     except RecursionError:
-        return None, ("bad_json", f"line nests objects or lists more than {MAX_DEPTH} levels deep")
+        return None, (Reason.BAD_JSON, f"line nests objects or lists more than {MAX_DEPTH} levels deep")
     except ValueError as exc:
-        return None, ("bad_json", f"line is not JSON: {exc}")
+        return None, (Reason.BAD_JSON, f"line is not JSON: {exc}")
     if not isinstance(record, dict):
-        return None, ("bad_json", f"line is a JSON {type(record).__name__}, not an object")
+        return None, (Reason.BAD_JSON, f"line is a JSON {type(record).__name__}, not an object")
     return record, None
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import unicodedata
 
+from .reasons import Reason
+
 # Nothing a model could read: whitespace, separators, control and format characters (zero-width
 # spaces and joiners, byte-order marks) only.
 BLANK = r"^[\s\p{Z}\p{Cc}\p{Cf}]*$"
@@ -17,11 +19,11 @@ def is_blank(text: str) -> bool:
 
 def message_problem(messages, where: str) -> tuple[str, str] | None:
     if messages is None:
-        return ("null_text", f"{where} is null")
+        return (Reason.NULL_TEXT, f"{where} is null")
     if not isinstance(messages, list) or not all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
     ):
-        return ("not_text", f"{where} must be a list of {{role, content}} messages with text content")
+        return (Reason.NOT_TEXT, f"{where} must be a list of {{role, content}} messages with text content")
     if not messages:
-        return ("empty_text", f"{where} holds no message")
+        return (Reason.EMPTY_TEXT, f"{where} holds no message")
     return None

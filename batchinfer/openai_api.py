@@ -1,5 +1,5 @@
 """Every field of OpenAI's request bodies and what batchinfer does with it: one table, read by OpenAI Batch
-files (openai_batch.py) and by serve's endpoints (server.py).
+files (openai_batch.py) and by serve's endpoints (serve/).
 
 A field is implemented (read and honoured), or taken only at a value that changes nothing (its default,
 or a field such as user or metadata that never changes an answer). Any other value, and any field the
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from .reasons import Reason
 
 Problem = tuple[str, str]  # (reason, message)
 
@@ -112,7 +114,7 @@ MESSAGE_FIELDS: dict[str, Field] = {
 
 def unsupported(url: str, body: dict, surface: str) -> Problem | None:
     """The first field of a request body to `url` that `surface` (batch or serve) neither implements nor
-    gets at a value that changes nothing, as ("unsupported", "unsupported: NAME (why)"); else None."""
+    gets at a value that changes nothing, as (Reason.UNSUPPORTED, "unsupported: NAME (why)"); else None."""
     for name, value in body.items():
         field = FIELDS.get(name)
         if field is None or url not in field.urls:
@@ -150,7 +152,7 @@ def chat_messages(messages, where: str) -> tuple[Any, Problem | None]:
 
 
 def _unsupported(what: str) -> Problem:
-    return ("unsupported", f"unsupported: {what}")
+    return (Reason.UNSUPPORTED, f"unsupported: {what}")
 
 
 def _text_parts(parts: list, where: str) -> tuple[str | None, Problem | None]:
@@ -161,11 +163,11 @@ def _text_parts(parts: list, where: str) -> tuple[str | None, Problem | None]:
             shown = f"of type {kind}" if isinstance(kind, str) else "that is not a {type, text} object"
             return None, _unsupported(f"{where}[{k}] is a content part {shown}; batchinfer reads text parts only")
         if not isinstance(part.get("text"), str):
-            return None, ("not_text", f"{where}[{k}].text must be text")
+            return None, (Reason.NOT_TEXT, f"{where}[{k}].text must be text")
         if set(part) - {"type", "text"}:
             name = sorted(set(part) - {"type", "text"})[0]
             return None, _unsupported(f"{where}[{k}].{name} (not a field of a text part); leave it out")
         texts.append(part["text"])
     if not texts:
-        return None, ("empty_text", f"{where} holds no part")
+        return None, (Reason.EMPTY_TEXT, f"{where} holds no part")
     return "\n".join(texts), None

@@ -23,6 +23,8 @@ from .errors import InputError
 from .lines import open_lines, parse_object, read_lines
 from .messages import message_problem
 from .openai_api import CHAT, COMPLETIONS, EMBEDDINGS, chat_messages, unsupported
+from .openai_shapes import choice, completion, embedding_list, usage
+from .reasons import Reason
 
 REQUEST_COLUMNS = [
     "custom_id",
@@ -43,31 +45,31 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
     """One request line (already JSON) → a flat row, or the reason it is not a valid request."""
     custom_id = record.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        return {}, ("bad_request", "custom_id is missing or not a string")
+        return {}, (Reason.BAD_REQUEST, "custom_id is missing or not a string")
     row = {"custom_id": custom_id}
     url, body = record.get("url"), record.get("body")
     if record.get("method", "POST") != "POST":
-        return row, ("bad_request", f"method {record.get('method')!r} is not POST")
+        return row, (Reason.BAD_REQUEST, f"method {record.get('method')!r} is not POST")
     if url not in TASK_OF_URL:
-        return row, ("bad_request", f"url {url!r} is not one of {', '.join(TASK_OF_URL)}")
+        return row, (Reason.BAD_REQUEST, f"url {url!r} is not one of {', '.join(TASK_OF_URL)}")
     if not isinstance(body, dict):
-        return row, ("bad_request", "body is missing or not an object")
+        return row, (Reason.BAD_REQUEST, "body is missing or not an object")
     row["url"] = url
     if problem := unsupported(url, body, "batch"):
         return row, problem
     if url == CHAT:
         row["messages"], problem = chat_messages(body.get("messages"), "body.messages")
         if problem := problem or message_problem(row["messages"], "body.messages"):
-            return row, problem if problem[0] == "unsupported" else ("bad_request", problem[1])
+            return row, problem if problem[0] == Reason.UNSUPPORTED else (Reason.BAD_REQUEST, problem[1])
     else:
         prompt = body.get("input") if url == EMBEDDINGS else body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
         field = "body.input" if url == EMBEDDINGS else "body.prompt"
         if isinstance(prompt, list):
-            return row, ("bad_request", f"{field}: one text per request is supported, not a list of {len(prompt)}")
+            return row, (Reason.BAD_REQUEST, f"{field}: one text per request is supported, not a list of {len(prompt)}")
         if prompt is not None and not isinstance(prompt, str):
-            return row, ("bad_request", f"{field} must be text, not {type(prompt).__name__}")
+            return row, (Reason.BAD_REQUEST, f"{field} must be text, not {type(prompt).__name__}")
         row["prompt"] = prompt
     stop = body.get("stop")
     row["stop"] = [stop] if isinstance(stop, str) else stop
@@ -79,12 +81,12 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
         ("seed", body.get("seed"), int),
     ):
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-            return row, ("bad_request", f"body.{key} must be a number, not {value!r}")
+            return row, (Reason.BAD_REQUEST, f"body.{key} must be a number, not {value!r}")
         row[key] = float(value) if key in ("temperature", "top_p") and value is not None else value
     if max_tokens is not None and max_tokens < 1:
-        return row, ("bad_request", f"body.max_tokens must be at least 1, not {max_tokens}")
+        return row, (Reason.BAD_REQUEST, f"body.max_tokens must be at least 1, not {max_tokens}")
     if row["stop"] is not None and not (isinstance(row["stop"], list) and all(isinstance(s, str) for s in row["stop"])):
-        return row, ("bad_request", "body.stop must be a string or a list of strings")
+        return row, (Reason.BAD_REQUEST, "body.stop must be a string or a list of strings")
     row["response_format"], problem = response_format_column(body)
     return row, problem
 
@@ -95,11 +97,11 @@ def response_format_column(body: dict) -> tuple[str | None, tuple[str, str] | No
     value = body.get("response_format")
     constraint, problem = response_format(value, "body.response_format")
     if problem:
-        return None, ("bad_request", problem)
+        return None, (Reason.BAD_REQUEST, problem)
     if constraint is None:
         return None, None
     if body.get("stop"):
-        return None, ("bad_request", "body.stop: a stop string could cut the response_format output; remove stop")
+        return None, (Reason.BAD_REQUEST, "body.stop: a stop string could cut the response_format output; remove stop")
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False), None
 
 
@@ -114,30 +116,12 @@ def response_lines(table: pa.Table, model: str, task: str) -> list[str]:
     for row in table.to_pylist():
         request_id = _stable_id(row["custom_id"], model)
         if task == "embed":
-            body = {
-                "object": "list",
-                "model": model,
-                "data": [{"object": "embedding", "index": 0, "embedding": row["embedding"]}],
-                "usage": {"prompt_tokens": row["prompt_tokens"], "total_tokens": row["prompt_tokens"]},
-            }
+            body = embedding_list([row["embedding"]], model, row["prompt_tokens"])
         else:
-            usage = {
-                "prompt_tokens": row["prompt_tokens"],
-                "completion_tokens": row["completion_tokens"],
-                "total_tokens": row["prompt_tokens"] + row["completion_tokens"],
-            }
-            if row["url"] == CHAT:
-                choice = {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": row["text"]},
-                    "logprobs": None,
-                    "finish_reason": row["finish_reason"],
-                }
-                body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion"}
-            else:
-                choice = {"index": 0, "text": row["text"], "logprobs": None, "finish_reason": row["finish_reason"]}
-                body = {"id": f"cmpl-{request_id}", "object": "text_completion"}
-            body.update({"created": created, "model": model, "choices": [choice], "usage": usage})
+            chat = row["url"] == CHAT
+            choices = [choice(chat, row["text"], row["finish_reason"])]
+            body = completion(chat, request_id, created, model, choices)
+            body["usage"] = usage(row["prompt_tokens"], row["completion_tokens"])
         response = {"status_code": 200, "request_id": request_id, "body": body}
         lines.append(
             json.dumps(

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from .messages import BLANK, is_blank, message_problem
 from .openai_batch import TASK_OF_URL
+from .reasons import Reason
 from .templates import template_parts
 
 
@@ -66,10 +67,10 @@ def _render(table: pa.Table, spec: str, errors: dict[int, tuple[str, str]], name
         if column is None:
             scalar = spec == field and _as_text(raw, templated=True) is not None
             hint = " (a template such as '{" + field + "}' writes it as text)" if scalar else ""
-            _mark(errors, np.arange(table.num_rows), "not_text", f"column '{field}' is {raw.type}, not text{hint}")
+            _mark(errors, np.arange(table.num_rows), Reason.NOT_TEXT, f"column '{field}' is {raw.type}, not text{hint}")
             column = pa.nulls(table.num_rows, pa.string())
         null = column.is_null().to_numpy(zero_copy_only=False)
-        _mark(errors, np.flatnonzero(null), "null_text", f"column '{field}' is null")
+        _mark(errors, np.flatnonzero(null), Reason.NULL_TEXT, f"column '{field}' is null")
         pieces.append(column)
     text = pieces[0] if len(parts) == 1 and not parts[0][0] else pc.binary_join_element_wise(*pieces, "")
     blank = pc.match_substring_regex(text, BLANK).fill_null(False)
@@ -77,7 +78,7 @@ def _render(table: pa.Table, spec: str, errors: dict[int, tuple[str, str]], name
     _mark(
         errors,
         np.flatnonzero(blank.to_numpy(zero_copy_only=False)),
-        "empty_text",
+        Reason.EMPTY_TEXT,
         f"{what} is empty, or only whitespace, invisible or control characters",
     )
     return text
@@ -100,7 +101,7 @@ def row_limits(values: list, name: str) -> tuple[list[int | None], dict[int, tup
             continue
         limits.append(None)
         problems[offset] = (
-            "bad_max_new_tokens",
+            Reason.BAD_MAX_NEW_TOKENS,
             f"{name} is {value!r}: give a whole number of at least 1, or leave it empty for the job's default",
         )
     return limits, problems
@@ -153,16 +154,19 @@ def prepare_openai(table: pa.Table, task: str, bad_rows: dict[int, tuple[str, st
             continue
         if TASK_OF_URL.get(url) != task:
             errors[offset] = (
-                "bad_request",
+                Reason.BAD_REQUEST,
                 f"url {url} needs model.task: {TASK_OF_URL.get(url)}, and this job is {task}",
             )
         elif url == "/v1/chat/completions":
             if problem := message_problem(messages, "body.messages"):
                 errors[offset] = problem
         elif prompt is None:
-            errors[offset] = ("null_text", "body.prompt (body.input for embeddings) is missing")
+            errors[offset] = (Reason.NULL_TEXT, "body.prompt (body.input for embeddings) is missing")
         elif is_blank(prompt):
-            errors[offset] = ("empty_text", "the prompt is empty, or only whitespace, invisible or control characters")
+            errors[offset] = (
+                Reason.EMPTY_TEXT,
+                "the prompt is empty, or only whitespace, invisible or control characters",
+            )
     return _usable(values, errors)
 
 

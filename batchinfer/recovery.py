@@ -12,6 +12,8 @@ from typing import Callable
 
 import torch
 
+from .reasons import Reason
+
 
 @dataclass
 class BatchOutcome:
@@ -46,7 +48,7 @@ def run_resilient(run: Callable[[list], list], rows: list) -> BatchOutcome:
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
             if hi - lo == 1:
-                reason = "oom" if oom else "model_error"
+                reason = Reason.OOM if oom else Reason.MODEL_ERROR
                 outcome.failed[lo] = (reason, f"{type(exc).__name__}: {str(exc)[:300]}")
                 return
         mid = (lo + hi) // 2

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .batching import OVERHEAD_TOKENS, plan_batches, plan_packed
+from .batching import OVERHEAD_TOKENS, cut_packed, cut_padded
 
 CPU_BUDGETS = (2048, 4096, 8192, 16384, 32768)
 SAMPLE_TOKENS = 16384  # per candidate: ~2 s for MiniLM on 2 CPU cores, spent on real rows
@@ -51,10 +51,12 @@ class Tuning:
         )
 
 
-def plan(lengths: np.ndarray, max_tokens: int, strategy: str, max_rows: int, device: torch.device) -> list[np.ndarray]:
+def cut_batches(
+    lengths: np.ndarray, max_tokens: int, strategy: str, max_rows: int, device: torch.device
+) -> list[np.ndarray]:
     if strategy == "packed":
-        return plan_packed(lengths, max_tokens, max_rows)
-    return plan_batches(lengths, max_tokens, max_rows, OVERHEAD_TOKENS.get(device.type, OVERHEAD_TOKENS["cuda"]))
+        return cut_packed(lengths, max_tokens, max_rows)
+    return cut_padded(lengths, max_tokens, max_rows, OVERHEAD_TOKENS.get(device.type, OVERHEAD_TOKENS["cuda"]))
 
 
 def gpu_budget(bytes_per_token: float, free_bytes: int) -> int:
@@ -114,7 +116,7 @@ def probe(
         part, left = left[:take], left[take:]
         if not len(part):
             return
-        seconds = run([part[b] for b in plan(lengths[part], budget, how, max_rows, device)], how, backend)
+        seconds = run([part[b] for b in cut_batches(lengths[part], budget, how, max_rows, device)], how, backend)
         if seconds >= MIN_SECONDS:
             samples.setdefault(key(backend, how, budget, share), []).append(float(lengths[part].sum() / seconds))
 

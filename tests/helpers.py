@@ -222,3 +222,16 @@ def generate_alone(model_path, prompt_ids: list[int], max_new: int) -> list[int]
     is loaded once per session and each answer computed once (greedy decoding of a model nobody trains is
     a pure function of the prompt and the limit)."""
     return list(_generate_alone(str(model_path), tuple(prompt_ids), max_new))
+
+
+def check_readme_section(name: str, generated: str) -> None:
+    """The README between <!-- NAME:start --> and <!-- NAME:end --> is `generated`; with
+    BATCHINFER_UPDATE_README=1 it is rewritten to it first."""
+    path = Path(__file__).resolve().parent.parent / "README.md"
+    readme = path.read_text()
+    start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+    current = readme[readme.index(start) + len(start) : readme.index(end)]
+    if os.environ.get("BATCHINFER_UPDATE_README"):
+        path.write_text(readme.replace(current, generated + "\n"))
+        current = generated + "\n"
+    assert current == generated + "\n", f"README {name} section is stale: rerun with BATCHINFER_UPDATE_README=1"

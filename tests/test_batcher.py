@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from batchinfer.batcher import Batcher, Overloaded
+from batchinfer.serve.batcher import Batcher, Overloaded
 
 FOREVER = 60.0  # a max_wait no test reaches: the window closes on the token budget or on stop()
 

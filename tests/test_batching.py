@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchinfer.batching import padding_stats, plan_batches, plan_packed
+from batchinfer.batching import cut_packed, cut_padded, padding_stats
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=600), min_size=0, max_size=400)
 
@@ -13,7 +13,7 @@ lengths_st = st.lists(st.integers(min_value=1, max_value=600), min_size=0, max_s
 @given(lengths=lengths_st, max_tokens=st.integers(1, 20000), max_rows=st.integers(1, 300))
 def test_every_row_once_budget_respected_sorted(packed, lengths, max_tokens, max_rows):
     lengths = np.array(lengths, dtype=np.int64)
-    batches = plan_packed(lengths, max_tokens, max_rows) if packed else plan_batches(lengths, max_tokens, max_rows)
+    batches = cut_packed(lengths, max_tokens, max_rows) if packed else cut_padded(lengths, max_tokens, max_rows)
     flat = np.concatenate(batches) if batches else np.array([], dtype=np.int64)
     assert sorted(flat.tolist()) == list(range(len(lengths)))  # every index exactly once
     previous_min = None
@@ -33,20 +33,20 @@ def test_every_row_once_budget_respected_sorted(packed, lengths, max_tokens, max
 
 
 def test_equal_lengths_keep_input_order_in_fewest_batches():
-    batches = plan_batches(np.full(10, 4), max_tokens=16, max_rows=100)
+    batches = cut_padded(np.full(10, 4), max_tokens=16, max_rows=100)
     assert len(batches) == 3 and np.concatenate(batches).tolist() == list(range(10))
 
 
 def test_cuts_where_lengths_drop_instead_of_padding():
     lengths = np.array([100] * 3 + [10] * 50)
-    batches = plan_batches(lengths, max_tokens=16384, max_rows=256)
+    batches = cut_padded(lengths, max_tokens=16384, max_rows=256)
     assert [sorted(set(lengths[b].tolist())) for b in batches] == [[100], [10]]  # greedy would pad 50 rows to 100
 
 
 def test_mixed_text_is_nearly_padding_free():
     rng = np.random.default_rng(0)
     lengths = np.clip(rng.lognormal(3.3, 1.0, 4096).astype(int), 3, 256)  # short phrases to truncated articles
-    real, padded = padding_stats(lengths, plan_batches(lengths, 16384, 256, overhead=64))
+    real, padded = padding_stats(lengths, cut_padded(lengths, 16384, 256, overhead=64))
     assert real / padded >= 0.97
 
 

@@ -519,3 +519,15 @@ def test_status_after_a_limit_counts_the_whole_job_and_says_how_to_go_on(tmp_pat
     assert f"batchinfer run {job} (the whole job)" in go_on and "--limit 250" not in go_on
     plan = runner.invoke(app, ["plan", str(job), "--sample", "30"]).output
     assert "holds this job: 3/6 chunks done" in plan  # plan and status count alike
+
+
+def test_a_saved_dataset_without_the_datasets_package_names_the_extra(tmp_path, tiny_embed, monkeypatch):
+    saved = tmp_path / "saved"  # what save_to_disk leaves: discovery knows the folder by these files
+    saved.mkdir()
+    (saved / "dataset_info.json").write_text("{}")
+    (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed: importing it raises ImportError
+    result = runner.invoke(app, ["validate", str(write_job(tmp_path, user_job(saved, tiny_embed, tmp_path / "out")))])
+    assert result.exit_code == 1, result.output
+    assert "needs the datasets package, which is not installed" in result.output
+    assert "pip install 'batchinfer[hf]'" in result.output and "Traceback" not in result.output

@@ -1,10 +1,10 @@
-import os
 import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from helpers import check_readme_section
 
 from batchinfer.config import JobConfig, apply_override, load_job, reference_markdown, template_fields, validate_job
 from batchinfer.errors import ConfigError
@@ -37,13 +37,7 @@ def test_every_shipped_job_finds_its_input_and_model(job, monkeypatch):
 
 def test_readme_reference_is_generated_from_the_models():
     """Regenerate with: BATCHINFER_UPDATE_README=1 python -m pytest tests/test_config.py"""
-    readme = (ROOT / "README.md").read_text()
-    start, end = "<!-- reference:start -->\n", "<!-- reference:end -->"
-    current = readme[readme.index(start) + len(start) : readme.index(end)]
-    if os.environ.get("BATCHINFER_UPDATE_README"):
-        (ROOT / "README.md").write_text(readme.replace(current, reference_markdown() + "\n"))
-        current = reference_markdown() + "\n"
-    assert current == reference_markdown() + "\n", "README job-file reference is stale; see this test's docstring"
+    check_readme_section("reference", reference_markdown())
 
 
 def test_unknown_key_names_key_and_suggests():

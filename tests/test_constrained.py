@@ -184,7 +184,7 @@ def test_serve_answers_constrained_requests_as_the_offline_job(tmp_path, sms_tab
     import httpx
 
     from batchinfer.models import resolve_model_path
-    from batchinfer.server import create_app
+    from batchinfer.serve import create_app
 
     prompts = _prompts(tmp_path, sms_table, n=4)
     run_job(_generate(prompts, tiny_llama, tmp_path / "choices", generation__choices=CHOICES))

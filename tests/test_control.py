@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from dataclasses import FrozenInstanceError, replace
 
 import pytest
 
@@ -106,11 +107,13 @@ def test_a_block_that_swallows_the_stop_is_interrupted_on_the_way_out():
     assert flag.reading == 0
 
 
-def test_a_budget_is_keyed_by_its_tokens_and_strategy():
+def test_a_budget_is_a_value_keyed_by_its_tokens_and_strategy():
     budget = Budget(4096, "padded")
-    assert budget.key == (4096, "padded") and budget.lowered == [] and budget.backend is budget.precision is None
-    budget.max_tokens = 1024  # lowered after an out-of-memory batch
-    assert budget.key == (1024, "padded") and Budget(8, "packed").lowered is not budget.lowered
+    assert budget.key == (4096, "padded") and budget.backend is budget.precision is None
+    lowered = replace(budget, max_tokens=1024)  # after an out-of-memory batch: a new budget, the old one stays
+    assert lowered.key == (1024, "padded") and budget.key == (4096, "padded")
+    with pytest.raises(FrozenInstanceError):
+        budget.max_tokens = 1024
 
 
 SIGNALS = textwrap.dedent(

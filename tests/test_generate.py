@@ -201,3 +201,32 @@ def test_each_rows_own_limit_is_checked_and_never_runs_past_the_context(tmp_path
     assert report["errors_by_reason"] == {"bad_max_new_tokens": 2}
     errors = ds.dataset(str(tmp_path / "out" / "_errors")).to_table().to_pylist()
     assert {e["id"] for e in errors} == {"negative", "word"} and "'x': give a whole number" in str(errors)
+
+
+def test_finish_cuts_at_the_limit_at_eos_and_at_a_stop_string(tmp_path, tiny_llama):
+    from batchinfer.runners import make_runner
+
+    runner = make_runner(_job(tmp_path / "unused.parquet", tiny_llama, tmp_path / "out"), tiny_llama)
+    ids = runner.tokenizer.encode("ok lar joking wif u oni", add_special_tokens=False)
+    eos = min(runner.eos)
+    assert runner.finish(ids, len(ids), []) == (ids, runner.tokenizer.decode(ids), "length")
+    assert runner.finish(ids[:2] + [eos] + ids[2:], len(ids) + 1, []) == (
+        ids[:2],
+        runner.tokenizer.decode(ids[:2]),
+        "stop",
+    )
+    assert runner.finish(ids, 3, [])[::2] == (ids[:3], "length")
+    tokens, text, reason = runner.finish(ids, len(ids), ["joking"])
+    assert (text, reason) == ("ok lar ", "stop") and tokens == runner.tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_generation_config_decodes_greedily_at_temperature_zero(tmp_path, tiny_llama):
+    from batchinfer.runners import make_runner
+
+    job = _job(tmp_path / "unused.parquet", tiny_llama, tmp_path / "out")
+    runner = make_runner(job, tiny_llama)
+    greedy = runner.generation_config(job.generation, 5)
+    assert (greedy.max_new_tokens, greedy.do_sample, greedy.temperature, greedy.top_k) == (5, False, None, None)
+    sampled = runner.generation_config(job.generation.model_copy(update={"temperature": 0.7, "top_k": 0}), 9)
+    assert (sampled.max_new_tokens, sampled.do_sample, sampled.temperature, sampled.top_k) == (9, True, 0.7, None)
+    assert sampled.pad_token_id == runner.pad_id

@@ -177,7 +177,7 @@ def test_serve_classify_scores_labels_as_the_offline_job(sms_parquet, sms_table,
 
     import httpx
 
-    from batchinfer.server import create_app
+    from batchinfer.serve import create_app
 
     job = _job(sms_parquet, tiny_llama, tmp_path / "out", task="classify", model__labels=LABELS)
     job.input.path = str(sms_parquet / "part-0.parquet")

@@ -47,6 +47,10 @@ def test_oom_splits_lowers_budget_and_keeps_every_row(sms_parquet, tiny_embed, t
     assert np.abs(values - normal).max() < 1e-4
     assert report["max_tokens_lowered"][0].startswith("out of memory at ")
     assert "max_tokens 16384 -> " in report["max_tokens_lowered"][0]
+    # Each lowering starts where the one before left off, in later chunks too, and the report says where it ended.
+    steps = [tuple(map(int, note.split("max_tokens ")[1].split(" -> "))) for note in report["max_tokens_lowered"]]
+    assert all(after[0] == before[1] for before, after in zip(steps, steps[1:]))
+    assert report["batching"]["max_tokens"] == steps[-1][1] <= 600
     assert report["rows_error"] == 0
 
 

@@ -42,3 +42,20 @@ def test_a_megabyte_text_is_cut_before_the_tokenizer_sees_it(backend):
 
     encode_capped(Spy(), ["word " * 400_000], 64)
     assert seen == [64 * CHARS_PER_TOKEN]
+
+
+def test_every_runner_implements_the_runner_protocol():
+    import inspect
+
+    from batchinfer.runners import RUNNERS
+    from batchinfer.runners.label_score import LabelScoreRunner
+    from batchinfer.runners.protocol import Runner
+
+    methods = {name: fn for name, fn in vars(Runner).items() if inspect.isfunction(fn) and not name.startswith("_")}
+    assert set(methods) == {"tokenize", "row_settings", "cut", "packing_problem", "run_chunk"}
+    for cls in [*RUNNERS.values(), LabelScoreRunner]:
+        for name, fn in methods.items():
+            assert callable(getattr(cls, name, None)), f"{cls.__name__}.{name}"
+            own = list(inspect.signature(getattr(cls, name)).parameters)
+            assert own == list(inspect.signature(fn).parameters), f"{cls.__name__}.{name}{own}"
+        assert hasattr(cls, "score_labels"), cls.__name__

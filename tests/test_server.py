@@ -25,7 +25,7 @@ from batchinfer.driver import run_job
 from batchinfer.models import resolve_model_path
 
 pytest.importorskip("fastapi")
-from batchinfer.server import create_app  # noqa: E402
+from batchinfer.serve import create_app  # noqa: E402
 
 
 def _serving(model, task, **serve):
@@ -45,8 +45,9 @@ def _serving(model, task, **serve):
 
 
 @contextlib.asynccontextmanager
-async def _client(job):
-    app = create_app(job, resolve_model_path(job.model.path))
+async def _client(job, app=None):
+    """An HTTP client of the app serving `job` (or of `app`, made by the test to reach its service)."""
+    app = app or create_app(job, resolve_model_path(job.model.path))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://batchinfer", timeout=60) as client:
@@ -396,16 +397,14 @@ def test_a_failed_batch_answers_500_and_the_server_goes_on(sms_table, tiny_embed
         def broken_on_batch(stats):
             raise KeyError("metrics the test broke")
 
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://batchinfer", timeout=60) as client:
-                runner.run = broken_run  # every row fails, one by one
-                rows_failed = await client.post("/v1/embeddings", json={"input": texts})
-                runner.run, batcher.on_batch = real_run, broken_on_batch  # the batch loop itself fails
-                batch_failed = await client.post("/v1/embeddings", json={"input": texts})
-                batcher.on_batch = real_on_batch
-                after = await client.post("/v1/embeddings", json={"input": texts})
-                health = await client.get("/health")
+        async with _client(job, app) as client:
+            runner.run = broken_run  # every row fails, one by one
+            rows_failed = await client.post("/v1/embeddings", json={"input": texts})
+            runner.run, batcher.on_batch = real_run, broken_on_batch  # the batch loop itself fails
+            batch_failed = await client.post("/v1/embeddings", json={"input": texts})
+            batcher.on_batch = real_on_batch
+            after = await client.post("/v1/embeddings", json={"input": texts})
+            health = await client.get("/health")
         return rows_failed, batch_failed, after, health
 
     rows_failed, batch_failed, after, health = asyncio.run(go())
@@ -419,9 +418,11 @@ def test_a_failed_batch_answers_500_and_the_server_goes_on(sms_table, tiny_embed
 
 def test_a_stopped_generation_engine_answers_503_and_health_says_so(tiny_llama):
     async def go():
-        async with _client(_serving(tiny_llama, "generate")) as client:
+        job = _serving(tiny_llama, "generate")
+        app = create_app(job, resolve_model_path(job.model.path))
+        async with _client(job, app) as client:
             ok = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2})
-            client._transport.app.state.service.manager.stop(block=True)
+            app.state.service.manager.stop(block=True)
             down = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2})
             streamed = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2, "stream": True})
             health = await client.get("/health")

@@ -7,11 +7,11 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import make_job
 
+from batchinfer.chunk_task import TaskInputs, id_text, unreadable
 from batchinfer.control import Budget, Interrupted, StopFlag
 from batchinfer.errors import InputError
 from batchinfer.plan import Work, plan_chunks
 from batchinfer.sources import discover_shards, read_spec
-from batchinfer.task import TaskInputs, id_text, unreadable
 
 BAD = {2: "null_text", 5: "empty_text", 8: "too_long"}  # offsets of the rows that never reach the model
 
@@ -59,7 +59,7 @@ def test_load_keeps_bad_rows_from_the_model_and_cuts_the_rest_by_the_budget(chun
     lengths = loaded.tokens.lengths[loaded.index]
     for batch in loaded.batches:
         assert len(batch) <= 4 and len(batch) * lengths[batch].max() <= 48  # max_rows and the token budget
-    assert loaded.planned == (48, "padded") and loaded.row_ids.tolist() == list(range(10))
+    assert loaded.cut_with == (48, "padded") and loaded.row_ids.tolist() == list(range(10))
 
 
 def test_run_writes_good_rows_in_order_and_bad_rows_as_errors_and_counts_them(chunk_task):
@@ -77,7 +77,7 @@ def test_run_writes_good_rows_in_order_and_bad_rows_as_errors_and_counts_them(ch
     tokens = int(loaded.tokens.lengths[loaded.index].sum())
     assert (record.rows, record.ok, record.tokens) == (10, 7, tokens)
     assert record.errors == {"null_text": 1, "empty_text": 1, "too_long": 1}
-    assert record.padded_tokens >= tokens and result.budget[:2] == (48, "padded") and result.tuning is None
+    assert record.padded_tokens >= tokens and result.budget.key == (48, "padded") and result.tuning is None
     assert len(seen) == len(loaded.batches) and seen[-1] == (10, tokens)  # batch by batch, to the whole chunk
     assert [rows for rows, _ in seen] == sorted(rows for rows, _ in seen)
 

@@ -10,11 +10,11 @@ from batchinfer.tune import CPU_BUDGETS, GPU_PROBE_TOKENS, gpu_budget, probe
 def test_the_probe_keeps_the_fastest_budget_and_runs_every_row_once(monkeypatch):
     lengths = np.random.default_rng(1).integers(5, 120, size=12000)
     seen, cut = [], {}
-    real_plan = tune.plan
+    real_cut = tune.cut_batches
 
-    def plan(lengths, max_tokens, strategy, max_rows, device):  # remembers the budget the stand-in runs at
+    def cut_batches(lengths, max_tokens, strategy, max_rows, device):  # remembers the budget the stand-in runs at
         cut["budget"] = max_tokens
-        return real_plan(lengths, max_tokens, strategy, max_rows, device)
+        return real_cut(lengths, max_tokens, strategy, max_rows, device)
 
     def run(batches, strategy, backend):
         """8,192 is clearly faster than the default 16,384; packed 50% faster than padded."""
@@ -23,7 +23,7 @@ def test_the_probe_keeps_the_fastest_budget_and_runs_every_row_once(monkeypatch)
         speed = {2048: 500, 4096: 800, 8192: 1000, 16384: 850, 32768: 600}.get(cut.get("budget"), 500)
         return float(lengths[rows].sum() / (speed * (1.5 if strategy == "packed" else 1.0)))
 
-    monkeypatch.setattr("batchinfer.tune.plan", plan)
+    monkeypatch.setattr("batchinfer.tune.cut_batches", cut_batches)
     tuning, rest = probe(lengths, run, "auto", "auto", 256, torch.device("cpu"), packable=True)
     assert tuning.max_tokens == 8192 and tuning.strategy == "packed"
     assert {f"padded@{b}" for b in CPU_BUDGETS} <= set(tuning.tokens_per_s)

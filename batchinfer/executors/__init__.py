@@ -6,10 +6,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Iterator, Protocol
 
+from ..chunk_task import TaskInputs
 from ..control import Progress, StopFlag
 from ..output.records import ChunkResult
 from ..plan import Work
-from ..task import TaskInputs
 
 
 class Executor(Protocol):

@@ -7,10 +7,10 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
+from ..chunk_task import ChunkTask, Loaded
 from ..control import Progress
 from ..output.records import ChunkResult
 from ..plan import Work
-from ..task import ChunkTask, Loaded
 
 
 class LocalExecutor:

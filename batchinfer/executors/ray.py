@@ -14,14 +14,15 @@ import signal
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Iterator
 
+from ..chunk_task import TaskInputs
 from ..control import Progress, StopFlag
 from ..errors import BatchinferError, ConfigError, ModelError
 from ..models import library_logs_shown
 from ..output.records import ChunkResult
 from ..plan import Work
-from ..task import TaskInputs
 
 IN_FLIGHT = 2  # chunks per worker: one computing, one loading
 POLL = 0.25  # seconds between checks of the stop flag while chunks run
@@ -52,7 +53,7 @@ class Worker:
         if self.failed:  # a replacement worker whose model did not load
             raise self.failed
         if tuning and not self.tuned:  # once: an out-of-memory may lower the budget afterwards
-            self.task.budget.max_tokens, self.task.budget.strategy = tuning["max_tokens"], tuning["strategy"]
+            self.task.budget = replace(self.task.budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
             if tuning.get("backend") in self.task.runner.models:  # the probe's backend, on every worker
                 self.task.runner.keep(tuning["backend"], tuning.get("precision"))
             self.tuned = True

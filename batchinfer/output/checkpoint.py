@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from ..errors import OutputError, ResumeError
 from ..plan import describe_changes
+from ..reasons import Reason
 from ..storage import open_folder, refuse_location
 from .failures import display_path, reach_error, writing
 from .formats import DeclaredFiles
@@ -187,7 +188,7 @@ class Checkpoint:
             "id": pa.nulls(len(names), pa.string()),
             "source": list(names),
             "row": pa.nulls(len(names), pa.int64()),
-            "reason": ["bad_shard"] * len(names),
+            "reason": [Reason.BAD_SHARD] * len(names),
             "message": list(messages),
         }
         self.writer().write_table(SKIPPED, pa.table(rows, schema=ERROR_SCHEMA))

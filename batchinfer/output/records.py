@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from ..control import Budget
 from .layout import error_part_name, part_name
 
 _OMITTED_WHEN_EMPTY = ("retry_of", "generated_tokens", "first_token_seconds", "max_tokens_lowered", "finished")
@@ -62,7 +63,7 @@ class ChunkResult:
     worker ended the chunk with, what a probe chose on it and notes for the run's log."""
 
     record: ChunkRecord
-    budget: tuple[int, str, str | None, str | None]  # max_tokens, strategy, backend, precision
+    budget: Budget  # the worker's after this chunk
     tuning: dict | None = None
     notes: list[str] = field(default_factory=list)
 

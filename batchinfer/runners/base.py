@@ -1,5 +1,5 @@
-"""The runner contract, and what every encoder task shares: batch tokenization, padded or packed
-forward passes, split-and-retry, the probe.
+"""What every encoder task shares (its runner contract is protocol.py's Runner): batch tokenization,
+padded or packed forward passes, split-and-retry, the probe.
 
 A runner turns texts into items (token ids: one per row, or several, as zero-shot makes one per
 candidate label), runs batches of items, and turns each row's item results into result columns
@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -21,19 +21,8 @@ import torch
 from ..batching import padding_stats
 from ..packing import first_position, pack, packed_forward, supports_packing
 from ..recovery import run_resilient
-from ..tune import plan, probe
-
-
-@dataclass
-class Tokens:
-    ids: list[list[int]]  # per item; a Pair for (text, text_pair) items
-    lengths: np.ndarray  # [items] int64, special tokens included
-    truncated: np.ndarray  # [items] bool
-    owner: np.ndarray | None = None  # [items] the text each item belongs to; None: item i is text i
-    encodings: list | None = None  # the tokenizer's encodings, for runners that read offsets
-
-    def owners(self) -> np.ndarray:
-        return self.owner if self.owner is not None else np.arange(len(self.ids))
+from ..tune import cut_batches, probe
+from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 
 
 class Pair(list):
@@ -169,13 +158,21 @@ class EncoderRunner:
         inputs, mask = self.collate(ids)
         return self.head(inputs, mask)
 
-    def run_chunk(self, loaded, ctx) -> tuple[dict[str, pa.Array], np.ndarray, dict]:
-        """A loaded chunk's planned batches of items, each split and retried on failure → (result columns
-        of the rows whose every item ran, those rows as positions in the chunk's texts, figures for the
-        record). With ctx.probe, a probe first settles `batching: auto` on slices of this chunk; the
-        record carries its choice."""
+    def row_settings(self, job, table: pa.Table, prepared) -> None:
+        return None  # encoder tasks read no per-row settings
+
+    def cut(self, lengths: np.ndarray, budget: tuple[int, str], max_rows: int) -> list[np.ndarray]:
+        return cut_batches(lengths, *budget, max_rows, self.device)
+
+    def packing_problem(self) -> str | None:
+        return supports_packing(self.model)
+
+    def run_chunk(self, loaded: ChunkInput, ctx: ChunkContext) -> ChunkOutput:
+        """A loaded chunk's planned batches of items, each split and retried on failure → the result columns
+        of the rows whose every item ran. With ctx.probe, a probe first settles `batching: auto` on slices
+        of this chunk; the output carries its choice."""
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
-        budget, rows = ctx.budget, ctx.job.batching.max_rows
+        budget, rows, lowered_notes = ctx.budget, ctx.job.batching.max_rows, []
         lengths = tokens.lengths[index]
         owners = tokens.owners()[index]
         results: list = [None] * len(index)
@@ -185,6 +182,7 @@ class EncoderRunner:
         def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
             """Run batches of positions in `index` (on `backend`: the probe's candidates); keep results and
             errors; return the seconds taken."""
+            nonlocal budget
             if backend is not None:
                 self.use(backend)
             self.packed = strategy == "packed"
@@ -204,8 +202,8 @@ class EncoderRunner:
                         f"out of memory at {outcome.oom_tokens} padded tokens: "
                         f"max_tokens {budget.max_tokens} -> {lowered}"
                     )
-                    budget.max_tokens = lowered
-                    budget.lowered.append(note)
+                    budget = replace(budget, max_tokens=lowered)
+                    lowered_notes.append(note)
                     ctx.log(note + " for the rest of the run")
                 ctx.heap.check()
                 ctx.on_batch(len(batch), int(lengths[batch].sum()))
@@ -220,16 +218,19 @@ class EncoderRunner:
             totals["seconds"] += seconds
             return seconds
 
-        extra = {}
+        tuning = None
         if (ctx.probe or self.unsettled) and len(index):
-            extra["tuning"], rest = self.settle(lengths, [tokens.ids[i] for i in index.tolist()], run, ctx)
-            run([rest[b] for b in plan(lengths[rest], *budget.key, rows, self.device)], budget.strategy)
-        else:  # replanned when a probe or an out-of-memory changed the budget after this chunk was read ahead
+            tuning, rest = self.settle(lengths, [tokens.ids[i] for i in index.tolist()], run, ctx)
+            if lowered_notes:  # a budget that ran out of memory while the probe timed it is not chosen after all
+                tuning["max_tokens"] = min(tuning["max_tokens"], budget.max_tokens)
+            budget = replace(budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
+            run([rest[b] for b in self.cut(lengths[rest], budget.key, rows)], budget.strategy)
+        else:  # cut again when a probe or an out-of-memory changed the budget after this chunk was read ahead
             run(
-                loaded.batches if loaded.planned == budget.key else plan(lengths, *budget.key, rows, self.device),
+                loaded.batches if loaded.cut_with == budget.key else self.cut(lengths, budget.key, rows),
                 budget.strategy,
             )
-        budget.backend, budget.precision = self.backend, self.precision
+        budget = replace(budget, backend=self.backend, precision=self.precision)
         ctx.stop.check()
         failed = set(owners[~ok].tolist())
         items: dict[int, list] = {}
@@ -237,10 +238,14 @@ class EncoderRunner:
             if text not in failed:
                 items.setdefault(text, []).append(results[position])
         kept = np.fromiter(items, dtype=np.int64, count=len(items))
-        return (
+        return ChunkOutput(
             self.columns(list(items.values()), kept, loaded),
             kept,
-            {"model_seconds": round(totals["seconds"], 4), "padded_tokens": totals["padded"], **extra},
+            round(totals["seconds"], 4),
+            totals["padded"],
+            tuning=tuning,
+            budget=budget,
+            lowered=lowered_notes,
         )
 
     def settle_default(self) -> dict:
@@ -290,7 +295,6 @@ class EncoderRunner:
             "torch" in self.models and supports_packing(self.models["torch"]) is None,
             tuple(self.models),
         )
-        budget.max_tokens, budget.strategy = tuning.max_tokens, tuning.strategy
         if len(tuning.backends) > 1 and "openvino" in self.models:
             from ..backends.openvino import remember
 

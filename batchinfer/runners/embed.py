@@ -1,4 +1,5 @@
-"""task: embed — one vector per row, pooled as the model's sentence-transformers config says."""
+"""task: embed — one vector per row, pooled as the model's sentence-transformers config says (with
+output.format openai, each row's prompt_tokens too)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class EmbedRunner(EncoderRunner):
         super().__init__(tokenizer, model, device, job)
         self.pooling = pooling_of(model_path)
         self.width = model.config.hidden_size
+        self.usage = job.output.format == "openai"  # OpenAI's embedding answers count each request's tokens
 
     def head(self, inputs: dict, mask: torch.Tensor) -> list:
         out = self.model(**inputs)
@@ -34,7 +36,10 @@ class EmbedRunner(EncoderRunner):
         return list(pooled.float().cpu().numpy())  # [b] x [hidden]
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
-        return {"embedding": fixed_size_list(rows_of(results).reshape(len(results), self.width))}
+        columns = {"embedding": fixed_size_list(rows_of(results).reshape(len(results), self.width))}
+        if self.usage:  # one item per row
+            columns["prompt_tokens"] = pa.array(loaded.tokens.lengths[texts], pa.int32())
+        return columns
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:

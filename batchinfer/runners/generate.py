@@ -25,7 +25,10 @@ from ..batching import padding_stats
 from ..config import GenerationConfig
 from ..constrain import Constraint, job_constraint, response_format
 from ..errors import ConfigError, ModelError
-from .base import Tokens, encode_capped
+from ..prepare import Prepared, row_limits
+from ..reasons import Reason
+from .base import encode_capped
+from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 
 CPU_BATCH_TOKENS = 1024
 
@@ -41,6 +44,8 @@ class Completions:
 
 class GenerateRunner:
     """Prompts → token ids (chat template for messages) → completions, by the configured engine."""
+
+    score_labels = None
 
     @classmethod
     def load(cls, job, model_path, budget=None):
@@ -97,23 +102,22 @@ class GenerateRunner:
 
     # --- prompts ---------------------------------------------------------------------------------------------
 
-    def tokenize(self, prompts: list) -> Tokens:
-        """Strings are encoded as they are; message lists go through the chat template first."""
-        encodings: list = [None] * len(prompts)
-        plain = [i for i, p in enumerate(prompts) if isinstance(p, str)]
-        chats = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
+    def tokenize(self, texts: list) -> Tokens:
+        """Prompts: strings are encoded as they are; message lists go through the chat template first."""
+        encodings: list = [None] * len(texts)
+        plain = [i for i, p in enumerate(texts) if isinstance(p, str)]
+        chats = [i for i, p in enumerate(texts) if not isinstance(p, str)]
         for i, encoding in zip(
             plain,
-            encode_capped(self.backend, [prompts[i] for i in plain], self.max_length, from_end=True) if plain else [],
+            encode_capped(self.backend, [texts[i] for i in plain], self.max_length, from_end=True) if plain else [],
         ):
             encodings[i] = encoding
         if chats:  # the template writes its own special tokens
-            texts = [
-                self.tokenizer.apply_chat_template(prompts[i], add_generation_prompt=True, tokenize=False)
-                for i in chats
+            templated = [
+                self.tokenizer.apply_chat_template(texts[i], add_generation_prompt=True, tokenize=False) for i in chats
             ]
             for i, encoding in zip(
-                chats, encode_capped(self.backend, texts, self.max_length, from_end=True, add_special_tokens=False)
+                chats, encode_capped(self.backend, templated, self.max_length, from_end=True, add_special_tokens=False)
             ):
                 encodings[i] = encoding
         ids = [e.ids for e in encodings]
@@ -121,11 +125,30 @@ class GenerateRunner:
         truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(ids))
         return Tokens(ids, lengths, truncated)
 
+    def row_settings(self, job, table: pa.Table, prepared: Prepared) -> list[int | None] | None:
+        """Each row's own max_new_tokens (job.max_new_tokens_column; an OpenAI request's max_tokens), None
+        where it gives none; a row whose value is no limit fails with the reason why."""
+        name = job.max_new_tokens_column
+        if not name:
+            return None
+        limits, problems = row_limits(table.column(name).to_pylist(), name)
+        for offset, problem in problems.items():
+            prepared.errors.setdefault(offset, problem)
+        return limits
+
+    def cut(self, lengths: np.ndarray, budget: tuple[int, str], max_rows: int) -> list[np.ndarray]:
+        """Input order, max_rows each: the static engine's baseline batches (the others schedule the chunk
+        themselves, and the token budget does not apply)."""
+        return in_order(len(lengths), max_rows)
+
+    def packing_problem(self) -> None:
+        return None  # batching.strategy is the encoders': the engines schedule generation themselves
+
     # --- a chunk ---------------------------------------------------------------------------------------------
 
-    def run_chunk(self, loaded, ctx) -> tuple[dict[str, pa.Array], np.ndarray, dict]:
-        """The whole chunk goes to the engine, which schedules it (continuous batching) → (result columns
-        of the rows that ran, those rows as positions in the chunk's texts, figures for the record)."""
+    def run_chunk(self, loaded: ChunkInput, ctx: ChunkContext) -> ChunkOutput:
+        """The whole chunk goes to the engine, which schedules it (continuous batching) → the result columns
+        of the rows that ran, and its figures (generated tokens, median time to the first token)."""
         job = ctx.job
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
         ctx.stop.check()
@@ -170,12 +193,12 @@ class GenerateRunner:
         lengths = tokens.lengths[index]
         # Continuous batching computes no padding; static batches pad to their longest prompt.
         padded = padding_stats(lengths, loaded.batches)[1] if job.generation.engine == "static" else int(lengths.sum())
-        return (
+        return ChunkOutput(
             self.columns(kept, tokens.lengths[index[ok]]),
             index[ok],
+            round(model_seconds, 4),
+            padded,
             {
-                "model_seconds": round(model_seconds, 4),
-                "padded_tokens": padded,
                 "generated_tokens": sum(len(i) for i in kept.ids),
                 "first_token_seconds": round(first[len(first) // 2], 4) if first else None,
             },
@@ -197,7 +220,7 @@ class GenerateRunner:
                     self.grammars.compile(constraint)
                 out.append(constraint)
             except Uncompilable as exc:
-                out.append(("bad_request", str(exc)))
+                out.append((Reason.BAD_REQUEST, str(exc)))
         return out
 
     # --- generation ------------------------------------------------------------------------------------------
@@ -230,10 +253,9 @@ class GenerateRunner:
             sub_prompts, sub_max = [prompts[p] for p in positions], [max_new[p] for p in positions]
             sub_constraints = [constraints[p] for p in positions]
             if gen.engine == "static":
-                batches = [
-                    np.arange(i, min(i + batch_rows, len(positions))) for i in range(0, len(positions), batch_rows)
-                ]
-                results, first = self._static(gen, sub_prompts, sub_max, batches, sub_constraints)
+                results, first = self._static(
+                    gen, sub_prompts, sub_max, in_order(len(positions), batch_rows), sub_constraints
+                )
             elif gen.engine == "vllm":
                 results, first = self._vllm(gen, sub_prompts, sub_max, sub_constraints)
             else:
@@ -243,9 +265,9 @@ class GenerateRunner:
                 raw[p], stops[p] = result, gen.stop
         for position, (tokens, error) in enumerate(raw):
             if error:
-                out.failed[position] = ("model_error", error)
+                out.failed[position] = (Reason.MODEL_ERROR, error)
                 tokens = []
-            ids, text, reason = self._finish(tokens, max_new[position], stops[position])
+            ids, text, reason = self.finish(tokens, max_new[position], stops[position])
             if constraints[position] is not None and position not in out.failed:
                 if problem := self.incomplete(constraints[position], ids, text, reason, max_new[position]):
                     out.failed[position] = problem
@@ -258,18 +280,19 @@ class GenerateRunner:
         self, constraint: Constraint, ids: list[int], text: str, reason: str, limit: int
     ) -> tuple[str, str] | None:
         """Why a constrained completion is no answer ((reason, message)), or None when it is whole and valid."""
-        if reason == "length":
+        if reason == "length":  # the finish reason
             return (
-                "length",
+                Reason.LENGTH,
                 f"max_new_tokens ({limit}) cut the output before it was {constraint.describe()}; raise "
                 "max_new_tokens (an OpenAI request's max_tokens)",
             )
         if not self.grammars.complete(constraint, ids, text):
-            return ("invalid_output", f"the output is not {constraint.describe()} ({constraint.where})")
+            return (Reason.INVALID_OUTPUT, f"the output is not {constraint.describe()} ({constraint.where})")
         return None
 
-    def _finish(self, tokens: list[int], limit: int, stop: list[str]) -> tuple[list[int], str, str]:
-        """Cut at eos and at the first stop string; say why the completion ended."""
+    def finish(self, tokens: list[int], limit: int, stop: list[str]) -> tuple[list[int], str, str]:
+        """Generated tokens → (the completion's tokens, its text, why it ended: stop | length): cut at
+        `limit` tokens, at eos and at the first stop string."""
         tokens = list(tokens[:limit])
         reason = "length"
         for i, token in enumerate(tokens):
@@ -283,7 +306,8 @@ class GenerateRunner:
             tokens = self.tokenizer.encode(text, add_special_tokens=False) if text else []
         return tokens, text, reason
 
-    def _generation_config(self, gen: GenerationConfig, max_new_tokens: int):
+    def generation_config(self, gen: GenerationConfig, max_new_tokens: int):
+        """transformers' GenerationConfig for decoding with `gen`'s settings, up to max_new_tokens."""
         config = copy.deepcopy(self.model.generation_config)
         config.max_new_tokens = max_new_tokens
         config.do_sample = gen.temperature > 0
@@ -332,7 +356,7 @@ class GenerateRunner:
         started = time.perf_counter()
         results = {}
         manager = self.model.init_continuous_batching(
-            generation_config=self._generation_config(gen, max(max_new)), continuous_batching_config=cb_config
+            generation_config=self.generation_config(gen, max(max_new)), continuous_batching_config=cb_config
         )
         masks = self.masks(manager) if constrained else None
         manager.start()
@@ -407,7 +431,7 @@ class GenerateRunner:
             out = self.model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=mask.to(self.device),
-                generation_config=self._generation_config(gen, limit),
+                generation_config=self.generation_config(gen, limit),
                 logits_processor=processors,
             )
             first.extend([time.perf_counter() - started] * len(rows))  # a static batch returns all at once
@@ -436,7 +460,7 @@ class GenerateRunner:
 
     def _vllm_tokens(self, output) -> list[int]:
         """A vLLM completion's tokens, ending in an end token when vLLM says it stopped (finish_reason stop),
-        so that _finish reads stop, not length, whether or not vLLM kept that token."""
+        so that finish reads stop, not length, whether or not vLLM kept that token."""
         tokens = list(output.token_ids)
         if output.finish_reason == "stop" and self.eos and not (tokens and tokens[-1] in self.eos):
             tokens.append(min(self.eos))
@@ -451,6 +475,11 @@ class GenerateRunner:
             "prompt_tokens": pa.array(prompt_lengths, pa.int32()),
             "completion_tokens": pa.array([len(i) for i in completions.ids], pa.int32()),
         }
+
+
+def in_order(count: int, rows: int) -> list[np.ndarray]:
+    """Positions 0..count-1 in batches of `rows`, in order."""
+    return [np.arange(i, min(i + rows, count)) for i in range(0, count, rows)]
 
 
 def vllm_structured(constraint: Constraint | None) -> dict:
@@ -497,7 +526,7 @@ def max_new_tokens(job, loaded, context: int | None) -> list[int]:
     (max_tokens 10**11) neither sizes the KV cache nor runs past the positions the model knows."""
     default = job.generation.max_new_tokens
     rows = loaded.prepared.rows[loaded.index].tolist()
-    limits = [(loaded.limits[r] if loaded.limits else None) or default for r in rows]
+    limits = [(loaded.row_settings[r] if loaded.row_settings else None) or default for r in rows]
     if context is None:
         return limits
     prompts = loaded.tokens.lengths[loaded.index].tolist()

@@ -23,7 +23,8 @@ import pyarrow as pa
 import torch
 
 from ..errors import ModelError
-from .base import EncoderRunner, Tokens, encode_capped, fixed_size_list
+from .base import EncoderRunner, encode_capped, fixed_size_list
+from .protocol import Tokens
 
 
 class LabelScoreRunner(EncoderRunner):

@@ -9,6 +9,7 @@ import pyarrow as pa
 import torch
 
 from .base import EncoderRunner, encode_capped, fixed_size_list, head_labels, rows_of, tokens_of
+from .protocol import Tokens
 
 # CrossEncoder's activation, by the class name its config stores (sentence_transformers.activation_fn).
 ACTIVATIONS = {
@@ -30,7 +31,7 @@ class ScoreRunner(EncoderRunner):
         self.activation = activation(model.config)
         self.scores = job.output.scores
 
-    def tokenize(self, texts: list) -> "Tokens":  # noqa: F821 - (text, text_pair) tuples, cut longest first
+    def tokenize(self, texts: list) -> Tokens:  # (text, text_pair) tuples, cut longest first
         return tokens_of(encode_capped(self.tokenizer, texts, self.max_length), pairs=True)
 
     def sample_inputs(self) -> list:

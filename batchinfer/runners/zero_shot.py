@@ -14,6 +14,7 @@ import torch
 
 from ..errors import ModelError
 from .base import EncoderRunner, encode_capped, fixed_size_list, tokens_of
+from .protocol import Tokens
 
 
 class ZeroShotRunner(EncoderRunner):
@@ -40,7 +41,7 @@ class ZeroShotRunner(EncoderRunner):
         )
         self.contradiction = -1 if self.entailment == 0 else 0
 
-    def tokenize(self, texts: list[str]) -> "Tokens":  # noqa: F821
+    def tokenize(self, texts: list[str]) -> Tokens:
         pairs = [(text, hypothesis) for text in texts for hypothesis in self.hypotheses]
         owner = np.repeat(np.arange(len(texts)), len(self.labels))
         return tokens_of(encode_capped(self.tokenizer, pairs, self.max_length), owner, pairs=True)

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from ..errors import InputError
+from ..reasons import Reason
 from ..storage import open_binary
 from .base import Problem, ReadSpec, RowBlock, Shard, ShardInfo, Tap, cast_columns, next_row
 from .jsonl import _Gunzip
@@ -192,7 +193,7 @@ def _records(batches, left_out: list[_LeftOut], stand_in) -> Iterator[tuple[pa.T
             while k < len(left_out) and left_out[k].row <= at:
                 if left_out[k].row < at:
                     raise ValueError(f"the CSV parser reported record {left_out[k].row + 2} out of order")
-                yield stand_in(left_out[k]), ("bad_csv", left_out[k].message)
+                yield stand_in(left_out[k]), (Reason.BAD_CSV, left_out[k].message)
                 at, k = at + 1, k + 1
             if rows is None or not rows.num_rows:
                 break
@@ -226,7 +227,7 @@ def _decode(values: pa.ChunkedArray, name: str, bad: dict) -> pa.Array:
             decoded.append(None if value is None else value.decode("utf-8"))
         except UnicodeDecodeError as exc:
             decoded.append(None)
-            bad.setdefault(offset, ("bad_utf8", f"field '{name}' is not UTF-8: {exc.reason} at byte {exc.start}"))
+            bad.setdefault(offset, (Reason.BAD_UTF8, f"field '{name}' is not UTF-8: {exc.reason} at byte {exc.start}"))
     return pa.array(decoded, pa.string())
 
 

@@ -56,10 +56,23 @@ def folder_digest(path: Path) -> str:
 _CACHE: dict[str, object] = {}
 
 
+def _datasets():
+    """The datasets package, an extra (it brings pandas, dill and multiprocess) that only this format needs."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise InputError(
+            f"reading a folder saved with datasets.save_to_disk needs the datasets package, which is not "
+            f"installed ({exc})",
+            "pip install 'batchinfer[hf]', or write the dataset as Parquet (dataset.to_parquet) and point "
+            "input.path at that",
+        ) from exc
+    return datasets
+
+
 def load(path: str):
     if path not in _CACHE:
-        import datasets
-
+        datasets = _datasets()
         loaded = datasets.load_from_disk(path)
         if isinstance(loaded, datasets.DatasetDict):
             raise InputError(

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from ..lines import Oversized, parse_object, read_lines, sniff_field
 from ..messages import message_problem
+from ..reasons import Reason
 from ..storage import open_binary
 from .base import Kinds, Problem, ReadSpec, RowBlock, Shard, ShardInfo, Tap, as_text, next_row
 
@@ -86,7 +87,7 @@ class JsonlFormat:
             if isinstance(value, (int, float)) and column in spec.templated:  # bool is an int too
                 record[column] = as_text(value)  # as JSON spells it: 3, 1.5, true
             elif value is not None and not isinstance(value, str):
-                problem = ("not_text", f"field '{column}' is {type(value).__name__}, not text")
+                problem = (Reason.NOT_TEXT, f"field '{column}' is {type(value).__name__}, not text")
                 break
         for column in spec.messages:
             problem = problem or message_problem(record.get(column), f"field '{column}'")
@@ -160,11 +161,11 @@ def _to_arrow(column: str, values: list, type_: pa.DataType | None, bad: dict[in
 def _value_problem(column: str, value, exc: BaseException) -> Problem:
     if isinstance(exc, UnicodeEncodeError):
         return (
-            "bad_utf8",
+            Reason.BAD_UTF8,
             f"field '{column}' holds a lone UTF-16 surrogate ({exc.object[exc.start : exc.end]!a}), "
             "which is not valid text",
         )
-    return ("bad_json", f"field '{column}' does not fit the column's type: {type(exc).__name__}: {str(exc)[:200]}")
+    return (Reason.BAD_JSON, f"field '{column}' does not fit the column's type: {type(exc).__name__}: {str(exc)[:200]}")
 
 
 def open_lines(path: str, options: dict | None = None) -> IO[bytes]:

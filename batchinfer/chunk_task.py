@@ -1,7 +1,8 @@
 """One chunk, start to end: read → prepare → tokenize → batch → run → write its part files → its record.
 
 A ChunkTask holds a loaded runner and plain, picklable inputs (the job, the shards, the read spec,
-where the output goes); it knows nothing of who calls it. `load` does everything up to the model and
+where the output goes); it knows nothing of who calls it, nor which task runs: what differs between tasks
+is the runner's to say (runners/protocol.py). `load` does everything up to the model and
 `run` the rest, so an executor can load the next chunk while this one computes. The record it
 returns is committed by the driver, which alone writes completion markers.
 """
@@ -25,46 +26,24 @@ from .heap import HeapGuard
 from .output.layout import ERROR_SCHEMA
 from .output.parts import PartWriter
 from .output.records import ChunkRecord, ChunkResult
-from .packing import supports_packing
 from .plan import Chunk, Work
-from .prepare import Prepared, prepare_rows, row_limits
-from .runners.base import Tokens
+from .prepare import prepare_rows
+from .reasons import Reason
+from .runners.protocol import ChunkContext, ChunkInput, Runner
 from .sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
 from .sources.base import ShardChanged, as_text
-from .tune import plan
 
 SCORE_LABELS = "labels"  # the key of the `scores` field's metadata that names its entries
 
 
-@dataclass
-class Loaded:
-    """A chunk read, prepared and tokenized: everything up to the model."""
+@dataclass(kw_only=True)
+class Loaded(ChunkInput):
+    """A chunk read, prepared and tokenized: everything up to the model, and where its rows came from."""
 
     work: Work
     shard: Shard
-    table: pa.Table
     row_ids: np.ndarray  # [table rows] each row's index in its shard
-    prepared: Prepared
-    tokens: Tokens
-    index: np.ndarray  # positions in `tokens` that go to the model (the rest became errors)
-    batches: list[np.ndarray]  # positions in `index`, as the model will see them
-    planned: tuple[int, str]  # the Budget.key the batches were cut with
     seconds: float
-    limits: list[int | None] | None = None  # generate: each table row's own max_new_tokens (None: the default)
-
-
-@dataclass
-class ChunkContext:
-    """What a runner's chunk step uses besides the chunk: the job's settings, the batching budget it
-    may lower, the stop flag, the heap guard, where notes go, and whether to settle batching: auto."""
-
-    job: JobConfig
-    budget: Budget
-    stop: StopFlag
-    heap: HeapGuard
-    log: Callable[[str], None]
-    probe: bool = False
-    on_batch: Callable[[int, int], None] = lambda items, tokens: None  # after each batch: its items and tokens
 
 
 @dataclass
@@ -93,7 +72,7 @@ class ChunkTask:
         job: JobConfig,
         shards: list[Shard],
         spec: ReadSpec,
-        runner,
+        runner: Runner,
         writer: PartWriter,
         budget: Budget,
         stop: StopFlag,
@@ -129,12 +108,7 @@ class ChunkTask:
             row_ids = row_ids[work.offsets]
         self.stop.check()
         prepared = prepare_rows(job, block.table, block.bad_rows)
-        limits = None
-        if job.model.task == "generate" and job.max_new_tokens_column:
-            name = job.max_new_tokens_column
-            limits, problems = row_limits(block.table.column(name).to_pylist(), name)
-            for offset, problem in problems.items():
-                prepared.errors.setdefault(offset, problem)
+        settings = self.runner.row_settings(job, block.table, prepared)
         self.stop.check()
         tokens = self.runner.tokenize(prepared.texts)
         self.stop.check()
@@ -142,7 +116,7 @@ class ChunkTask:
         if job.model.truncation == "error":
             for i in np.flatnonzero(tokens.truncated).tolist():
                 prepared.errors[int(prepared.rows[owners[i]])] = (
-                    "too_long",
+                    Reason.TOO_LONG,
                     f"text is longer than max_length={self.runner.max_length} tokens",
                 )
         # the items of rows with no error so far (a row whose text was too long loses all its items)
@@ -150,24 +124,19 @@ class ChunkTask:
             prepared.rows[owners], np.fromiter(prepared.errors, dtype=np.int64, count=len(prepared.errors))
         )
         index = np.flatnonzero(~failed) if len(owners) else np.zeros(0, dtype=np.int64)
-        planned = self.budget.key
-        if job.model.task == "generate":  # static batches are the baseline: input order, max_rows each
-            rows = job.batching.max_rows
-            batches = [np.arange(i, min(i + rows, len(index))) for i in range(0, len(index), rows)]
-        else:
-            batches = plan(tokens.lengths[index], *planned, job.batching.max_rows, self.runner.device)
+        cut_with = self.budget.key
         return Loaded(
-            work,
-            shard,
-            block.table,
-            row_ids,
-            prepared,
-            tokens,
-            index,
-            batches,
-            planned,
-            time.perf_counter() - t0,
-            limits,
+            table=block.table,
+            prepared=prepared,
+            tokens=tokens,
+            index=index,
+            batches=self.runner.cut(tokens.lengths[index], cut_with, job.batching.max_rows),
+            cut_with=cut_with,
+            row_settings=settings,
+            work=work,
+            shard=shard,
+            row_ids=row_ids,
+            seconds=time.perf_counter() - t0,
         )
 
     # --- the model and the part files ------------------------------------------------------------------------
@@ -186,33 +155,31 @@ class ChunkTask:
         t0 = time.perf_counter()
         job = self.job
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
-        lowered_before = len(self.budget.lowered)
         ctx = ChunkContext(job, self.budget, self.stop, self.heap, log, probe)
         if partial:
             ctx.on_batch = _rows_so_far(loaded.work.rows, len(index), partial)
-        task_columns, kept, extra = self.runner.run_chunk(loaded, ctx)
+        out = self.runner.run_chunk(loaded, ctx)
+        self.budget = out.budget or self.budget  # the next chunk is cut with what this one ended with
+        kept = out.kept
         owners = tokens.owners()
         sent = np.unique(owners[index])  # the rows (positions in the chunk's texts) that went to the model
         errors = [prepared.errors.get(int(prepared.rows[t]), ("", "")) for t in np.setdiff1d(sent, kept)]
-        model_errors = [message for reason, message in errors if reason == "model_error"]
+        model_errors = [message for reason, message in errors if reason == Reason.MODEL_ERROR]
         if len(sent) > 1 and len(model_errors) == len(sent):
             raise ModelError(
                 f"the model failed on every row of chunk {loaded.work.name}: {model_errors[0]}",
                 "this is no problem of single rows; check model.device, model.dtype and the model folder",
             )
-        real, padded = int(tokens.lengths[index].sum()), extra.pop("padded_tokens")
+        real = int(tokens.lengths[index].sum())
         cut = np.zeros(len(prepared.texts), dtype=bool)
         np.logical_or.at(cut, owners, tokens.truncated)  # a row is cut when any of its items is
         rows = prepared.rows[kept]
-        if job.output.format == "openai" and "prompt_tokens" not in task_columns:
-            task_columns["prompt_tokens"] = pa.array(tokens.lengths[kept], pa.int32())  # one item per row
-        table = name_scores(result_table(job, loaded, rows, task_columns, cut[kept]), self.runner)
+        table = name_scores(result_table(job, loaded, rows, out.columns, cut[kept]), self.runner)
         errors, carried = error_table(job, loaded), loaded.work.carry
         if carried is not None and carried.num_rows:  # a retry keeps the error rows it did not run again
             errors = carried if errors is None else pa.concat_tables([errors, carried]).sort_by("row")
         self.writer.write_chunk(loaded.work.name, table, errors)
         self.heap.trim()
-        tuning = extra.pop("tuning", None)
         record = ChunkRecord(
             chunk=loaded.work.name,
             retry_of=loaded.work.retry_of,
@@ -224,13 +191,14 @@ class ChunkTask:
             ),
             truncated=int(cut[kept].sum()) if job.model.truncation is True else 0,
             tokens=real,
-            padded_tokens=padded,
-            **extra,
+            padded_tokens=out.padded_tokens,
+            model_seconds=out.model_seconds,
+            **out.figures,
             seconds=round(loaded.seconds + time.perf_counter() - t0, 4),
             worker=self.worker,
-            max_tokens_lowered=self.budget.lowered[lowered_before:],
+            max_tokens_lowered=out.lowered,
         )
-        return ChunkResult(record, (*self.budget.key, self.budget.backend, self.budget.precision), tuning)
+        return ChunkResult(record, self.budget, out.tuning)
 
     def close(self) -> None:
         for reader in self._readers.values():
@@ -251,9 +219,9 @@ def _rows_so_far(rows: int, items: int, partial: Callable[[int, int], None]) -> 
     return on_batch
 
 
-def check_strategy(job: JobConfig, runner) -> None:
-    if job.batching.strategy == "packed" and job.model.task != "generate":
-        reason = supports_packing(runner.model)
+def check_strategy(job: JobConfig, runner: Runner) -> None:
+    if job.batching.strategy == "packed":
+        reason = runner.packing_problem()
         if reason:
             raise ConfigError(
                 f"batching.strategy: packed does not work with this model: {reason}",
@@ -273,7 +241,7 @@ def unreadable(job: JobConfig, shard: Shard, chunk: Chunk, exc: BaseException) -
         )
         raise InputError(message, f"{fix}, or set input.on_bad_shard: skip") from exc
     table = pa.table({c: pa.nulls(chunk.rows, pa.string()) for c in job.columns})
-    return RowBlock(table, {offset: ("bad_shard", message) for offset in range(chunk.rows)})
+    return RowBlock(table, {offset: (Reason.BAD_SHARD, message) for offset in range(chunk.rows)})
 
 
 def result_table(
@@ -294,10 +262,10 @@ def result_table(
     return pa.table(columns)
 
 
-def name_scores(table: pa.Table, runner) -> pa.Table:
+def name_scores(table: pa.Table, runner: Runner) -> pa.Table:
     """The `scores` column with what each of its entries stands for in its field's metadata: {labels:
     JSON list}, read with pyarrow.parquet.read_schema(part).field("scores").metadata."""
-    labels = getattr(runner, "score_labels", None)
+    labels = runner.score_labels
     if labels is None or "scores" not in table.column_names:
         return table
     i = table.schema.get_field_index("scores")

@@ -2,7 +2,7 @@
 
 Rows of every request wait in one queue. A window closes when the queued tokens reach the budget or
 the oldest row has waited max_wait; the window's rows are then sorted by token count and cut into
-batches by the same planner as offline jobs (tune.plan), and each batch runs with the same
+batches as offline jobs are (tune.cut_batches), and each batch runs with the same
 split-and-retry (recovery.run_resilient). A request's rows may span batches; its results are put back
 in order when its last row is done. The queue is bounded in tokens: past it, a request is refused
 at once (the server answers 429) instead of waiting without bound. A request being tokenized holds a
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .recovery import run_resilient
-from .tune import plan
+from ..recovery import run_resilient
+from ..tune import cut_batches
 
 
 class Overloaded(Exception):
@@ -169,7 +169,7 @@ class Batcher:
     def _run(self, rows: list[_Row]) -> None:
         lengths = np.array([len(row.ids) for row in rows], dtype=np.int64)
         self.runner.packed = self.strategy == "packed"
-        for batch in plan(lengths, self.max_tokens, self.strategy, self.max_rows, self.runner.device):
+        for batch in cut_batches(lengths, self.max_tokens, self.strategy, self.max_rows, self.runner.device):
             members = [rows[i] for i in batch.tolist()]
             started = time.monotonic()
             outcome = run_resilient(self.runner.run, [row.ids for row in members])

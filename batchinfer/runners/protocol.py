@@ -1,0 +1,98 @@
+"""The runner contract: what a chunk's run (chunk_task.py) hands a runner and what it gets back.
+
+Every task's runner implements `Runner` (encoder tasks through runners/base.py's EncoderRunner,
+generation in runners/generate.py); the chunk's run calls nothing else and knows no task by name.
+What differs between tasks (per-row settings read from the input, how items are cut into batches,
+whether packing applies, the figures a record carries) is the runner's to say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ..config import JobConfig
+from ..control import Budget, StopFlag
+from ..heap import HeapGuard
+from ..prepare import Prepared
+
+
+@dataclass
+class Tokens:
+    ids: list[list[int]]  # per item; a Pair for (text, text_pair) items
+    lengths: np.ndarray  # [items] int64, special tokens included
+    truncated: np.ndarray  # [items] bool
+    owner: np.ndarray | None = None  # [items] the text each item belongs to; None: item i is text i
+    encodings: list | None = None  # the tokenizer's encodings, for runners that read offsets
+
+    def owners(self) -> np.ndarray:
+        return self.owner if self.owner is not None else np.arange(len(self.ids))
+
+
+@dataclass(kw_only=True)
+class ChunkInput:
+    """A chunk as a runner receives it: read, prepared, tokenized, and cut into batches."""
+
+    table: pa.Table  # the chunk's input rows as read (a runner may read per-row settings from their columns)
+    prepared: Prepared
+    tokens: Tokens
+    index: np.ndarray  # positions in `tokens` that go to the model (the rest became errors)
+    batches: list[np.ndarray]  # positions in `index`, as the model will see them
+    cut_with: tuple[int, str]  # the Budget.key the batches were cut with
+    row_settings: list | None = None  # per table row, what Runner.row_settings read (generate: max_new_tokens)
+
+
+@dataclass
+class ChunkContext:
+    """What a runner's chunk step uses besides the chunk: the job's settings, the batching budget it
+    may lower, the stop flag, the heap guard, where notes go, and whether to settle batching: auto."""
+
+    job: JobConfig
+    budget: Budget
+    stop: StopFlag
+    heap: HeapGuard
+    log: Callable[[str], None]
+    probe: bool = False
+    on_batch: Callable[[int, int], None] = lambda items, tokens: None  # after each batch: its items and tokens
+
+
+@dataclass
+class ChunkOutput:
+    """What a runner returns for a chunk: the result columns of the rows that ran, and its figures."""
+
+    columns: dict[str, pa.Array]  # the task's result columns, one entry per kept row
+    kept: np.ndarray  # the rows that ran, as positions in the chunk's texts (prepared.texts)
+    model_seconds: float
+    padded_tokens: int  # the tokens the model computed, padding included
+    figures: dict = field(default_factory=dict)  # the task's own figures for the record (generated_tokens, ...)
+    tuning: dict | None = None  # the probe's choice (batching: auto), when this chunk settled it
+    budget: Budget | None = None  # the budget the chunk ended with (a probe's choice, lowered on OOM); None: as given
+    lowered: list[str] = field(default_factory=list)  # each out-of-memory that lowered max_tokens in this chunk
+
+
+class Runner(Protocol):
+    """A task's model behind one interface: texts → tokens, a chunk of tokens → result columns."""
+
+    device: torch.device
+    max_length: int  # tokens per item, at most
+    score_labels: list[str] | None  # what each entry of a `scores` column stands for; None: no such column
+
+    def tokenize(self, texts: list) -> Tokens:
+        """Prepared texts (strings, (text, text_pair) tuples or chat messages) → items."""
+
+    def row_settings(self, job: JobConfig, table: pa.Table, prepared: Prepared) -> list | None:
+        """Per row of `table`, what the task reads from the row's own columns (None: nothing); a row whose
+        setting is unusable is put in prepared.errors."""
+
+    def cut(self, lengths: np.ndarray, budget: tuple[int, str], max_rows: int) -> list[np.ndarray]:
+        """Items of `lengths` tokens → batches (positions), as the runner runs them under a Budget.key."""
+
+    def packing_problem(self) -> str | None:
+        """Why batching.strategy: packed cannot run this runner's model, or None."""
+
+    def run_chunk(self, loaded: ChunkInput, ctx: ChunkContext) -> ChunkOutput:
+        """Run a loaded chunk's items through the model; rows that fail go to loaded.prepared.errors."""

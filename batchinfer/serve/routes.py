@@ -1,0 +1,129 @@
+"""serve's app: its routes, each thin — check the body, call the service once, shape the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import time
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel
+
+from ..config import JobConfig
+from ..messages import is_blank, message_problem
+from ..openai_api import CHAT, CLASSIFY, COMPLETIONS, EMBEDDINGS, SCORE, chat_messages, unsupported
+from ..openai_shapes import embedding_list, usage
+from .bodies import BadInput, ChatBody, ClassifyBody, CompletionBody, EmbeddingsBody, ScoreBody, check_unicode
+from .completions import Completions
+from .failures import Failures
+from .guard import BodyGuard
+from .metrics import Metrics
+from .services import EncoderService, GenerateService
+
+SERVED = ("embed", "classify", "score", "generate")
+
+
+def create_app(job: JobConfig, model_path) -> FastAPI:
+    """The app, with its model loaded: a model that cannot load fails here, before the server listens."""
+    if job.model.task not in SERVED:
+        raise BadInput(f"serve runs tasks {', '.join(SERVED)}; {job.model.task} runs offline with batchinfer run")
+    metrics = Metrics()
+    service = (GenerateService if job.model.task == "generate" else EncoderService)(job, model_path, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await asyncio.to_thread(service.stop)  # what is queued is answered before the server exits
+
+    app = FastAPI(title="batchinfer", lifespan=lifespan)
+    app.state.service = service
+    failures = Failures(metrics)
+    failures.install(app)
+
+    def refused(path: str, message: str) -> JSONResponse:
+        return failures.answer(path, 413, message, {"Connection": "close"})
+
+    app.add_middleware(BodyGuard, limit=job.serve.max_body_bytes, refused=refused)
+    routes = Routes(job, service, metrics)
+    app.get("/health")(routes.health)
+    app.get("/metrics")(routes.prometheus)
+    for path, route in (
+        (EMBEDDINGS, routes.embeddings),
+        (CLASSIFY, routes.classify),
+        (SCORE, routes.score),
+        (COMPLETIONS, routes.completions),
+        (CHAT, routes.chat),
+    ):
+        app.post(path)(route)
+    return app
+
+
+class Routes:
+    def __init__(self, job: JobConfig, service: EncoderService | GenerateService, metrics: Metrics):
+        self.job, self.service, self.metrics, self.model = job, service, metrics, job.model.path
+        self.completer = Completions(service, metrics, self.model) if job.model.task == "generate" else None
+
+    def accept(self, task: str, body: BaseModel, request: Request) -> float:
+        """Refuse a body this server cannot answer as it asks; returns when the request started."""
+        started = time.perf_counter()
+        if self.job.model.task != task:
+            served = self.job.model.task
+            raise BadInput(f"this server runs task {served}; {task} needs a server started with --task {task}")
+        check_unicode(body.model_dump())
+        if problem := unsupported(request.url.path, body.model_dump(exclude_unset=True), "serve"):
+            raise BadInput(problem[1])
+        return started
+
+    async def health(self):
+        problem = self.service.problem()
+        body = {"status": "failed" if problem else "ok", "task": self.job.model.task, "model": self.model}
+        return JSONResponse(body | ({"error": problem} if problem else {}), status_code=503 if problem else 200)
+
+    async def prometheus(self):
+        return PlainTextResponse(self.metrics.text(), media_type="text/plain; version=0.0.4")
+
+    async def embeddings(self, body: EmbeddingsBody, request: Request):
+        started = self.accept("embed", body, request)
+        columns, tokens = await self.service.run(body.texts(), request)
+        vectors = [_encode(vector, body.encoding_format) for vector in columns["embedding"]]
+        self.metrics.answered(request.url.path, started)
+        return embedding_list(vectors, body.model or self.model, tokens)
+
+    async def classify(self, body: ClassifyBody, request: Request):
+        started = self.accept("classify", body, request)
+        columns, tokens = await self.service.run(body.texts(), request)
+        data = [{"index": i, **dict(zip(columns, values))} for i, values in enumerate(zip(*columns.values()))]
+        self.metrics.answered(request.url.path, started)
+        return {"data": data, "model": self.model, "usage": usage(tokens)}
+
+    async def score(self, body: ScoreBody, request: Request):
+        started = self.accept("score", body, request)
+        columns, tokens = await self.service.run(body.texts(), request)
+        scored = zip(columns["score"], columns["truncated"])
+        data = [{"index": i, "score": s, "truncated": t} for i, (s, t) in enumerate(scored)]
+        self.metrics.answered(request.url.path, started)
+        return {"data": data, "model": self.model, "usage": usage(tokens)}
+
+    async def completions(self, body: CompletionBody, request: Request):
+        self.accept("generate", body, request)
+        if is_blank(body.prompt):
+            raise BadInput("prompt: empty, or only whitespace")
+        asked = await self.service.ask(body, body.prompt, False, body.max_tokens)
+        return await self.completer.answer(asked, request)
+
+    async def chat(self, body: ChatBody, request: Request):
+        self.accept("generate", body, request)
+        messages, problem = chat_messages(body.messages, "messages")
+        if problem := problem or message_problem(messages, "messages"):
+            raise BadInput(problem[1])
+        asked = await self.service.ask(body, messages, True, body.max_completion_tokens or body.max_tokens)
+        return await self.completer.answer(asked, request)
+
+
+def _encode(vector: list[float], encoding: str):
+    if encoding == "base64":
+        return base64.b64encode(np.asarray(vector, dtype=np.float32).tobytes()).decode()
+    return vector

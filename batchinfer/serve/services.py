@@ -1,0 +1,216 @@
+"""The runner-backed services behind serve's routes: encoder rows through the Batcher (embed, classify,
+score), prompts into the continuous-batching engine's running batch (generate)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import queue
+import time
+import uuid
+
+import numpy as np
+from fastapi import Request
+
+from ..config import JobConfig
+from ..constrain import Constraint, response_format
+from ..packing import supports_packing
+from ..runners import make_runner
+from ..tune import BACKEND_BUDGETS, DEFAULT_BUDGET
+from .batcher import Batcher, Overloaded
+from .bodies import Asked, BadInput
+from .failures import EngineDown
+from .metrics import Metrics
+
+
+class EncoderService:
+    """embed, classify and score: rows through the Batcher, results through the runner's own columns."""
+
+    def __init__(self, job: JobConfig, model_path, metrics: Metrics):
+        self.job, self.metrics = job, metrics
+        self.runner = make_runner(job, model_path)
+        self.runner.settle_default()  # no chunk to probe: the default backend, its precision checked
+        batching = job.batching
+        strategy = batching.strategy
+        if strategy == "auto":  # packed where the model allows it: no padding computed, the same results
+            strategy = "packed" if supports_packing(self.runner.model) is None else "padded"
+        auto = BACKEND_BUDGETS.get(self.runner.backend, DEFAULT_BUDGET)
+        max_tokens = batching.max_tokens if batching.max_tokens != "auto" else auto
+        self.batcher = Batcher(
+            self.runner,
+            max_tokens,
+            strategy,
+            batching.max_rows,
+            job.serve.max_wait_ms / 1000,
+            job.serve.max_queue_tokens,
+            metrics.batch,
+        )
+
+    async def run(self, texts: list, request: Request) -> tuple[dict, int]:
+        """Each text's result columns (as Python lists) and the request's token count."""
+        most = most_tokens(texts, self.runner.max_length)
+        with self.batcher.reserved(most):  # a full queue refuses before the tokenizer runs
+            tokens = await asyncio.to_thread(self.runner.tokenize, texts)
+            pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop(), reserved=most)
+        results, failed = await until_done(pending, request)
+        if failed:
+            position, (reason, message) = next(iter(sorted(failed.items())))
+            raise RuntimeError(f"input[{position}]: {reason}: {message}")
+        columns = self.runner.columns([[r] for r in results], np.arange(len(texts)), None)
+        self.metrics.rows.inc(len(texts))
+        cut = tokens.truncated.tolist()
+        return {name: array.to_pylist() for name, array in columns.items()} | {"truncated": cut}, int(
+            tokens.lengths.sum()
+        )
+
+    def problem(self) -> str | None:
+        return None if self.batcher.alive else "the batching thread has stopped"
+
+    def stop(self) -> None:
+        self.batcher.stop()
+
+
+class GenerateService:
+    """generate: each request joins the continuous-batching engine's running batch at its next step."""
+
+    def __init__(self, job: JobConfig, model_path, metrics: Metrics):
+        self.job, self.metrics = job, metrics
+        self.runner = make_runner(job, model_path)
+        gen, runner, rows = job.generation, self.runner, job.batching.max_rows
+        if gen.engine != "transformers":
+            raise BadInput(f"serve runs generation.engine transformers (continuous batching), not {gen.engine}")
+        constrained = importlib.util.find_spec("xgrammar") is not None  # masks take any request's response_format
+        lengths = [job.model.max_length + gen.max_new_tokens] * rows
+        cb_config = runner.engine_config(gen, lengths, rows, constrained)
+        self.manager = runner.model.init_continuous_batching(
+            generation_config=runner.generation_config(gen, gen.max_new_tokens), continuous_batching_config=cb_config
+        )
+        self.masks = runner.masks(self.manager) if constrained else None
+        self.manager.start()
+
+    async def ask(self, body, prompt, chat: bool, max_tokens: int | None) -> Asked:
+        """A completion request (its prompt: text, or chat messages) checked against what this server runs,
+        and tokenized; never past the positions the model knows, as offline."""
+        started = time.perf_counter()
+        self.check(body.temperature, body.top_p, body.seed)
+        if self.problem():  # before a stream's status line goes out
+            raise EngineDown(self.problem())
+        if max_tokens is not None and max_tokens < 1:
+            raise BadInput("max_tokens: must be at least 1")
+        include_usage = body.include_usage()
+        max_new = max_tokens or self.job.generation.max_new_tokens
+        constraint = self.constraint(body)
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or self.job.generation.stop)
+        ids = (await asyncio.to_thread(self.runner.tokenize, [prompt])).ids[0]
+        if self.runner.context:
+            max_new = max(1, min(max_new, self.runner.context - len(ids)))
+        return Asked(chat, ids, max_new, stops, constraint, body.stream, include_usage, started)
+
+    def constraint(self, body) -> Constraint | None:
+        """The request's response_format, else the server's job's; compiled, or a 400 saying why not."""
+        constraint, problem = response_format(body.response_format, "response_format")
+        if problem:
+            raise BadInput(problem)
+        constraint = constraint or self.runner.constraint
+        if constraint is None:
+            return None
+        if self.masks is None:
+            raise BadInput("response_format: constrained output needs xgrammar; pip install 'batchinfer[llm]'")
+        if body.stop:
+            raise BadInput("stop: a stop string could cut the response_format output; remove stop")
+        from ..grammar import Uncompilable
+
+        try:
+            self.runner.grammars.compile(constraint)
+        except Uncompilable as exc:
+            raise BadInput(str(exc)) from None
+        return constraint
+
+    def check(self, temperature: float | None, top_p: float | None, seed: int | None) -> None:
+        """Decoding settings are the server's (one engine runs every request): a request may only repeat them.
+        A seed changes nothing when decoding is greedy."""
+        gen = self.job.generation
+        seed = None if gen.temperature == 0 else seed
+        for name, asked, served in (
+            ("temperature", temperature, gen.temperature),
+            ("top_p", top_p, gen.top_p),
+            ("seed", seed, gen.seed),
+        ):
+            if asked is not None and abs(asked - served) > 1e-9:
+                raise BadInput(
+                    f"{name}: this server decodes with {name} {served}; start it with "
+                    f"--set generation.{name}={asked}, or leave {name} out"
+                )
+
+    async def stream(self, asked: Asked, request: Request):
+        """Generation outputs for one request as the engine produces them; cancelled if the client leaves.
+        Its constraint, if any, has its own state in the engine's masks."""
+        outputs: asyncio.Queue = asyncio.Queue()
+        request_id = f"req-{uuid.uuid4().hex}"
+        self.manager.register_result_handler(request_id, outputs.put_nowait)
+        if asked.constraint is not None:
+            self.masks.add(request_id, asked.constraint)
+        try:
+            # add_request blocks (up to 10 s) while the engine's input queue is full: off the event loop
+            added = await asyncio.to_thread(
+                self.manager.add_request, asked.ids, request_id=request_id, max_new_tokens=asked.max_new, streaming=True
+            )
+            if added is None:
+                raise EngineDown(self.problem() or "the engine takes no new requests")
+            async for output in self._outputs(outputs, request):
+                yield output
+        except queue.Full:
+            raise Overloaded("the generation engine's request queue is full") from None
+        except BaseException:
+            self.manager.cancel_request(request_id)
+            raise
+        finally:
+            if self.masks is not None:
+                self.masks.drop(request_id)
+
+    async def _outputs(self, outputs: asyncio.Queue, request: Request):
+        """A request's outputs from the engine, to its last; raises when the client or the engine goes away."""
+        while True:
+            try:
+                output = await asyncio.wait_for(outputs.get(), timeout=0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    raise asyncio.CancelledError() from None
+                if self.problem():
+                    raise EngineDown(self.problem()) from None
+                continue
+            yield output
+            if output.is_finished():
+                return
+
+    def finished(self, asked: Asked, output) -> tuple[list[int], str, str]:
+        """An engine output → (the completion's tokens, its text, finish_reason), cut at eos and stop strings."""
+        return self.runner.finish(output.generated_tokens, asked.max_new, asked.stops)
+
+    def problem(self) -> str | None:
+        if self.manager.is_running():
+            return None
+        fatal = self.manager.background_thread_status.fatal_error
+        return f"the generation engine has stopped ({fatal})" if fatal else "the generation engine has stopped"
+
+    def stop(self) -> None:
+        self.manager.stop(block=True, timeout=60)  # flush: what is running finishes
+
+
+def most_tokens(texts: list, max_length: int) -> int:
+    """An upper estimate of the tokens `texts` (or pairs of texts) become: a token per character and the
+    special tokens, at most max_length each."""
+    return sum(
+        min(max_length, (sum(map(len, text)) + 3) if isinstance(text, tuple) else len(text) + 2) for text in texts
+    )
+
+
+async def until_done(pending, request: Request):
+    """Wait for a queued request; if the client goes away, its rows are dropped before they run."""
+    while True:
+        done, _ = await asyncio.wait({pending.future}, timeout=0.25)
+        if done:
+            return pending.future.result()
+        if await request.is_disconnected():
+            pending.cancelled = True
+            raise asyncio.CancelledError()
