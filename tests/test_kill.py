@@ -27,7 +27,8 @@ def _kill_and_resume(tmp_path, sms_parquet, tiny_embed, kills: int, chunk_rows: 
     job = write_job(
         tmp_path,
         input={"path": str(sms_parquet), "text": "text", "id": "sms_id"},
-        model={"path": str(tiny_embed), "task": "embed", "max_length": 64},
+        # pinned kernels: the reference run and the killed one would each time the backends and may pick apart
+        model={"path": str(tiny_embed), "task": "embed", "max_length": 64, "backend": "torch"},
         batching={"chunk_rows": chunk_rows, "max_rows": 2, "max_tokens": 16384, "strategy": "padded"},
         output={"path": str(tmp_path / "out")},
     )

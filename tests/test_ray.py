@@ -30,7 +30,6 @@ _job = partial(
     raw=True,
     input__keep=None,
     model__max_length=64,
-    model__backend=None,
     batching__chunk_rows=50,
     batching__max_tokens=4096,
     runtime__executor="ray",

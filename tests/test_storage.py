@@ -36,7 +36,7 @@ def _upload(client, bucket, sms_table):
     client.put_object(Bucket=bucket, Key="reviews/README.txt", Body=b"not a shard")
 
 
-_job = partial(make_job, raw=True, input__keep=None, model__max_length=64, model__backend=None, batching__chunk_rows=40)
+_job = partial(make_job, raw=True, input__keep=None, model__max_length=64, batching__chunk_rows=40)
 
 
 def _s3fs():

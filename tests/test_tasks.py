@@ -24,7 +24,6 @@ _job = partial(
     make_job,
     input__id="pair_id",
     input__keep=None,
-    model__backend=None,
     batching__chunk_rows=40,
     batching__max_tokens=2048,
 )
