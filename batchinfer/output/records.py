@@ -46,7 +46,7 @@ class ChunkRecord:
     @classmethod
     def from_marker(cls, content: dict) -> ChunkRecord | None:
         """A marker's record; None when it lacks what every record holds (damaged). Keys it does not know
-        are dropped: markers up to batchinfer 0.4 also carried the worker's batching (`budget`)."""
+        are dropped: markers written before ChunkRecord also carried the worker's batching (`budget`)."""
         known = {f.name for f in fields(cls)}
         try:
             return cls(**{k: v for k, v in content.items() if k in known})
