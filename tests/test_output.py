@@ -331,3 +331,13 @@ def test_a_format_writes_only_the_files_its_job_declared(tmp_path):
     assert not (tmp_path / "out" / "notes.txt").exists()
     with _open(tmp_path / "out", files=JsonlFormat.files):  # the declared file is the job's: not refused
         pass
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"rows": "500"}, {"ok": None}, {"errors": []}, {"errors": {"too_long": "3"}}, {"rows": True}],
+)
+def test_a_marker_of_json_with_the_wrong_types_is_damaged_not_a_crash(change):
+    marker = {"chunk": "00000-00000", "rows": 500, "ok": 497, "errors": {"too_long": 3}}
+    assert ChunkRecord.from_marker(marker).ok == 497
+    assert ChunkRecord.from_marker({**marker, **change}) is None

@@ -49,9 +49,13 @@ class ChunkRecord:
         are dropped: markers written before ChunkRecord also carried the worker's batching (`budget`)."""
         known = {f.name for f in fields(cls)}
         try:
-            return cls(**{k: v for k, v in content.items() if k in known})
+            record = cls(**{k: v for k, v in content.items() if k in known})
         except TypeError:
             return None
+        counts = (record.rows, record.ok, *record.errors.values()) if isinstance(record.errors, dict) else ("",)
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
+            return None  # well-formed JSON with the wrong types: as damaged as a marker cut short
+        return record
 
     def committed(self, when: float) -> ChunkRecord:
         return replace(self, finished=when)

@@ -168,11 +168,12 @@ class EncoderRunner:
         return supports_packing(self.model)
 
     def run_chunk(self, loaded: ChunkInput, ctx: ChunkContext) -> ChunkOutput:
-        """A loaded chunk's planned batches of items, each split and retried on failure → the result columns
+        """A loaded chunk's cut batches of items, each split and retried on failure → the result columns
         of the rows whose every item ran. With ctx.probe, a probe first settles `batching: auto` on slices
         of this chunk; the output carries its choice."""
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
         budget, rows, lowered_notes = ctx.budget, ctx.job.batching.max_rows, []
+        fits: int | None = None  # half the fewest padded tokens that ran out of memory in this chunk
         lengths = tokens.lengths[index]
         owners = tokens.owners()[index]
         results: list = [None] * len(index)
@@ -182,7 +183,7 @@ class EncoderRunner:
         def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
             """Run batches of positions in `index` (on `backend`: the probe's candidates); keep results and
             errors; return the seconds taken."""
-            nonlocal budget
+            nonlocal budget, fits
             if backend is not None:
                 self.use(backend)
             self.packed = strategy == "packed"
@@ -196,6 +197,8 @@ class EncoderRunner:
                 for k, problem in outcome.failed.items():
                     ok[batch[k]] = False
                     prepared.errors.setdefault(int(prepared.rows[owners[batch[k]]]), problem)
+                if outcome.oom_tokens:
+                    fits = min(fits or outcome.oom_tokens, max(1, outcome.oom_tokens // 2))
                 if outcome.oom_tokens and outcome.oom_tokens // 2 < budget.max_tokens:
                     lowered = max(1, outcome.oom_tokens // 2)
                     note = (
@@ -221,8 +224,8 @@ class EncoderRunner:
         tuning = None
         if (ctx.probe or self.unsettled) and len(index):
             tuning, rest = self.settle(lengths, [tokens.ids[i] for i in index.tolist()], run, ctx)
-            if lowered_notes:  # a budget that ran out of memory while the probe timed it is not chosen after all
-                tuning["max_tokens"] = min(tuning["max_tokens"], budget.max_tokens)
+            if fits is not None:  # a budget that ran out of memory while the probe timed it is not chosen after all
+                tuning["max_tokens"] = min(tuning["max_tokens"], fits)
             budget = replace(budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
             run([rest[b] for b in self.cut(lengths[rest], budget.key, rows)], budget.strategy)
         else:  # cut again when a probe or an out-of-memory changed the budget after this chunk was read ahead

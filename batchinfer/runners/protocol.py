@@ -48,8 +48,9 @@ class ChunkInput:
 
 @dataclass
 class ChunkContext:
-    """What a runner's chunk step uses besides the chunk: the job's settings, the batching budget it
-    may lower, the stop flag, the heap guard, where notes go, and whether to settle batching: auto."""
+    """What a runner's chunk step uses besides the chunk: the job's settings, the batching budget it starts
+    from (a lowered or probed one comes back in ChunkOutput.budget), the stop flag, the heap guard, where
+    notes go, and whether to settle batching: auto."""
 
     job: JobConfig
     budget: Budget
