@@ -312,7 +312,7 @@ def validate(
             pick_device(config.model.device)
         chunks = plan_chunks([s.num_rows for s in shards], config.chunk_rows)
         rows = sum(s.num_rows for s in shards)
-        folder = describe_folder(
+        folder, _ = describe_folder(
             config.output.path,
             config.output.storage_options,
             fingerprint(config, model_identity(model_path), shards),

@@ -19,7 +19,7 @@ from .machine import Load, LoadWindow, process_age
 from .models import model_identity, read_config, resolve_model_path
 from .output.status import FolderStatus, describe_folder
 from .packing import supports_packing
-from .plan import Work, describe_changes, fingerprint, plan_chunks
+from .plan import Work, fingerprint, plan_chunks
 from .prepare import prepare_rows
 from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec
 from .tune import CPU_BUDGETS, SAMPLE_TOKENS, cut_batches, probe
@@ -64,9 +64,9 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
     chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows)
     rows = sum(s.num_rows for s in shards)
     job_print = fingerprint(job, model_identity(model_path), shards)
-    folder = describe_folder(job.output.path, job.output.storage_options, job_print, len(chunks))
+    folder, state = describe_folder(job.output.path, job.output.storage_options, job_print, len(chunks))
     aside = time.perf_counter()  # plan's own reading, which a run does not do
-    earlier = folder_so_far(job, job_print, chunks)
+    earlier = folder_so_far(state, chunks)
     sampled = sample_problems(job, inputs)
     aside = time.perf_counter() - aside
     summary = {
@@ -264,19 +264,11 @@ class SoFar:
     finished: float | None = None
 
 
-def folder_so_far(job: JobConfig, job_print: dict, chunks: list) -> SoFar:
-    """Read only; an output folder of another job, or none, holds nothing of this one."""
-    try:
-        state = FolderStatus.read(job.output.path, job.output.storage_options)
-    except OSError:
-        return SoFar()
+def folder_so_far(state: FolderStatus | None, chunks: list) -> SoFar:
+    """What the folder holds of this job (state: its status when it holds this very job, else None)."""
     if state is None:
         return SoFar()
     done = state.done
-    changed = describe_changes(state.fingerprint, job_print)
-    changed.pop("limit", None)
-    if changed:
-        return SoFar()
     planned = {c.name: c.rows for c in chunks}
     rows = sum(r.rows for n, r in done.items() if not r.retry_of and r.rows >= planned.get(n, 1 << 62))
     report = state.report() or {}

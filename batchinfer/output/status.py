@@ -59,8 +59,9 @@ class FolderStatus:
 
     def lost(self) -> dict[str, str]:
         """Finished chunks whose part files are missing or not this job's (see lost_chunks); reads footers."""
-        listing = self.folder.list()
-        return lost_chunks(self.done, listing, read_footers(self.folder, listing), self.job["job_id"])
+        listing = self.found.listing  # the footers only where the read left them out
+        footers = self.found.footers or read_footers(self.folder, listing)
+        return lost_chunks(self.done, listing, footers, self.job["job_id"])
 
     def stray_markers(self) -> list[str]:
         return self.found.stray_markers()
@@ -104,9 +105,12 @@ class FolderStatus:
         return read_table(self.folder, name)
 
 
-def describe_folder(path: str | Path, options: dict | None, fingerprint: dict, chunks_total: int) -> str:
+def describe_folder(
+    path: str | Path, options: dict | None, fingerprint: dict, chunks_total: int
+) -> tuple[str, FolderStatus | None]:
     """What a run of the job with `fingerprint` would find in the folder, without changing anything; raises
-    the errors a run would raise (foreign files, a damaged job file)."""
+    the errors a run would raise (foreign files, a damaged job file). Also the folder's status when it holds
+    this very job (None for a new folder or another job), read in the same pass."""
     shown = display_path(path)
     refuse_location(str(shown), ())
     folder = open_folder(str(path), options)
@@ -116,18 +120,19 @@ def describe_folder(path: str | Path, options: dict | None, fingerprint: dict, c
     except OSError as exc:
         raise reach_error(shown, exc, "read output folder") from exc
     if not found.job:
-        return "a new folder"
+        return "a new folder", None
     refuse_foreign(folder, shown, found)
     changed = describe_changes(found.job["fingerprint"], fingerprint)
     changed.pop("limit", None)
     lost = lost_chunks(found.done, found.listing, found.footers, found.job["job_id"])
     chunks = sum(1 for name, r in found.done.items() if not r.retry_of and name not in lost)
     again = f"; {len(lost)} finished chunk(s) lost a part file and run again" if lost else ""
+    state = None if changed else FolderStatus(shown, folder, found)
     if changed and found.done:
         return (
             f"holds {chunks} finished chunk(s) of a different job ({'; '.join(changed.values())}): the run "
             "will refuse; add --restart to discard them, or --output NEW_FOLDER"
-        )
+        ), state
     if chunks >= chunks_total:
-        return f"holds this job, complete: {chunks}/{chunks_total} chunks done; a run has nothing left to do"
-    return f"holds this job: {chunks}/{chunks_total} chunks done; the run resumes{again}"
+        return f"holds this job, complete: {chunks}/{chunks_total} chunks done; a run has nothing left to do", state
+    return f"holds this job: {chunks}/{chunks_total} chunks done; the run resumes{again}", state
