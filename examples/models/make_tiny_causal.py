@@ -31,38 +31,38 @@ def make_tokenizer(folder: Path, texts: list[str], vocab_size: int = 600):
     return tokenizer
 
 
-def make_tiny_causal(kind: str, folder: Path, texts: list[str]) -> Path:
-    """kind: llama or gpt2. A wide init gives peaked logits, so greedy decoding has no near-ties that
-    float noise between attention kernels could flip."""
+def save_random_causal(folder: Path, tokenizer, kind: str = "llama", bos=None, eos=None, **sizes):
+    """A causal LM (kind: llama or gpt2) with random weights (seed 0) for `tokenizer`, its end and padding
+    tokens set for generation too, saved in `folder`. bos, eos: token ids (default: the tokenizer's).
+    sizes: the config's own fields. Returns the model."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = make_tokenizer(folder, texts)
+    bos = tokenizer.bos_token_id if bos is None else bos
+    eos = tokenizer.eos_token_id if eos is None else eos
+    config, cls = (LlamaConfig, LlamaForCausalLM) if kind == "llama" else (GPT2Config, GPT2LMHeadModel)
     torch.manual_seed(0)
-    ids = dict(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    if kind == "llama":
-        config = LlamaConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=2048,
-            initializer_range=0.3,
-            **ids,
+    model = cls(
+        config(
+            vocab_size=len(tokenizer), bos_token_id=bos, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, **sizes
         )
-        model = LlamaForCausalLM(config)
-    else:
-        config = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=2048, initializer_range=0.3, **ids)
-        model = GPT2LMHeadModel(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    )
+    model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.eval().save_pretrained(folder)
+    return model
+
+
+def make_tiny_causal(kind: str, folder: Path, texts: list[str]) -> Path:
+    """kind: llama or gpt2. A wide init gives peaked logits, so greedy decoding has no near-ties that
+    float noise between attention kernels could flip."""
+    tokenizer = make_tokenizer(folder, texts)
+    if kind == "llama":
+        sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+        sizes.update(num_key_value_heads=2, max_position_embeddings=2048)
+    else:
+        sizes = dict(n_embd=64, n_layer=2, n_head=4, n_positions=2048)
+    save_random_causal(folder, tokenizer, kind, initializer_range=0.3, **sizes)
     return folder
 
 
