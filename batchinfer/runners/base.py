@@ -197,17 +197,14 @@ class EncoderRunner:
                 for k, problem in outcome.failed.items():
                     ok[batch[k]] = False
                     prepared.errors.setdefault(int(prepared.rows[owners[batch[k]]]), problem)
-                if outcome.oom_tokens:
+                if outcome.oom_tokens:  # lowered for the rest of the run; the probe's choice is held under it too
                     fits = min(fits or outcome.oom_tokens, max(1, outcome.oom_tokens // 2))
-                if outcome.oom_tokens and outcome.oom_tokens // 2 < budget.max_tokens:
-                    lowered = max(1, outcome.oom_tokens // 2)
-                    note = (
-                        f"out of memory at {outcome.oom_tokens} padded tokens: "
-                        f"max_tokens {budget.max_tokens} -> {lowered}"
-                    )
-                    budget = replace(budget, max_tokens=lowered)
-                    lowered_notes.append(note)
-                    ctx.log(note + " for the rest of the run")
+                    if fits < budget.max_tokens:
+                        note = f"out of memory at {outcome.oom_tokens} padded tokens: "
+                        note += f"max_tokens {budget.max_tokens} -> {fits}"
+                        budget = replace(budget, max_tokens=fits)
+                        lowered_notes.append(note)
+                        ctx.log(note + " for the rest of the run")
                 ctx.heap.check()
                 ctx.on_batch(len(batch), int(lengths[batch].sum()))
             seconds = time.perf_counter() - t0
