@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from .backends import backend_is_open
+from .backends import backend_is_open, precision_note
 from .chunk_task import TaskInputs
 from .config import JobConfig
 from .control import Budget, Progress, Quiet, StopFlag
@@ -105,11 +105,13 @@ def run_job(
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
         if job.model.task != "generate":
             tuning, budget = out.tuning, ran.budget  # the probe's choice: this run's, or the earlier one reused
+            note = precision_note(job.model, budget.backend, budget.precision)
             report["batching"] = {
                 "max_tokens": budget.max_tokens,
                 "strategy": budget.strategy,
                 "backend": budget.backend,
                 "precision": budget.precision,
+                **({"precision_note": note} if note else {}),
                 **({"probe": tuning} if tuning else {}),
             }
         if ran.startup:

@@ -157,15 +157,43 @@ def test_a_failed_precision_check_falls_back_to_f32_with_a_note(sms_parquet, tin
     )
 
 
-def test_bf16_passes_its_check_on_minilm_where_the_cpu_has_it(sms_parquet, minilm_path, tmp_path):
+@pytest.mark.parametrize("no_bf16", [False, True], ids=["this-cpu", "BATCHINFER_NO_BF16"])
+def test_dtype_auto_on_minilm_takes_bf16_where_the_cpu_has_it_and_says_why_not(
+    sms_parquet, minilm_path, tmp_path, monkeypatch, no_bf16
+):
+    """bf16 present: its check passes and is recorded; absent (or turned off): f32, and the report says why."""
     from batchinfer.backends.openvino import bf16_supported
 
-    report = _run(sms_parquet, minilm_path, tmp_path / "out", "embed", "openvino", dtype="auto")
-    probe = report["batching"]["probe"]
-    if not bf16_supported():
-        assert report["batching"]["precision"] == "f32" and "precision_check" not in probe
+    if no_bf16:
+        monkeypatch.setenv("BATCHINFER_NO_BF16", "1")
+    report = _run(sms_parquet / "part-0.parquet", minilm_path, tmp_path / "out", "embed", "openvino", dtype="auto")
+    batching = report["batching"]
+    check = batching.get("probe", {}).get("precision_check")  # no probe at all where nothing is left to choose
+    if bf16_supported():
+        assert batching["precision"] == "bf16" and check["min_cosine"] >= 0.9999 and "precision_note" not in batching
         return
-    assert report["batching"]["precision"] == "bf16" and probe["precision_check"]["min_cosine"] >= 0.9999
+    assert batching["precision"] == "f32" and check is None
+    assert batching["precision_note"].startswith("f32: ")
+    assert ("BATCHINFER_NO_BF16 is set" in batching["precision_note"]) == no_bf16
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["bf16-cpu", "avx2-cpu"])
+def test_no_bf16_turns_off_bf16_on_any_cpu_and_keeps_its_rates_apart(monkeypatch, native):
+    from batchinfer.backends import openvino, precisions
+    from batchinfer.config import ModelConfig
+
+    # Both kinds of CPU, as OpenVINO describes them, whichever this machine is.
+    monkeypatch.setattr(openvino, "_cpu_capabilities", lambda: ("FP32", "BF16") if native else ("FP32",))
+    cfg = ModelConfig(path="unused", task="embed", dtype="auto")
+    assert precisions(cfg, "openvino") == (["bf16", "f32"] if native else ["f32"])
+    before = openvino.cpu_id()
+    monkeypatch.setenv("BATCHINFER_NO_BF16", "1")
+    assert not openvino.bf16_supported() and precisions(cfg, "openvino") == ["f32"]
+    assert (openvino.cpu_id() != before) == native  # rates timed in f32 never stand for bf16's
+    pinned = ModelConfig(path="unused", task="embed", dtype="bfloat16")
+    assert precisions(pinned, "openvino") == ["bf16"]  # a pinned dtype stays pinned
+    monkeypatch.setenv("BATCHINFER_NO_BF16", "0")
+    assert openvino.bf16_supported() == native
 
 
 def test_a_changed_model_is_never_served_from_the_cache(sms_parquet, tiny_classify, tmp_path, conversion_cache):

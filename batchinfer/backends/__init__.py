@@ -64,6 +64,15 @@ def precisions(cfg: ModelConfig, backend: str) -> list[str | None]:
     return ["bf16", "f32"] if openvino.bf16_supported() else ["f32"]
 
 
+def precision_note(cfg: ModelConfig, backend: str | None, precision: str | None) -> str | None:
+    """Why an OpenVINO job with dtype auto runs f32 without a bf16 check (for the report), or None."""
+    if backend != "openvino" or cfg.dtype != "auto" or precision != "f32" or len(precisions(cfg, backend)) > 1:
+        return None
+    if openvino.bf16_turned_off():
+        return "f32: BATCHINFER_NO_BF16 is set, so bf16 was not tried"
+    return "f32: this CPU has no native bf16 (avx512_bf16 or AMX), as OpenVINO reports it"
+
+
 def backend_is_open(job) -> bool:
     """Whether the probe has a backend or a precision to choose for this job on this machine."""
     from ..models import pick_device

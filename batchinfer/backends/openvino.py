@@ -15,6 +15,7 @@ actors) convert once between them.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
@@ -53,10 +54,21 @@ def cache_root() -> Path:
 
 
 def bf16_supported() -> bool:
-    """Whether this CPU runs bf16 matrix work natively (avx512_bf16 or AMX), as OpenVINO reports it."""
+    """Whether this CPU runs bf16 matrix work natively (avx512_bf16 or AMX), as OpenVINO reports it.
+
+    BATCHINFER_NO_BF16=1 answers no on any CPU, so a bf16 machine takes (and tests) the path of CPUs without it."""
+    return not bf16_turned_off() and "BF16" in _cpu_capabilities()
+
+
+@functools.cache
+def _cpu_capabilities() -> tuple[str, ...]:
     import openvino as ov
 
-    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return tuple(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
+def bf16_turned_off() -> bool:
+    return os.environ.get("BATCHINFER_NO_BF16", "").strip() not in ("", "0")
 
 
 class _OneOutput(torch.nn.Module):
@@ -163,13 +175,15 @@ def entry_of(of: dict) -> Path:
 
 
 def cpu_id() -> str:
-    """This CPU as far as speed goes: its model, flags and the threads a run uses."""
+    """This CPU as far as speed goes: its model, flags, the threads a run uses and whether it runs bf16 (which
+    BATCHINFER_NO_BF16 turns off, so rates measured without it are kept apart)."""
     try:
         with open("/proc/cpuinfo") as f:
             described = [line for line in f if line.startswith(("model name", "flags"))][:2]
     except OSError:
         described = []
-    return hashlib.sha256(f"{described}{os.cpu_count()}{torch.get_num_threads()}".encode()).hexdigest()[:16]
+    speed = f"{described}{os.cpu_count()}{torch.get_num_threads()}{bf16_supported()}"
+    return hashlib.sha256(speed.encode()).hexdigest()[:16]
 
 
 def remember(model: OpenVINOModel, rates: dict[str, float]) -> None:
