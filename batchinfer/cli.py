@@ -150,7 +150,7 @@ def openai_batch(
     """Run an OpenAI Batch API file locally: responses to OUTPUT, failed requests to OUTPUT's .errors.jsonl.
 
     Work is checkpointed in OUTPUT.batchinfer/; rerun the same command to resume."""
-    from .config import apply_override, validate_job
+    from .config import validate_with_overrides
     from .delivery import check_targets, deliver
     from .errors import ModelError
     from .models import read_config, resolve_model_path
@@ -163,9 +163,7 @@ def openai_batch(
             "model": {"path": model, "task": task_of_requests(requests)},
             "output": {"path": str(work), "format": "openai"},
         }
-        for item in set_ or []:
-            apply_override(data, item)
-        config = validate_job(data, "openai-batch")
+        config = validate_with_overrides(data, set_ or [], "openai-batch")
         model_path = resolve_model_path(config.model.path)
         try:
             read_config(config.model, model_path)
@@ -363,7 +361,7 @@ def serve(
     debug: bool = DebugOption,
 ):
     """Serve the model over HTTP, batching concurrent requests (pip install -e ".[serve]")."""
-    from .config import apply_override, load_job, validate_job
+    from .config import load_job, validate_with_overrides
     from .models import read_config, resolve_model_path
 
     with reported(debug):
@@ -388,9 +386,7 @@ def serve(
                 "model": {"path": model, "task": task},
                 "output": {"path": "-"},
             }
-            for item in set_ or []:
-                apply_override(data, item)
-            config = validate_job(data, "batchinfer serve")
+            config = validate_with_overrides(data, set_ or [], "batchinfer serve")
         else:
             raise ConfigError(
                 "give a job file, or --model and --task", "e.g. batchinfer serve --model PATH --task embed"

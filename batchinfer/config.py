@@ -569,13 +569,18 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
             + (" (it is empty)" if data is None else f" (it holds a {type(data).__name__})"),
             "start from a shipped job such as jobs/quickstart.yaml, or see `batchinfer schema`",
         )
-    for item in overrides or []:
-        apply_override(data, item)
-    return validate_job(data, str(path))
+    return validate_with_overrides(data, overrides or [], str(path))
 
 
-def apply_override(data: dict, item: str) -> None:
-    """Set `a.b.c=value` in a nested dict; the value is parsed as YAML (so 8192 is an int, true a bool)."""
+def validate_with_overrides(data: dict, overrides: list[str], origin: str) -> JobConfig:
+    """`data` with `--set key=value` overrides applied, validated; a problem with an overridden key is blamed on
+    its --set, not on `origin`."""
+    return validate_job(data, origin, [apply_override(data, item) for item in overrides])
+
+
+def apply_override(data: dict, item: str) -> str:
+    """Set `a.b.c=value` in a nested dict; the value is parsed as YAML (so 8192 is an int, true a bool).
+    Returns the key, `a.b.c`."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set {item!r} is not key=value", "write e.g. --set batching.max_tokens=8192")
@@ -594,23 +599,41 @@ def apply_override(data: dict, item: str) -> None:
         node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else raw
     except yaml.YAMLError:
         node[parts[-1]] = raw
+    return ".".join(parts)
 
 
-def validate_job(data: dict, origin: str = "job") -> JobConfig:
+def validate_job(data: dict, origin: str = "job", overridden: list[str] = ()) -> JobConfig:
+    """overridden: the keys that --set gave, whose problems name --set."""
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [format_error(err) for err in exc.errors()]
+        lines, by_set = [], 0
+        for err in exc.errors():
+            key = _error_key(err)
+            if any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in overridden):
+                lines.append(f"--set {format_error(err)}")
+                by_set += 1
+            else:
+                lines.append(format_error(err))
+        what = f"--set on {origin} is not valid" if by_set == len(lines) else f"{origin} is not a valid job"
         raise ConfigError(
-            f"{origin} is not a valid job:\n" + "\n".join(f"  {line}" for line in lines),
-            "see `batchinfer schema` or the README's job-file reference",
+            f"{what}:\n" + "\n".join(f"  {line}" for line in lines),
+            ("fix the --set value; " if by_set else "") + "see `batchinfer schema` or the README's job-file reference",
         ) from None
+
+
+def _error_key(err: dict) -> str:
+    return ".".join(_error_loc(err)) or "job"
+
+
+def _error_loc(err: dict) -> list[str]:
+    return [str(part) for part in err["loc"] if not str(part).startswith(("function-after", "literal"))]
 
 
 def format_error(err: dict) -> str:
     """One pydantic error as `key: what is wrong; what to write instead`."""
-    loc = [str(part) for part in err["loc"] if not str(part).startswith(("function-after", "literal"))]
-    key = ".".join(loc) or "job"
+    loc = _error_loc(err)
+    key = _error_key(err)
     kind = err["type"]
     if kind == "extra_forbidden":
         allowed = list(_section_fields(loc[:-1]))
