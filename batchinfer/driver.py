@@ -19,6 +19,7 @@ from .config import JobConfig
 from .control import Budget, Progress, Quiet, StopFlag
 from .executors import make_executor
 from .machine import Load, LoadWindow, process_age
+from .model_size import model_size
 from .models import model_identity, read_config, resolve_model_path
 from .output.checkpoint import Checkpoint
 from .output.formats import output_format
@@ -57,7 +58,8 @@ def run_job(
     with stop.at_once():  # reading only: a signal stops discovery (hashing every byte) where it is
         inputs = discover_shards(job.input, job.columns, output=job.output.path)
         model_path = resolve_model_path(job.model.path)
-        read_config(job.model, model_path)  # a model without the task's head fails here, before the folder is touched
+        # a model without the task's head fails here, before the folder is touched
+        model_config = read_config(job.model, model_path)
     shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
     output = job.output
     with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:
@@ -103,6 +105,7 @@ def run_job(
         if ran.machine is not None:  # how busy the machine was while this run measured its rates
             report["run"]["machine"] = ran.machine.as_dict()
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
+        report["model_size"] = model_size(model_config, model_path)
         if job.model.task != "generate":
             tuning, budget = out.tuning, ran.budget  # the probe's choice: this run's, or the earlier one reused
             note = precision_note(job.model, budget.backend, budget.precision)

@@ -16,6 +16,7 @@ from .config import JobConfig
 from .control import StopFlag
 from .driver import settle_budget
 from .machine import Load, LoadWindow, process_age
+from .model_size import model_size
 from .models import model_identity, read_config, resolve_model_path
 from .output.status import FolderStatus, describe_folder
 from .packing import supports_packing
@@ -59,7 +60,7 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
     started = time.perf_counter()
     inputs = discover_shards(job.input, job.columns, output=job.output.path)
     model_path = resolve_model_path(job.model.path)
-    read_config(job.model, model_path)
+    size = model_size(read_config(job.model, model_path), model_path)
     shards = inputs.shards
     chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows)
     rows = sum(s.num_rows for s in shards)
@@ -77,6 +78,7 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
         "rows_left": rows - earlier.rows,
         "chunks": len(chunks),
         "output": folder,
+        "model_size": size,
     }
 
     from .chunk_task import TaskInputs

@@ -8,6 +8,7 @@ from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from .model_size import describe_size
 from .output.layout import REPORT
 from .output.records import ChunkRecord, current_errors
 
@@ -24,6 +25,7 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
         f"of {config.chunk_rows:,} rows"
         + (f"; {summary['skipped_shards']} shard(s) skipped" if summary["skipped_shards"] else ""),
     )
+    lines.append(f"model    {config.model.path}: {describe_size(summary['model_size'])}")
     if "tokens" in summary:
         t = summary["tokens_per_row"]
         lines.append(

@@ -26,6 +26,7 @@ def test_run_validate_status(tmp_path, sms_parquet, tiny_embed):
     result = runner.invoke(app, ["run", str(job), "--set", "batching.max_rows=32"])
     assert result.exit_code == 0, result.output
     assert "600 (600 ok, 0 errors)" in result.output and "padding efficiency" in result.output
+    assert "model               BertModel, 2 layers of width 32, " in result.output
     assert ds.dataset(str(tmp_path / "out")).count_rows() == 600
     result = runner.invoke(app, ["status", str(tmp_path / "out")])
     assert result.exit_code == 0 and "6/6 done (complete)" in result.output and "active  no" in result.output
@@ -254,6 +255,7 @@ def test_plan_says_what_a_job_will_do_and_writes_nothing(tmp_path, sms_parquet, 
     result = runner.invoke(app, ["plan", str(job), "--sample", "120"])
     assert result.exit_code == 0, result.output
     assert "3 shard(s), 600 rows, 6 chunk(s) of 100 rows" in result.output
+    assert f"model    {tiny_embed}: BertModel, 2 layers of width 32, " in result.output
     assert (
         "tokens   about" in result.output
         and "padding efficiency" in result.output
