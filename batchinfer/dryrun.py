@@ -68,10 +68,7 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
     folder, state = describe_folder(job.output.path, job.output.storage_options, job_print, len(chunks))
     aside = time.perf_counter()  # plan's own reading, which a run does not do
     earlier = folder_so_far(state, chunks)
-    sampled = sample_problems(job, inputs)
-    aside = time.perf_counter() - aside
     summary = {
-        "sample_check": sampled,
         "shards": len(shards),
         "skipped_shards": len(inputs.bad),
         "rows": rows,
@@ -80,6 +77,10 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
         "output": folder,
         "model_size": size,
     }
+    if not summary["rows_left"]:  # a finished job: no row to check, sample or time, no model to load
+        return {**summary, "sample_check": (0, Counter(), {}), "estimate": {}}
+    summary["sample_check"] = sample_problems(job, inputs)
+    aside = time.perf_counter() - aside
 
     from .chunk_task import TaskInputs
 

@@ -439,6 +439,21 @@ def test_plan_of_a_partly_done_folder_estimates_what_is_left_at_the_folders_rate
     assert "the probe's choice, recorded in the output folder" in result.output
 
 
+def test_plan_of_a_finished_job_answers_without_loading_the_model(tmp_path, sms_parquet, tiny_embed, monkeypatch):
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("plan loaded the model of a finished job")
+
+    monkeypatch.setattr("batchinfer.chunk_task.TaskInputs.task", no_load)
+    monkeypatch.setattr("batchinfer.dryrun.sample_problems", no_load)
+    result = runner.invoke(app, ["plan", str(job)])
+    assert result.exit_code == 0, result.output
+    assert "time     nothing left to run: the output folder holds every row of this job" in result.output
+    assert "holds this job, complete: 6/6 chunks done" in result.output and "tokens   about" not in result.output
+
+
 def test_plan_says_when_the_machine_was_busy_and_counts_the_probe(monkeypatch, tmp_path, sms_parquet, tiny_embed):
     from batchinfer import dryrun
     from batchinfer.machine import Load
