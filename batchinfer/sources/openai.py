@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from ..lines import Oversized, parse_object, sniff_field
 from ..openai_batch import parse_request
+from ..reasons import Reason
 from .base import Problem, ReadSpec
 from .jsonl import JsonlFormat
 
@@ -46,7 +47,7 @@ class OpenAIFormat(JsonlFormat):
             return {"custom_id": custom_id if isinstance(custom_id, str) else None}, problem
         row, problem = parse_request(record)
         if problem is None and number in repeats:
-            problem = ("duplicate_id", repeats[number])
+            problem = (Reason.DUPLICATE_ID, repeats[number])
         return ({"custom_id": row.get("custom_id")} if problem else row), problem
 
 
