@@ -99,7 +99,12 @@ class TableReader:
         pass
 
 
-class ShardChanged(ValueError):
+class ShardUnreadable(Exception):
+    """A reader's own word that its shard cannot be read as its format (a damaged file, not a defect in the
+    code): raised for the input problems a reader detects, so that such a shard can be skipped."""
+
+
+class ShardChanged(ShardUnreadable):
     """A shard is not the file discovery saw: it was rewritten, replaced or removed while the job ran."""
 
 
@@ -161,9 +166,6 @@ def _number(text: str | None) -> str:
     return f"{int(text):,}" if text and text.isdigit() else str(text)
 
 
-# What a truncated, corrupt or foreign file raises from pyarrow, gzip, zlib or datasets.
-
-
 def next_row(rows, shard: Shard):
     """The next row of a shard's stream; running out early means the file changed under the job."""
     try:
@@ -172,13 +174,17 @@ def next_row(rows, shard: Shard):
         raise ShardShrank(f"the file now ends early: it held {shard.num_rows:,} rows when the job started") from None
 
 
-READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowException, ValueError, KeyError)
+# What says "this file is unreadable": a truncated, corrupt or foreign file raises these from pyarrow (ArrowInvalid;
+# ArrowIOError is an OSError), gzip and zlib, bytes that are not text a UnicodeDecodeError, and a reader the
+# input problems it finds itself ShardUnreadable. Anything else (a KeyError, a plain ValueError) is a defect
+# in a reader or a library: it stops the job as an internal error, never skips a shard's rows as bad.
+READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowInvalid, UnicodeDecodeError, ShardUnreadable)
 
 
 def describe_read_error(exc: BaseException) -> str:
     if isinstance(exc, EOFError):
         return "the file ends early (truncated gzip)"
-    if isinstance(exc, ShardChanged):
+    if isinstance(exc, ShardUnreadable):
         return str(exc)
     return f"{type(exc).__name__}: {exc}".strip()
 
