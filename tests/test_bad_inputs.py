@@ -29,7 +29,7 @@ ROW_KINDS = {
     "malformed_json.jsonl": (3, 2, {"bad_json": 1}),
     "not_an_object.jsonl": (3, 2, {"bad_json": 1}),
     "bad_utf8.jsonl": (3, 2, {"bad_utf8": 1}),
-    "blank_line.jsonl": (3, 2, {"bad_json": 1}),
+    "blank_line.jsonl": (2, 2, {}),  # blank lines are skipped, as most JSON Lines readers do
     "too_long.jsonl": (3, 2, {"too_long": 1}),
     "crlf_and_bom.jsonl": (2, 2, {}),
     "null_and_empty.parquet": (4, 2, {"null_text": 1, "empty_text": 1}),

@@ -365,8 +365,9 @@ def test_an_empty_file_is_a_shard_of_no_rows(tmp_path, name):
     assert {s.name: s.num_rows for s in inputs.shards} == {name: 0, "full.csv": 5} and inputs.bad == []
     assert [r["id"] for r in _read_all(cfg)] == ["0", "1", "2", "3", "4"]
     (tmp_path / "in" / "full.csv").unlink()
-    (tmp_path / "in" / name).write_bytes(b"\xef\xbb\xbf\n\r\n")  # a byte-order mark and blank lines: no header either
-    assert [s.num_rows for s in discover_shards(cfg).shards] == [0 if "csv" in name or "tsv" in name else 2]
+    # A byte-order mark and blank lines: no header either, and no JSONL row (a blank line is none).
+    (tmp_path / "in" / name).write_bytes(b"\xef\xbb\xbf\n\r\n")
+    assert [s.num_rows for s in discover_shards(cfg).shards] == [0]
 
 
 def test_a_file_of_unknown_extension_says_so_and_names_the_formats(tmp_path):
@@ -494,3 +495,28 @@ def test_one_big_row_group_reads_as_fast_and_as_small_as_many_small_ones():
     assert found["one"]["rows"] == found["small"]["rows"] == 60_000
     assert found["one"]["seconds"] <= 1.3 * found["small"]["seconds"] + 0.05, found
     assert found["one"]["peak_mb"] <= 1.3 * found["small"]["peak_mb"], found
+
+
+# No typed column: rows counted by blocks; an id or a kept column: line by line, to find their types.
+@pytest.mark.parametrize("typed", [{}, {"id": "id", "keep": ["label"]}])
+def test_blank_jsonl_lines_are_skipped_and_rows_count_the_lines_that_are_not(tmp_path, typed):
+    lines = [json.dumps(r) for r in ROWS[:10]]
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join(lines[:3] + ["", "  \t"] + lines[3:7] + ["\r", ""] + lines[7:]) + "\n\n")
+    cfg = InputConfig(path=str(path), text="text", **typed)
+    assert discover_shards(cfg).shards[0].num_rows == 10
+    assert [r["text"] for r in _read_all(cfg)] == [r["text"] for r in ROWS[:10]]  # no error row, none shifted
+
+
+def test_blank_lines_of_an_openai_file_are_skipped_and_a_repeat_names_its_line(tmp_path):
+    request = '{{"custom_id": "{}", "method": "POST", "url": "/v1/embeddings", "body": {{"input": "hi"}}}}'
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(["", request.format("a"), "  ", request.format("b"), "", request.format("a")]) + "\n")
+    cfg = InputConfig(path=str(path), format="openai")
+    shard = discover_shards(cfg).shards[0]
+    assert shard.num_rows == 3 and shard.repeats == (
+        (2, "custom_id 'a' repeats line 2 of requests.jsonl; only the first request runs"),
+    )
+    block = open_reader(shard, read_spec(cfg)).read(0, 3)
+    assert block.table.column("custom_id").to_pylist() == ["a", "b", "a"]
+    assert {row: reason for row, (reason, _) in block.bad_rows.items()} == {2: "duplicate_id"}

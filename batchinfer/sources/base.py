@@ -32,7 +32,7 @@ class Shard:
     format: str  # parquet | jsonl | hf | openai
     num_rows: int
     digest: str = ""  # identifies the content: a changed file is never mixed into a resume
-    repeats: tuple[tuple[int, str], ...] = ()  # openai: (line, message) for a custom_id seen before
+    repeats: tuple[tuple[int, str], ...] = ()  # openai: (row, message) for a custom_id seen before
     # The file's version at discovery (storage.file_stamp; a Parquet footer's digest): checked before and
     # after every read, so a file changed while the job runs stops its rows instead of mixing versions.
     stamp: tuple[tuple[str, str], ...] = ()
@@ -77,7 +77,7 @@ class ShardInfo:
     digest: str
     columns: list[str] | None  # None: rows are checked one by one (OpenAI requests)
     types: dict[str, pa.DataType] = field(default_factory=dict)  # typed columns found in this shard
-    keys: list[tuple[int, str]] = field(default_factory=list)  # openai: (line, custom_id)
+    keys: list[tuple[int, int, str]] = field(default_factory=list)  # openai: (row, line number, custom_id)
     footer: str = ""  # Parquet: a digest of the footer, checked when a reader opens the file
 
 
