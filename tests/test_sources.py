@@ -344,6 +344,28 @@ def test_a_quoted_field_open_at_the_end_is_found_whatever_the_block_edges(text, 
         assert scan.open_line == line, size
 
 
+def test_a_quote_left_open_mid_file_is_refused_naming_its_row_never_merging_records(tmp_path):
+    """pyarrow reads `id0049,"unterminated` up to the next quote as one field (id0050's record folded into it,
+    a row gone, no error); a field meant to span lines closes before a delimiter or a line end, so it reads."""
+    lines = ["id,text", *(f"id{i:04d},message number {i}" for i in range(300))]
+    lines[50], lines[51] = 'id0049,"unterminated quote', 'id0050,"a quoted message"'
+    (tmp_path / "a.csv").write_text("\n".join(lines) + "\n")
+    legit = ['1,"two lines\n2,that look like a record"', '3,"say ""hi"", twice\r\nover lines"', '4,5" screen', '5,"a"b']
+    (tmp_path / "b.csv").write_bytes(("id,text\r\n" + "\r\n".join(legit) + "\r\n").encode())
+    with pytest.raises(InputError) as info:
+        discover_shards(InputConfig(path=str(tmp_path), text="text", id="id"))
+    assert "a.csv has a quote left open in row 49 (the record on line 51)" in info.value.message
+    assert "runs on to line 52" in info.value.message and "b.csv" not in info.value.message
+    assert info.value.hint.startswith("close the quote in the record on line 51") and "on_bad_shard" in info.value.hint
+    cfg = InputConfig(path=str(tmp_path / "b.csv"), text="text", id="id")
+    assert [r["text"] for r in _read_all(cfg)] == [
+        "two lines\n2,that look like a record",
+        'say "hi", twice\r\nover lines',
+        '5" screen',
+        "ab",
+    ]
+
+
 def test_a_csv_that_ends_inside_a_quoted_field_is_refused_naming_the_line(tmp_path):
     (tmp_path / "a.csv").write_text('id,text\n1,ok\n2,too,many,fields\n3,third\n4,"unterminated\n5,x\n6,y\n')
     _csv(tmp_path / "b.csv", ROWS[:3])
