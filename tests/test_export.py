@@ -1,16 +1,20 @@
 """`batchinfer export`: a finished folder as one file, refused for an unfinished one, never over a file unasked."""
 
 import json
+import os
 import shutil
+import sys
 
 import numpy as np
 import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+import pytest
 from helpers import user_job, write_job
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
+from batchinfer.export import export_folder
 
 runner = CliRunner()
 
@@ -90,7 +94,7 @@ def test_export_checks_the_parts_as_a_run_opens_them(tmp_path, sms_parquet, tiny
 
 
 def test_export_never_writes_inside_an_output_folder_and_removes_only_its_own_stale_temp(
-    tmp_path, sms_parquet, tiny_embed
+    tmp_path, sms_parquet, tiny_embed, monkeypatch
 ):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
@@ -111,10 +115,15 @@ def test_export_never_writes_inside_an_output_folder_and_removes_only_its_own_st
     assert result.exit_code == 1 and "lies inside" in result.output  # a link into the folder leads inside it
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "_lock"} == before
     assert runner.invoke(app, ["status", str(out)]).exit_code == 0
-    # What an export killed with kill -9 leaves beside its target; the rest is not its own to remove.
-    stale, others = tmp_path / ".tmp-export-0123abcd-all.csv", [tmp_path / ".tmp-0123abcd-all.csv"]
-    others += [tmp_path / ".tmp-export-0123abcd-other.csv", tmp_path / ".tmp-export-mine-all.csv"]
-    for path in (stale, *others):
+    # An export killed (kill -9) between its temporary file's fsync and the rename leaves that file behind.
+    monkeypatch.setattr(os, "replace", lambda *a: sys.exit(137))
+    with pytest.raises(SystemExit):
+        export_folder(str(out), "csv", tmp_path / "all.csv", force=True)
+    monkeypatch.undo()
+    [stale] = tmp_path.glob(".tmp-export-*-all.csv")
+    others = [tmp_path / ".tmp-0123abcd-all.csv", tmp_path / ".tmp-export-0123abcd-other.csv"]
+    others += [tmp_path / ".tmp-export-mine-all.csv"]  # not its own to remove: other targets, other patterns
+    for path in others:
         path.write_text("half")
     result = runner.invoke(app, ["export", str(out), "-f", "csv", "-o", str(tmp_path / "all.csv")])
     assert result.exit_code == 0, result.output

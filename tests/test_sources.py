@@ -542,3 +542,13 @@ def test_blank_lines_of_an_openai_file_are_skipped_and_a_repeat_names_its_line(t
     block = open_reader(shard, read_spec(cfg)).read(0, 3)
     assert block.table.column("custom_id").to_pylist() == ["a", "b", "a"]
     assert {row: reason for row, (reason, _) in block.bad_rows.items()} == {2: "duplicate_id"}
+
+
+def test_a_saved_dataset_with_a_damaged_state_file_is_a_bad_shard_not_an_internal_error(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_list(ROWS[:5]).save_to_disk(str(tmp_path / "saved"))
+    (tmp_path / "saved" / "state.json").write_text('{"_data_files": [')
+    with pytest.raises(InputError) as info:  # the only shard: no readable one is left
+        discover_shards(InputConfig(path=str(tmp_path / "saved"), text="text", id="id", on_bad_shard="skip"))
+    assert "saved cannot be read: its state.json or dataset_info.json is not JSON" in info.value.message
