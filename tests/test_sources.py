@@ -350,7 +350,8 @@ def test_a_quote_left_open_mid_file_is_refused_naming_its_row_never_merging_reco
     lines = ["id,text", *(f"id{i:04d},message number {i}" for i in range(300))]
     lines[50], lines[51] = 'id0049,"unterminated quote', 'id0050,"a quoted message"'
     (tmp_path / "a.csv").write_text("\n".join(lines) + "\n")
-    legit = ['1,"two lines\n2,that look like a record"', '3,"say ""hi"", twice\r\nover lines"', '4,5" screen', '5,"a"b']
+    legit = ['1,"two lines\n2,that look like a record"', '3,"say ""hi"", twice\r\nover lines"', '4,5" screen']
+    legit += ['5,"a"b', '6,"a space\nafter the quote" ', '7,"a ""quote""\nclosed ""well"""']
     (tmp_path / "b.csv").write_bytes(("id,text\r\n" + "\r\n".join(legit) + "\r\n").encode())
     with pytest.raises(InputError) as info:
         discover_shards(InputConfig(path=str(tmp_path), text="text", id="id"))
@@ -363,6 +364,8 @@ def test_a_quote_left_open_mid_file_is_refused_naming_its_row_never_merging_reco
         'say "hi", twice\r\nover lines',
         '5" screen',
         "ab",
+        "a space\nafter the quote ",
+        'a "quote"\nclosed "well"',
     ]
 
 

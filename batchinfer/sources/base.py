@@ -174,10 +174,10 @@ def next_row(rows, shard: Shard):
         raise ShardShrank(f"the file now ends early: it held {shard.num_rows:,} rows when the job started") from None
 
 
-# What says "this file is unreadable": a truncated, corrupt or foreign file raises these from pyarrow (ArrowInvalid;
-# ArrowIOError is an OSError), gzip and zlib, bytes that are not text a UnicodeDecodeError, and a reader the
-# input problems it finds itself ShardUnreadable. Anything else (a KeyError, a plain ValueError) is a defect
-# in a reader or a library: it stops the job as an internal error, never skips a shard's rows as bad.
+# What says "this file cannot be read": pyarrow's ArrowInvalid for a damaged file (its ArrowIOError is an
+# OSError), the errors of gzip and zlib, UnicodeDecodeError for bytes that are not text, and ShardUnreadable,
+# which a reader raises for the input problems it finds. Anything else (a KeyError, a plain ValueError) is a
+# defect in a reader or a library: it stops the job as an internal error and never skips a shard's rows as bad.
 READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowInvalid, UnicodeDecodeError, ShardUnreadable)
 
 

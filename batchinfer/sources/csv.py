@@ -9,8 +9,8 @@ lines are not records; a quoted field spanning lines is one record). A record wi
 fields, which the parser leaves out, keeps its place as a `bad_csv` error row with its id when readable,
 so no row after it shifts. A quoted field still open at the end of the file would hide every record
 after its quote, and one left open mid-file those up to the next quote: discovery refuses such a file,
-naming the line (see _runaway_quote for how a field meant to span lines is told apart). A file with no header at
-all (empty, or blank lines only) holds no rows, as an empty JSONL file does.
+naming the line (_runaway_quote tells a quote left open from a field meant to span lines). A file with no
+header at all (empty, or blank lines only) holds no rows, as an empty JSONL file does.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ BOM = b"\xef\xbb\xbf"
 _CLOSE = rb'[^"]*(?:""[^"]*)*"'
 _SCAN = 1 << 16  # bytes scanned for quotes in one regex match
 _FIELD_LIMIT = 1 << 30  # characters in one field for Python's csv module: pyarrow sets no such limit
+# A line that starts inside a quoted field: the field's rest ("" is a quote in it), its closing quote, what follows.
+_AFTER_CLOSE = re.compile(r'(?:[^"]|"")*"(.*)', re.DOTALL)
 
 
 class CsvFormat:
@@ -220,14 +222,13 @@ def _runaway_quote(path: str, spec: ReadSpec) -> tuple[int, int, int] | None:
     a line break and whose closing quote has text after it, read by Python's csv module in strict mode (quotes
     open a field only at its start, as pyarrow reads them). That is a quote left open: it swallows the lines
     after it up to the next quote, which opens another field and so is followed by text. A field meant to hold
-    line breaks closes as every quoted field does, before a delimiter or a line end. None: no such record (a
-    quote closed with text after it on the same line joins no record; pyarrow reads it as one field)."""
+    line breaks closes as every quoted field does, before a delimiter or a line end (spaces aside). None: no
+    such record (a quote closed with text after it on one line joins no record; pyarrow reads it as one field)."""
     stdlib_csv.field_size_limit(max(stdlib_csv.field_size_limit(), _FIELD_LIMIT))  # 128 KiB by default
+    delimiter = _delimiter(path)
     with _open(path, spec) as raw:
-        lines = iter(raw.readline, b"")  # whole lines: a line break never falls inside a UTF-8 character
-        first = next(lines, b"").removeprefix(BOM)
-        text = (line.decode("utf-8", "replace") for line in itertools.chain([first], lines))
-        reader = stdlib_csv.reader(text, delimiter=_delimiter(path), strict=True)
+        lines = _Lines(raw)
+        reader = stdlib_csv.reader(lines, delimiter=delimiter, strict=True)
         records, line = 0, 0  # records read (blank lines are none), and the lines they took
         while True:
             try:
@@ -236,10 +237,30 @@ def _runaway_quote(path: str, spec: ReadSpec) -> tuple[int, int, int] | None:
             except StopIteration:
                 return None
             except stdlib_csv.Error:
-                if reader.line_num > line + 1:
+                if reader.line_num > line + 1 and _text_after_close(lines.last, delimiter):
                     return records - 1, line + 1, reader.line_num  # record 0 is the header
                 records += 1  # the rest of the line is dropped: the record ends there, as it does for pyarrow
             line = reader.line_num
+
+
+class _Lines:
+    """A shard's lines as text, each whole (a line break never falls inside a UTF-8 character), remembering
+    the last one handed out: the line a csv error is on."""
+
+    def __init__(self, stream: IO[bytes]):
+        self.stream, self.last = stream, ""
+
+    def __iter__(self) -> Iterator[str]:
+        for number, line in enumerate(iter(self.stream.readline, b"")):
+            self.last = (line.removeprefix(BOM) if number == 0 else line).decode("utf-8", "replace")
+            yield self.last
+
+
+def _text_after_close(line: str, delimiter: str) -> bool:
+    """Whether a line that starts inside a quoted field has more than spaces between the quote that closes the
+    field and the next delimiter or line end."""
+    closed = _AFTER_CLOSE.match(line)
+    return closed is not None and bool(closed.group(1).split(delimiter, 1)[0].strip())
 
 
 def _no_header(path: str, spec: ReadSpec) -> bool:
