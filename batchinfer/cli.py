@@ -477,8 +477,10 @@ def status(
 def export(
     folder: str = typer.Argument(..., help="A finished job's output folder (a path or a URL)."),
     format: str = typer.Option("parquet", "--format", "-f", help="parquet, jsonl or csv."),
-    output: Path = typer.Option(..., "--output", "-o", help="The file to write."),
-    force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
+    output: Path = typer.Option(..., "--output", "-o", help="The file to write, outside every output folder."),
+    force: bool = typer.Option(
+        False, "--force", help="Replace OUTPUT if an earlier export wrote it (a Parquet file whose footer says so)."
+    ),
     debug: bool = DebugOption,
 ):
     """Write a finished job's results as one file, in input order (CSV holds lists as JSON text)."""

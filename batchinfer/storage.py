@@ -272,9 +272,9 @@ def glob_base(pattern: str) -> str:
 class LocalFolder:
     """An output folder on a local disk. Names are relative, with / between parts."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, tmp_prefix: str = ".tmp-"):
         self.path = local_path(path)
-        self.tmp_prefix = ".tmp-"
+        self.tmp_prefix = tmp_prefix  # names whose temporary files these are (see _write_tmp)
 
     def __str__(self) -> str:
         return str(self.path)
@@ -351,6 +351,15 @@ class LocalFolder:
             return False
         finally:
             tmp.unlink(missing_ok=True)
+
+    def temps_of(self, name: str) -> list[str]:
+        """The temporary files of `name` with this folder's prefix (as _write_tmp names them), such as those
+        a writer killed mid-write left: its own, and no other file."""
+        target = self.path / name
+        own = re.compile(re.escape(self.tmp_prefix) + r"[0-9a-f]{8}-" + re.escape(target.name))
+        found = target.parent.iterdir() if target.parent.is_dir() else ()
+        mine = [p for p in found if own.fullmatch(p.name) and p.is_file() and not p.is_symlink()]
+        return [p.relative_to(self.path).as_posix() for p in mine]
 
     def delete(self, name: str) -> None:
         (self.path / name).unlink(missing_ok=True)
