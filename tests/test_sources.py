@@ -1,6 +1,7 @@
 import gzip
 import json
 from dataclasses import replace
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -73,15 +74,40 @@ def test_missing_path_and_empty_folder(tmp_path):
         discover_shards(InputConfig(path=str(tmp_path / "*.parquet"), text="t"))
 
 
-def test_missing_column_lists_what_exists(tmp_path):
+def test_missing_column_names_the_key_and_lists_what_exists(tmp_path):
     pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "a.parquet")
-    with pytest.raises(InputError, match=r"column 'body' not found in a.parquet; it has: id, text, label"):
+    with pytest.raises(InputError, match=r"^input.text: no column 'body' in the input; a.parquet has id, text, label$"):
         discover_shards(InputConfig(path=str(tmp_path / "a.parquet"), text="{text} {body}"))
     _jsonl(tmp_path / "b.jsonl", ROWS)
-    with pytest.raises(InputError, match=r"column 'txt' not found in b.jsonl; it has: id, text, label"):
+    with pytest.raises(InputError, match=r"^input.text: no column 'txt' in the input; b.jsonl has id, text, label$"):
         discover_shards(InputConfig(path=str(tmp_path / "b.jsonl"), text="txt"))
-    with pytest.raises(InputError, match=r"^columns 'head', 'tail' not found in a.parquet; it has: id, text, label$"):
+    with pytest.raises(InputError, match=r"^input.text: no columns 'head', 'tail' in the input; a.parquet has"):
         discover_shards(InputConfig(path=str(tmp_path / "a.parquet"), text="{head} {tail}"))
+
+
+@pytest.mark.parametrize("on_bad_shard", ["fail", "skip"])
+def test_a_column_no_shard_has_is_one_problem_of_the_job_not_one_per_shard(tmp_path, on_bad_shard):
+    for i in range(10):
+        pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / f"s{i}.parquet")
+    cfg = partial(InputConfig, path=str(tmp_path), on_bad_shard=on_bad_shard)
+    with pytest.raises(InputError) as info:
+        discover_shards(cfg(text="body", id="id"))
+    assert info.value.message == "input.text: no column 'body' in the input; the 10 shards have id, text, label"
+    assert info.value.hint == "name an existing column in input.text"  # not on_bad_shard: skip, which skips all
+    with pytest.raises(InputError) as info:
+        discover_shards(cfg(text="{title} {text}", id="rid", keep={"lab": "gold", "label": "label"}))
+    assert info.value.message.splitlines() == [
+        "the job names columns the input does not have (the 10 shards have id, text, label):",
+        "  input.text: 'title'",
+        "  input.id: 'rid'",
+        "  input.keep: 'lab'",
+    ]
+    pq.write_table(pa.Table.from_pylist([{"id": 1, "body": "x"}]), tmp_path / "s9.parquet")  # a mix of schemas
+    if on_bad_shard == "skip":
+        assert len(discover_shards(cfg(text="body", id="id")).bad) == 9
+        return
+    with pytest.raises(InputError, match=r"^9 shards cannot be used:\n  column 'body' not found in s0.parquet"):
+        discover_shards(cfg(text="body", id="id"))
 
 
 # --- input identity ---------------------------------------------------------------------------------------------
