@@ -481,14 +481,18 @@ def export(
     force: bool = typer.Option(
         False, "--force", help="Replace OUTPUT if an earlier export wrote it (a Parquet file whose footer says so)."
     ),
+    partial: bool = typer.Option(
+        False, "--partial", help="Export what an unfinished folder holds (a --limit trial, a stopped run)."
+    ),
     debug: bool = DebugOption,
 ):
     """Write a finished job's results as one file, in input order (CSV holds lists as JSON text)."""
     from .export import export_folder
 
     with reported(debug):
-        rows = export_folder(folder, format, output, force)
-        err.print(f"wrote {rows:,} rows to {output}", highlight=False)
+        done = export_folder(folder, format, output, force, partial)
+        what = f"; a partial export: the {done.partial} the folder finished, not the whole job" if done.partial else ""
+        err.print(f"wrote {done.rows:,} rows to {output}{what}", highlight=False)
 
 
 def say_sample_problems(seen: int, reasons: Counter, examples: dict[str, str]) -> None:

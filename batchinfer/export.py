@@ -4,8 +4,10 @@ an output folder, and replaces (--force) only a file an export wrote."""
 
 from __future__ import annotations
 
+import functools
 import json
-from functools import partial
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,11 +23,19 @@ from .storage import JOB_FILE, LocalFolder
 
 FORMATS = ("parquet", "jsonl", "csv")
 EXPORT_KEY = b"batchinfer.export"  # a Parquet export's footer: the job it holds; what lets --force replace it
+PARTIAL_KEY = b"batchinfer.export.partial"  # beside it in an export of an unfinished folder: "2/6 chunks"
 TMP_PREFIX = ".tmp-export-"  # FILE is written as .tmp-export-XXXXXXXX-FILE beside it, then renamed
 
 
-def export_folder(folder: str, fmt: str, target: Path, force: bool = False) -> int:
-    """Every result row of the finished job in `folder` into `target`; returns the rows written."""
+@dataclass(frozen=True)
+class Exported:
+    rows: int
+    partial: str | None = None  # what an export of an unfinished folder holds, e.g. "2/6 chunks"; None: all
+
+
+def export_folder(folder: str, fmt: str, target: Path, force: bool = False, partial: bool = False) -> Exported:
+    """Every result row of the finished job in `folder` into `target`. partial: of an unfinished one (a trial
+    run with --limit, or a run stopped), the chunks it finished, said in the result and a Parquet footer."""
     if fmt not in FORMATS:
         raise OutputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", "write e.g. --format parquet")
     check_target(target, fmt, force)
@@ -37,13 +47,17 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False) -> i
     if state is None:
         raise OutputError(f"{folder} holds no batchinfer run", "give the output.path of a finished job")
     command = state.command or "batchinfer run JOB.yaml"
-    if not state.succeeded() or state.stray_markers():
-        chunks = sum(1 for r in state.done.values() if not r.retry_of)
-        total = state.extent.get("job_chunks", state.extent.get("chunks", "?"))
-        raise OutputError(
-            f"{folder} is not a finished job ({chunks}/{total} chunks done, no {SUCCESS}): an export would miss rows",
-            f"finish it first ({command}, without --limit), then export",
-        )
+    chunks = sum(1 for r in state.done.values() if not r.retry_of)
+    total = state.extent.get("job_chunks", state.extent.get("chunks", "?"))
+    held = None
+    if state.stray_markers() or not state.succeeded():
+        if not partial or state.stray_markers():
+            raise OutputError(
+                f"{folder} is not a finished job ({chunks}/{total} chunks done, no {SUCCESS} for the whole job): "
+                "an export would miss rows",
+                f"finish it ({without_limit(command)}), then export; or export what it holds now with --partial",
+            )
+        held = f"{chunks}/{total} chunks"
     if lost:  # the check a run makes when it opens the folder: every committed part there, this job's, whole
         problems = list(dict.fromkeys(lost.values()))
         raise OutputError(
@@ -63,7 +77,8 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False) -> i
             rows += table.num_rows
             yield table
 
-    fill = {"parquet": partial(_parquet, job_id=state.job["job_id"]), "jsonl": _jsonl, "csv": _csv}[fmt]
+    marks = {EXPORT_KEY: state.job["job_id"].encode(), **({PARTIAL_KEY: held.encode()} if held else {})}
+    fill = {"parquet": functools.partial(_parquet, metadata=marks), "jsonl": _jsonl, "csv": _csv}[fmt]
     out = LocalFolder(str(target.parent.resolve()), TMP_PREFIX)
     try:
         out.make()
@@ -75,7 +90,16 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False) -> i
             raise OutputError(f"{target} exists", "give another -o path, or add --force to replace it")
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}", "choose a writable -o path") from exc
-    return rows
+    return Exported(rows, held)
+
+
+def without_limit(command: str) -> str:
+    """The run command that finishes a job: `command` without its --limit."""
+    words = shlex.split(command)
+    drop = {i for i, word in enumerate(words) if word == "--limit"}
+    return shlex.join(
+        w for i, w in enumerate(words) if i not in drop and i - 1 not in drop and not w.startswith("--limit=")
+    )
 
 
 def check_target(target: Path, fmt: str, force: bool) -> None:
@@ -111,10 +135,10 @@ def exported(path: Path) -> bool:
     return EXPORT_KEY in (metadata.metadata or {})
 
 
-def _parquet(tables, f, job_id: str) -> None:
+def _parquet(tables, f, metadata: dict[bytes, bytes]) -> None:
     writer = None
     for table in tables:
-        table = table.replace_schema_metadata({EXPORT_KEY: job_id.encode()})
+        table = table.replace_schema_metadata(metadata)
         writer = writer or pq.ParquetWriter(f, table.schema, compression="zstd")
         writer.write_table(table)
     writer.close()
