@@ -117,20 +117,9 @@ def test_a_shared_instruction_runs_once_and_scores_as_a_direct_computation(
     prefill = prefix.PrefixCache.prefill
     monkeypatch.setattr(prefix.PrefixCache, "prefill", lambda self, ids: prefills.append(ids) or prefill(self, ids))
     pq.write_table(sms_table.slice(0, 60), tmp_path / "sms.parquet")
-    job = _job(
-        tmp_path / "sms.parquet",
-        path,
-        tmp_path / "out",
-        task="classify",
-        input__text=INSTRUCTION,
-        model__labels=LABELS,
-        model__label_prompt=prompt,
-        model__max_length=512,
-        output__scores=True,
-        batching__chunk_rows=30,
-        batching__max_tokens=1024,
-    )
-    report = run_job(job)
+    scoring = dict(input__text=INSTRUCTION, model__labels=LABELS, model__label_prompt=prompt, model__max_length=512)
+    output = dict(output__scores=True, batching__chunk_rows=30, batching__max_tokens=1024)  # two chunks of batches
+    report = run_job(_job(tmp_path / "sms.parquet", path, tmp_path / "out", "classify", **scoring, **output))
     table = _read(tmp_path / "out")
     texts = [INSTRUCTION.format(text=t) for t in sms_table.column("text").to_pylist()[:60]]
     picked = np.arange(0, 60, 7)
@@ -138,6 +127,7 @@ def test_a_shared_instruction_runs_once_and_scores_as_a_direct_computation(
     expected = np.exp(direct - direct.max(1, keepdims=True))
     scores = np.array(table.column("scores").to_pylist(), dtype=np.float64)[picked]
     assert np.allclose(scores, expected / expected.sum(1, keepdims=True), atol=1e-4)
+    assert table.column("label").to_pylist()[::7] == [LABELS[i] for i in direct.argmax(1)]
     # the prefix: the prompts' common token start (the chat preamble and the instruction), prefilled once for
     # both chunks, never counted in what the batches computed
     tokenizer = AutoTokenizer.from_pretrained(path)
