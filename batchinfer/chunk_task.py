@@ -197,6 +197,7 @@ class ChunkTask:
             seconds=round(loaded.seconds + time.perf_counter() - t0, 4),
             worker=self.worker,
             max_tokens_lowered=out.lowered,
+            prefix=tokens.prefix_reused(index, kept),
         )
         return ChunkResult(record, self.budget, out.tuning)
 

@@ -22,6 +22,7 @@ from .output.status import FolderStatus, describe_folder
 from .packing import supports_packing
 from .plan import Work, fingerprint, plan_chunks
 from .prepare import prepare_rows
+from .report import prefix_saved, reuses_prefix
 from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec
 from .tune import CPU_BUDGETS, SAMPLE_TOKENS, cut_batches, probe
 
@@ -109,6 +110,8 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
             "error_share": sampled.errors / max(seen, 1),
         }
     )
+    if sampled.prefix is not None or reuses_prefix(job):
+        summary["prefix"] = scaled_prefix(sampled.prefix, int(lengths.sum()), rows / max(seen, 1))
     if job.model.task == "generate":
         return summary
     probing = auto and earlier.tuning is None
@@ -134,31 +137,43 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
 class Sampled:
     """Rows tokenized from across the job, as a run reads them."""
 
-    lengths: np.ndarray  # tokens per item that would run
+    items: list  # the items that would run, as the runner tokenized them
+    lengths: np.ndarray  # tokens per item that would run (a prefix computed once not counted)
     truncated: int  # items cut at max_length
     errors: int  # rows that would go to _errors/
     seen: int  # rows read
     reading: float  # seconds spent reading, preparing and tokenizing
+    prefix: dict | None  # what a prefix common to the sample saved it (Tokens.prefix_reused)
 
 
 def sample_tokens(task, chunks: list, sample: int) -> Sampled:
-    """About `sample` rows from the start of chunks spread over the job, read and tokenized by the chunk task."""
+    """About `sample` rows from the start of chunks spread over the job, read by the chunk task and tokenized
+    together, as one chunk (a prefix that the job's prompts share is found on them as a chunk's run finds it)."""
     per_chunk = max(1, sample // len(chunks))
     picks = np.linspace(0, len(chunks) - 1, num=min(len(chunks), sample)).round().astype(int)
-    lengths, truncated, errors, seen, reading = [], 0, 0, 0, 0.0
+    texts, errors, seen, reading = [], 0, 0, 0.0
     for index in dict.fromkeys(picks.tolist()):
         chunk = chunks[index]
         offsets = list(range(min(per_chunk, chunk.rows)))
         loaded = task.load(Work(chunk, chunk.name, offsets))
-        lengths.extend(loaded.tokens.lengths[loaded.index].tolist())
-        truncated += int(loaded.tokens.truncated[loaded.index].sum())
+        texts += [loaded.prepared.texts[t] for t in np.unique(loaded.tokens.owners()[loaded.index]).tolist()]
         errors += len(loaded.prepared.errors)
         seen += len(offsets)
         reading += loaded.seconds
         if seen >= sample:
             break
     task.close()
-    return Sampled(np.array(lengths, dtype=np.int64), truncated, errors, seen, reading)
+    tokens = task.runner.tokenize(texts)
+    every = np.arange(len(tokens.ids))
+    truncated = int(tokens.truncated.sum())
+    return Sampled(tokens.ids, tokens.lengths, truncated, errors, seen, reading, tokens.prefix_reused(every))
+
+
+def scaled_prefix(prefix: dict | None, tokens: int, scale: float) -> dict:
+    """The report's `prefix` figures of a sample (`tokens`: what it computes), its rows and tokens scaled to the
+    job's (`scale`: the job's rows per sampled row)."""
+    figures = prefix_saved([prefix] if prefix else [], tokens)
+    return {**figures, "rows": int(figures["rows"] * scale), "saved_tokens": int(figures["saved_tokens"] * scale)}
 
 
 def estimate_time(
@@ -176,7 +191,7 @@ def estimate_time(
     on the sample (or at the rate this job ran at here). Returns the estimate and the batching it was timed with."""
     lengths = sampled.lengths
     window = LoadWindow()
-    measured = time_sample(runner, lengths, budget, job, probing, lengths.mean() * first_chunk_rows)
+    measured = time_sample(runner, sampled.items, lengths, budget, job, probing, lengths.mean() * first_chunk_rows)
     load = window.stop()
     tokens_left = lengths.mean() * summary["rows_left"] * len(lengths) / max(sampled.seen, 1)
     model_rate = measured["tokens_per_s"]
@@ -205,16 +220,17 @@ def estimate_time(
     return estimate, measured["budget"]
 
 
-def time_sample(runner, lengths: np.ndarray, budget, job: JobConfig, probing: bool, first_chunk: float) -> dict:
-    """The model's rate on the sample's token counts (pad ids: the model's speed does not depend on which
-    tokens), cut as the run would cut them. probing: first run the run's own probe on the sample, as the
+def time_sample(
+    runner, ids: list, lengths: np.ndarray, budget, job: JobConfig, probing: bool, first_chunk: float
+) -> dict:
+    """The model's rate on the sample's items (`ids`, of `lengths` tokens; a prefix they share computed once, as
+    a run computes it), cut as the run would cut them. probing: first run the run's own probe on the sample, as the
     run does on its first chunk, then time the sample with its choice; probe_s is what the probe adds to the
     work it does (the settings that lose, the warm-up), scaled to the probe of a first chunk of `first_chunk`
     tokens."""
     runner.settle_precisions()  # each backend's precision, checked as a run checks it
     if not probing:  # the backend a run would take: the recorded one, or the default
         runner.keep(next(iter(runner.models)), runner.precisions[next(iter(runner.models))][0])
-    ids = [[runner.pad_id] * int(n) for n in lengths]
     rows = job.batching.max_rows
 
     def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:

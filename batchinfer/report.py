@@ -7,6 +7,7 @@ from collections import Counter
 from .config import JobConfig
 from .output.records import ChunkRecord, current_errors
 from .plan import Chunk
+from .tasks import LABEL_SCORING, model_spec
 
 
 def build_report(
@@ -61,12 +62,36 @@ def build_report(
             name: {"chunks": w["chunks"], "rows": w["rows"], "rows_per_s": _rate(w["rows"], loop)}
             for name, w in sorted(workers.items())
         }
+    if reuses_prefix(job) or any(r.prefix for r in records):
+        report["prefix"] = prefix_saved([r.prefix for r in records if r.prefix], tokens)
     if job.model.task == "generate":
         first = sorted(r.first_token_seconds for r in records if r.first_token_seconds is not None)
         report["generated_tokens"] = sum(r.generated_tokens or 0 for r in records)
         report["run"]["generated_tokens_per_s"] = _rate(run.get("generated", 0), loop)
         report["run"]["time_to_first_token_s"] = first[len(first) // 2] if first else None
     return report
+
+
+def reuses_prefix(job: JobConfig) -> bool:
+    """Whether the job's task computes a prompt prefix that its rows share once (label scoring), so that its
+    report says what that saved even when nothing was shared."""
+    return model_spec(job.model.task, job.model.labels) is LABEL_SCORING
+
+
+def prefix_saved(prefixes: list[dict], tokens: int) -> dict:
+    """What prompt prefixes computed once saved, from records' (or a sample's) `prefix` figures: the length most
+    rows ran after, the rows that ran after one, the prompt tokens not computed again, and their share of what
+    would have been computed without it (`tokens`: what was computed)."""
+    lengths: Counter = Counter()
+    for prefix in prefixes:
+        lengths[prefix["tokens"]] += prefix["rows"]
+    saved = sum(prefix["saved_tokens"] for prefix in prefixes)
+    return {
+        "tokens": lengths.most_common(1)[0][0] if lengths else 0,
+        "rows": sum(lengths.values()),
+        "saved_tokens": saved,
+        "saved_share": round(saved / (saved + tokens), 4) if saved + tokens else 0.0,
+    }
 
 
 def _rate(amount: float, seconds: float) -> float:

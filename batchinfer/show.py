@@ -33,6 +33,8 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
             f"{t['mean']:.0f}, median {t['p50']}, p95 {t['p95']}, max {t['max']} per row; "
             f"{summary['truncated_share']:.1%} cut at max_length, {summary['error_share']:.1%} error rows)",
         )
+    if "prefix" in summary:
+        lines.append(prefix_line(summary["prefix"]))
     if "batching" in summary:
         b = summary["batching"]
         lines.append(
@@ -47,6 +49,17 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
         )
     lines.append(f"output   {config.output.path}: {summary['output']}")
     return lines
+
+
+def prefix_line(prefix: dict) -> str:
+    """plan: the prompt prefix that the rows share, computed once, and what that saves."""
+    if not prefix["rows"]:
+        return "prefix   none: the sampled prompts share no start long enough to compute once"
+    return (
+        f"prefix   {prefix['tokens']:,} tokens that the prompts start with, computed once per chunk for about "
+        f"{prefix['rows']:,} rows: {prefix['saved_share']:.1%} of the prompt tokens not computed again "
+        "(the tokens above count what is computed)"
+    )
 
 
 def status_lines(state: FolderStatus) -> list[str]:

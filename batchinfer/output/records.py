@@ -10,7 +10,14 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from ..control import Budget
 from .layout import error_part_name, part_name
 
-_OMITTED_WHEN_EMPTY = ("retry_of", "generated_tokens", "first_token_seconds", "max_tokens_lowered", "finished")
+_OMITTED_WHEN_EMPTY = (
+    "retry_of",
+    "generated_tokens",
+    "first_token_seconds",
+    "max_tokens_lowered",
+    "finished",
+    "prefix",
+)
 
 
 @dataclass(frozen=True)
@@ -23,7 +30,7 @@ class ChunkRecord:
     errors: dict[str, int]  # rows in its error file, by reason
     retry_of: str | None = None  # a retry pass: the chunk whose error rows it ran again
     truncated: int = 0
-    tokens: int = 0
+    tokens: int = 0  # the tokens the model computed for its rows: a shared prefix's once-computed ones not counted
     padded_tokens: int = 0
     model_seconds: float = 0.0
     generated_tokens: int | None = None  # generate
@@ -31,6 +38,9 @@ class ChunkRecord:
     seconds: float = 0.0
     worker: str = "local"
     max_tokens_lowered: list[str] = field(default_factory=list)  # out-of-memory notes of this pass
+    # a prompt prefix computed once for the pass's rows: {tokens: its length, rows: those that ran after it,
+    # saved_tokens: the prompt tokens not computed again for them}
+    prefix: dict[str, int] | None = None
     finished: float | None = None  # when it was committed (time.time())
 
     @property
@@ -53,6 +63,8 @@ class ChunkRecord:
         except TypeError:
             return None
         counts = (record.rows, record.ok, *record.errors.values()) if isinstance(record.errors, dict) else ("",)
+        if record.prefix is not None:
+            counts += tuple(record.prefix.values()) if isinstance(record.prefix, dict) else ("",)
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
             return None  # well-formed JSON with the wrong types: as damaged as a marker cut short
         return record
