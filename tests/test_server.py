@@ -487,3 +487,16 @@ def test_serve_says_at_once_that_it_does_not_run_a_task(tiny_nli):
     assert result.exit_code == 2, result.output
     assert "serve runs tasks embed, classify, score, generate; zero-shot runs offline" in result.output
     assert "labels" not in result.output  # not first a request for what the task would need
+
+
+def test_a_job_file_written_for_openai_batch_files_serves_embeddings(tiny_embed):
+    openai = {"format": "openai", "text": None, "id": None, "keep": None}
+    job = make_job("-", tiny_embed, "-", input=openai, output__format="openai")
+
+    async def go():
+        async with _client(job) as client:
+            return await client.post("/v1/embeddings", json={"input": ["one", "two words"]})
+
+    answer = asyncio.run(go())  # was an AttributeError (a 500) on every request
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["data"]) == 2 and answer.json()["usage"]["prompt_tokens"] > 0

@@ -10,12 +10,15 @@ import time
 import uuid
 
 import numpy as np
+import pyarrow as pa
 from fastapi import Request
 
 from ..config import JobConfig
 from ..constrain import Constraint, response_format
 from ..packing import supports_packing
+from ..prepare import Prepared
 from ..runners import make_runner
+from ..runners.protocol import ChunkInput, Tokens
 from ..tune import BACKEND_BUDGETS, DEFAULT_BUDGET
 from .batcher import Batcher, Overloaded
 from .bodies import Asked, BadInput
@@ -56,7 +59,7 @@ class EncoderService:
         if failed:
             position, (reason, message) = next(iter(sorted(failed.items())))
             raise RuntimeError(f"input[{position}]: {reason}: {message}")
-        columns = self.runner.columns([[r] for r in results], np.arange(len(texts)), None)
+        columns = self.runner.columns([[r] for r in results], np.arange(len(texts)), as_chunk(texts, tokens))
         self.metrics.rows.inc(len(texts))
         cut = tokens.truncated.tolist()
         return {name: array.to_pylist() for name, array in columns.items()} | {"truncated": cut}, int(
@@ -202,6 +205,19 @@ def most_tokens(texts: list, max_length: int) -> int:
     special tokens, at most max_length each."""
     return sum(
         min(max_length, (sum(map(len, text)) + 3) if isinstance(text, tuple) else len(text) + 2) for text in texts
+    )
+
+
+def as_chunk(texts: list, tokens: Tokens) -> ChunkInput:
+    """A request's rows as the chunk a runner's columns read (some read its tokens: embed's prompt_tokens)."""
+    every = np.arange(len(texts))
+    return ChunkInput(
+        table=pa.table({}),
+        prepared=Prepared(texts, every, {}),
+        tokens=tokens,
+        index=every,
+        batches=[],
+        cut_with=(0, ""),
     )
 
 
