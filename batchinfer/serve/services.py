@@ -102,15 +102,16 @@ class GenerateService:
             raise BadInput("max_tokens: must be at least 1")
         include_usage = body.include_usage()
         max_new = max_tokens or self.job.generation.max_new_tokens
-        constraint = self.constraint(body)
+        constraint = await self.constraint(body)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or self.job.generation.stop)
         ids = (await asyncio.to_thread(self.runner.tokenize, [prompt])).ids[0]
         if self.runner.context:
             max_new = max(1, min(max_new, self.runner.context - len(ids)))
         return Asked(chat, ids, max_new, stops, constraint, body.stream, include_usage, started)
 
-    def constraint(self, body) -> Constraint | None:
-        """The request's response_format, else the server's job's; compiled, or a 400 saying why not."""
+    async def constraint(self, body) -> Constraint | None:
+        """The request's response_format, else the server's job's; compiled (off the event loop, which goes on
+        answering meanwhile), or a 400 saying why not."""
         constraint, problem = response_format(body.response_format, "response_format")
         if problem:
             raise BadInput(problem)
@@ -124,7 +125,7 @@ class GenerateService:
         from ..grammar import Uncompilable
 
         try:
-            self.runner.grammars.compile(constraint)
+            await asyncio.to_thread(self.runner.grammars.compile, constraint)
         except Uncompilable as exc:
             raise BadInput(str(exc)) from None
         return constraint
