@@ -459,6 +459,13 @@ class ServeConfig(Section):
         description="batchinfer serve: the largest request body, in bytes (4 MiB). A larger one is answered 413 before "
         "it is read whole or parsed, whether it gives its Content-Length or comes chunked.",
     )
+    max_body_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="batchinfer serve: the longest a request body may take to arrive whole. A slower one (a chunked "
+        "body that never ends) is answered 408 and its connection closed, so that it holds no memory and a "
+        "stopping server waits for it no longer than this.",
+    )
 
 
 class JobConfig(Section):

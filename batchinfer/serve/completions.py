@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 
 from ..openai_shapes import choice, completion, usage
 from .bodies import Asked
-from .failures import EngineDown, Unanswered
+from .failures import GONE, Disconnected, EngineDown, Unanswered, gone
 from .metrics import Metrics
 
 
@@ -66,6 +66,10 @@ class Completions:
         except Unanswered as exc:  # the text sent so far is no answer: say so, as the last event
             self.metrics.refused(request.url.path, 422)
             yield _data(exc.body())
+            return
+        except Disconnected:
+            self.metrics.refused(request.url.path, GONE)
+            gone(request.url.path)
             return
         if asked.include_usage:  # a last chunk with no choices and the request's usage
             yield self._event(asked, [], {"usage": usage(len(asked.ids), generated_tokens)})

@@ -22,7 +22,7 @@ from ..runners.protocol import ChunkInput, Tokens
 from ..tune import BACKEND_BUDGETS, DEFAULT_BUDGET
 from .batcher import Batcher, Overloaded
 from .bodies import Asked, BadInput
-from .failures import EngineDown
+from .failures import Disconnected, EngineDown
 from .metrics import Metrics
 
 
@@ -55,7 +55,7 @@ class EncoderService:
         with self.batcher.reserved(most):  # a full queue refuses before the tokenizer runs
             tokens = await asyncio.to_thread(self.runner.tokenize, texts)
             pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop(), reserved=most)
-        results, failed = await until_done(pending, request)
+        results, failed = await until_done(pending, request, self.batcher.cancel)
         if failed:
             position, (reason, message) = next(iter(sorted(failed.items())))
             raise RuntimeError(f"input[{position}]: {reason}: {message}")
@@ -179,7 +179,7 @@ class GenerateService:
                 output = await asyncio.wait_for(outputs.get(), timeout=0.25)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
-                    raise asyncio.CancelledError() from None
+                    raise Disconnected() from None
                 if self.problem():
                     raise EngineDown(self.problem()) from None
                 continue
@@ -222,12 +222,12 @@ def as_chunk(texts: list, tokens: Tokens) -> ChunkInput:
     )
 
 
-async def until_done(pending, request: Request):
-    """Wait for a queued request; if the client goes away, its rows are dropped before they run."""
+async def until_done(pending, request: Request, cancel):
+    """Wait for a queued request; if the client goes away, cancel(pending) drops its rows before they run."""
     while True:
         done, _ = await asyncio.wait({pending.future}, timeout=0.25)
         if done:
             return pending.future.result()
         if await request.is_disconnected():
-            pending.cancelled = True
-            raise asyncio.CancelledError()
+            cancel(pending)
+            raise Disconnected()
