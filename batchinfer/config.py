@@ -450,8 +450,8 @@ class ServeConfig(Section):
         default=262144,
         ge=1,
         description="batchinfer serve: tokens that may wait in the queue; a request that would pass it is answered "
-        "429 with Retry-After, never queued without bound. Until a request is tokenized, each of its texts counts as "
-        "its characters (at most model.max_length tokens).",
+        "429 with Retry-After, never queued without bound, and a request larger than it 413 (split it). Until a "
+        "request is tokenized, each of its texts counts as its characters (at most model.max_length tokens).",
     )
     max_body_bytes: int = Field(
         default=4 << 20,
