@@ -323,7 +323,7 @@ class GenerationConfig(Section):
     grammar_max_choices: int = Field(
         default=5000,
         ge=1,
-        description="Constrained output: the most strings a constraint may choose between (choices, or a schema's "
+        description="Constrained output: the most values a constraint may choose between (choices, or a schema's "
         "enum values together); compile time and memory grow fast with them (20,000: 80 s and 100 MB), so more are "
         "refused at once.",
     )

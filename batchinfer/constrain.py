@@ -59,7 +59,7 @@ class GrammarLimits:
     seconds: float  # the longest one compile may take
     bytes: int  # the constraint's text: the schema or choices as JSON, the regex
     depth: int  # a schema's nesting, as JSON objects and lists
-    choices: int  # strings to choose between: choices, or a schema's enum values together
+    choices: int  # values to choose between: choices, or a schema's enum values together
 
     def problem(self, constraint: Constraint) -> str | None:
         """Why `constraint` is past these limits (naming the setting to raise), or None."""
@@ -75,7 +75,7 @@ class GrammarLimits:
         if depth > self.depth:
             return f"it nests {depth} deep, past generation.grammar_max_depth ({self.depth})"
         if count > self.choices:
-            return f"{count:,} strings to choose between, past generation.grammar_max_choices ({self.choices:,})"
+            return f"{count:,} values to choose between, past generation.grammar_max_choices ({self.choices:,})"
         return None
 
 

@@ -153,7 +153,7 @@ def test_openai_batch_lines_with_response_format_are_answered(tmp_path, tiny_lla
         _request("bad", "/v1/completions", prompt="x", response_format=_with_schema({"$ref": "#/$defs/none"})),
         _request("stop", "/v1/completions", prompt="x", response_format={"type": "json_object"}, stop="}"),
         _request("kind", "/v1/completions", prompt="x", response_format={"type": "yaml"}),
-        _request("deep", "/v1/completions", prompt="x", response_format=_with_schema(_nested(40))),
+        _request("many", "/v1/completions", prompt="x", response_format=_with_schema({"enum": list(range(6000))})),
     ]
     path = tmp_path / "requests.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -166,7 +166,7 @@ def test_openai_batch_lines_with_response_format_are_answered(tmp_path, tiny_lla
     run_job(validate_job(job))
     answered = {json.loads(line)["custom_id"]: json.loads(line) for line in (tmp_path / "out" / "output.jsonl").open()}
     failed = {json.loads(line)["custom_id"]: json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").open()}
-    assert set(answered) | set(failed) == {"schema", "object", "text", "bad", "stop", "kind", "deep"}
+    assert set(answered) | set(failed) == {"schema", "object", "text", "bad", "stop", "kind", "many"}
     content = answered["schema"]["response"]["body"]["choices"][0]["message"]["content"]
     jsonschema.validate(json.loads(content), SCHEMA)
     if "object" in answered:  # or an error line with reason length
@@ -178,8 +178,8 @@ def test_openai_batch_lines_with_response_format_are_answered(tmp_path, tiny_lla
     assert failed["bad"]["error"]["message"].startswith("body.response_format: xgrammar cannot compile this schema")
     assert "a stop string could cut" in failed["stop"]["error"]["message"]
     assert "body.response_format.type must be" in failed["kind"]["error"]["message"]
-    assert failed["deep"]["error"]["code"] == "bad_request"
-    assert "past generation.grammar_max_depth (64)" in failed["deep"]["error"]["message"]
+    assert failed["many"]["error"]["code"] == "bad_request"  # refused before it compiles
+    assert "6,000 values to choose between, past generation.grammar_max_choices" in failed["many"]["error"]["message"]
 
 
 def test_serve_answers_constrained_requests_as_the_offline_job(tmp_path, sms_table, tiny_llama):
@@ -273,7 +273,7 @@ def test_a_constraint_past_the_size_limits_is_refused_before_it_compiles(tmp_pat
     enum = response_format(_with_schema({"enum": [f"v{i}" for i in range(60)]}), "body.response_format")[0]
     for constraint, said in (
         (deep, "body.response_format: this schema is too large to compile: "),
-        (enum, "60 strings to choose between, past generation.grammar_max_choices (50)"),
+        (enum, "60 values to choose between, past generation.grammar_max_choices (50)"),
         (choices([f"choice {i}" for i in range(400)], "generation.choices"), "past generation.grammar_max_bytes"),
     ):
         with pytest.raises(Uncompilable, match=re.escape(said)):
