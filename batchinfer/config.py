@@ -459,12 +459,13 @@ class ServeConfig(Section):
         description="batchinfer serve: the largest request body, in bytes (4 MiB). A larger one is answered 413 before "
         "it is read whole or parsed, whether it gives its Content-Length or comes chunked.",
     )
-    max_body_seconds: float = Field(
+    read_timeout_s: float = Field(
         default=30.0,
         gt=0,
-        description="batchinfer serve: the longest a request body may take to arrive whole. A slower one (a chunked "
-        "body that never ends) is answered 408 and its connection closed, so that it holds no memory and a "
-        "stopping server waits for it no longer than this.",
+        description="batchinfer serve: the longest a request body may pause, in seconds: a body of which nothing more "
+        "comes for this long (a chunked body that never ends) is answered 408 and its connection closed, so that it "
+        "holds nothing and a stopping server waits for it no longer than this. A body that goes on coming is bounded "
+        "by max_body_bytes.",
     )
 
 

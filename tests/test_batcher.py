@@ -127,6 +127,9 @@ def test_a_request_larger_than_the_bound_is_refused_even_when_the_queue_is_empty
         loop = asyncio.get_running_loop()
         with pytest.raises(TooLarge, match=r"the request is 36 tokens, more than the queue holds \(serve.max_queue_"):
             batcher.submit(_rows(12, 12, 12), loop)  # was taken alone, and held the queue while it ran
+        with pytest.raises(TooLarge, match="the request is at least 31 tokens"):
+            with batcher.reserved(500, least=31):  # 31 texts: refused before they are tokenized
+                pass
         with batcher.reserved(500):  # an estimate past the bound holds the bound; the real count decides
             with pytest.raises(Overloaded, match="30 tokens are queued or being read"):
                 batcher.submit(_rows(1), loop)

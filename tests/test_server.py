@@ -504,7 +504,7 @@ def test_a_job_file_written_for_openai_batch_files_serves_embeddings(tiny_embed)
 
 def test_every_refusal_is_the_servers_error_body_naming_the_limit(tiny_embed):
     async def go():
-        job = _serving(tiny_embed, "embed", max_queue_tokens=60, max_body_seconds=0.5)
+        job = _serving(tiny_embed, "embed", max_queue_tokens=60, read_timeout_s=0.5)
         async with _client(job) as client:
             json_headers = {"content-type": "application/json"}
 
@@ -533,7 +533,7 @@ def test_every_refusal_is_the_servers_error_body_naming_the_limit(tiny_embed):
         "the request is 120 tokens, more than the queue holds (serve.max_queue_tokens, 60); "
         "split it into requests of at most 60 tokens"
     )
-    assert messages[5].startswith("the body did not arrive whole within serve.max_body_seconds (0.5 s)")
+    assert messages[5].startswith("the body stopped coming: nothing more for serve.read_timeout_s (0.5 s)")
 
 
 def test_a_client_that_goes_away_has_its_queued_rows_dropped_and_one_line_logged(tiny_embed, caplog):

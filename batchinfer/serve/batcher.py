@@ -105,9 +105,12 @@ class Batcher:
         return self._queued_tokens
 
     @contextmanager
-    def reserved(self, tokens: int):
+    def reserved(self, tokens: int, least: int = 0):
         """Hold `tokens` of the queue while a request is tokenized; raises Overloaded, before any work, when
-        they do not fit. submit(..., reserved=tokens) inside the block trades them for the real count."""
+        they do not fit, and TooLarge when even `least` (a lower bound of its tokens) is past the bound.
+        submit(..., reserved=tokens) inside the block trades them for the real count."""
+        if least > self.max_queue_tokens:
+            raise TooLarge(self._too_large(f"at least {least:,}"))
         tokens = min(tokens, self.max_queue_tokens)  # an estimate past the bound: submit sees the real count
         with self._wake:
             self._admit(tokens, 0)
@@ -149,13 +152,17 @@ class Batcher:
         if self._stopping:
             raise Overloaded("it is shutting down")
         if tokens > self.max_queue_tokens:
-            raise TooLarge(
-                f"the request is {tokens:,} tokens, more than the queue holds (serve.max_queue_tokens, "
-                f"{self.max_queue_tokens:,}); split it into requests of at most {self.max_queue_tokens:,} tokens"
-            )
+            raise TooLarge(self._too_large(f"{tokens:,}"))
         held = self._queued_tokens + self._reserved - own
         if held + tokens > self.max_queue_tokens:
             raise Overloaded(f"{held:,} tokens are queued or being read, the limit is {self.max_queue_tokens:,}")
+
+    def _too_large(self, tokens: str) -> str:
+        bound = f"{self.max_queue_tokens:,}"
+        return (
+            f"the request is {tokens} tokens, more than the queue holds (serve.max_queue_tokens, {bound}); "
+            f"split it into requests of at most {bound} tokens"
+        )
 
     def stop(self) -> None:
         """Finish what is queued, then stop."""

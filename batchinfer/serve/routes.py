@@ -47,7 +47,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
         return failures.answer(path, status, message, {"Connection": "close"})
 
     serve = job.serve
-    app.add_middleware(BodyGuard, limit=serve.max_body_bytes, seconds=serve.max_body_seconds, refused=refused)
+    app.add_middleware(BodyGuard, limit=serve.max_body_bytes, seconds=serve.read_timeout_s, refused=refused)
     routes = Routes(job, service, metrics)
     app.get("/health")(routes.health)
     app.get("/metrics")(routes.prometheus)

@@ -52,7 +52,9 @@ class EncoderService:
     async def run(self, texts: list, request: Request) -> tuple[dict, int]:
         """Each text's result columns (as Python lists) and the request's token count."""
         most = most_tokens(texts, self.runner.max_length)
-        with self.batcher.reserved(most):  # a full queue refuses before the tokenizer runs
+        # a full queue refuses before the tokenizer runs, and so does a request of more texts than the queue's
+        # tokens (each text is a token at least)
+        with self.batcher.reserved(most, least=len(texts)):
             tokens = await asyncio.to_thread(self.runner.tokenize, texts)
             pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop(), reserved=most)
         results, failed = await until_done(pending, request, self.batcher.cancel)
