@@ -10,7 +10,7 @@ from typing import Any, Literal, Union, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .constrain import response_format
+from .constrain import GrammarLimits, response_format
 from .errors import ConfigError, shorten
 from .openai_batch import REQUEST_COLUMNS
 from .tasks import TASKS
@@ -301,6 +301,32 @@ class GenerationConfig(Section):
         description="Constrained output: the completion matches this regular expression whole, e.g. "
         "'\\d{4}-\\d{2}-\\d{2}'.",
     )
+    grammar_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Constrained output: the longest xgrammar may take to compile one constraint (a schema, choices "
+        "or a regex; each distinct one is compiled once). Past it the constraint is refused as too slow: the job "
+        "stops before it starts, an OpenAI Batch request is a bad_request error line, serve answers 400.",
+    )
+    grammar_max_bytes: int = Field(
+        default=256 << 10,
+        ge=1,
+        description="Constrained output: the largest constraint, in bytes of its text (the schema or choices as "
+        "JSON, the regex); a larger one is refused at once, as one that compiles too slowly is.",
+    )
+    grammar_max_depth: int = Field(
+        default=64,
+        ge=1,
+        description="Constrained output: how deep a JSON schema may nest (its objects and lists); compile time grows "
+        "fast with depth (400 levels of objects took 22 s), so a deeper one is refused at once.",
+    )
+    grammar_max_choices: int = Field(
+        default=5000,
+        ge=1,
+        description="Constrained output: the most values a constraint may choose between (choices, or a schema's "
+        "enum values together); compile time and memory grow fast with them (20,000: 80 s and 100 MB), so more are "
+        "refused at once.",
+    )
     max_memory: Union[int, str] = Field(
         default="auto",
         description="engine transformers: the most memory the KV cache may take, in bytes or as 512MB, 4GB, 2GiB. "
@@ -312,6 +338,12 @@ class GenerationConfig(Section):
         description="Passed to the engine: for transformers, ContinuousBatchingConfig fields such as num_blocks, "
         "page_size, max_batch_tokens, max_requests_per_batch; for vllm, vllm.LLM arguments.",
     )
+
+    @property
+    def grammar_limits(self) -> GrammarLimits:
+        return GrammarLimits(
+            self.grammar_seconds, self.grammar_max_bytes, self.grammar_max_depth, self.grammar_max_choices
+        )
 
     @field_validator("response_format")
     @classmethod
@@ -418,14 +450,22 @@ class ServeConfig(Section):
         default=262144,
         ge=1,
         description="batchinfer serve: tokens that may wait in the queue; a request that would pass it is answered "
-        "429 with Retry-After, never queued without bound. Until a request is tokenized, each of its texts counts as "
-        "its characters (at most model.max_length tokens).",
+        "429 with Retry-After, never queued without bound, and a request larger than it 413 (split it). Until a "
+        "request is tokenized, each of its texts counts as its characters (at most model.max_length tokens).",
     )
     max_body_bytes: int = Field(
         default=4 << 20,
         ge=1,
         description="batchinfer serve: the largest request body, in bytes (4 MiB). A larger one is answered 413 before "
         "it is read whole or parsed, whether it gives its Content-Length or comes chunked.",
+    )
+    read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="batchinfer serve: the longest a request body may pause, in seconds: a body of which nothing more "
+        "comes for this long (a chunked body that never ends) is answered 408 and its connection closed, so that it "
+        "holds nothing and a stopping server waits for it no longer than this. A body that goes on coming is bounded "
+        "by max_body_bytes.",
     )
 
 

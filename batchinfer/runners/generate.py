@@ -97,7 +97,9 @@ class GenerateRunner:
 
             config = getattr(self.model, "config", None)
             vocab = config.get_text_config().vocab_size if config is not None else len(self.tokenizer)
-            self._grammars = Grammars(self.tokenizer, max(vocab, len(self.tokenizer)), self.eos)
+            self._grammars = Grammars(
+                self.tokenizer, max(vocab, len(self.tokenizer)), self.eos, self.gen.grammar_limits
+            )
         return self._grammars
 
     # --- prompts ---------------------------------------------------------------------------------------------
