@@ -19,7 +19,7 @@ from .config import JobConfig
 from .control import Budget, Progress, Quiet, StopFlag
 from .executors import make_executor
 from .machine import Load, LoadWindow, process_age
-from .models import model_identity, read_config, resolve_model_path
+from .models import check_chat_template, model_identity, read_config, resolve_model_path
 from .output.checkpoint import Checkpoint
 from .output.formats import output_format
 from .output.records import ChunkRecord
@@ -58,6 +58,7 @@ def run_job(
         inputs = discover_shards(job.input, job.columns, output=job.output.path)
         model_path = resolve_model_path(job.model.path)
         read_config(job.model, model_path)  # a model without the task's head fails here, before the folder is touched
+        check_chat_template(job.model, model_path, job.input.messages)
     shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
     output = job.output
     with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:

@@ -7,8 +7,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from ..openai_requests import describe
 from .batcher import Overloaded
-from .bodies import BadInput, describe
+from .bodies import BadInput
 from .metrics import Metrics
 
 KINDS = {400: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}  # else server_error
