@@ -352,15 +352,26 @@ class GenerateRunner:
         config.pad_token_id = self.pad_id
         return config
 
-    def engine_config(self, gen: GenerationConfig, lengths: list[int], concurrency: int, constrained: bool = False):
+    def engine_config(
+        self,
+        gen: GenerationConfig,
+        lengths: list[int],
+        concurrency: int,
+        constrained: bool = False,
+        seeded: bool = False,
+    ):
         """transformers' ContinuousBatchingConfig for requests of `lengths` tokens (prompt plus new tokens),
         `concurrency` of them in flight: the KV cache sized from them, unless engine_options size it.
-        `constrained`: grammar masks run, which need each step's tokens before the next step is prepared."""
+        `constrained`: grammar masks run, which need each step's tokens before the next step is prepared.
+        `seeded`: each request draws with its own generator (sampling.py), on the host at every step, which a
+        captured CUDA graph would not repeat."""
         from transformers import ContinuousBatchingConfig
 
         options = dict(gen.engine_options)
         if constrained:
             options["use_async_batching"] = False
+        if seeded:
+            options.setdefault("use_cuda_graph", False)
         options.setdefault("max_requests_per_batch", concurrency)
         if self.device.type == "cpu":
             # On CPU each step builds a dense mask of batch tokens x cache tokens: 8,192 (the default) x 65,536
@@ -388,15 +399,16 @@ class GenerateRunner:
     ):
         """One engine pass; when `gen` samples, each row draws with its own seed (sampling.py)."""
         concurrency = min(len(prompts), gen.engine_options.get("max_requests_per_batch") or self.max_rows)
-        constrained = any(c is not None for c in constraints)
-        cb_config = self.engine_config(gen, [len(p) + m for p, m in zip(prompts, max_new)], concurrency, constrained)
+        constrained, sampled = any(c is not None for c in constraints), gen.temperature > 0
+        lengths = [len(p) + m for p, m in zip(prompts, max_new)]
+        cb_config = self.engine_config(gen, lengths, concurrency, constrained, sampled)
         started = time.perf_counter()
         results = {}
         manager = self.model.init_continuous_batching(
             generation_config=self.generation_config(gen, max(max_new)), continuous_batching_config=cb_config
         )
         masks = self.masks(manager) if constrained else None
-        sampler = SeededSampling() if gen.temperature > 0 else None
+        sampler = SeededSampling() if sampled else None
         if sampler is not None:
             sampler.install(manager)
         manager.start()
