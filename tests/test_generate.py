@@ -285,3 +285,32 @@ def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_p
                 "model": {"path": "m", "task": "embed", "chat_template": "{{ x }}"},
             }
         )
+
+
+def test_engine_passes_part_rows_only_by_what_the_engine_cannot_take_per_row():
+    from batchinfer.config import GenerationConfig
+    from batchinfer.runners.generate import engine_passes
+
+    greedy = [GenerationConfig(seed=i, stop=[str(i)], top_p=0.5 + i / 10) for i in range(3)]
+    hot = [GenerationConfig(temperature=0.8, seed=i) for i in range(3)] + [GenerationConfig(temperature=0.5)]
+    rows = greedy + hot
+    assert engine_passes(rows, "transformers") == [[0, 1, 2], [3, 4, 5], [6]]
+    assert engine_passes(rows, "static") == [[0, 1, 2], [3], [4], [5], [6]]
+    assert engine_passes(rows, "vllm") == [list(range(7))]
+    assert engine_passes(rows, "transformers", skip={1, 6}) == [[0, 2], [3, 4, 5]]
+
+
+def test_a_rows_own_settings_are_checked_as_the_job_files_are(tmp_path, tiny_llama):
+    from batchinfer.runners import make_runner
+
+    pytest.importorskip("xgrammar")
+    runner = make_runner(
+        _job(tmp_path / "unused.parquet", tiny_llama, tmp_path / "out", generation__regex="(yes|no)"), tiny_llama
+    )
+    gen, problem = runner.row_config({"temperature": 0.5, "seed": 3, "top_p": None})
+    assert problem is None and (gen.temperature, gen.seed, gen.top_p, gen.regex) == (0.5, 3, 1.0, "(yes|no)")
+    assert runner.row_config({"stop": None}) == (runner.gen, None)
+    gen, problem = runner.row_config({"stop": ["\n"]})  # was copied past the checks, and could cut the regex output
+    assert (
+        gen is runner.gen and problem[0] == "bad_request" and "a stop string could cut the regex output" in problem[1]
+    )
