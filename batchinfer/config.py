@@ -209,6 +209,22 @@ class ModelConfig(Section):
         description="Load pickle weights (pytorch_model.bin) when a model has no safetensors. Unpickling can run "
         "code: only for models you trust.",
     )
+    chat_template: str | None = Field(
+        default=None,
+        description="task generate (or classify with model.labels): the chat template that formats chat messages "
+        "(input.messages, OpenAI /v1/chat/completions requests) in place of the tokenizer's own. A base model has "
+        "none, and its chat requests are refused (error rows with reason bad_request) until this is set. A Jinja "
+        "template inline, such as '{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}assistant:', "
+        "or the path of a file holding one (relative to the current directory). Its text is part of the job's "
+        "fingerprint: a changed template is a changed job.",
+    )
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template_given(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("empty; give a Jinja template, or the path of a .jinja file")
+        return value
 
     @field_validator("truncation")
     @classmethod
@@ -369,10 +385,10 @@ class GenerationConfig(Section):
             )
         return self
 
-    @field_validator("max_memory")
+    @field_validator("max_memory", mode="before")  # before: one line naming the key, not one per type tried
     @classmethod
     def _memory_size(cls, value):
-        if value == "auto" or parse_size(value):
+        if value == "auto" or (isinstance(value, (int, str)) and not isinstance(value, bool) and parse_size(value)):
             return value
         raise ValueError("write a size such as 2GB, 512MB or 2147483648 (bytes), or auto")
 
@@ -522,6 +538,12 @@ class JobConfig(Section):
         if self.model.labels and self.model.task not in ("zero-shot", "classify"):
             raise ValueError(
                 "model.labels: only for model.task zero-shot (an NLI model) or classify (a causal LM); remove it"
+            )
+        if self.model.chat_template is not None and not (
+            self.model.task == "generate" or (self.model.task == "classify" and self.model.labels)
+        ):
+            raise ValueError(
+                "model.chat_template: only for model.task generate, or classify with model.labels; remove it"
             )
         for key in ("label_norm", "label_prompt"):
             if key in self.model.model_fields_set and not (self.model.task == "classify" and self.model.labels):

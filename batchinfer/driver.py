@@ -20,7 +20,7 @@ from .control import Budget, Progress, Quiet, StopFlag
 from .executors import make_executor
 from .machine import Load, LoadWindow, process_age
 from .model_size import model_size
-from .models import model_identity, read_config, resolve_model_path
+from .models import check_chat_template, model_identity, read_config, resolve_model_path
 from .output.checkpoint import Checkpoint
 from .output.formats import output_format
 from .output.records import ChunkRecord
@@ -60,6 +60,7 @@ def run_job(
         model_path = resolve_model_path(job.model.path)
         # a model without the task's head fails here, before the folder is touched
         model_config = read_config(job.model, model_path)
+        check_chat_template(job.model, model_path, job.input.messages)
     shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
     output = job.output
     with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:

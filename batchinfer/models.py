@@ -16,6 +16,7 @@ from safetensors import SafetensorError
 from .config import ModelConfig
 from .errors import ModelError
 from .tasks import model_spec
+from .templates import chat_template, no_chat_template
 
 _SAMPLE = 4 << 20  # bytes hashed at the start, middle and end of a large weight file
 SHOW_LIBRARY_LOGS = False  # set by the command line's --debug
@@ -206,6 +207,17 @@ def read_config(cfg: ModelConfig, path: Path):
     return config
 
 
+def check_chat_template(cfg: ModelConfig, path: Path, messages: str | None) -> None:
+    """Before the output folder is touched: model.chat_template reads and parses, and a job of chat messages
+    (input.messages, the column `messages`) has a template to format them, its own or the model's."""
+    if chat_template(cfg.chat_template) or not messages:
+        return
+    config = path / "tokenizer_config.json"
+    inline = config.exists() and json.loads(config.read_text()).get("chat_template")
+    if not (inline or (path / "chat_template.jinja").exists() or (path / "chat_template.json").exists()):
+        raise ModelError(*no_chat_template(f"input.messages ('{messages}')"))
+
+
 def quiet_libraries() -> None:
     """No third-party progress bars, warnings or errors in a run's output (continuous batching logs psutil
     notes on every run, at error level); `--debug` shows them."""
@@ -286,4 +298,6 @@ def load_model(cfg: ModelConfig, path: Path):
         raise ModelError(
             f"{path} has no fast tokenizer (tokenizer.json)", "save the tokenizer with a tokenizers backend"
         )
+    if cfg.chat_template is not None:
+        tokenizer.chat_template = chat_template(cfg.chat_template)
     return tokenizer, model.to(device).eval(), device

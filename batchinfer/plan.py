@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from .config import JobConfig
 from .errors import shorten
 from .sources.base import Shard
+from .templates import chat_template
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int |
             if job.model.task == "classify" and job.model.labels
             else {}
         ),
+        # only when set, so that the fingerprints of jobs from before the key existed still match
+        **({"model.chat_template": chat_template(job.model.chat_template)} if job.model.chat_template else {}),
         "model.max_length": job.model.max_length,
         "model.truncation": job.model.truncation,
         "model.dtype": job.model.dtype,

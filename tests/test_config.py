@@ -181,3 +181,13 @@ def test_the_shipped_classifier_is_small_and_labels_messages_it_never_saw():
     )
     labels, gold = table.column("label").to_pylist(), table.column("gold").to_pylist()
     assert set(labels) == {"ham", "spam"} and sum(a == b for a, b in zip(labels, gold)) / len(gold) >= 0.97
+
+
+@pytest.mark.parametrize("given", [None, 1.5, True, [1], "lots", 0])
+def test_a_max_memory_that_is_no_size_is_one_line_naming_the_key(given):
+    job = {**GOOD, "model": {"path": "m", "task": "generate"}, "generation": {"max_memory": given}}
+    message = _error(job)
+    assert message.count("generation.max_memory") == 1, message  # not one line per type tried (.int, .str)
+    assert f"generation.max_memory: write a size such as 2GB, 512MB or 2147483648 (bytes), or auto (got {given!r})" in (
+        message
+    )

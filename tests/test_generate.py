@@ -3,6 +3,7 @@ text `model.generate` gives for that row alone."""
 
 import json
 import signal
+import sys
 from functools import partial
 
 import pyarrow as pa
@@ -10,7 +11,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import BATCHINFER, make_job, run_until, write_job
+from helpers import BATCHINFER, EXAMPLES, make_job, run_until, write_job
 from helpers import generate_alone as _alone
 from helpers import prompt_table as _prompts
 
@@ -230,3 +231,86 @@ def test_generation_config_decodes_greedily_at_temperature_zero(tmp_path, tiny_l
     sampled = runner.generation_config(job.generation.model_copy(update={"temperature": 0.7, "top_k": 0}), 9)
     assert (sampled.max_new_tokens, sampled.do_sample, sampled.temperature, sampled.top_k) == (9, True, 0.7, None)
     assert sampled.pad_token_id == runner.pad_id
+
+
+def test_a_messages_job_on_a_model_without_a_chat_template_is_refused_before_it_starts(tmp_path, tiny_llama_plain):
+    sys.path.insert(0, str(EXAMPLES / "models"))
+    from make_tiny_causal import CHAT_TEMPLATE
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"id": 0, "messages": [{"role": "user", "content": "Ok lar"}]}) + "\n")
+    job = {
+        "input": {"path": str(path), "messages": "messages", "id": "id"},
+        "model": {"path": str(tiny_llama_plain), "task": "generate"},
+        "generation": {"max_new_tokens": 4},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    with pytest.raises(ModelError, match="input.messages \\('messages'\\): chat messages need a chat template") as e:
+        run_job(validate_job(job))
+    assert "model.chat_template" in e.value.hint and not (tmp_path / "out").exists()
+    (tmp_path / "chat.jinja").write_text(CHAT_TEMPLATE)
+    job["model"]["chat_template"] = str(tmp_path / "chat.jinja")
+    run_job(validate_job(job))
+    assert ds.dataset(str(tmp_path / "out")).to_table().column("completion_tokens").to_pylist()[0] > 0
+
+
+def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_path):
+    from batchinfer.plan import fingerprint
+
+    (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    sections = {
+        "input": {"path": "x", "messages": "m"},
+        "model": {"path": "m", "task": "generate", "chat_template": str(tmp_path / "chat.jinja")},
+        "output": {"path": "o"},
+    }
+    before = fingerprint(validate_job(sections), "hash", [])
+    (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m['role'] }}{% endfor %}")
+    after = fingerprint(validate_job(sections), "hash", [])
+    assert before["model.chat_template"] != after["model.chat_template"]  # a changed file is a changed job
+    assert "model.chat_template" not in fingerprint(
+        validate_job({**sections, "model": {"path": "m", "task": "generate"}}), "hash", []
+    )
+    for given, said in (
+        (str(tmp_path / "none.jinja"), "is neither a Jinja template nor a file"),
+        ("{% for m in messages %}", "the template does not parse"),
+    ):
+        sections["model"]["chat_template"] = given
+        with pytest.raises(ConfigError, match=said):
+            fingerprint(validate_job(sections), "hash", [])
+    with pytest.raises(ConfigError, match="model.chat_template: only for model.task generate"):
+        validate_job(
+            {
+                **sections,
+                "input": {"path": "x", "text": "t"},
+                "model": {"path": "m", "task": "embed", "chat_template": "{{ x }}"},
+            }
+        )
+
+
+def test_engine_passes_part_rows_only_by_what_the_engine_cannot_take_per_row():
+    from batchinfer.config import GenerationConfig
+    from batchinfer.runners.generate import engine_passes
+
+    greedy = [GenerationConfig(seed=i, stop=[str(i)], top_p=0.5 + i / 10) for i in range(3)]
+    hot = [GenerationConfig(temperature=0.8, seed=i) for i in range(3)] + [GenerationConfig(temperature=0.5)]
+    rows = greedy + hot
+    assert engine_passes(rows, "transformers") == [[0, 1, 2], [3, 4, 5], [6]]
+    assert engine_passes(rows, "static") == [[0, 1, 2], [3], [4], [5], [6]]
+    assert engine_passes(rows, "vllm") == [list(range(7))]
+    assert engine_passes(rows, "transformers", skip={1, 6}) == [[0, 2], [3, 4, 5]]
+
+
+def test_a_rows_own_settings_are_checked_as_the_job_files_are(tmp_path, tiny_llama):
+    from batchinfer.runners import make_runner
+
+    pytest.importorskip("xgrammar")
+    runner = make_runner(
+        _job(tmp_path / "unused.parquet", tiny_llama, tmp_path / "out", generation__regex="(yes|no)"), tiny_llama
+    )
+    gen, problem = runner.row_config({"temperature": 0.5, "seed": 3, "top_p": None})
+    assert problem is None and (gen.temperature, gen.seed, gen.top_p, gen.regex) == (0.5, 3, 1.0, "(yes|no)")
+    assert runner.row_config({"stop": None}) == (runner.gen, None)
+    gen, problem = runner.row_config({"stop": ["\n"]})  # was copied past the checks, and could cut the regex output
+    assert (
+        gen is runner.gen and problem[0] == "bad_request" and "a stop string could cut the regex output" in problem[1]
+    )

@@ -3,7 +3,6 @@ computation does, with and without a chat template, shared prompt or repeated, a
 
 import json
 import os
-import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -22,19 +21,6 @@ from batchinfer.runners import make_runner, prefix
 from batchinfer.show import plan_lines
 
 LABELS = ["ham", "spam", "not sure"]
-
-
-@pytest.fixture(scope="session")
-def tiny_llama_plain(tmp_path_factory, tiny_llama):
-    """The tiny Llama without a chat template: prompts are the text as the tokenizer encodes it."""
-    folder = tmp_path_factory.mktemp("tiny-llama-plain")
-    for path in tiny_llama.iterdir():
-        if path.name != "chat_template.jinja":
-            shutil.copy(path, folder / path.name)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
 
 
 def _prompt_ids(tokenizer, text: str) -> list[int]:

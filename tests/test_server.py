@@ -578,3 +578,35 @@ def test_a_client_that_goes_away_has_its_queued_rows_dropped_and_one_line_logged
         "/v1/embeddings: the client went away before its answer; its queued work was dropped"
     ]
     assert not any(r.exc_info for r in caplog.records)
+
+
+JSON = {"content-type": "application/json"}
+
+
+def test_settings_out_of_range_and_chat_without_a_template_are_400s_in_the_batch_files_words(tiny_llama_plain):
+    from batchinfer.openai_batch import parse_request
+
+    bad = ({"temperature": -1}, {"temperature": float("nan")}, {"top_p": 5}, {"max_tokens": 0}, {"seed": "7"})
+
+    async def go():
+        async with _client(_serving(tiny_llama_plain, "generate")) as client:
+            refused = [  # NaN as Python's json writes it (httpx's json= refuses to)
+                await client.post("/v1/completions", content=json.dumps({"prompt": "x", **extra}), headers=JSON)
+                for extra in bad
+            ]
+            chat = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]})
+            text = await client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3})
+            return refused, chat, text
+
+    refused, chat, text = asyncio.run(go())
+    for answer, extra in zip(refused, bad):
+        line = {"custom_id": "r", "url": "/v1/completions", "body": {"prompt": "x", **extra}}
+        said = parse_request(line)[1][1].removeprefix("body.")
+        assert answer.status_code == 400 and answer.json()["error"] == {
+            "message": said,
+            "type": "invalid_request_error",
+        }
+    assert "--set generation.temperature" not in refused[0].json()["error"]["message"]
+    assert chat.status_code == 400 and "model.chat_template" in chat.json()["error"]["message"]
+    assert chat.json()["error"]["message"].startswith("messages: chat messages need a chat template")
+    assert text.status_code == 200

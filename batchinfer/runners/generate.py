@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 import torch
+from pydantic import ValidationError
 
 from ..batching import padding_stats
 from ..config import GenerationConfig
@@ -27,6 +28,8 @@ from ..constrain import Constraint, job_constraint, response_format
 from ..errors import ConfigError, ModelError
 from ..prepare import Prepared, row_limits
 from ..reasons import Reason
+from ..sampling import SeededSampling
+from ..templates import chat_template, no_chat_template
 from .base import encode_capped
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 
@@ -52,14 +55,17 @@ class GenerateRunner:
         """The runner for `job`: transformers' model, or vllm.LLM for generation.engine: vllm."""
         if job.generation.engine == "vllm":
             llm = load_vllm(model_path, job.generation.engine_options)
-            return cls(llm.get_tokenizer(), llm, torch.device("cuda"), job.model.max_length, job.generation)
-        from ..models import load_model
+            tokenizer, model, device = llm.get_tokenizer(), llm, torch.device("cuda")
+            if job.model.chat_template is not None:
+                tokenizer.chat_template = chat_template(job.model.chat_template)
+        else:
+            from ..models import load_model
 
-        if job.model.backend == "openvino":
-            from ..backends import candidates
+            if job.model.backend == "openvino":
+                from ..backends import candidates
 
-            candidates(job.model, torch.device("cpu"))  # says why not
-        tokenizer, model, device = load_model(job.model, model_path)
+                candidates(job.model, torch.device("cpu"))  # says why not
+            tokenizer, model, device = load_model(job.model, model_path)
         return cls(tokenizer, model, device, job.model.max_length, job.generation)
 
     def __init__(self, tokenizer, model, device: torch.device, max_length: int, gen: GenerationConfig):
@@ -79,6 +85,7 @@ class GenerateRunner:
         self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
         self._grammars = None
+        self._configs: dict[str, tuple] = {}  # a row's own settings (JSON) -> row_config's answer
         self.constraint = job_constraint(gen)  # every row's, unless an OpenAI request brings its own
         if self.constraint is not None:
             from ..grammar import Uncompilable
@@ -104,6 +111,10 @@ class GenerateRunner:
 
     # --- prompts ---------------------------------------------------------------------------------------------
 
+    def chat_problem(self, where: str) -> str | None:
+        """Why chat messages at `where` cannot be formatted for this model (it has no chat template), or None."""
+        return None if self.tokenizer.chat_template else "; ".join(no_chat_template(where))
+
     def tokenize(self, texts: list) -> Tokens:
         """Prompts: strings are encoded as they are; message lists go through the chat template first."""
         encodings: list = [None] * len(texts)
@@ -114,6 +125,10 @@ class GenerateRunner:
             encode_capped(self.backend, [texts[i] for i in plain], self.max_length, from_end=True) if plain else [],
         ):
             encodings[i] = encoding
+        if not self.tokenizer.chat_template:  # row_settings has failed these rows: they never run
+            for i in chats:
+                encodings[i] = self.backend.encode("", add_special_tokens=False)
+            chats = []
         if chats:  # the template writes its own special tokens
             templated = [
                 self.tokenizer.apply_chat_template(texts[i], add_generation_prompt=True, tokenize=False) for i in chats
@@ -129,7 +144,12 @@ class GenerateRunner:
 
     def row_settings(self, job, table: pa.Table, prepared: Prepared) -> list[int | None] | None:
         """Each row's own max_new_tokens (job.max_new_tokens_column; an OpenAI request's max_tokens), None
-        where it gives none; a row whose value is no limit fails with the reason why."""
+        where it gives none; a row whose value is no limit fails with the reason why, and so does a chat
+        request when the model has no chat template."""
+        if problem := self.chat_problem("body.messages"):
+            for offset, text in zip(prepared.rows.tolist(), prepared.texts):
+                if not isinstance(text, str):
+                    prepared.errors.setdefault(offset, (Reason.BAD_REQUEST, problem))
         name = job.max_new_tokens_column
         if not name:
             return None
@@ -237,39 +257,38 @@ class GenerateRunner:
         constraints: list[Constraint | None] | None = None,
     ) -> Completions:
         """Completions in input order. `overrides` holds per-row decoding settings (temperature, top_p,
-        seed, stop: an OpenAI request's own); rows that share settings are generated together.
+        seed, stop: an OpenAI request's own), checked as the job file's are (a row they fail is an error);
+        rows share engine passes as far as the engine allows (engine_passes).
         `constraints`: per row, the grammar its output must follow (None: free); a constrained row whose
         output is not complete and valid fails (reason length when max_new_tokens cut it).
         `check` is called while waiting and may raise to stop (Ctrl-C)."""
         constraints = constraints or [None] * len(prompts)
         self.check, self.max_rows = check, batch_rows
-        groups: dict[str, list[int]] = {}
-        for position in range(len(prompts)):
-            settings = {k: v for k, v in (overrides[position] if overrides else {}).items() if v is not None}
-            groups.setdefault(json.dumps(settings, sort_keys=True), []).append(position)
-        raw: list = [None] * len(prompts)
         out = Completions([], [], [])
-        stops: list = [None] * len(prompts)
-        for key, positions in groups.items():
-            gen = self.gen.model_copy(update=json.loads(key))
-            sub_prompts, sub_max = [prompts[p] for p in positions], [max_new[p] for p in positions]
-            sub_constraints = [constraints[p] for p in positions]
+        settings = []
+        for position, override in enumerate(overrides or [{}] * len(prompts)):
+            gen, problem = self.row_config(override)
+            settings.append(gen)
+            if problem:
+                out.failed[position] = problem
+        raw: list = [([], None)] * len(prompts)
+        for positions in engine_passes(settings, self.gen.engine, skip=out.failed):
+            gen = settings[positions[0]]  # what the pass shares; each row's seed and stop are its own
+            rows = [pick(values, positions) for values in (prompts, max_new, constraints)]
             if gen.engine == "static":
-                results, first = self._static(
-                    gen, sub_prompts, sub_max, in_order(len(positions), batch_rows), sub_constraints
-                )
+                results, first = self._static(gen, rows[0], rows[1], in_order(len(positions), batch_rows), rows[2])
             elif gen.engine == "vllm":
-                results, first = self._vllm(gen, sub_prompts, sub_max, sub_constraints)
+                results, first = self._vllm(pick(settings, positions), *rows)
             else:
-                results, first = self._continuous(gen, sub_prompts, sub_max, sub_constraints)
+                results, first = self._continuous(gen, *rows, [s.seed for s in pick(settings, positions)])
             out.first_token_seconds += first
             for p, result in zip(positions, results):
-                raw[p], stops[p] = result, gen.stop
+                raw[p] = result
         for position, (tokens, error) in enumerate(raw):
             if error:
                 out.failed[position] = (Reason.MODEL_ERROR, error)
                 tokens = []
-            ids, text, reason = self.finish(tokens, max_new[position], stops[position])
+            ids, text, reason = self.finish(tokens, max_new[position], settings[position].stop)
             if constraints[position] is not None and position not in out.failed:
                 if problem := self.incomplete(constraints[position], ids, text, reason, max_new[position]):
                     out.failed[position] = problem
@@ -277,6 +296,21 @@ class GenerateRunner:
             out.text.append(text)
             out.finish_reason.append(reason)
         return out
+
+    def row_config(self, override: dict) -> tuple[GenerationConfig, tuple[str, str] | None]:
+        """The generation section with a row's own settings (None: the job's), validated as the job file
+        is (not copied past the checks), or the job's section and why the row cannot have them."""
+        asked = {k: v for k, v in override.items() if v is not None}
+        if not asked:
+            return self.gen, None
+        key = json.dumps(asked, sort_keys=True)
+        if key not in self._configs:
+            try:
+                self._configs[key] = (GenerationConfig.model_validate(self.gen.model_dump() | asked), None)
+            except ValidationError as exc:
+                said = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+                self._configs[key] = (self.gen, (Reason.BAD_REQUEST, said))
+        return self._configs[key]
 
     def incomplete(
         self, constraint: Constraint, ids: list[int], text: str, reason: str, limit: int
@@ -320,15 +354,26 @@ class GenerateRunner:
         config.pad_token_id = self.pad_id
         return config
 
-    def engine_config(self, gen: GenerationConfig, lengths: list[int], concurrency: int, constrained: bool = False):
+    def engine_config(
+        self,
+        gen: GenerationConfig,
+        lengths: list[int],
+        concurrency: int,
+        constrained: bool = False,
+        seeded: bool = False,
+    ):
         """transformers' ContinuousBatchingConfig for requests of `lengths` tokens (prompt plus new tokens),
         `concurrency` of them in flight: the KV cache sized from them, unless engine_options size it.
-        `constrained`: grammar masks run, which need each step's tokens before the next step is prepared."""
+        `constrained`: grammar masks run, which need each step's tokens before the next step is prepared.
+        `seeded`: each request draws with its own generator (sampling.py), on the host at every step, which a
+        captured CUDA graph would not repeat."""
         from transformers import ContinuousBatchingConfig
 
         options = dict(gen.engine_options)
         if constrained:
             options["use_async_batching"] = False
+        if seeded:
+            options.setdefault("use_cuda_graph", False)
         options.setdefault("max_requests_per_batch", concurrency)
         if self.device.type == "cpu":
             # On CPU each step builds a dense mask of batch tokens x cache tokens: 8,192 (the default) x 65,536
@@ -351,22 +396,31 @@ class GenerateRunner:
                 "use fields of transformers.ContinuousBatchingConfig, e.g. num_blocks, max_batch_tokens",
             ) from exc
 
-    def _continuous(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int], constraints: list):
+    def _continuous(
+        self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int], constraints: list, seeds: list[int]
+    ):
+        """One engine pass; when `gen` samples, each row draws with its own seed (sampling.py)."""
         concurrency = min(len(prompts), gen.engine_options.get("max_requests_per_batch") or self.max_rows)
-        constrained = any(c is not None for c in constraints)
-        cb_config = self.engine_config(gen, [len(p) + m for p, m in zip(prompts, max_new)], concurrency, constrained)
+        constrained, sampled = any(c is not None for c in constraints), gen.temperature > 0
+        lengths = [len(p) + m for p, m in zip(prompts, max_new)]
+        cb_config = self.engine_config(gen, lengths, concurrency, constrained, sampled)
         started = time.perf_counter()
         results = {}
         manager = self.model.init_continuous_batching(
             generation_config=self.generation_config(gen, max(max_new)), continuous_batching_config=cb_config
         )
         masks = self.masks(manager) if constrained else None
+        sampler = SeededSampling() if sampled else None
+        if sampler is not None:
+            sampler.install(manager)
         manager.start()
         stopped = True
         try:
             for i, (ids, limit) in enumerate(zip(prompts, max_new)):
                 if constraints[i] is not None:
                     masks.add(f"row-{i}", constraints[i])
+                if sampler is not None:
+                    sampler.add(f"row-{i}", seeds[i])
                 manager.add_request(ids, request_id=f"row-{i}", max_new_tokens=limit, record_timestamps=True)
             while len(results) < len(prompts):
                 self.check()
@@ -441,7 +495,8 @@ class GenerateRunner:
                 raw[i] = (out[k, longest:].tolist(), None)
         return raw, first
 
-    def _vllm(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int], constraints: list):
+    def _vllm(self, settings: list[GenerationConfig], prompts: list[list[int]], max_new: list[int], constraints: list):
+        """One pass: vLLM takes each row's own settings (its seed, stop strings, temperature)."""
         from vllm import SamplingParams  # checked importable when the runner was built
 
         params = [
@@ -455,7 +510,7 @@ class GenerateRunner:
                 skip_special_tokens=True,
                 **vllm_structured(c),
             )
-            for m, c in zip(max_new, constraints)
+            for gen, m, c in zip(settings, max_new, constraints)
         ]
         outputs = self.model.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [(self._vllm_tokens(o.outputs[0]), None) for o in outputs], []
@@ -477,6 +532,30 @@ class GenerateRunner:
             "prompt_tokens": pa.array(prompt_lengths, pa.int32()),
             "completion_tokens": pa.array([len(i) for i in completions.ids], pa.int32()),
         }
+
+
+def engine_passes(settings: list[GenerationConfig], engine: str, skip=()) -> list[list[int]]:
+    """Row positions (but those in `skip`) grouped into the engine passes their settings need. vllm: one
+    pass, every row with its own settings. transformers: one per (temperature, top_p), a row's seed being
+    its own inside the pass (sampling.py). static, the baseline: seeds one generator per batch, so sampled
+    rows also part by seed. Greedy rows share one pass whatever their seed or top_p (neither changes a
+    greedy completion), and stop strings never part rows: each row's are cut from its own text."""
+    passes: dict[tuple, list[int]] = {}
+    for position, gen in enumerate(settings):
+        if position in skip:
+            continue
+        if engine == "vllm":
+            key: tuple = ()
+        elif gen.temperature == 0:
+            key = ("greedy",)
+        else:
+            key = (gen.temperature, gen.top_p) + ((gen.seed,) if engine == "static" else ())
+        passes.setdefault(key, []).append(position)
+    return list(passes.values())
+
+
+def pick(values: list, positions: list[int]) -> list:
+    return [values[p] for p in positions]
 
 
 def in_order(count: int, rows: int) -> list[np.ndarray]:

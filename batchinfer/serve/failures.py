@@ -10,8 +10,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from ..openai_requests import describe
 from .batcher import Overloaded, TooLarge
-from .bodies import BadInput, describe
+from .bodies import BadInput
 from .metrics import Metrics
 
 KINDS = {s: "invalid_request_error" for s in (400, 404, 405, 408, 413)} | {429: "rate_limit_error"}  # else server_error

@@ -15,13 +15,14 @@ from fastapi import Request
 
 from ..config import JobConfig
 from ..constrain import Constraint, response_format
+from ..openai_requests import GenerationSettings
 from ..packing import supports_packing
 from ..prepare import Prepared
 from ..runners import make_runner
 from ..runners.protocol import ChunkInput, Tokens
 from ..tune import BACKEND_BUDGETS, DEFAULT_BUDGET
 from .batcher import Batcher, Overloaded
-from .bodies import Asked, BadInput
+from .bodies import Asked, BadInput, include_usage
 from .failures import Disconnected, EngineDown
 from .metrics import Metrics
 
@@ -93,23 +94,24 @@ class GenerateService:
         self.masks = runner.masks(self.manager) if constrained else None
         self.manager.start()
 
-    async def ask(self, body, prompt, chat: bool, max_tokens: int | None) -> Asked:
-        """A completion request (its prompt: text, or chat messages) checked against what this server runs,
-        and tokenized; never past the positions the model knows, as offline."""
+    async def ask(self, body: GenerationSettings, prompt, chat: bool, max_tokens: int | None) -> Asked:
+        """A completion request (its prompt: text, or chat messages; its settings range-checked already)
+        checked against what this server runs, and tokenized; never past the positions the model knows,
+        as offline."""
         started = time.perf_counter()
         self.check(body.temperature, body.top_p, body.seed)
         if self.problem():  # before a stream's status line goes out
             raise EngineDown(self.problem())
-        if max_tokens is not None and max_tokens < 1:
-            raise BadInput("max_tokens: must be at least 1")
-        include_usage = body.include_usage()
+        usage = include_usage(body)
+        if chat and (problem := self.runner.chat_problem("messages")):
+            raise BadInput(problem)
         max_new = max_tokens or self.job.generation.max_new_tokens
         constraint = await self.constraint(body)
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or self.job.generation.stop)
+        stops = list(body.stop or self.job.generation.stop)
         ids = (await asyncio.to_thread(self.runner.tokenize, [prompt])).ids[0]
         if self.runner.context:
             max_new = max(1, min(max_new, self.runner.context - len(ids)))
-        return Asked(chat, ids, max_new, stops, constraint, body.stream, include_usage, started)
+        return Asked(chat, ids, max_new, stops, constraint, body.stream, usage, started)
 
     async def constraint(self, body) -> Constraint | None:
         """The request's response_format, else the server's job's; compiled (off the event loop, which goes on
