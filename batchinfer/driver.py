@@ -58,6 +58,7 @@ def run_job(
         inputs = discover_shards(job.input, job.columns, output=job.output.path)
         model_path = resolve_model_path(job.model.path)
         read_config(job.model, model_path)  # a model without the task's head fails here, before the folder is touched
+        model_id = model_identity(model_path)  # every byte of the weights, the first time
     shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
     output = job.output
     with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:
@@ -67,7 +68,7 @@ def run_job(
         planned = {c.name: c.rows for c in chunks}
         fmt = output_format(job)
         out.start(
-            fingerprint(job, model_identity(model_path), shards, limit),
+            fingerprint(job, model_id, shards, limit),
             restart,
             command,
             (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},

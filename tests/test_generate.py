@@ -230,3 +230,22 @@ def test_generation_config_decodes_greedily_at_temperature_zero(tmp_path, tiny_l
     sampled = runner.generation_config(job.generation.model_copy(update={"temperature": 0.7, "top_k": 0}), 9)
     assert (sampled.max_new_tokens, sampled.do_sample, sampled.temperature, sampled.top_k) == (9, True, 0.7, None)
     assert sampled.pad_token_id == runner.pad_id
+
+
+def test_a_lower_max_memory_resumes_the_job_and_a_changed_temperature_is_refused_by_name(
+    tmp_path, sms_table, tiny_llama
+):
+    """Lowering generation.max_memory is what a user does after an out-of-memory: the same job, resumed. A
+    setting that changes results refuses, naming the one key (not the whole generation section)."""
+    from batchinfer.errors import ResumeError
+
+    pq.write_table(_prompts(sms_table, 6), tmp_path / "p.parquet")
+    job = partial(_job, tmp_path / "p.parquet", tiny_llama, tmp_path / "out", batching__chunk_rows=2)
+    first = run_job(job(generation__max_memory="1GB"), limit=2)
+    assert first["rows_ok"] == 2
+    resumed = run_job(job(generation__max_memory="64MB"))
+    assert resumed["complete"] and resumed["rows_ok"] == 6 and resumed["run"]["rows"] == 4
+    with pytest.raises(ResumeError) as refused:
+        run_job(job(generation__max_memory="64MB", generation__temperature=0.5, generation__seed=1))
+    assert "generation.temperature: 0.0 -> 0.5" in refused.value.message
+    assert "generation.seed: 0 -> 1" in refused.value.message and "max_new_tokens" not in refused.value.message
