@@ -134,7 +134,7 @@ def describe_changes(old: dict, new: dict) -> dict[str, str]:
             continue
         if key == "input.shards" and isinstance(before, dict) and isinstance(after, dict):
             changes[key] = _shard_changes(before, after)
-        elif key == "model.hash" and isinstance(before, str) and not before.startswith(IDENTITY):
+        elif key == "model.hash" and not str(before).startswith(IDENTITY) and str(after).startswith(IDENTITY):
             changes[key] = (
                 "model.hash: recorded by an earlier batchinfer, which hashed only samples of large weight files "
                 "and so cannot show that the model is the same"
