@@ -154,6 +154,8 @@ def _run_chunks(
     with make_executor(inputs, stop, progress, on_runner) as executor:
         ran.device = str(executor.device)
         ran.startup = startup_figures(started, opened, getattr(executor, "load_seconds", {}))
+        if not probe and "note" in ran.startup["load"]:  # a probe's line says it (runners/base.py settle)
+            progress.log(ran.startup["load"]["note"])
         retried = sum(w.rows for w in todo if w.retry_of)
         if retried == sum(w.rows for w in todo):  # only error rows run again: count those alone
             progress.start(retried, 0)
