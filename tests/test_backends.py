@@ -161,7 +161,7 @@ def test_bf16_passes_its_check_on_minilm_where_the_cpu_has_it(sms_parquet, minil
     from batchinfer.backends.openvino import bf16_supported
 
     report = _run(sms_parquet, minilm_path, tmp_path / "out", "embed", "openvino", dtype="auto")
-    probe = report["batching"].get("probe", {})  # none without bf16: f32 alone, and batching pinned
+    probe = report["batching"]["probe"]
     if not bf16_supported():
         assert report["batching"]["precision"] == "f32" and "precision_check" not in probe
         return
