@@ -58,8 +58,9 @@ def run_job(
         inputs = discover_shards(job.input, job.columns, output=job.output.path)
         model_path = resolve_model_path(job.model.path)
         read_config(job.model, model_path)  # a model without the task's head fails here, before the folder is touched
-        model_id = model_identity(model_path)  # every byte of the weights, the first time
     shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
+    with stop.at_once():  # the model's identity reads every byte of its weights the first time
+        model_id = model_identity(model_path)
     output = job.output
     with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:
         limit = limit if restart else out.covering_limit(limit)
