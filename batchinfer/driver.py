@@ -62,6 +62,8 @@ def run_job(
         model_config = read_config(job.model, model_path)
         check_chat_template(job.model, model_path, job.input.messages)
     shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
+    with stop.at_once():  # the model's identity reads every byte of its weights the first time
+        model_id = model_identity(model_path)
     output = job.output
     with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:
         limit = limit if restart else out.covering_limit(limit)
@@ -70,7 +72,7 @@ def run_job(
         planned = {c.name: c.rows for c in chunks}
         fmt = output_format(job)
         out.start(
-            fingerprint(job, model_identity(model_path), shards, limit),
+            fingerprint(job, model_id, shards, limit),
             restart,
             command,
             (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},
@@ -159,6 +161,8 @@ def _run_chunks(
     with make_executor(inputs, stop, progress, on_runner) as executor:
         ran.device = str(executor.device)
         ran.startup = startup_figures(started, opened, getattr(executor, "load_seconds", {}))
+        if not probe and "note" in ran.startup["load"]:  # a probe's line says it (runners/base.py settle)
+            progress.log(ran.startup["load"]["note"])
         retried = sum(w.rows for w in todo if w.retry_of)
         if retried == sum(w.rows for w in todo):  # only error rows run again: count those alone
             progress.start(retried, 0)

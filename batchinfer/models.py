@@ -13,12 +13,13 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
+from .cache import file_digest
 from .config import ModelConfig
 from .errors import ModelError
+from .plan import IDENTITY
 from .tasks import model_spec
 from .templates import chat_template, no_chat_template
 
-_SAMPLE = 4 << 20  # bytes hashed at the start, middle and end of a large weight file
 SHOW_LIBRARY_LOGS = False  # set by the command line's --debug
 
 
@@ -133,26 +134,17 @@ _RESULT_FILES = (
 
 def model_identity(path: Path) -> str:
     """A hash of everything in a model folder that shapes its results — config, tokenizer, generation
-    defaults and weights — so a resumed job can tell the model changed.
-
-    Weight files are hashed whole up to 3 samples' size; beyond that, size plus start, middle and
-    end, which catches any re-save or re-train without reading many gigabytes at every start.
-    """
+    defaults, modeling code and every byte of the weights — so a resumed job can tell the model changed, and
+    a conversion cached for it is never served to another. Each weight file's digest is remembered
+    (cache.file_digest), so only the first start after a change reads the weights."""
     digest = hashlib.sha256()
-    for name in _RESULT_FILES:
+    code = sorted(p.name for p in path.glob("*.py"))  # a model's own modeling code (trust_remote_code)
+    for name in [*_RESULT_FILES, *code]:
         if (path / name).exists():
             digest.update(name.encode() + (path / name).read_bytes())
     for weights in sorted([*path.glob("*.safetensors"), *path.glob("*model*.bin")]):
-        size = weights.stat().st_size
-        digest.update(f"{weights.name}:{size}".encode())
-        with open(weights, "rb") as f:
-            if size <= 3 * _SAMPLE:
-                digest.update(f.read())
-                continue
-            for offset in (0, size // 2, size - _SAMPLE):
-                f.seek(offset)
-                digest.update(f.read(_SAMPLE))
-    return digest.hexdigest()[:16]
+        digest.update(f"{weights.name}:{file_digest(weights)}".encode())
+    return IDENTITY + digest.hexdigest()[:24]
 
 
 def pooling_of(path: Path) -> Pooling:

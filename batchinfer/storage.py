@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from .cache import cache_root
 from .errors import ConfigError, OutputError
 
 
@@ -233,9 +234,9 @@ JOB_FILE = "_batchinfer.json"  # the job file at the top of every batchinfer out
 
 
 def refuse_location(output: str, inputs: tuple[str, ...]) -> None:
-    """/, the home folder, a folder holding the input and a folder inside another job's output are never
-    output folders (the other job would take the new one for files it did not write). Here, not in output/,
-    because discovery asks it before any output folder exists: sources depend on storage, not on output/."""
+    """/, the home folder, a folder holding the input or batchinfer's cache and a folder inside another job's
+    output are never output folders (the other job would take the new one for files it did not write). Here, not
+    in output/, because discovery asks it before any output folder exists: sources depend on storage, not output/."""
     resolved = None if is_uri(output) else local_path(output).resolve()
     if resolved is not None and resolved in (Path(resolved.anchor), Path.home().resolve()):
         what = "the root folder" if resolved == Path(resolved.anchor) else "your home folder"
@@ -253,6 +254,13 @@ def refuse_location(output: str, inputs: tuple[str, ...]) -> None:
     if resolved is not None and resolved.exists() and not resolved.is_dir():
         raise OutputError(
             f"output.path {output} is a file; batchinfer writes a folder there", "choose a new folder for output.path"
+        )
+    # Refused, not ignored: Parquet readers of the folder would take the cache's files for parts.
+    if resolved is not None and same_or_inside(str(cache_root()), str(resolved)):
+        raise OutputError(
+            f"batchinfer's cache {cache_root()} ($BATCHINFER_CACHE) lies inside output.path {output}, where its files "
+            "would be taken for files this job did not write",
+            "set BATCHINFER_CACHE to a folder outside the output, e.g. ~/.cache/batchinfer",
         )
     for parent in resolved.parents if resolved is not None else ():
         if (parent / JOB_FILE).is_file():

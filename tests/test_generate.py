@@ -314,3 +314,22 @@ def test_a_rows_own_settings_are_checked_as_the_job_files_are(tmp_path, tiny_lla
     assert (
         gen is runner.gen and problem[0] == "bad_request" and "a stop string could cut the regex output" in problem[1]
     )
+
+
+def test_a_lower_max_memory_resumes_the_job_and_a_changed_temperature_is_refused_by_name(
+    tmp_path, sms_table, tiny_llama
+):
+    """Lowering generation.max_memory is what a user does after an out-of-memory: the same job, resumed. A
+    setting that changes results refuses, naming the one key (not the whole generation section)."""
+    from batchinfer.errors import ResumeError
+
+    pq.write_table(_prompts(sms_table, 6), tmp_path / "p.parquet")
+    job = partial(_job, tmp_path / "p.parquet", tiny_llama, tmp_path / "out", batching__chunk_rows=2)
+    first = run_job(job(generation__max_memory="1GB"), limit=2)
+    assert first["rows_ok"] == 2
+    resumed = run_job(job(generation__max_memory="64MB"))
+    assert resumed["complete"] and resumed["rows_ok"] == 6 and resumed["run"]["rows"] == 4
+    with pytest.raises(ResumeError) as refused:
+        run_job(job(generation__max_memory="64MB", generation__temperature=0.5, generation__seed=1))
+    assert "generation.temperature: 0.0 -> 0.5" in refused.value.message
+    assert "generation.seed: 0 -> 1" in refused.value.message and "max_new_tokens" not in refused.value.message

@@ -3,6 +3,8 @@ computation does, with and without a chat template, shared prompt or repeated, a
 
 import json
 import os
+import shutil
+from functools import partial
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -273,3 +275,29 @@ def test_serve_classify_scores_labels_as_the_offline_job(sms_parquet, sms_table,
     answer = asyncio.run(go())
     assert [row["label"] for row in answer["data"]] == offline.column("label").to_pylist()[:12]
     assert np.allclose([row["score"] for row in answer["data"]], offline.column("score").to_numpy()[:12], atol=1e-5)
+
+
+def test_labels_that_are_no_tokens_or_past_the_models_context_are_refused_with_a_fix_that_works(
+    sms_parquet, tiny_llama, tmp_path
+):
+    """A soft hyphen, a zero-width space or a byte-order mark passes str.strip but is no token: named with
+    its index. Labels that alone fill the model's context get no max_length fix above the model's limit."""
+    from tokenizers import Tokenizer, normalizers
+
+    cleaning = tmp_path / "cleaning"  # a tokenizer that drops format characters, as BERT's normalizer does
+    shutil.copytree(tiny_llama, cleaning)
+    tokenizer = Tokenizer.from_file(str(cleaning / "tokenizer.json"))
+    tokenizer.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=False, lowercase=False)
+    tokenizer.save(str(cleaning / "tokenizer.json"))
+    invisible = ["ham", "\u00ad", "spam", "\u200b\ufeff"]
+    with pytest.raises(ConfigError, match=r"label 1 \('\\xad'\), 3 \('\\u200b\\ufeff'\) is no token"):
+        run_job(_job(sms_parquet, cleaning, tmp_path / "a", task="classify", model__labels=invisible))
+    job = partial(_job, sms_parquet, tiny_llama, task="classify")
+    many = [f"label number {k} of very many" for k in range(400)]  # each 6+ tokens past its first
+    with pytest.raises(ModelError, match="and the model reads at most 2048 tokens") as refused:
+        run_job(job(tmp_path / "b", model__labels=many, model__max_length=8192))
+    assert "raise model.max_length" not in refused.value.hint
+    assert "use fewer or shorter labels, or model.label_prompt: repeated" in refused.value.hint
+    with pytest.raises(ModelError, match="leaves no room") as refused:
+        run_job(job(tmp_path / "c", model__labels=["ham", "a label of many words, more tokens"], model__max_length=8))
+    assert "raise model.max_length above" in refused.value.hint and "this model reads up to 2048" in refused.value.hint

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from ..config import ModelConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, ModelError
 from . import openvino
 
 BACKENDS = ("torch", "openvino")
@@ -89,7 +89,9 @@ def load_encoders(
     model returns (runners/base.py converted_output).
 
     torch is not loaded beside OpenVINO where OpenVINO ran this model at CLEAR_WIN times its speed on this
-    CPU before: the probe would only confirm it, at the cost of loading torch's modeling code and the model."""
+    CPU before: the probe would only confirm it, at the cost of loading torch's modeling code and the model.
+    Under model.backend auto, an OpenVINO model that cannot be had (its cache unreadable, unwritable or full; a
+    precision it cannot compile) leaves torch to run the job, with a note that says why."""
     from ..models import load_model, model_identity, pick_device
 
     t0 = time.perf_counter()
@@ -117,10 +119,18 @@ def load_encoders(
                 return torch_model
             return load_model(cfg.model_copy(update={"dtype": "float32"}), path)[1]
 
+        try:
+            models["openvino"] = openvino.load(config, of, precisions(cfg, "openvino"), f32_model, output[1])
+            load.update(models["openvino"].seconds)
+        except ModelError as exc:
+            if cfg.backend != "auto":
+                raise
+            load["note"] = f"OpenVINO not used, torch runs the job: {exc.message} ({exc.hint})"
+            names = ["torch"]
+            if torch_model is None:
+                tokenizer, models["torch"], device = load_model(cfg, path)
         if tokenizer is None:
             tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
-        models["openvino"] = openvino.load(config, of, precisions(cfg, "openvino"), f32_model, output[1])
-        load.update(models["openvino"].seconds)
     load["load"] = round(time.perf_counter() - t0, 3)
     return tokenizer, {name: models[name] for name in names}, device, load
 

@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from ..errors import ModelError
-from .base import EncoderRunner, encode_capped, fixed_size_list
+from ..errors import ConfigError, ModelError
+from .base import EncoderRunner, encode_capped, fixed_size_list, position_limit
 from .prefix import PrefixCache, common_prefix, split_prompts
 from .protocol import Prefix, Tokens
 
@@ -40,6 +40,7 @@ class LabelScoreRunner(EncoderRunner):
         self.labels = list(job.model.labels)
         self.score_labels = self.labels
         self.label_ids = [tokenizer.encode(label, add_special_tokens=False) for label in self.labels]
+        refuse_empty_labels(self.labels, self.label_ids)
         self.shared = job.model.label_prompt == "shared"
         self.norm = job.model.label_norm
         self.scores = job.output.scores
@@ -47,10 +48,7 @@ class LabelScoreRunner(EncoderRunner):
         appended = sum(map(len, self.fed)) if self.shared else max(map(len, self.fed))
         self.room = self.max_length - appended  # prompt tokens an item has room for
         if self.room < 1:
-            raise ModelError(
-                f"model.max_length {self.max_length} leaves no room for a prompt beside the labels' {appended} tokens",
-                f"raise model.max_length above {appended}, or use shorter labels",
-            )
+            raise no_room_error(self.max_length, position_limit(model.config), appended, self.fed, self.shared)
         # Keep the end of an over-long prompt, as task generate does: that is where the question is.
         self.tokenizer.enable_truncation(self.room, direction="left")
         self.head_ok = _head_shortcut_agrees(model, device)
@@ -201,6 +199,37 @@ class Scored(list):
     def __init__(self, ids: list[int], label: int | None, prefix: tuple[int, ...] = ()):
         super().__init__(ids)
         self.label, self.prefix = label, prefix
+
+
+def refuse_empty_labels(labels: list[str], label_ids: list[list[int]]) -> None:
+    """A label of no tokens (a soft hyphen, a zero-width space: text that str.strip keeps) has no score."""
+    empty = [f"{k} ({label!r})" for k, (label, ids) in enumerate(zip(labels, label_ids)) if not ids]
+    if empty:
+        raise ConfigError(
+            f"model.labels: label {', '.join(empty)} is no token at all to this model's tokenizer (invisible "
+            "characters only), so it cannot be scored",
+            "remove it from model.labels, or write the label as the text that should follow the prompt",
+        )
+
+
+def no_room_error(max_length: int, limit: int, appended: int, fed: list[list[int]], shared: bool) -> ModelError:
+    """The labels' `appended` tokens leave no prompt token within max_length: the fix that can work, never a
+    max_length past the model's own `limit`."""
+    problem = f"model.max_length {max_length} leaves no room for a prompt beside the labels' {appended} tokens"
+    if appended < limit:
+        return ModelError(
+            problem, f"raise model.max_length above {appended} (this model reads up to {limit}), or use shorter labels"
+        )
+    longest = max(map(len, fed))
+    repeated = (
+        f", or model.label_prompt: repeated (one sequence per label: {longest} label tokens beside the prompt)"
+        if shared and longest < limit
+        else ""
+    )
+    return ModelError(
+        f"{problem}, and the model reads at most {limit} tokens",
+        f"use fewer or shorter labels{repeated}",
+    )
 
 
 def _head_shortcut_agrees(model, device: torch.device) -> bool:
