@@ -80,11 +80,13 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int |
     Left out on purpose, since results do not depend on them (a user must be able to resume with a smaller
     max_tokens or max_memory after running out of memory): where the input and the model lie (their digests
     are here), batching limits and strategy, the device and backend (agreement is checked), the KV cache's
-    memory and engine options, the executor and its workers, the output's compression, progress, the cache.
+    memory and engine options, the grammar compile time limit, the executor and its workers, the output's
+    compression, progress, the cache.
     """
     gen = job.generation
     # constraint keys only when set, so the fingerprints of jobs from before they existed still match
-    generation = gen.model_dump(exclude={"engine_options", "max_memory"} | _unset_constraints(gen))
+    # grammar_seconds: how long a compile may take on this machine, which no completion depends on
+    generation = gen.model_dump(exclude={"engine_options", "max_memory", "grammar_seconds"} | _unset_constraints(gen))
     return {
         "input.shards": {s.name: f"{s.num_rows}:{s.digest}" for s in shards},
         "input.text": job.input.text,

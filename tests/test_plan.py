@@ -79,10 +79,11 @@ def test_settings_that_cannot_change_a_result_may_change_on_resume_and_those_tha
         _generate(input__path="/moved/d", model__path="/moved/m", model__device="cpu"),
         _generate(batching={"max_tokens": 1024, "max_rows": 8, "strategy": "padded", "chunk_rows": "auto"}),
         _generate(runtime={"executor": "ray", "workers": 4}, output__compression="snappy"),
+        _generate(generation={"max_memory": "4GB", "grammar_seconds": 60}),  # a busy machine's compile time
     ]
     for job in same:
         assert describe_changes(base, fingerprint(job, "sha256:1", shards)) == {}
-    assert not {"generation.max_memory", "input.path", "model.path"} & set(base)
+    assert not {"generation.max_memory", "generation.grammar_seconds", "input.path", "model.path"} & set(base)
     changed = describe_changes(base, fingerprint(_generate(generation={"temperature": 0.7}), "sha256:1", shards))
     assert changed == {"generation.temperature": "generation.temperature: 0.0 -> 0.7"}
     for key, value in [("model__max_length", 64), ("model__dtype", "bfloat16"), ("batching__chunk_rows", 50)]:
