@@ -20,6 +20,7 @@ from .models import model_identity, read_config, resolve_model_path
 from .output.status import FolderStatus, describe_folder
 from .packing import supports_packing
 from .plan import Work, fingerprint, plan_chunks
+from .prefix import PrefixFigures, admission, page_hits
 from .prepare import prepare_rows
 from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec
 from .tune import CPU_BUDGETS, SAMPLE_TOKENS, cut_batches, probe
@@ -107,6 +108,9 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
         }
     )
     if job.model.task == "generate":
+        page = runner.shared_page()
+        if page:
+            summary["prefix"] = estimate_prefix(sampled.prompts, page, rows, len(chunks), summary["tokens"]).report()
         return summary
     probing = auto and earlier.tuning is None
     if timed:
@@ -136,18 +140,20 @@ class Sampled:
     errors: int  # rows that would go to _errors/
     seen: int  # rows read
     reading: float  # seconds spent reading, preparing and tokenizing
+    prompts: list[list[list[int]]]  # per sampled chunk, its items' token ids
 
 
 def sample_tokens(task, chunks: list, sample: int) -> Sampled:
     """About `sample` rows from the start of chunks spread over the job, read and tokenized by the chunk task."""
     per_chunk = max(1, sample // len(chunks))
     picks = np.linspace(0, len(chunks) - 1, num=min(len(chunks), sample)).round().astype(int)
-    lengths, truncated, errors, seen, reading = [], 0, 0, 0, 0.0
+    lengths, truncated, errors, seen, reading, prompts = [], 0, 0, 0, 0.0, []
     for index in dict.fromkeys(picks.tolist()):
         chunk = chunks[index]
         offsets = list(range(min(per_chunk, chunk.rows)))
         loaded = task.load(Work(chunk, chunk.name, offsets))
         lengths.extend(loaded.tokens.lengths[loaded.index].tolist())
+        prompts.append([loaded.tokens.ids[i] for i in loaded.index.tolist()])
         truncated += int(loaded.tokens.truncated[loaded.index].sum())
         errors += len(loaded.prepared.errors)
         seen += len(offsets)
@@ -155,7 +161,28 @@ def sample_tokens(task, chunks: list, sample: int) -> Sampled:
         if seen >= sample:
             break
     task.close()
-    return Sampled(np.array(lengths, dtype=np.int64), truncated, errors, seen, reading)
+    return Sampled(np.array(lengths, dtype=np.int64), truncated, errors, seen, reading, prompts)
+
+
+def estimate_prefix(prompts: list[list[list[int]]], page: int, rows: int, chunks: int, tokens: int) -> PrefixFigures:
+    """What the engine's block sharing will save over the job: each sampled chunk's rows admitted as a run admits
+    them; a chunk starts with an empty cache, so its first row reads nothing, and every other row what the
+    sample's followers read on average (the sample as one chunk when it took one row a chunk)."""
+    hits = []
+    groups = prompts if any(len(chunk) > 1 for chunk in prompts) else [[ids for chunk in prompts for ids in chunk]]
+    for ids in groups:
+        leaders, _, followers = admission(ids, page)
+        hits.append(page_hits([ids[i] for i in leaders + followers], page))
+    later = [h for chunk in hits for h in chunk[1:]]
+    if not later:
+        return PrefixFigures(0, 0, 0, tokens)
+    others = max(rows - chunks, 0)
+    return PrefixFigures(
+        max(later),
+        round(others * sum(1 for h in later if h) / len(later)),
+        round(others * sum(later) / len(later)),
+        tokens,
+    )
 
 
 def estimate_time(

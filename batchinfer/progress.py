@@ -9,6 +9,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
+from .show import prefix_line
+
 
 class _Rate(ProgressColumn):
     """rows/s and tokens/s over this run, not counting rows done by an earlier run."""
@@ -157,6 +159,9 @@ def summary_table(report: dict) -> Table:
                 + (f", median time to first token {ttft:.2f} s" if ttft is not None else ""),
             )
         )
+    prefix = report.get("prefix")
+    if prefix:
+        rows.append(("shared prefix", prefix_line(prefix)))
     skipped = report.get("skipped_shards") or []
     if skipped:  # said here too, since -q hides the notes that named them as the run began
         names = ", ".join(s["source"] for s in skipped[:3]) + (

@@ -7,6 +7,7 @@ from collections import Counter
 from .config import JobConfig
 from .output.records import ChunkRecord, current_errors
 from .plan import Chunk
+from .prefix import PrefixFigures
 
 
 def build_report(
@@ -66,6 +67,9 @@ def build_report(
         report["generated_tokens"] = sum(r.generated_tokens or 0 for r in records)
         report["run"]["generated_tokens_per_s"] = _rate(run.get("generated", 0), loop)
         report["run"]["time_to_first_token_s"] = first[len(first) // 2] if first else None
+    prefix = PrefixFigures.total(records)
+    if prefix is not None:
+        report["prefix"] = prefix.report()
     return report
 
 

@@ -31,6 +31,8 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
             f"{t['mean']:.0f}, median {t['p50']}, p95 {t['p95']}, max {t['max']} per row; "
             f"{summary['truncated_share']:.1%} cut at max_length, {summary['error_share']:.1%} error rows)",
         )
+    if "prefix" in summary:
+        lines.append(f"prefix   about {prefix_line(summary['prefix'])}, on the sample")
     if "batching" in summary:
         b = summary["batching"]
         lines.append(
@@ -45,6 +47,15 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
         )
     lines.append(f"output   {config.output.path}: {summary['output']}")
     return lines
+
+
+def prefix_line(prefix: dict) -> str:
+    """A report's (or plan's) `prefix` figures in words."""
+    return (
+        f"{prefix['saved_tokens']:,} prompt tokens read from the cache instead of computed "
+        f"({prefix['saved_share']:.0%} of prompt tokens; {prefix['rows']:,} rows, "
+        f"up to {prefix['tokens']:,} tokens each)"
+    )
 
 
 def status_lines(state: FolderStatus) -> list[str]:

@@ -10,7 +10,16 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from ..control import Budget
 from .layout import error_part_name, part_name
 
-_OMITTED_WHEN_EMPTY = ("retry_of", "generated_tokens", "first_token_seconds", "max_tokens_lowered", "finished")
+_OMITTED_WHEN_EMPTY = (
+    "retry_of",
+    "generated_tokens",
+    "first_token_seconds",
+    "prefix_tokens",
+    "prefix_rows",
+    "prefix_saved",
+    "max_tokens_lowered",
+    "finished",
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,9 @@ class ChunkRecord:
     model_seconds: float = 0.0
     generated_tokens: int | None = None  # generate
     first_token_seconds: float | None = None  # generate: the median over the chunk's rows
+    prefix_tokens: int | None = None  # a shared prefix: the most prompt tokens one row read from the cache
+    prefix_rows: int | None = None  # rows that read any
+    prefix_saved: int | None = None  # prompt tokens read from the cache instead of computed
     seconds: float = 0.0
     worker: str = "local"
     max_tokens_lowered: list[str] = field(default_factory=list)  # out-of-memory notes of this pass
