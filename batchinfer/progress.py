@@ -160,7 +160,7 @@ def summary_table(report: dict) -> Table:
             )
         )
     prefix = report.get("prefix")
-    if prefix:
+    if prefix and prefix["saved_tokens"]:
         rows.append(("shared prefix", prefix_line(prefix)))
     skipped = report.get("skipped_shards") or []
     if skipped:  # said here too, since -q hides the notes that named them as the run began

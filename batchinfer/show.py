@@ -32,7 +32,9 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
             f"{summary['truncated_share']:.1%} cut at max_length, {summary['error_share']:.1%} error rows)",
         )
     if "prefix" in summary:
-        lines.append(f"prefix   about {prefix_line(summary['prefix'])}, on the sample")
+        reused = summary["prefix"]["saved_tokens"]
+        said = f"about {prefix_line(summary['prefix'])}, on the sample" if reused else NO_PREFIX
+        lines.append(f"prefix   {said}")
     if "batching" in summary:
         b = summary["batching"]
         lines.append(
@@ -47,6 +49,9 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
         )
     lines.append(f"output   {config.output.path}: {summary['output']}")
     return lines
+
+
+NO_PREFIX = "none reused: the sampled prompts share no whole cache page at their start (put a shared instruction first)"
 
 
 def prefix_line(prefix: dict) -> str:
