@@ -150,7 +150,7 @@ def openai_batch(
     """Run an OpenAI Batch API file locally: responses to OUTPUT, failed requests to OUTPUT's .errors.jsonl.
 
     Work is checkpointed in OUTPUT.batchinfer/; rerun the same command to resume."""
-    from .config import apply_override, validate_job
+    from .config import validate_with_overrides
     from .delivery import check_targets, deliver
     from .errors import ModelError
     from .models import read_config, resolve_model_path
@@ -163,9 +163,7 @@ def openai_batch(
             "model": {"path": model, "task": task_of_requests(requests)},
             "output": {"path": str(work), "format": "openai"},
         }
-        for item in set_ or []:
-            apply_override(data, item)
-        config = validate_job(data, "openai-batch")
+        config = validate_with_overrides(data, set_ or [], "openai-batch")
         model_path = resolve_model_path(config.model.path)
         try:
             read_config(config.model, model_path)
@@ -363,7 +361,7 @@ def serve(
     debug: bool = DebugOption,
 ):
     """Serve the model over HTTP, batching concurrent requests (pip install -e ".[serve]")."""
-    from .config import apply_override, load_job, validate_job
+    from .config import load_job, validate_with_overrides
     from .models import read_config, resolve_model_path
 
     with reported(debug):
@@ -388,9 +386,7 @@ def serve(
                 "model": {"path": model, "task": task},
                 "output": {"path": "-"},
             }
-            for item in set_ or []:
-                apply_override(data, item)
-            config = validate_job(data, "batchinfer serve")
+            config = validate_with_overrides(data, set_ or [], "batchinfer serve")
         else:
             raise ConfigError(
                 "give a job file, or --model and --task", "e.g. batchinfer serve --model PATH --task embed"
@@ -481,16 +477,22 @@ def status(
 def export(
     folder: str = typer.Argument(..., help="A finished job's output folder (a path or a URL)."),
     format: str = typer.Option("parquet", "--format", "-f", help="parquet, jsonl or csv."),
-    output: Path = typer.Option(..., "--output", "-o", help="The file to write."),
-    force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it exists."),
+    output: Path = typer.Option(..., "--output", "-o", help="The file to write, outside every output folder."),
+    force: bool = typer.Option(
+        False, "--force", help="Replace OUTPUT if an earlier export wrote it (a Parquet file whose footer says so)."
+    ),
+    partial: bool = typer.Option(
+        False, "--partial", help="Export what an unfinished folder holds (a --limit trial, a stopped run)."
+    ),
     debug: bool = DebugOption,
 ):
     """Write a finished job's results as one file, in input order (CSV holds lists as JSON text)."""
     from .export import export_folder
 
     with reported(debug):
-        rows = export_folder(folder, format, output, force)
-        err.print(f"wrote {rows:,} rows to {output}", highlight=False)
+        done = export_folder(folder, format, output, force, partial)
+        what = f"; a partial export: the {done.partial} the folder finished, not the whole job" if done.partial else ""
+        err.print(f"wrote {done.rows:,} rows to {output}{what}", highlight=False)
 
 
 def say_sample_problems(seen: int, reasons: Counter, examples: dict[str, str]) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Literal, Union, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .constrain import response_format
+from .constrain import GrammarLimits, response_format
 from .errors import ConfigError, shorten
 from .openai_batch import REQUEST_COLUMNS
 from .tasks import TASKS
@@ -209,6 +209,22 @@ class ModelConfig(Section):
         description="Load pickle weights (pytorch_model.bin) when a model has no safetensors. Unpickling can run "
         "code: only for models you trust.",
     )
+    chat_template: str | None = Field(
+        default=None,
+        description="task generate (or classify with model.labels): the chat template that formats chat messages "
+        "(input.messages, OpenAI /v1/chat/completions requests) in place of the tokenizer's own. A base model has "
+        "none, and its chat requests are refused (error rows with reason bad_request) until this is set. A Jinja "
+        "template inline, such as '{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}assistant:', "
+        "or the path of a file holding one (relative to the current directory). Its text is part of the job's "
+        "fingerprint: a changed template is a changed job.",
+    )
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template_given(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("empty; give a Jinja template, or the path of a .jinja file")
+        return value
 
     @field_validator("truncation")
     @classmethod
@@ -301,6 +317,32 @@ class GenerationConfig(Section):
         description="Constrained output: the completion matches this regular expression whole, e.g. "
         "'\\d{4}-\\d{2}-\\d{2}'.",
     )
+    grammar_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Constrained output: the longest xgrammar may take to compile one constraint (a schema, choices "
+        "or a regex; each distinct one is compiled once). Past it the constraint is refused as too slow: the job "
+        "stops before it starts, an OpenAI Batch request is a bad_request error line, serve answers 400.",
+    )
+    grammar_max_bytes: int = Field(
+        default=256 << 10,
+        ge=1,
+        description="Constrained output: the largest constraint, in bytes of its text (the schema or choices as "
+        "JSON, the regex); a larger one is refused at once, as one that compiles too slowly is.",
+    )
+    grammar_max_depth: int = Field(
+        default=64,
+        ge=1,
+        description="Constrained output: how deep a JSON schema may nest (its objects and lists); compile time grows "
+        "fast with depth (400 levels of objects took 22 s), so a deeper one is refused at once.",
+    )
+    grammar_max_choices: int = Field(
+        default=5000,
+        ge=1,
+        description="Constrained output: the most values a constraint may choose between (choices, or a schema's "
+        "enum values together); compile time and memory grow fast with them (20,000: 80 s and 100 MB), so more are "
+        "refused at once.",
+    )
     max_memory: Union[int, str] = Field(
         default="auto",
         description="engine transformers: the most memory the KV cache may take, in bytes or as 512MB, 4GB, 2GiB. "
@@ -313,6 +355,12 @@ class GenerationConfig(Section):
         "page_size (32 here: rows' shared prefix is reused in whole pages), allow_block_sharing (false: no prefix "
         "reuse), max_batch_tokens, max_requests_per_batch; for vllm, vllm.LLM arguments (enable_prefix_caching is on).",
     )
+
+    @property
+    def grammar_limits(self) -> GrammarLimits:
+        return GrammarLimits(
+            self.grammar_seconds, self.grammar_max_bytes, self.grammar_max_depth, self.grammar_max_choices
+        )
 
     @field_validator("response_format")
     @classmethod
@@ -338,10 +386,10 @@ class GenerationConfig(Section):
             )
         return self
 
-    @field_validator("max_memory")
+    @field_validator("max_memory", mode="before")  # before: one line naming the key, not one per type tried
     @classmethod
     def _memory_size(cls, value):
-        if value == "auto" or parse_size(value):
+        if value == "auto" or (isinstance(value, (int, str)) and not isinstance(value, bool) and parse_size(value)):
             return value
         raise ValueError("write a size such as 2GB, 512MB or 2147483648 (bytes), or auto")
 
@@ -419,14 +467,22 @@ class ServeConfig(Section):
         default=262144,
         ge=1,
         description="batchinfer serve: tokens that may wait in the queue; a request that would pass it is answered "
-        "429 with Retry-After, never queued without bound. Until a request is tokenized, each of its texts counts as "
-        "its characters (at most model.max_length tokens).",
+        "429 with Retry-After, never queued without bound, and a request larger than it 413 (split it). Until a "
+        "request is tokenized, each of its texts counts as its characters (at most model.max_length tokens).",
     )
     max_body_bytes: int = Field(
         default=4 << 20,
         ge=1,
         description="batchinfer serve: the largest request body, in bytes (4 MiB). A larger one is answered 413 before "
         "it is read whole or parsed, whether it gives its Content-Length or comes chunked.",
+    )
+    read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="batchinfer serve: the longest a request body may pause, in seconds: a body of which nothing more "
+        "comes for this long (a chunked body that never ends) is answered 408 and its connection closed, so that it "
+        "holds nothing and a stopping server waits for it no longer than this. A body that goes on coming is bounded "
+        "by max_body_bytes.",
     )
 
 
@@ -483,6 +539,12 @@ class JobConfig(Section):
         if self.model.labels and self.model.task not in ("zero-shot", "classify"):
             raise ValueError(
                 "model.labels: only for model.task zero-shot (an NLI model) or classify (a causal LM); remove it"
+            )
+        if self.model.chat_template is not None and not (
+            self.model.task == "generate" or (self.model.task == "classify" and self.model.labels)
+        ):
+            raise ValueError(
+                "model.chat_template: only for model.task generate, or classify with model.labels; remove it"
             )
         for key in ("label_norm", "label_prompt"):
             if key in self.model.model_fields_set and not (self.model.task == "classify" and self.model.labels):
@@ -570,13 +632,18 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
             + (" (it is empty)" if data is None else f" (it holds a {type(data).__name__})"),
             "start from a shipped job such as jobs/quickstart.yaml, or see `batchinfer schema`",
         )
-    for item in overrides or []:
-        apply_override(data, item)
-    return validate_job(data, str(path))
+    return validate_with_overrides(data, overrides or [], str(path))
 
 
-def apply_override(data: dict, item: str) -> None:
-    """Set `a.b.c=value` in a nested dict; the value is parsed as YAML (so 8192 is an int, true a bool)."""
+def validate_with_overrides(data: dict, overrides: list[str], origin: str) -> JobConfig:
+    """`data` with `--set key=value` overrides applied, validated; a problem with an overridden key is blamed on
+    its --set, not on `origin`."""
+    return validate_job(data, origin, [apply_override(data, item) for item in overrides])
+
+
+def apply_override(data: dict, item: str) -> str:
+    """Set `a.b.c=value` in a nested dict; the value is parsed as YAML (so 8192 is an int, true a bool).
+    Returns the key, `a.b.c`."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set {item!r} is not key=value", "write e.g. --set batching.max_tokens=8192")
@@ -595,23 +662,41 @@ def apply_override(data: dict, item: str) -> None:
         node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else raw
     except yaml.YAMLError:
         node[parts[-1]] = raw
+    return ".".join(parts)
 
 
-def validate_job(data: dict, origin: str = "job") -> JobConfig:
+def validate_job(data: dict, origin: str = "job", overridden: list[str] = ()) -> JobConfig:
+    """overridden: the keys that --set gave, whose problems name --set."""
     try:
         return JobConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [format_error(err) for err in exc.errors()]
+        lines, by_set = [], 0
+        for err in exc.errors():
+            key = _error_key(err)
+            if any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in overridden):
+                lines.append(f"--set {format_error(err)}")
+                by_set += 1
+            else:
+                lines.append(format_error(err))
+        what = f"--set on {origin} is not valid" if by_set == len(lines) else f"{origin} is not a valid job"
         raise ConfigError(
-            f"{origin} is not a valid job:\n" + "\n".join(f"  {line}" for line in lines),
-            "see `batchinfer schema` or the README's job-file reference",
+            f"{what}:\n" + "\n".join(f"  {line}" for line in lines),
+            ("fix the --set value; " if by_set else "") + "see `batchinfer schema` or the README's job-file reference",
         ) from None
+
+
+def _error_key(err: dict) -> str:
+    return ".".join(_error_loc(err)) or "job"
+
+
+def _error_loc(err: dict) -> list[str]:
+    return [str(part) for part in err["loc"] if not str(part).startswith(("function-after", "literal"))]
 
 
 def format_error(err: dict) -> str:
     """One pydantic error as `key: what is wrong; what to write instead`."""
-    loc = [str(part) for part in err["loc"] if not str(part).startswith(("function-after", "literal"))]
-    key = ".".join(loc) or "job"
+    loc = _error_loc(err)
+    key = _error_key(err)
     kind = err["type"]
     if kind == "extra_forbidden":
         allowed = list(_section_fields(loc[:-1]))

@@ -44,7 +44,57 @@ def response_format(value, where: str) -> tuple[Constraint | None, str | None]:
     schema = body.get("schema") if isinstance(body, dict) else None
     if not isinstance(schema, dict):
         return None, f'{where}.json_schema.schema must be a JSON schema object, e.g. {{"type": "object", ...}}'
-    return Constraint("json_schema", json.dumps(schema, sort_keys=True, ensure_ascii=False), f"{where}"), None
+    try:
+        spec = json.dumps(schema, sort_keys=True, ensure_ascii=False)
+    except RecursionError:
+        return None, f"{where}.json_schema.schema nests too deep to read; flatten it"
+    return Constraint("json_schema", spec, f"{where}"), None
+
+
+@dataclass(frozen=True)
+class GrammarLimits:
+    """How large a constraint may be (generation.grammar_*): xgrammar's compile time and memory grow fast
+    with a schema's depth and with the strings it chooses between, and a compile cannot be stopped."""
+
+    seconds: float  # the longest one compile may take
+    bytes: int  # the constraint's text: the schema or choices as JSON, the regex
+    depth: int  # a schema's nesting, as JSON objects and lists
+    choices: int  # values to choose between: choices, or a schema's enum values together
+
+    def problem(self, constraint: Constraint) -> str | None:
+        """Why `constraint` is past these limits (naming the setting to raise), or None."""
+        size = len(constraint.spec.encode())
+        if size > self.bytes:
+            return f"{size:,} bytes, past generation.grammar_max_bytes ({self.bytes:,})"
+        if constraint.kind == "choices":
+            depth, count = 1, len(json.loads(constraint.spec))
+        elif constraint.kind == "json_schema":
+            depth, count = _depth_and_enums(json.loads(constraint.spec))
+        else:
+            return None
+        if depth > self.depth:
+            return f"it nests {depth} deep, past generation.grammar_max_depth ({self.depth})"
+        if count > self.choices:
+            return f"{count:,} values to choose between, past generation.grammar_max_choices ({self.choices:,})"
+        return None
+
+
+def _depth_and_enums(value) -> tuple[int, int]:
+    """A JSON value's nesting (objects and lists) and how many enum values it holds, without recursion."""
+    deepest, enums, stack = 0, 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            enum = item.get("enum")
+            enums += len(enum) if isinstance(enum, list) else 0
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest, enums
 
 
 def choices(values: list[str], where: str) -> Constraint:

@@ -13,13 +13,14 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from .backends import backend_is_open
+from .backends import backend_is_open, precision_note
 from .chunk_task import TaskInputs
 from .config import JobConfig
 from .control import Budget, Progress, Quiet, StopFlag
 from .executors import make_executor
 from .machine import Load, LoadWindow, process_age
-from .models import model_identity, read_config, resolve_model_path
+from .model_size import model_size
+from .models import check_chat_template, model_identity, read_config, resolve_model_path
 from .output.checkpoint import Checkpoint
 from .output.formats import output_format
 from .output.records import ChunkRecord
@@ -57,8 +58,12 @@ def run_job(
     with stop.at_once():  # reading only: a signal stops discovery (hashing every byte) where it is
         inputs = discover_shards(job.input, job.columns, output=job.output.path)
         model_path = resolve_model_path(job.model.path)
-        read_config(job.model, model_path)  # a model without the task's head fails here, before the folder is touched
+        # a model without the task's head fails here, before the folder is touched
+        model_config = read_config(job.model, model_path)
+        check_chat_template(job.model, model_path, job.input.messages)
     shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
+    with stop.at_once():  # the model's identity reads every byte of its weights the first time
+        model_id = model_identity(model_path)
     output = job.output
     with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:
         limit = limit if restart else out.covering_limit(limit)
@@ -67,7 +72,7 @@ def run_job(
         planned = {c.name: c.rows for c in chunks}
         fmt = output_format(job)
         out.start(
-            fingerprint(job, model_identity(model_path), shards, limit),
+            fingerprint(job, model_id, shards, limit),
             restart,
             command,
             (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},
@@ -103,13 +108,16 @@ def run_job(
         if ran.machine is not None:  # how busy the machine was while this run measured its rates
             report["run"]["machine"] = ran.machine.as_dict()
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
+        report["model_size"] = model_size(model_config, model_path)
         if job.model.task != "generate":
             tuning, budget = out.tuning, ran.budget  # the probe's choice: this run's, or the earlier one reused
+            note = precision_note(job.model, budget.backend, budget.precision)
             report["batching"] = {
                 "max_tokens": budget.max_tokens,
                 "strategy": budget.strategy,
                 "backend": budget.backend,
                 "precision": budget.precision,
+                **({"precision_note": note} if note else {}),
                 **({"probe": tuning} if tuning else {}),
             }
         if ran.startup:
@@ -153,6 +161,8 @@ def _run_chunks(
     with make_executor(inputs, stop, progress, on_runner) as executor:
         ran.device = str(executor.device)
         ran.startup = startup_figures(started, opened, getattr(executor, "load_seconds", {}))
+        if not probe and "note" in ran.startup["load"]:  # a probe's line says it (runners/base.py settle)
+            progress.log(ran.startup["load"]["note"])
         retried = sum(w.rows for w in todo if w.retry_of)
         if retried == sum(w.rows for w in todo):  # only error rows run again: count those alone
             progress.start(retried, 0)

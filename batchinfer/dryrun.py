@@ -16,12 +16,14 @@ from .config import JobConfig
 from .control import StopFlag
 from .driver import settle_budget
 from .machine import Load, LoadWindow, process_age
+from .model_size import model_size
 from .models import model_identity, read_config, resolve_model_path
 from .output.status import FolderStatus, describe_folder
 from .packing import supports_packing
 from .plan import Work, fingerprint, plan_chunks
-from .prefix import PrefixFigures, admission, page_hits
 from .prepare import prepare_rows
+from .report import prefix_saved, reuses_prefix
+from .runners.prefix import admission, page_hits
 from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec
 from .tune import CPU_BUDGETS, SAMPLE_TOKENS, cut_batches, probe
 
@@ -60,7 +62,7 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
     started = time.perf_counter()
     inputs = discover_shards(job.input, job.columns, output=job.output.path)
     model_path = resolve_model_path(job.model.path)
-    read_config(job.model, model_path)
+    size = model_size(read_config(job.model, model_path), model_path)
     shards = inputs.shards
     chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows)
     rows = sum(s.num_rows for s in shards)
@@ -68,17 +70,19 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
     folder, state = describe_folder(job.output.path, job.output.storage_options, job_print, len(chunks))
     aside = time.perf_counter()  # plan's own reading, which a run does not do
     earlier = folder_so_far(state, chunks)
-    sampled = sample_problems(job, inputs)
-    aside = time.perf_counter() - aside
     summary = {
-        "sample_check": sampled,
         "shards": len(shards),
         "skipped_shards": len(inputs.bad),
         "rows": rows,
         "rows_left": rows - earlier.rows,
         "chunks": len(chunks),
         "output": folder,
+        "model_size": size,
     }
+    if not summary["rows_left"]:  # a finished job: no row to check, sample or time, no model to load
+        return {**summary, "sample_check": (0, Counter(), {}), "estimate": {}}
+    summary["sample_check"] = sample_problems(job, inputs)
+    aside = time.perf_counter() - aside
 
     from .chunk_task import TaskInputs
 
@@ -107,10 +111,12 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
             "error_share": sampled.errors / max(seen, 1),
         }
     )
+    if sampled.prefix is not None or reuses_prefix(job):  # label scoring: computed once per chunk
+        summary["prefix"] = scaled_prefix(sampled.prefix, rows / max(seen, 1))
     if job.model.task == "generate":
         page = runner.shared_page()
-        if page:
-            summary["prefix"] = estimate_prefix(sampled.prompts, page, rows, len(chunks), summary["tokens"]).report()
+        if page:  # read from the engine's cache pages
+            summary["prefix"] = estimate_prefix(sampled, page, rows, len(chunks), summary["tokens"])
         return summary
     probing = auto and earlier.tuning is None
     if timed:
@@ -135,54 +141,71 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
 class Sampled:
     """Rows tokenized from across the job, as a run reads them."""
 
-    lengths: np.ndarray  # tokens per item that would run
+    items: list  # the items that would run, as the runner tokenized them
+    lengths: np.ndarray  # tokens per item that would run (a prefix computed once not counted)
     truncated: int  # items cut at max_length
     errors: int  # rows that would go to _errors/
     seen: int  # rows read
     reading: float  # seconds spent reading, preparing and tokenizing
-    prompts: list[list[list[int]]]  # per sampled chunk, its items' token ids
+    prefix: dict | None  # what a prefix common to the sample saved it (Tokens.prefix_reused)
+    chunk_texts: list[int]  # the sampled texts (items, for generation) of each chunk read, in order
 
 
 def sample_tokens(task, chunks: list, sample: int) -> Sampled:
-    """About `sample` rows from the start of chunks spread over the job, read and tokenized by the chunk task."""
+    """About `sample` rows from the start of chunks spread over the job, read by the chunk task and tokenized
+    together, as one chunk (a prefix that the job's prompts share is found on them as a chunk's run finds it)."""
     per_chunk = max(1, sample // len(chunks))
     picks = np.linspace(0, len(chunks) - 1, num=min(len(chunks), sample)).round().astype(int)
-    lengths, truncated, errors, seen, reading, prompts = [], 0, 0, 0, 0.0, []
+    texts, errors, seen, reading, chunk_texts = [], 0, 0, 0.0, []
     for index in dict.fromkeys(picks.tolist()):
         chunk = chunks[index]
         offsets = list(range(min(per_chunk, chunk.rows)))
         loaded = task.load(Work(chunk, chunk.name, offsets))
-        lengths.extend(loaded.tokens.lengths[loaded.index].tolist())
-        prompts.append([loaded.tokens.ids[i] for i in loaded.index.tolist()])
-        truncated += int(loaded.tokens.truncated[loaded.index].sum())
+        owners = np.unique(loaded.tokens.owners()[loaded.index]).tolist()
+        texts += [loaded.prepared.texts[t] for t in owners]
+        chunk_texts.append(len(owners))
         errors += len(loaded.prepared.errors)
         seen += len(offsets)
         reading += loaded.seconds
         if seen >= sample:
             break
     task.close()
-    return Sampled(np.array(lengths, dtype=np.int64), truncated, errors, seen, reading, prompts)
+    tokens = task.runner.tokenize(texts)
+    every = np.arange(len(tokens.ids))
+    truncated = int(tokens.truncated.sum())
+    prefix = tokens.prefix_reused(every)
+    return Sampled(tokens.ids, tokens.lengths, truncated, errors, seen, reading, prefix, chunk_texts)
 
 
-def estimate_prefix(prompts: list[list[list[int]]], page: int, rows: int, chunks: int, tokens: int) -> PrefixFigures:
-    """What the engine's block sharing will save over the job: each sampled chunk's rows admitted as a run admits
-    them; a chunk starts with an empty cache, so its first row reads nothing, and every other row what the
-    sample's followers read on average (the sample as one chunk when it took one row a chunk)."""
+def scaled_prefix(prefix: dict | None, scale: float) -> dict:
+    """The report's `prefix` figures of a sample's (a record's shape), its rows and tokens scaled to the job's
+    (`scale`: the job's rows per sampled row)."""
+    figures = prefix_saved([prefix] if prefix else [])
+    return {**figures, "rows": int(figures["rows"] * scale), "saved_tokens": int(figures["saved_tokens"] * scale)}
+
+
+def estimate_prefix(sampled: Sampled, page: int, rows: int, chunks: int, tokens: int) -> dict:
+    """What the engine's block sharing will save over the job, as the report's `prefix` says it: each sampled
+    chunk's rows admitted as a run admits them; a chunk starts with an empty cache, so its first row reads
+    nothing, and every other row what the sample's followers read on average (the sample as one chunk when it
+    took one row a chunk). `tokens`: the job's prompt tokens."""
+    ends = np.cumsum(sampled.chunk_texts).tolist()
+    prompts = [sampled.items[start:end] for start, end in zip([0, *ends], ends)]
+    groups = prompts if any(len(chunk) > 1 for chunk in prompts) else [sampled.items]
     hits = []
-    groups = prompts if any(len(chunk) > 1 for chunk in prompts) else [[ids for chunk in prompts for ids in chunk]]
     for ids in groups:
         leaders, _, followers = admission(ids, page)
         hits.append(page_hits([ids[i] for i in leaders + followers], page))
     later = [h for chunk in hits for h in chunk[1:]]
-    if not later:
-        return PrefixFigures(0, 0, 0, tokens)
     others = max(rows - chunks, 0)
-    return PrefixFigures(
-        max(later),
-        round(others * sum(1 for h in later if h) / len(later)),
-        round(others * sum(later) / len(later)),
-        tokens,
-    )
+    figures = {"tokens": 0, "rows": 0, "saved_tokens": 0, "prompt_tokens": tokens}
+    if later:
+        figures |= {
+            "tokens": max(later),
+            "rows": round(others * sum(1 for h in later if h) / len(later)),
+            "saved_tokens": round(others * sum(later) / len(later)),
+        }
+    return prefix_saved([figures])
 
 
 def estimate_time(
@@ -200,7 +223,7 @@ def estimate_time(
     on the sample (or at the rate this job ran at here). Returns the estimate and the batching it was timed with."""
     lengths = sampled.lengths
     window = LoadWindow()
-    measured = time_sample(runner, lengths, budget, job, probing, lengths.mean() * first_chunk_rows)
+    measured = time_sample(runner, sampled.items, lengths, budget, job, probing, lengths.mean() * first_chunk_rows)
     load = window.stop()
     tokens_left = lengths.mean() * summary["rows_left"] * len(lengths) / max(sampled.seen, 1)
     model_rate = measured["tokens_per_s"]
@@ -229,16 +252,17 @@ def estimate_time(
     return estimate, measured["budget"]
 
 
-def time_sample(runner, lengths: np.ndarray, budget, job: JobConfig, probing: bool, first_chunk: float) -> dict:
-    """The model's rate on the sample's token counts (pad ids: the model's speed does not depend on which
-    tokens), cut as the run would cut them. probing: first run the run's own probe on the sample, as the
+def time_sample(
+    runner, ids: list, lengths: np.ndarray, budget, job: JobConfig, probing: bool, first_chunk: float
+) -> dict:
+    """The model's rate on the sample's items (`ids`, of `lengths` tokens; a prefix they share computed once, as
+    a run computes it), cut as the run would cut them. probing: first run the run's own probe on the sample, as the
     run does on its first chunk, then time the sample with its choice; probe_s is what the probe adds to the
     work it does (the settings that lose, the warm-up), scaled to the probe of a first chunk of `first_chunk`
     tokens."""
     runner.settle_precisions()  # each backend's precision, checked as a run checks it
     if not probing:  # the backend a run would take: the recorded one, or the default
         runner.keep(next(iter(runner.models)), runner.precisions[next(iter(runner.models))][0])
-    ids = [[runner.pad_id] * int(n) for n in lengths]
     rows = job.batching.max_rows
 
     def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:

@@ -15,23 +15,28 @@ or its row is an error, never invalid text reported as a success.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections import OrderedDict
+import threading
+from concurrent.futures import Future
 
 import torch
 from transformers import LogitsProcessor
 from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
 
-from .constrain import Constraint
+from .constrain import Constraint, GrammarLimits
 from .errors import ModelError
 
-CACHED = 256  # compiled grammars kept per tokenizer
+CACHE_BYTES = 512 << 20  # compiled grammars xgrammar keeps per tokenizer (its cache drops the least recent past it)
+TEXTS_CACHED = 256  # schemas' grammar text kept: xgrammar's cache starts after it (from_json_schema is not cached)
+JSON_KINDS = ("json_schema", "json_object")
+WHAT = {"json_schema": "schema", "json_object": "JSON grammar", "choices": "choices", "regex": "regex"}
 _BOUNDED_CHAR, _JSON_CHAR = '[^\\"\\\\\\r\\n]', '[^\\0-\\x1f\\"\\\\]'  # EBNF character classes
 
 
 class Uncompilable(Exception):
-    """A constraint xgrammar cannot compile; the message says what and where."""
+    """A constraint xgrammar cannot compile, or not within the limits; the message says what and where."""
 
 
 def _xgrammar():
@@ -46,47 +51,69 @@ def _xgrammar():
 
 
 class Grammars:
-    """Compiles constraints for one tokenizer and vocabulary, each once."""
+    """Compiles constraints for one tokenizer and vocabulary within `limits`, each distinct one once: xgrammar
+    keeps what it compiled (bounded in bytes), and a caller asking for one being compiled waits for that compile.
 
-    def __init__(self, tokenizer, vocab_size: int, stop_ids: set[int]):
+    A compile runs on a thread of its own (xgrammar lets go of the GIL: an event loop waiting on it goes on
+    answering), so that a caller gives up on it after limits.seconds; the compile itself cannot be stopped, and
+    its grammar is kept when it ends. The size limits bound how long that can be."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_ids: set[int], limits: GrammarLimits):
         xgr = _xgrammar()
         self.xgr = xgr
         self.vocab_size = vocab_size
         self.stop_ids = sorted(stop_ids)
+        self.limits = limits
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_ids)
-        self.compiler = xgr.GrammarCompiler(info, max_threads=max(1, min(8, torch.get_num_threads())))
-        self._compiled: OrderedDict[tuple[Constraint, bool], object] = OrderedDict()  # the latest CACHED
+        threads = max(1, min(8, torch.get_num_threads()))
+        self.compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_limit_bytes=CACHE_BYTES)
+        self._compiling: dict[tuple[Constraint, bool], Future] = {}
+        self._lock = threading.Lock()
 
     def compile(self, constraint: Constraint, loose: bool = False):
         """The compiled grammar; `loose` allows any whitespace between JSON tokens (for checking outputs
-        that another engine wrote). Raises Uncompilable naming constraint.where."""
-        key = (constraint, loose)
-        if key not in self._compiled:
-            self._compiled[key] = self._compile(constraint, loose)
-            if len(self._compiled) > CACHED:  # a server taking a schema per request must not grow without end
-                self._compiled.popitem(last=False)
-        self._compiled.move_to_end(key)
-        return self._compiled[key]
+        that another engine wrote). Raises Uncompilable naming constraint.where: xgrammar refused it, it is
+        past the size limits, or it took longer than limits.seconds."""
+        if problem := self.limits.problem(constraint):
+            raise Uncompilable(f"{constraint.where}: this {WHAT[constraint.kind]} is too large to compile: {problem}")
+        key = (constraint, loose and constraint.kind in JSON_KINDS)
+        with self._lock:
+            compiling = self._compiling.get(key)
+            if compiling is None:
+                compiling = self._compiling[key] = Future()
+                threading.Thread(
+                    target=self._run, args=(key, compiling), name="batchinfer-grammar", daemon=True
+                ).start()
+        try:
+            return compiling.result(timeout=self.limits.seconds)
+        except TimeoutError:
+            raise Uncompilable(
+                f"{constraint.where}: xgrammar took longer than generation.grammar_seconds ({self.limits.seconds:g} s) "
+                f"to compile this {WHAT[constraint.kind]}; simplify it"
+            ) from None
+
+    def _run(self, key: tuple[Constraint, bool], compiling: Future) -> None:
+        try:
+            compiling.set_result(self._compile(*key))
+        except BaseException as exc:  # noqa: BLE001 - handed to every caller waiting on this compile
+            compiling.set_exception(exc)
+        finally:
+            with self._lock:
+                del self._compiling[key]
 
     def _compile(self, constraint: Constraint, loose: bool):
         kind, spec = constraint.kind, constraint.spec
         try:
-            if kind in ("json_schema", "json_object"):
-                schema = spec if kind == "json_schema" else '{"type": "object"}'
-                # one layout, ", " and ": ": a small model cannot wander off into endless whitespace
-                ebnf = str(self.xgr.Grammar.from_json_schema(schema, any_whitespace=loose, strict_mode=True))
-                # xgrammar 0.2.9 lets raw control characters into strings with a min/maxLength, which JSON
-                # forbids: such strings take the characters its plain strings take
-                return self.compiler.compile_grammar(ebnf.replace(_BOUNDED_CHAR, _JSON_CHAR))
+            if kind in JSON_KINDS:
+                return self.compiler.compile_grammar(_json_grammar(spec if kind == "json_schema" else "", loose))
             if kind == "choices":
                 options = " | ".join(json.dumps(c, ensure_ascii=False) for c in json.loads(spec))
                 return self.compiler.compile_grammar(f"root ::= {options}")
             return self.compiler.compile_regex(spec)
         except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar raises RuntimeError for bad input
-            what = {"json_schema": "schema", "json_object": "JSON grammar", "choices": "choices", "regex": "regex"}
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             first = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)  # xgrammar's time and source line
-            raise Uncompilable(f"{constraint.where}: xgrammar cannot compile this {what[kind]}: {first}") from None
+            raise Uncompilable(f"{constraint.where}: xgrammar cannot compile this {WHAT[kind]}: {first}") from None
 
     def matcher(self, constraint: Constraint):
         return self.xgr.GrammarMatcher(self.compile(constraint))
@@ -96,12 +123,18 @@ class Grammars:
 
     def complete(self, constraint: Constraint, tokens: list[int], text: str) -> bool:
         """Whether a completion (`tokens` without its end token, decoded as `text`) is whole and valid
-        under `constraint`: by its grammar, and JSON also by Python's json module and, where it is
-        installed, jsonschema, so that no engine's slip passes as an answer."""
-        matcher = self.xgr.GrammarMatcher(self.compile(constraint, loose=True))
-        if not (all(matcher.accept_token(t) for t in tokens) and matcher.is_completed()):
+        under `constraint`: by its grammar (the one it was generated under, else the one allowing any JSON
+        whitespace), and JSON also by Python's json module and, where it is installed, jsonschema, so that
+        no engine's slip passes as an answer."""
+        try:
+            whole = self._accepts(constraint, tokens, False) or (
+                constraint.kind in JSON_KINDS and self._accepts(constraint, tokens, True)
+            )
+        except Uncompilable:  # the loose grammar past the limits: the output cannot be shown valid
             return False
-        if constraint.kind not in ("json_schema", "json_object"):
+        if not whole:
+            return False
+        if constraint.kind not in JSON_KINDS:
             return True
         try:
             value = json.loads(text)
@@ -115,12 +148,27 @@ class Grammars:
             return True
         return jsonschema.Draft202012Validator(json.loads(constraint.spec)).is_valid(value)
 
+    def _accepts(self, constraint: Constraint, tokens: list[int], loose: bool) -> bool:
+        matcher = self.xgr.GrammarMatcher(self.compile(constraint, loose))
+        return all(matcher.accept_token(t) for t in tokens) and matcher.is_completed()
+
     def apply(self, scores: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
         """Mask scores [n, vocab] in place: rows `rows` keep only the tokens their bitmask rows allow."""
         if rows:
             self.xgr.apply_token_bitmask_inplace(
                 scores, bitmask.to(scores.device), vocab_size=min(self.vocab_size, scores.shape[-1]), indices=rows
             )
+
+
+@functools.lru_cache(maxsize=TEXTS_CACHED)
+def _json_grammar(schema: str, loose: bool) -> str:
+    """A JSON schema (empty: any JSON object) as xgrammar's EBNF text, in one layout (", " and ": ": a small
+    model cannot wander off into endless whitespace) unless `loose`."""
+    xgr = _xgrammar()
+    ebnf = str(xgr.Grammar.from_json_schema(schema or '{"type": "object"}', any_whitespace=loose, strict_mode=True))
+    # xgrammar 0.2.9 lets raw control characters into strings with a min/maxLength, which JSON forbids: such
+    # strings take the characters its plain strings take
+    return ebnf.replace(_BOUNDED_CHAR, _JSON_CHAR)
 
 
 class ContinuousMasks(ContinuousBatchingLogitsProcessor):

@@ -10,6 +10,7 @@ No package imports: sources, the OpenAI request reader and the CLI all use these
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import numpy as np
 from .reasons import Reason
 
 BOM = b"\xef\xbb\xbf"
+BLANK = b" \t\r\n"  # JSON's whitespace: a line of nothing else is blank
 MAX_DEPTH = 20  # nesting of objects and lists in one line; Parquet cannot read back much deeper schemas
 HEAD = 4096  # bytes of an over-long line kept to name it
 _SKIP = 1 << 20  # bytes read at a time while skipping the rest of an over-long line
@@ -50,26 +52,48 @@ def open_lines(path: str) -> IO[bytes]:
 
 
 def read_lines(stream: IO[bytes], max_bytes: int) -> Iterator[bytes | Oversized]:
-    """Every line of the stream without its line ending; a final newline does not start another
-    line, and a UTF-8 byte-order mark before the first line is dropped."""
-    first = True
+    """Every line of the stream that is not blank, without its line ending (see numbered_lines)."""
+    return (line for _, line in numbered_lines(stream, max_bytes))
+
+
+def numbered_lines(stream: IO[bytes], max_bytes: int) -> Iterator[tuple[int, bytes | Oversized]]:
+    """(number, line) for every line of the stream, 1-based, without its line ending; a final newline does not
+    start another line, and a UTF-8 byte-order mark before the first line is dropped. A blank line (JSON
+    whitespace only) is no row, as in most JSON Lines readers (pandas, DuckDB, vLLM's run_batch): it is
+    skipped, so rows are the lines that are not blank and a line's number can differ from its row."""
+    number = 0
     while True:
         line = stream.readline(max_bytes + 1)
         if not line:
             return
-        if first and line.startswith(BOM):
+        number += 1
+        if number == 1 and line.startswith(BOM):
             line = line[len(BOM) :]
-        first = False
         if len(line) > max_bytes and not line.endswith(b"\n"):
-            size = len(line)
+            size, blank = len(line), not line.strip(BLANK)
             while True:  # skip to the end of the line without holding it
                 rest = stream.readline(_SKIP)
-                size += len(rest)
+                size, blank = size + len(rest), blank and not rest.strip(BLANK)
                 if not rest or rest.endswith(b"\n"):
                     break
-            yield Oversized(line[:HEAD], size - (1 if rest.endswith(b"\n") else 0))
+            if not blank:
+                yield number, Oversized(line[:HEAD], size - (1 if rest.endswith(b"\n") else 0))
             continue
-        yield line.rstrip(b"\r\n")
+        line = line.rstrip(b"\r\n")
+        if line.strip(BLANK):
+            yield number, line
+
+
+def count_lines(stream: IO[bytes], block_size: int = 1 << 20) -> int:
+    """The lines numbered_lines yields from a stream, counted block by block without reading them one by one."""
+    count, open_line = 0, False  # open_line: the line running on into the next block is not blank
+    start = stream.read(len(BOM)).removeprefix(BOM)
+    for block in itertools.chain([start], iter(lambda: stream.read(block_size), b"")):
+        *ended, rest = block.split(b"\n")
+        for k, line in enumerate(ended):
+            count += bool(line.strip(BLANK)) or (k == 0 and open_line)
+        open_line = bool(rest.strip(BLANK)) or (open_line and not ended)
+    return count + open_line
 
 
 def parse_object(line: bytes | Oversized, max_bytes: int) -> tuple[dict | None, Problem | None]:

@@ -13,11 +13,13 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
+from .cache import file_digest
 from .config import ModelConfig
 from .errors import ModelError
+from .plan import IDENTITY
 from .tasks import model_spec
+from .templates import chat_template, no_chat_template
 
-_SAMPLE = 4 << 20  # bytes hashed at the start, middle and end of a large weight file
 SHOW_LIBRARY_LOGS = False  # set by the command line's --debug
 
 
@@ -132,26 +134,17 @@ _RESULT_FILES = (
 
 def model_identity(path: Path) -> str:
     """A hash of everything in a model folder that shapes its results — config, tokenizer, generation
-    defaults and weights — so a resumed job can tell the model changed.
-
-    Weight files are hashed whole up to 3 samples' size; beyond that, size plus start, middle and
-    end, which catches any re-save or re-train without reading many gigabytes at every start.
-    """
+    defaults, modeling code and every byte of the weights — so a resumed job can tell the model changed, and
+    a conversion cached for it is never served to another. Each weight file's digest is remembered
+    (cache.file_digest), so only the first start after a change reads the weights."""
     digest = hashlib.sha256()
-    for name in _RESULT_FILES:
+    code = sorted(p.name for p in path.glob("*.py"))  # a model's own modeling code (trust_remote_code)
+    for name in [*_RESULT_FILES, *code]:
         if (path / name).exists():
             digest.update(name.encode() + (path / name).read_bytes())
     for weights in sorted([*path.glob("*.safetensors"), *path.glob("*model*.bin")]):
-        size = weights.stat().st_size
-        digest.update(f"{weights.name}:{size}".encode())
-        with open(weights, "rb") as f:
-            if size <= 3 * _SAMPLE:
-                digest.update(f.read())
-                continue
-            for offset in (0, size // 2, size - _SAMPLE):
-                f.seek(offset)
-                digest.update(f.read(_SAMPLE))
-    return digest.hexdigest()[:16]
+        digest.update(f"{weights.name}:{file_digest(weights)}".encode())
+    return IDENTITY + digest.hexdigest()[:24]
 
 
 def pooling_of(path: Path) -> Pooling:
@@ -204,6 +197,17 @@ def read_config(cfg: ModelConfig, path: Path):
         ) from exc
     check_head(config, cfg, path)
     return config
+
+
+def check_chat_template(cfg: ModelConfig, path: Path, messages: str | None) -> None:
+    """Before the output folder is touched: model.chat_template reads and parses, and a job of chat messages
+    (input.messages, the column `messages`) has a template to format them, its own or the model's."""
+    if chat_template(cfg.chat_template) or not messages:
+        return
+    config = path / "tokenizer_config.json"
+    inline = config.exists() and json.loads(config.read_text()).get("chat_template")
+    if not (inline or (path / "chat_template.jinja").exists() or (path / "chat_template.json").exists()):
+        raise ModelError(*no_chat_template(f"input.messages ('{messages}')"))
 
 
 def quiet_libraries() -> None:
@@ -286,4 +290,6 @@ def load_model(cfg: ModelConfig, path: Path):
         raise ModelError(
             f"{path} has no fast tokenizer (tokenizer.json)", "save the tokenizer with a tokenizers backend"
         )
+    if cfg.chat_template is not None:
+        tokenizer.chat_template = chat_template(cfg.chat_template)
     return tokenizer, model.to(device).eval(), device

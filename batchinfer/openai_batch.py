@@ -17,12 +17,14 @@ import json
 import time
 
 import pyarrow as pa
+from pydantic import ValidationError
 
 from .constrain import response_format
 from .errors import InputError
 from .lines import open_lines, parse_object, read_lines
 from .messages import message_problem
 from .openai_api import CHAT, COMPLETIONS, EMBEDDINGS, chat_messages, unsupported
+from .openai_requests import SETTINGS, describe
 from .openai_shapes import choice, completion, embedding_list, usage
 from .reasons import Reason
 
@@ -55,6 +57,18 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
     if not isinstance(body, dict):
         return row, (Reason.BAD_REQUEST, "body is missing or not an object")
     row["url"] = url
+    if url in SETTINGS:
+        try:
+            settings = SETTINGS[url].model_validate(body)
+        except ValidationError as exc:
+            return row, (Reason.BAD_REQUEST, describe(exc.errors(), "body."))
+        row |= {
+            "max_tokens": settings.limit(),
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "seed": settings.seed,
+            "stop": settings.stop,
+        }
     if problem := unsupported(url, body, "batch"):
         return row, problem
     if url == CHAT:
@@ -71,22 +85,6 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
         if prompt is not None and not isinstance(prompt, str):
             return row, (Reason.BAD_REQUEST, f"{field} must be text, not {type(prompt).__name__}")
         row["prompt"] = prompt
-    stop = body.get("stop")
-    row["stop"] = [stop] if isinstance(stop, str) else stop
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    for key, value, kind in (
-        ("max_tokens", max_tokens, int),
-        ("temperature", body.get("temperature"), (int, float)),
-        ("top_p", body.get("top_p"), (int, float)),
-        ("seed", body.get("seed"), int),
-    ):
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-            return row, (Reason.BAD_REQUEST, f"body.{key} must be a number, not {value!r}")
-        row[key] = float(value) if key in ("temperature", "top_p") and value is not None else value
-    if max_tokens is not None and max_tokens < 1:
-        return row, (Reason.BAD_REQUEST, f"body.max_tokens must be at least 1, not {max_tokens}")
-    if row["stop"] is not None and not (isinstance(row["stop"], list) and all(isinstance(s, str) for s in row["stop"])):
-        return row, (Reason.BAD_REQUEST, "body.stop must be a string or a list of strings")
     row["response_format"], problem = response_format_column(body)
     return row, problem
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from .config import JobConfig
 from .errors import shorten
 from .sources.base import Shard
+from .templates import chat_template
 
 
 @dataclass(frozen=True)
@@ -63,22 +64,36 @@ def plan_chunks(row_counts: list[int], chunk_rows: int, limit: int | None = None
     return chunks
 
 
+# Every model identity (models.model_identity) starts so. One that does not was recorded by an earlier batchinfer,
+# which hashed only samples of large weight files: it cannot show that the model is unchanged.
+IDENTITY = "sha256:"
+# Keys that fingerprints of earlier versions held but that cannot change a row's result: where an old folder
+# has them, they are not compared. (input.path and model.path: the shards' and the model's digests say it all.)
+NOT_RESULTS = frozenset({"input.path", "model.path", "generation.max_memory"})
+
+
 def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int | None = None) -> dict:
     """Everything that changes which rows there are or what a row's result is: the job's settings, the
-    model's weights, and what every shard holds (its rows and a digest of its content).
+    model's identity (every byte of its weights), and what every shard holds (its rows and a digest of its
+    content), with chunk_rows, on which the chunks' names depend.
 
-    Batching limits and the device are left out on purpose: results do not depend on them, and
-    a user must be able to resume with a smaller max_tokens after running out of memory.
+    Left out on purpose, since results do not depend on them (a user must be able to resume with a smaller
+    max_tokens or max_memory after running out of memory): where the input and the model lie (their digests
+    are here), batching limits and strategy, the device and backend (agreement is checked), the KV cache's
+    memory and engine options, the grammar compile time limit, the executor and its workers, the output's
+    compression, progress, the cache.
     """
+    gen = job.generation
+    # constraint keys only when set, so the fingerprints of jobs from before they existed still match
+    # grammar_seconds: how long a compile may take on this machine, which no completion depends on
+    generation = gen.model_dump(exclude={"engine_options", "max_memory", "grammar_seconds"} | _unset_constraints(gen))
     return {
-        "input.path": job.input.path,
         "input.shards": {s.name: f"{s.num_rows}:{s.digest}" for s in shards},
         "input.text": job.input.text,
         "input.text_pair": job.input.text_pair,
         "input.messages": job.input.messages,
         "input.id": job.input.id,
         "input.keep": job.input.kept,
-        "model.path": job.model.path,
         "model.hash": model_id,
         "model.task": job.model.task,
         **(
@@ -95,6 +110,8 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int |
             if job.model.task == "classify" and job.model.labels
             else {}
         ),
+        # only when set, so that the fingerprints of jobs from before the key existed still match
+        **({"model.chat_template": chat_template(job.model.chat_template)} if job.model.chat_template else {}),
         "model.max_length": job.model.max_length,
         "model.truncation": job.model.truncation,
         "model.dtype": job.model.dtype,
@@ -102,12 +119,7 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int |
         "batching.chunk_rows": job.chunk_rows,
         "output.scores": job.output.scores,
         **({"output.aggregation": job.output.aggregation} if job.model.task == "token-classify" else {}),
-        # constraint keys only when set, so the fingerprints of jobs from before they existed still match
-        **(
-            {"generation": job.generation.model_dump(exclude={"engine_options"} | _unset_constraints(job.generation))}
-            if job.model.task == "generate"
-            else {}
-        ),
+        **({f"generation.{key}": value for key, value in generation.items()} if job.model.task == "generate" else {}),
         "limit": limit,
     }
 
@@ -117,7 +129,9 @@ def _unset_constraints(gen) -> set[str]:
 
 
 def describe_changes(old: dict, new: dict) -> dict[str, str]:
-    """Each fingerprint key that differs, with what changed, in words a user can act on."""
+    """Each fingerprint key that differs, with what changed, in words a user can act on. `old` may be a
+    fingerprint of an earlier version: its `generation` dict is read key by key, and NOT_RESULTS not compared."""
+    old, new = _comparable(old), _comparable(new)
     changes = {}
     for key in sorted(set(old) | set(new)):
         before, after = old.get(key), new.get(key)
@@ -125,9 +139,23 @@ def describe_changes(old: dict, new: dict) -> dict[str, str]:
             continue
         if key == "input.shards" and isinstance(before, dict) and isinstance(after, dict):
             changes[key] = _shard_changes(before, after)
+        elif key == "model.hash" and not str(before).startswith(IDENTITY) and str(after).startswith(IDENTITY):
+            changes[key] = (
+                "model.hash: recorded by an earlier batchinfer, which hashed only samples of large weight files "
+                "and so cannot show that the model is the same"
+            )
         else:
             changes[key] = f"{key}: {shorten(before)} -> {shorten(after)}"
     return changes
+
+
+def _comparable(found: dict) -> dict:
+    flat = {key: value for key, value in found.items() if key != "generation" and key not in NOT_RESULTS}
+    if isinstance(found.get("generation"), dict):
+        flat.update(
+            {f"generation.{k}": v for k, v in found["generation"].items() if f"generation.{k}" not in NOT_RESULTS}
+        )
+    return flat
 
 
 def _shard_changes(before: dict[str, str], after: dict[str, str]) -> str:

@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
+from .model_size import describe_size
 from .show import prefix_line
 
 
@@ -146,6 +147,7 @@ def summary_table(report: dict) -> Table:
         ("errors", errors),
         ("truncated", f"{report['truncated']:,}"),
         ("this run", f"{run['rows']:,} rows in {run['seconds']:.1f} s on {report['device']}"),
+        *([("model", describe_size(report["model_size"]))] if "model_size" in report else []),
         ("throughput", f"{run['rows_per_s']:,.1f} rows/s, {run['tokens_per_s']:,.0f} input tokens/s"),
         ("padding efficiency", f"{report['padding_efficiency']:.3f} (real / padded tokens)"),
         ("model busy", f"{run['model_busy']:.0%} of the processing loop"),

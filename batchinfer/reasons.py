@@ -43,6 +43,9 @@ class Reason:
     MODEL_ERROR = _reason("model_error", "the model failed on this row", retryable=True)
     BAD_REQUEST = _reason("bad_request", "an OpenAI request that is not valid, or a constraint that cannot compile")
     UNSUPPORTED = _reason("unsupported", "an OpenAI request field batchinfer does not implement")
+    DUPLICATE_ID = _reason(
+        "duplicate_id", "an OpenAI request whose custom_id an earlier line used: only the first request runs"
+    )
     BAD_MAX_NEW_TOKENS = _reason("bad_max_new_tokens", "a row's max_new_tokens that is not a whole number >= 1")
     LENGTH = _reason("length", "max_new_tokens cut a constrained output before it was complete")
     INVALID_OUTPUT = _reason("invalid_output", "a constrained output that does not follow its grammar")

@@ -7,7 +7,7 @@ from collections import Counter
 from .config import JobConfig
 from .output.records import ChunkRecord, current_errors
 from .plan import Chunk
-from .prefix import PrefixFigures
+from .tasks import LABEL_SCORING, model_spec
 
 
 def build_report(
@@ -62,15 +62,39 @@ def build_report(
             name: {"chunks": w["chunks"], "rows": w["rows"], "rows_per_s": _rate(w["rows"], loop)}
             for name, w in sorted(workers.items())
         }
+    if reuses_prefix(job) or any(r.prefix for r in records):
+        report["prefix"] = prefix_saved([r.prefix for r in records if r.prefix])
     if job.model.task == "generate":
         first = sorted(r.first_token_seconds for r in records if r.first_token_seconds is not None)
         report["generated_tokens"] = sum(r.generated_tokens or 0 for r in records)
         report["run"]["generated_tokens_per_s"] = _rate(run.get("generated", 0), loop)
         report["run"]["time_to_first_token_s"] = first[len(first) // 2] if first else None
-    prefix = PrefixFigures.total(records)
-    if prefix is not None:
-        report["prefix"] = prefix.report()
     return report
+
+
+def reuses_prefix(job: JobConfig) -> bool:
+    """Whether the job's task computes a prompt prefix that its rows share once (label scoring), so that its
+    report says what that saved even when nothing was shared. (Generation's records carry `prefix` whenever
+    the engine shares cache pages, runners/generate.py.)"""
+    return model_spec(job.model.task, job.model.labels) is LABEL_SCORING
+
+
+def prefix_saved(prefixes: list[dict]) -> dict:
+    """What shared prompt prefixes saved, from records' (or a plan's sample's) `prefix` figures, for either task:
+    the length most rows ran after, the rows that reused one, the prompt tokens not computed again, and their
+    share of the prompt tokens the rows had in full (each figure's `prompt_tokens`, the saved ones included:
+    label scoring's record `tokens` leave the prefix out, generation's count it, so neither is the base)."""
+    lengths: Counter = Counter()
+    for prefix in prefixes:
+        lengths[prefix["tokens"]] += prefix["rows"]
+    saved = sum(prefix["saved_tokens"] for prefix in prefixes)
+    prompt = sum(prefix["prompt_tokens"] for prefix in prefixes)
+    return {
+        "tokens": lengths.most_common(1)[0][0] if lengths else 0,
+        "rows": sum(lengths.values()),
+        "saved_tokens": saved,
+        "saved_share": round(saved / prompt, 4) if prompt else 0.0,
+    }
 
 
 def _rate(amount: float, seconds: float) -> float:

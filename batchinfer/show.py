@@ -8,6 +8,7 @@ from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from .model_size import describe_size
 from .output.layout import REPORT
 from .output.records import ChunkRecord, current_errors
 
@@ -24,6 +25,7 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
         f"of {config.chunk_rows:,} rows"
         + (f"; {summary['skipped_shards']} shard(s) skipped" if summary["skipped_shards"] else ""),
     )
+    lines.append(f"model    {config.model.path}: {describe_size(summary['model_size'])}")
     if "tokens" in summary:
         t = summary["tokens_per_row"]
         lines.append(
@@ -32,9 +34,9 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
             f"{summary['truncated_share']:.1%} cut at max_length, {summary['error_share']:.1%} error rows)",
         )
     if "prefix" in summary:
+        # label scoring computes it once per chunk; generation reads it from the engine's cache pages
         reused = summary["prefix"]["saved_tokens"]
-        said = f"about {prefix_line(summary['prefix'])}, on the sample" if reused else NO_PREFIX
-        lines.append(f"prefix   {said}")
+        lines.append(f"prefix   {prefix_line(summary['prefix'])}" + (", estimated on the sample" if reused else ""))
     if "batching" in summary:
         b = summary["batching"]
         lines.append(
@@ -51,15 +53,18 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
     return lines
 
 
-NO_PREFIX = "none reused: the sampled prompts share no whole cache page at their start (put a shared instruction first)"
+NO_PREFIX = "none reused: the sampled prompts share no start long enough to reuse (put a shared instruction first)"
 
 
 def prefix_line(prefix: dict) -> str:
-    """A report's (or plan's) `prefix` figures in words."""
+    """A report's (or plan's) `prefix` figures in words, for either task: a prefix computed once (label
+    scoring) or read from the engine's cache (generation), and its share of the prompt tokens in full."""
+    if not prefix["saved_tokens"]:
+        return NO_PREFIX
     return (
-        f"{prefix['saved_tokens']:,} prompt tokens read from the cache instead of computed "
-        f"({prefix['saved_share']:.0%} of prompt tokens; {prefix['rows']:,} rows, "
-        f"up to {prefix['tokens']:,} tokens each)"
+        f"{prefix['tokens']:,} tokens that the prompts start with, reused for {prefix['rows']:,} rows: "
+        f"{prefix['saved_tokens']:,} prompt tokens not computed again "
+        f"({prefix['saved_share']:.1%} of the prompt tokens)"
     )
 
 

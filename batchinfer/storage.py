@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from .cache import cache_root
 from .errors import ConfigError, OutputError
 
 
@@ -233,9 +234,9 @@ JOB_FILE = "_batchinfer.json"  # the job file at the top of every batchinfer out
 
 
 def refuse_location(output: str, inputs: tuple[str, ...]) -> None:
-    """/, the home folder, a folder holding the input and a folder inside another job's output are never
-    output folders (the other job would take the new one for files it did not write). Here, not in output/,
-    because discovery asks it before any output folder exists: sources depend on storage, not on output/."""
+    """/, the home folder, a folder holding the input or batchinfer's cache and a folder inside another job's
+    output are never output folders (the other job would take the new one for files it did not write). Here, not
+    in output/, because discovery asks it before any output folder exists: sources depend on storage, not output/."""
     resolved = None if is_uri(output) else local_path(output).resolve()
     if resolved is not None and resolved in (Path(resolved.anchor), Path.home().resolve()):
         what = "the root folder" if resolved == Path(resolved.anchor) else "your home folder"
@@ -253,6 +254,13 @@ def refuse_location(output: str, inputs: tuple[str, ...]) -> None:
     if resolved is not None and resolved.exists() and not resolved.is_dir():
         raise OutputError(
             f"output.path {output} is a file; batchinfer writes a folder there", "choose a new folder for output.path"
+        )
+    # Refused, not ignored: Parquet readers of the folder would take the cache's files for parts.
+    if resolved is not None and same_or_inside(str(cache_root()), str(resolved)):
+        raise OutputError(
+            f"batchinfer's cache {cache_root()} ($BATCHINFER_CACHE) lies inside output.path {output}, where its files "
+            "would be taken for files this job did not write",
+            "set BATCHINFER_CACHE to a folder outside the output, e.g. ~/.cache/batchinfer",
         )
     for parent in resolved.parents if resolved is not None else ():
         if (parent / JOB_FILE).is_file():
@@ -272,9 +280,9 @@ def glob_base(pattern: str) -> str:
 class LocalFolder:
     """An output folder on a local disk. Names are relative, with / between parts."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, tmp_prefix: str = ".tmp-"):
         self.path = local_path(path)
-        self.tmp_prefix = ".tmp-"
+        self.tmp_prefix = tmp_prefix  # names whose temporary files these are (see _write_tmp)
 
     def __str__(self) -> str:
         return str(self.path)
@@ -351,6 +359,15 @@ class LocalFolder:
             return False
         finally:
             tmp.unlink(missing_ok=True)
+
+    def temps_of(self, name: str) -> list[str]:
+        """The temporary files of `name` with this folder's prefix (as _write_tmp names them), such as those
+        a writer killed mid-write left: its own, and no other file."""
+        target = self.path / name
+        own = re.compile(re.escape(self.tmp_prefix) + r"[0-9a-f]{8}-" + re.escape(target.name))
+        found = target.parent.iterdir() if target.parent.is_dir() else ()
+        mine = [p for p in found if own.fullmatch(p.name) and p.is_file() and not p.is_symlink()]
+        return [p.relative_to(self.path).as_posix() for p in mine]
 
     def delete(self, name: str) -> None:
         (self.path / name).unlink(missing_ok=True)

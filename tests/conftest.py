@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -192,6 +193,19 @@ def _tiny_causal(kind: str, folder: Path, texts: list[str]) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory, sms_table) -> Path:
     return _tiny_causal("llama", tmp_path_factory.mktemp("tiny-llama"), sms_table.column("text").to_pylist())
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_plain(tmp_path_factory, tiny_llama) -> Path:
+    """The tiny Llama without a chat template (a base model): prompts are the text as the tokenizer encodes it."""
+    folder = tmp_path_factory.mktemp("tiny-llama-plain")
+    for path in tiny_llama.iterdir():
+        if path.name != "chat_template.jinja":
+            shutil.copy(path, folder / path.name)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
 
 
 @pytest.fixture(scope="session")

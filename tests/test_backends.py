@@ -157,15 +157,43 @@ def test_a_failed_precision_check_falls_back_to_f32_with_a_note(sms_parquet, tin
     )
 
 
-def test_bf16_passes_its_check_on_minilm_where_the_cpu_has_it(sms_parquet, minilm_path, tmp_path):
+@pytest.mark.parametrize("no_bf16", [False, True], ids=["this-cpu", "BATCHINFER_NO_BF16"])
+def test_dtype_auto_on_minilm_takes_bf16_where_the_cpu_has_it_and_says_why_not(
+    sms_parquet, minilm_path, tmp_path, monkeypatch, no_bf16
+):
+    """bf16 present: its check passes and is recorded; absent (or turned off): f32, and the report says why."""
     from batchinfer.backends.openvino import bf16_supported
 
-    report = _run(sms_parquet, minilm_path, tmp_path / "out", "embed", "openvino", dtype="auto")
-    probe = report["batching"]["probe"]
-    if not bf16_supported():
-        assert report["batching"]["precision"] == "f32" and "precision_check" not in probe
+    if no_bf16:
+        monkeypatch.setenv("BATCHINFER_NO_BF16", "1")
+    report = _run(sms_parquet / "part-0.parquet", minilm_path, tmp_path / "out", "embed", "openvino", dtype="auto")
+    batching = report["batching"]
+    check = batching.get("probe", {}).get("precision_check")  # no probe at all where nothing is left to choose
+    if bf16_supported():
+        assert batching["precision"] == "bf16" and check["min_cosine"] >= 0.9999 and "precision_note" not in batching
         return
-    assert report["batching"]["precision"] == "bf16" and probe["precision_check"]["min_cosine"] >= 0.9999
+    assert batching["precision"] == "f32" and check is None
+    assert batching["precision_note"].startswith("f32: ")
+    assert ("BATCHINFER_NO_BF16 is set" in batching["precision_note"]) == no_bf16
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["bf16-cpu", "avx2-cpu"])
+def test_no_bf16_turns_off_bf16_on_any_cpu_and_keeps_its_rates_apart(monkeypatch, native):
+    from batchinfer.backends import openvino, precisions
+    from batchinfer.config import ModelConfig
+
+    # Both kinds of CPU, as OpenVINO describes them, whichever this machine is.
+    monkeypatch.setattr(openvino, "_cpu_capabilities", lambda: ("FP32", "BF16") if native else ("FP32",))
+    cfg = ModelConfig(path="unused", task="embed", dtype="auto")
+    assert precisions(cfg, "openvino") == (["bf16", "f32"] if native else ["f32"])
+    before = openvino.cpu_id()
+    monkeypatch.setenv("BATCHINFER_NO_BF16", "1")
+    assert not openvino.bf16_supported() and precisions(cfg, "openvino") == ["f32"]
+    assert (openvino.cpu_id() != before) == native  # rates timed in f32 never stand for bf16's
+    pinned = ModelConfig(path="unused", task="embed", dtype="bfloat16")
+    assert precisions(pinned, "openvino") == ["bf16"]  # a pinned dtype stays pinned
+    monkeypatch.setenv("BATCHINFER_NO_BF16", "0")
+    assert openvino.bf16_supported() == native
 
 
 def test_a_changed_model_is_never_served_from_the_cache(sms_parquet, tiny_classify, tmp_path, conversion_cache):
@@ -188,7 +216,7 @@ def test_a_changed_model_is_never_served_from_the_cache(sms_parquet, tiny_classi
 
 
 def test_a_damaged_cache_entry_is_rebuilt_and_a_foreign_one_refused(
-    sms_parquet, tiny_embed, tmp_path, conversion_cache
+    sms_parquet, tiny_embed, tmp_path, conversion_cache, monkeypatch
 ):
     _run(sms_parquet, tiny_embed, tmp_path / "a", "embed", "openvino")
     (entry,) = [e for e in _entries(conversion_cache) if (e / "model.bin").exists() and _is_for(e, tiny_embed)]
@@ -204,7 +232,13 @@ def test_a_damaged_cache_entry_is_rebuilt_and_a_foreign_one_refused(
     with pytest.raises(ModelError, match="notes.txt"):
         _run(sms_parquet, tiny_embed, tmp_path / "c", "embed", "openvino")
     assert (entry / "notes.txt").read_text() == "mine"
-    (entry / "notes.txt").unlink()
+    shutil.rmtree(entry)
+    entry.write_text("mine too")  # a file in the entry's place: refused before any conversion runs
+    monkeypatch.setattr("openvino.convert_model", lambda *args, **kwargs: pytest.fail("converted"))
+    with pytest.raises(ModelError, match="is a file where batchinfer keeps a conversion"):
+        _run(sms_parquet, tiny_embed, tmp_path / "d", "embed", "openvino")
+    assert entry.read_text() == "mine too"
+    entry.unlink()
 
 
 def _is_for(entry, model) -> bool:
@@ -285,3 +319,86 @@ def test_a_probe_that_timed_both_backends_keeps_their_rates_for_this_cpu(tmp_pat
     openvino.remember(model, {"openvino": 30_000, "torch": 10_000})
     known = json.loads((tmp_path / openvino.RATES).read_text())
     assert known == {openvino.cpu_id(): {"openvino": 30_000, "torch": 10_000}}
+
+
+@pytest.fixture
+def few_rows(sms_table, tmp_path):
+    """Rows enough for the cache's own tests: what they check happens before the first batch."""
+    pq.write_table(sms_table.slice(0, 8), tmp_path / "few.parquet")
+    return tmp_path / "few.parquet"
+
+
+class _Logged(Quiet):
+    def __init__(self):
+        self.lines = []
+
+    def log(self, message):
+        self.lines.append(message)
+
+
+def _read_only(monkeypatch):
+    """A cache that cannot be written, as on a read-only mount (root writes through chmod, so the lock
+    file's opening is what fails, as EROFS makes it fail)."""
+    import errno
+    import os
+
+    def no_writes(path, mode="r", *args, **kwargs):
+        if "w" in mode:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr("batchinfer.backends.openvino.open", no_writes, raising=False)
+
+
+def test_staging_a_killed_conversion_left_is_removed_and_a_read_only_cache_serves_its_entry_or_auto_runs_torch(
+    few_rows, tiny_embed, tmp_path, monkeypatch
+):
+    import fcntl
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("BATCHINFER_CACHE", str(cache))
+    root = cache / "openvino"
+    dead, live = root / f".tmp-{'a' * 24}-0badf00d", root / f".tmp-{'b' * 24}-0badf00d"
+    for staging in (dead, live):
+        staging.mkdir(parents=True)
+        (staging / "model.bin").write_bytes(b"\0" * 1024)
+    (root / f".{'a' * 24}.lock").touch()  # its converter was killed: the lock is free
+    with open(root / f".{'b' * 24}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process converting now
+        _run(few_rows, tiny_embed, tmp_path / "a", "embed", "openvino")
+    assert not dead.exists() and live.exists() and len(_entries(cache)) == 1
+
+    _read_only(monkeypatch)
+    report = _run(few_rows, tiny_embed, tmp_path / "b", "embed", "openvino")  # the valid entry, only read
+    assert report["complete"] and "convert" not in report["startup"]["load"]
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(ModelError, match="cache .*empty.* cannot be written") as refused:
+        _run(few_rows, tiny_embed, tmp_path / "c", "embed", "openvino")
+    assert "set BATCHINFER_CACHE to a writable folder" in refused.value.hint
+    logged = _Logged()
+    report = run_job(
+        make_job(few_rows, tiny_embed, tmp_path / "d", model__backend="auto", model__dtype="float32"),
+        progress=logged,
+    )
+    assert report["complete"] and report["batching"]["backend"] == "torch"
+    note = report["startup"]["load"]["note"]
+    assert note.startswith("OpenVINO not used, torch runs the job") and "cannot be written" in note
+    assert any(note in line for line in logged.lines)
+
+
+def test_a_full_disk_during_conversion_is_named_and_auto_runs_torch(few_rows, tiny_embed, tmp_path, monkeypatch):
+    import openvino as ov
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("BATCHINFER_CACHE", str(cache))
+
+    def full(*args, **kwargs):  # what OpenVINO raises when the disk fills while it writes model.bin
+        raise RuntimeError("Exception from src/core/src/pass/serialize.cpp:1234:\nbasic_ios::clear: iostream error")
+
+    monkeypatch.setattr(ov, "save_model", full)
+    report = _run(few_rows, tiny_embed, tmp_path / "a", "embed", "auto")
+    assert report["complete"] and report["batching"]["backend"] == "torch"
+    note = report["startup"]["load"]["note"]
+    assert f"cache {cache / 'openvino'} could not take the conversion (basic_ios::clear: iostream error)" in note
+    assert "set BATCHINFER_CACHE to a writable folder" in note
+    assert [p.name for p in (cache / "openvino").iterdir() if not p.name.endswith(".lock")] == []  # no staging

@@ -29,7 +29,7 @@ ROW_KINDS = {
     "malformed_json.jsonl": (3, 2, {"bad_json": 1}),
     "not_an_object.jsonl": (3, 2, {"bad_json": 1}),
     "bad_utf8.jsonl": (3, 2, {"bad_utf8": 1}),
-    "blank_line.jsonl": (3, 2, {"bad_json": 1}),
+    "blank_line.jsonl": (2, 2, {}),  # blank lines are skipped, as most JSON Lines readers do
     "too_long.jsonl": (3, 2, {"too_long": 1}),
     "crlf_and_bom.jsonl": (2, 2, {}),
     "null_and_empty.parquet": (4, 2, {"null_text": 1, "empty_text": 1}),
@@ -124,6 +124,41 @@ def test_shard_that_breaks_mid_read_accounts_every_row(tmp_path, tiny_embed, mon
         run_job(_job(folder, tiny_embed, tmp_path / "out"))
     report = run_job(_job(folder, tiny_embed, tmp_path / "out", input__on_bad_shard="skip"))
     assert report["rows"] == 6 and report["rows_ok"] == 2 and report["errors_by_reason"] == {"bad_shard": 4}
+
+
+@pytest.mark.parametrize("where", ["discovery", "read"])
+def test_a_defect_in_a_reader_stops_the_job_as_an_internal_error_and_skips_nothing(
+    tmp_path, tiny_embed, monkeypatch, where
+):
+    """Only what says "this file is unreadable" may skip a shard: a KeyError or a plain ValueError out of a
+    reader is a defect in the code, and skipping on it would drop a good file's rows with a note."""
+    from typer.testing import CliRunner
+
+    import batchinfer.sources.parquet as sources
+    from batchinfer.cli import app
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(BAD / "crlf_and_bom.jsonl", folder / "good.jsonl")
+    shutil.copy(BAD / "null_and_empty.parquet", folder / "fine.parquet")
+    owner, name = (sources.ParquetFormat, "inspect") if where == "discovery" else (sources.ParquetReader, "read")
+    real = getattr(owner, name)
+
+    def defect(self, *args):
+        if "fine.parquet" in str(args[0] if where == "discovery" else self.shard.path):
+            raise KeyError("text") if where == "discovery" else ValueError("a defect in the reader")
+        return real(self, *args)
+
+    monkeypatch.setattr(owner, name, defect)
+    job = tmp_path / "job.yaml"
+    config = _job(folder, tiny_embed, tmp_path / "out", input__on_bad_shard="skip")
+    job.write_text(yaml.safe_dump(config.model_dump(exclude_defaults=True)))
+    result = CliRunner().invoke(app, ["run", str(job), "-q"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "internal error:" in said, said
+    assert ("KeyError: 'text'" if where == "discovery" else "ValueError: a defect in the reader") in said
+    assert "skipped" not in said and not (tmp_path / "out" / "_SUCCESS").exists()
+    assert not list((tmp_path / "out").glob("_errors/*"))  # no row of the good file noted as bad_shard
 
 
 def test_every_bad_shard_is_named_at_once_and_a_skip_is_in_the_summary(tmp_path, tiny_embed):

@@ -2,12 +2,13 @@
 the queue is bounded in tokens, one failed batch fails only its own requests. A stand-in runner, no model."""
 
 import asyncio
+import threading
 import time
 
 import pytest
 import torch
 
-from batchinfer.serve.batcher import Batcher, Overloaded
+from batchinfer.serve.batcher import Batcher, Overloaded, TooLarge
 
 FOREVER = 60.0  # a max_wait no test reaches: the window closes on the token budget or on stop()
 
@@ -110,21 +111,29 @@ def test_the_queue_is_bounded_in_tokens_and_a_reservation_counts():
                 alone.submit(_rows(3), loop)
             own = alone.submit(_rows(7), loop, reserved=8)  # its own reservation is not counted twice
         assert alone.queued_tokens == 7
-        big = _rows(50)  # larger than the bound: refused while others wait, taken alone otherwise
         with pytest.raises(Overloaded):
-            alone.submit(big, loop)
+            alone.submit(_rows(5), loop)
         await _stop(alone)
         return await asyncio.wait_for(own.future, 1)
 
     assert asyncio.run(reserve()) == ([sum(range(1, 8))], {})
 
 
-def test_a_request_larger_than_the_bound_is_taken_alone_when_the_queue_is_empty():
+def test_a_request_larger_than_the_bound_is_refused_even_when_the_queue_is_empty():
     runner = Runner()
-    batcher = _batcher(runner, max_tokens=20, max_queue_tokens=10)
+    batcher = _batcher(runner, max_tokens=20, max_queue_tokens=30)
 
     async def go():
-        request = batcher.submit(_rows(12, 12), asyncio.get_running_loop())  # spans two batches
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TooLarge, match=r"the request is 36 tokens, more than the queue holds \(serve.max_queue_"):
+            batcher.submit(_rows(12, 12, 12), loop)  # was taken alone, and held the queue while it ran
+        with pytest.raises(TooLarge, match="the request is at least 31 tokens"):
+            with batcher.reserved(500, least=31):  # 31 texts: refused before they are tokenized
+                pass
+        with batcher.reserved(500):  # an estimate past the bound holds the bound; the real count decides
+            with pytest.raises(Overloaded, match="30 tokens are queued or being read"):
+                batcher.submit(_rows(1), loop)
+            request = batcher.submit(_rows(12, 12), loop, reserved=500)  # fits, and spans two batches
         return await asyncio.wait_for(request.future, 10)
 
     results, failed = asyncio.run(go())
@@ -175,7 +184,8 @@ def test_cancelled_rows_never_reach_the_model_and_an_empty_request_resolves_at_o
     async def go():
         loop = asyncio.get_running_loop()
         gone = batcher.submit(_rows(4), loop)
-        gone.cancelled = True  # the caller went away before the window closed
+        batcher.cancel(gone)  # the caller went away before the window closed: its rows leave the queue
+        assert batcher.queued_tokens == 0
         empty = batcher.submit([], loop)
         return await asyncio.wait_for(empty.future, 1)
 
@@ -199,3 +209,30 @@ def test_stop_runs_what_is_queued_then_refuses():
 
     assert asyncio.run(go()) == ([6], {})
     assert not batcher.alive and runner.batches == [_rows(3)]
+
+
+def test_a_request_cancelled_while_its_window_runs_stops_at_the_next_batch():
+    started, release = threading.Event(), threading.Event()
+
+    class Held(Runner):
+        def run(self, ids):
+            started.set()
+            release.wait(10)
+            return super().run(ids)
+
+    runner = Held()
+    batcher = _batcher(runner, max_tokens=4, max_wait=0)  # a batch of one 4-token row
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        gone = batcher.submit(_rows(4, 4, 4, 4), loop)  # four batches
+        stays = batcher.submit(_rows(4, start=100), loop)
+        await loop.run_in_executor(None, started.wait, 10)
+        batcher.cancel(gone)  # its client went away while its first batch ran
+        release.set()
+        return await asyncio.wait_for(stays.future, 10), gone.future.done()
+
+    (results, _), resolved = asyncio.run(go())
+    batcher.stop()
+    assert results == [sum(range(100, 104))] and not resolved
+    assert len(runner.batches) == 2  # the batch under way, then the other request's row; not the three left

@@ -26,6 +26,7 @@ def test_run_validate_status(tmp_path, sms_parquet, tiny_embed):
     result = runner.invoke(app, ["run", str(job), "--set", "batching.max_rows=32"])
     assert result.exit_code == 0, result.output
     assert "600 (600 ok, 0 errors)" in result.output and "padding efficiency" in result.output
+    assert "model               BertModel, 2 layers of width 32, " in result.output
     assert ds.dataset(str(tmp_path / "out")).count_rows() == 600
     result = runner.invoke(app, ["status", str(tmp_path / "out")])
     assert result.exit_code == 0 and "6/6 done (complete)" in result.output and "active  no" in result.output
@@ -254,6 +255,7 @@ def test_plan_says_what_a_job_will_do_and_writes_nothing(tmp_path, sms_parquet, 
     result = runner.invoke(app, ["plan", str(job), "--sample", "120"])
     assert result.exit_code == 0, result.output
     assert "3 shard(s), 600 rows, 6 chunk(s) of 100 rows" in result.output
+    assert f"model    {tiny_embed}: BertModel, 2 layers of width 32, " in result.output
     assert (
         "tokens   about" in result.output
         and "padding efficiency" in result.output
@@ -435,6 +437,21 @@ def test_plan_of_a_partly_done_folder_estimates_what_is_left_at_the_folders_rate
     assert f"at {rate:,.1f} rows/s, the rate the folder's last run measured" in time_line
     assert "batching probe" not in time_line  # the folder recorded the probe's choice: no second probe
     assert "the probe's choice, recorded in the output folder" in result.output
+
+
+def test_plan_of_a_finished_job_answers_without_loading_the_model(tmp_path, sms_parquet, tiny_embed, monkeypatch):
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("plan loaded the model of a finished job")
+
+    monkeypatch.setattr("batchinfer.chunk_task.TaskInputs.task", no_load)
+    monkeypatch.setattr("batchinfer.dryrun.sample_problems", no_load)
+    result = runner.invoke(app, ["plan", str(job)])
+    assert result.exit_code == 0, result.output
+    assert "time     nothing left to run: the output folder holds every row of this job" in result.output
+    assert "holds this job, complete: 6/6 chunks done" in result.output and "tokens   about" not in result.output
 
 
 def test_plan_says_when_the_machine_was_busy_and_counts_the_probe(monkeypatch, tmp_path, sms_parquet, tiny_embed):

@@ -101,6 +101,23 @@ def test_set_overrides_parse_yaml_values(tmp_path):
     assert config.batching.max_tokens == 8192 and config.model.allow_pickle is True and config.input.keep == ["a", "b"]
     with pytest.raises(ConfigError, match="batching.max_tokns: unknown key; did you mean 'max_tokens'"):
         load_job(job, ["batching.max_tokns=1"])
+
+
+def test_a_bad_set_names_set_not_the_file(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(GOOD))
+    with pytest.raises(ConfigError) as info:
+        load_job(job, ["batching.max_token=4096", "model.dtype=f8"])
+    assert info.value.message.startswith(f"--set on {job} is not valid:")
+    assert "--set batching.max_token: unknown key; did you mean 'max_tokens'" in info.value.message
+    assert "--set model.dtype: " in info.value.message and "fix the --set value" in info.value.hint
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**GOOD, "batching": {"max_tokns": 1}}))
+    with pytest.raises(ConfigError) as info:  # the file's own problem is the file's, beside a --set's
+        load_job(bad, ["model.dtype=f8"])
+    lines = info.value.message.splitlines()
+    assert lines[0] == f"{bad} is not a valid job:" and any(line.startswith("  --set model.dtype: ") for line in lines)
+    assert any(line.startswith("  batching.max_tokns: unknown key") for line in lines)
     with pytest.raises(ConfigError, match="is not key=value"):
         load_job(job, ["batching.max_tokens"])
 
@@ -164,3 +181,13 @@ def test_the_shipped_classifier_is_small_and_labels_messages_it_never_saw():
     )
     labels, gold = table.column("label").to_pylist(), table.column("gold").to_pylist()
     assert set(labels) == {"ham", "spam"} and sum(a == b for a, b in zip(labels, gold)) / len(gold) >= 0.97
+
+
+@pytest.mark.parametrize("given", [None, 1.5, True, [1], "lots", 0])
+def test_a_max_memory_that_is_no_size_is_one_line_naming_the_key(given):
+    job = {**GOOD, "model": {"path": "m", "task": "generate"}, "generation": {"max_memory": given}}
+    message = _error(job)
+    assert message.count("generation.max_memory") == 1, message  # not one line per type tried (.int, .str)
+    assert f"generation.max_memory: write a size such as 2GB, 512MB or 2147483648 (bytes), or auto (got {given!r})" in (
+        message
+    )

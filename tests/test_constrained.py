@@ -153,6 +153,7 @@ def test_openai_batch_lines_with_response_format_are_answered(tmp_path, tiny_lla
         _request("bad", "/v1/completions", prompt="x", response_format=_with_schema({"$ref": "#/$defs/none"})),
         _request("stop", "/v1/completions", prompt="x", response_format={"type": "json_object"}, stop="}"),
         _request("kind", "/v1/completions", prompt="x", response_format={"type": "yaml"}),
+        _request("many", "/v1/completions", prompt="x", response_format=_with_schema({"enum": list(range(6000))})),
     ]
     path = tmp_path / "requests.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -165,7 +166,7 @@ def test_openai_batch_lines_with_response_format_are_answered(tmp_path, tiny_lla
     run_job(validate_job(job))
     answered = {json.loads(line)["custom_id"]: json.loads(line) for line in (tmp_path / "out" / "output.jsonl").open()}
     failed = {json.loads(line)["custom_id"]: json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").open()}
-    assert set(answered) | set(failed) == {"schema", "object", "text", "bad", "stop", "kind"}
+    assert set(answered) | set(failed) == {"schema", "object", "text", "bad", "stop", "kind", "many"}
     content = answered["schema"]["response"]["body"]["choices"][0]["message"]["content"]
     jsonschema.validate(json.loads(content), SCHEMA)
     if "object" in answered:  # or an error line with reason length
@@ -177,6 +178,8 @@ def test_openai_batch_lines_with_response_format_are_answered(tmp_path, tiny_lla
     assert failed["bad"]["error"]["message"].startswith("body.response_format: xgrammar cannot compile this schema")
     assert "a stop string could cut" in failed["stop"]["error"]["message"]
     assert "body.response_format.type must be" in failed["kind"]["error"]["message"]
+    assert failed["many"]["error"]["code"] == "bad_request"  # refused before it compiles
+    assert "6,000 values to choose between, past generation.grammar_max_choices" in failed["many"]["error"]["message"]
 
 
 def test_serve_answers_constrained_requests_as_the_offline_job(tmp_path, sms_table, tiny_llama):
@@ -238,3 +241,164 @@ def test_serve_answers_constrained_requests_as_the_offline_job(tmp_path, sms_tab
         assert len("".join(e["choices"][0]["text"] for e in events)) == len(schema[1].json()["choices"][0]["text"])
     else:
         assert events[-1]["error"]["code"] == schema[1].json()["error"]["code"]
+
+
+def _nested(depth: int) -> dict:
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def _grammars(tiny_llama, **limits):
+    from transformers import AutoTokenizer
+
+    from batchinfer.constrain import GrammarLimits
+    from batchinfer.grammar import Grammars
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    settings = {"seconds": 10.0, "bytes": 1 << 18, "depth": 64, "choices": 5000, **limits}
+    return Grammars(tokenizer, len(tokenizer), {tokenizer.eos_token_id}, GrammarLimits(**settings))
+
+
+def test_a_constraint_past_the_size_limits_is_refused_before_it_compiles(tmp_path, sms_table, tiny_llama):
+    from batchinfer.constrain import choices, response_format
+    from batchinfer.grammar import Uncompilable
+
+    grammars = _grammars(tiny_llama, depth=20, choices=50, bytes=4000)
+    deep = response_format(_with_schema(_nested(300)), "body.response_format")[0]  # 17 s to compile, unbounded
+    assert response_format(_with_schema(_nested(3000)), "body.response_format")[1].endswith(
+        "nests too deep to read; flatten it"
+    )
+    enum = response_format(_with_schema({"enum": [f"v{i}" for i in range(60)]}), "body.response_format")[0]
+    for constraint, said in (
+        (deep, "body.response_format: this schema is too large to compile: "),
+        (enum, "60 values to choose between, past generation.grammar_max_choices (50)"),
+        (choices([f"choice {i}" for i in range(400)], "generation.choices"), "past generation.grammar_max_bytes"),
+    ):
+        with pytest.raises(Uncompilable, match=re.escape(said)):
+            grammars.compile(constraint)
+    with pytest.raises(Uncompilable, match=r"it nests \d+ deep, past generation.grammar_max_depth \(20\)"):
+        grammars.compile(response_format(_with_schema(_nested(12)), "x")[0])
+    grammars.compile(response_format(_with_schema(_nested(4)), "x")[0])  # within them: compiled
+    prompts = _prompts(tmp_path, sms_table, n=2)
+    with pytest.raises(ConfigError, match=re.escape("generation.response_format: this schema is too large")):
+        run_job(
+            _generate(
+                prompts,
+                tiny_llama,
+                tmp_path / "deep",
+                generation__response_format=_with_schema(_nested(40)),
+                generation__grammar_max_depth=16,
+            )
+        )
+
+
+def test_each_schema_compiles_once_within_the_time_limit_and_the_cache_is_bounded(tiny_llama, monkeypatch):
+    import threading
+    import time
+
+    from batchinfer import grammar
+    from batchinfer.constrain import choices, response_format
+    from batchinfer.grammar import Grammars, Uncompilable
+
+    monkeypatch.setattr(grammar, "CACHE_BYTES", 300_000)
+    grammars = _grammars(tiny_llama, seconds=0.2)
+    compiled, compile = [], Grammars._compile
+
+    def slow(self, constraint, loose):
+        compiled.append(constraint)
+        time.sleep(0.5)
+        return compile(self, constraint, loose)
+
+    monkeypatch.setattr(Grammars, "_compile", slow)
+    schema = response_format(JSON_SCHEMA, "response_format")[0]
+    outcomes = []
+
+    def ask():
+        try:
+            outcomes.append(grammars.compile(schema))
+        except Uncompilable as exc:
+            outcomes.append(str(exc))
+
+    askers = [threading.Thread(target=ask) for _ in range(3)]
+    for asker in askers:
+        asker.start()
+    for asker in askers:
+        asker.join()
+    said = "response_format: xgrammar took longer than generation.grammar_seconds (0.2 s) to compile this schema"
+    assert outcomes == [said + "; simplify it"] * 3
+    monkeypatch.setattr(Grammars, "_compile", compile)
+    deadline = time.monotonic() + 30
+    while not grammars.compiler.get_cache_size_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the compile goes on, and what it compiled is kept
+    assert compiled == [schema] and grammars.compiler.get_cache_size_bytes() > 0
+    assert grammars.compile(schema) is not None
+    for n in range(8):  # distinct grammars of about 100 kB each: xgrammar's cache keeps within its bound
+        grammars.compile(choices([f"option {n} {i}" for i in range(1000)], "generation.choices"))
+    assert grammars.compiler.cache_limit_bytes == 300_000
+    assert 0 < grammars.compiler.get_cache_size_bytes() <= 400_000
+
+
+def test_serve_compiles_off_the_event_loop_once_per_schema_and_within_the_limits(
+    tmp_path, sms_table, tiny_llama, monkeypatch
+):
+    pytest.importorskip("fastapi")
+    import time
+
+    import httpx
+
+    from batchinfer.grammar import Grammars
+    from batchinfer.models import resolve_model_path
+    from batchinfer.serve import create_app
+
+    calls, seen, compile = [], set(), Grammars._compile
+
+    def slow(self, constraint, loose):  # as long as a large schema's compile, off the GIL as xgrammar's is
+        started = time.monotonic()
+        if (constraint, loose) not in seen:  # later calls find it in xgrammar's cache
+            seen.add((constraint, loose))
+            time.sleep(2.0 if "slow" in constraint.spec else 0.6)
+        calls.append((constraint, started, time.monotonic()))
+        return compile(self, constraint, loose)
+
+    monkeypatch.setattr(Grammars, "_compile", slow)
+    job = _generate(
+        _prompts(tmp_path, sms_table, n=1),
+        tiny_llama,
+        tmp_path / "unused",
+        generation__grammar_seconds=1.2,
+        generation__grammar_max_depth=16,
+    )
+    slow_schema = _with_schema({"type": "object", "properties": {"slow": {"type": "boolean"}}})
+
+    async def go():
+        app = create_app(job, resolve_model_path(job.model.path))
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://b", timeout=60) as client:
+                post = lambda schema: client.post(  # noqa: E731
+                    "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "response_format": schema}
+                )
+                same = [asyncio.ensure_future(post(JSON_SCHEMA)) for _ in range(3)]
+                await asyncio.sleep(0.1)
+                health = await client.get("/health")
+                answered = time.monotonic()
+                return (
+                    await asyncio.gather(*same),
+                    health,
+                    answered,
+                    await post(slow_schema),
+                    await post(_with_schema(_nested(20))),
+                )
+
+    same, health, answered, too_slow, too_deep = asyncio.run(go())
+    (first, compiled), *later = sorted((start, end) for c, start, end in calls if '"spam"' in c.spec)
+    assert all(start >= compiled for start, _ in later)  # the three requests shared one compile
+    assert [a.status_code for a in same] == [422] * 3  # 2 tokens: cut short (length)
+    assert health.status_code == 200 and answered < compiled  # answered while the schema compiled
+    assert too_slow.status_code == 400
+    assert "xgrammar took longer than generation.grammar_seconds (1.2 s)" in too_slow.json()["error"]["message"]
+    assert (
+        too_deep.status_code == 400 and "past generation.grammar_max_depth (16)" in too_deep.json()["error"]["message"]
+    )

@@ -1,15 +1,20 @@
 """`batchinfer export`: a finished folder as one file, refused for an unfinished one, never over a file unasked."""
 
 import json
+import os
+import shutil
+import sys
 
 import numpy as np
 import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+import pytest
 from helpers import user_job, write_job
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
+from batchinfer.export import export_folder
 
 runner = CliRunner()
 
@@ -26,7 +31,8 @@ def test_export_writes_every_result_row_in_input_order_in_each_format(tmp_path, 
         assert result.exit_code == 0 and f"wrote 600 rows to {target}" in result.output, result.output
     single = pq.read_table(tmp_path / "all.parquet")
     assert single.column("sms_id").to_pylist() == whole.column("sms_id").to_pylist()
-    assert single.schema.metadata is None  # the job id marks the folder's own files, not the user's
+    # The job id marks the folder's own files, not the user's: the export's own key says who wrote it.
+    assert list(single.schema.metadata) == [b"batchinfer.export"]
     lines = [json.loads(line) for line in (tmp_path / "all.jsonl").read_text().splitlines()]
     assert [line["sms_id"] for line in lines] == whole.column("sms_id").to_pylist()
     csv = pacsv.read_csv(tmp_path / "all.csv")
@@ -41,13 +47,105 @@ def test_export_refuses_an_unfinished_folder_and_an_existing_file(tmp_path, sms_
     target = tmp_path / "all.parquet"
     result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target)])
     assert result.exit_code == 1 and "is not a finished job (2/6 chunks done" in result.output
-    assert "finish it first" in result.output and not target.exists()
+    said = " ".join(result.output.split())
+    assert f"finish it (batchinfer run {job}), then export; or export what it holds now with --partial" in said
+    assert "--limit" not in said.split("fix:")[1] and not target.exists()
     assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
     target.write_text("mine")
     result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target)])
     assert result.exit_code == 1 and "exists" in result.output and "--force" in result.output
     assert target.read_text() == "mine"
+    result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target), "--force"])
+    assert result.exit_code == 1 and "cannot tell that an export wrote it" in result.output, result.output
+    assert target.read_text() == "mine"  # --force replaces an export's file only
+    target.unlink()
+    assert runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target)]).exit_code == 0
     assert runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target), "--force"]).exit_code == 0
     assert pq.read_table(target).num_rows == 600 and not list(tmp_path.glob(".tmp-*"))
     result = runner.invoke(app, ["export", str(tmp_path / "out"), "-f", "xml", "-o", str(tmp_path / "x")])
     assert result.exit_code == 1 and "not one of parquet, jsonl, csv" in result.output
+
+
+def test_partial_exports_what_a_trial_holds_and_never_passes_for_a_finished_export(tmp_path, sms_parquet, tiny_embed):
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    assert runner.invoke(app, ["run", str(job), "--limit", "150", "-q"]).exit_code == 0
+    target = tmp_path / "trial.parquet"
+    result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target), "--partial"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"wrote 150 rows to {target}; a partial export: the 2/6 chunks the folder finished" in said
+    table = pq.read_table(target)
+    assert table.column("sms_id").to_pylist() == pq.read_table(sms_parquet).column("sms_id").to_pylist()[:150]
+    assert table.schema.metadata[b"batchinfer.export.partial"] == b"2/6 chunks"
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target), "--force", "--partial"])
+    assert result.exit_code == 0 and "a partial export" not in result.output  # a finished folder: the whole job
+    assert (
+        pq.read_table(target).num_rows == 600 and b"batchinfer.export.partial" not in pq.read_metadata(target).metadata
+    )
+
+
+def test_export_checks_the_parts_as_a_run_opens_them(tmp_path, sms_parquet, tiny_embed):
+    """A finished folder that lost a part, holds a foreign file or a part cut short at a part's name, is refused
+    (a run would redo those chunks) instead of exported short; a rerun mends it and the export then holds all."""
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    part = "part-00001-00000.parquet"
+    other = pq.read_table(tmp_path / "out" / part)
+    damages = {
+        "is missing": lambda path: path.unlink(),
+        "is not this job's file": lambda path: pq.write_table(other.replace_schema_metadata(None), path),
+        "is not a whole Parquet file": lambda path: path.write_bytes(path.read_bytes()[:-200]),
+        "holds 40 rows where its chunk committed 100": lambda path: pq.write_table(other.slice(0, 40), path),
+    }
+    for problem, damage in damages.items():
+        folder = tmp_path / problem.replace(" ", "-").replace("'", "")
+        shutil.copytree(tmp_path / "out", folder)
+        damage(folder / part)
+        target = tmp_path / f"{folder.name}.parquet"
+        result = runner.invoke(app, ["export", str(folder), "-o", str(target)])
+        said = " ".join(result.output.split())
+        assert result.exit_code == 1 and f"lost rows of 1 finished chunk(s): {part} {problem}" in said, said
+        assert "job.yaml: it runs those chunks again; then export" in said
+        assert not target.exists()
+    mended = tmp_path / "is-missing"
+    assert runner.invoke(app, ["run", str(job), "--output", str(mended), "-q"]).exit_code == 0
+    result = runner.invoke(app, ["export", str(mended), "-o", str(tmp_path / "all.parquet")])
+    assert result.exit_code == 0 and "wrote 600 rows" in result.output, result.output
+
+
+def test_export_never_writes_inside_an_output_folder_and_removes_only_its_own_stale_temp(
+    tmp_path, sms_parquet, tiny_embed, monkeypatch
+):
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    out = tmp_path / "out"
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "_lock"}
+    (tmp_path / "link").symlink_to(out)
+    for target in (
+        out / "all.parquet",
+        out / "part-00000-00000.parquet",
+        out / "_batchinfer.json",
+        out / "_done" / "x",
+    ):
+        for force in ([], ["--force"]):
+            result = runner.invoke(app, ["export", str(out), "-o", str(target), *force])
+            said = " ".join(result.output.split())
+            assert result.exit_code == 1 and "a batchinfer output folder: the folder's readers" in said, said
+    result = runner.invoke(app, ["export", str(out), "-o", str(tmp_path / "link" / "all.jsonl"), "-f", "jsonl"])
+    assert result.exit_code == 1 and "lies inside" in result.output  # a link into the folder leads inside it
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "_lock"} == before
+    assert runner.invoke(app, ["status", str(out)]).exit_code == 0
+    # An export killed (kill -9) between its temporary file's fsync and the rename leaves that file behind.
+    monkeypatch.setattr(os, "replace", lambda *a: sys.exit(137))
+    with pytest.raises(SystemExit):
+        export_folder(str(out), "csv", tmp_path / "all.csv", force=True)
+    monkeypatch.undo()
+    [stale] = tmp_path.glob(".tmp-export-*-all.csv")
+    others = [tmp_path / ".tmp-0123abcd-all.csv", tmp_path / ".tmp-export-0123abcd-other.csv"]
+    others += [tmp_path / ".tmp-export-mine-all.csv"]  # not its own to remove: other targets, other patterns
+    for path in others:
+        path.write_text("half")
+    result = runner.invoke(app, ["export", str(out), "-f", "csv", "-o", str(tmp_path / "all.csv")])
+    assert result.exit_code == 0, result.output
+    assert not stale.exists() and all(p.read_text() == "half" for p in others)

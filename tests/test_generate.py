@@ -3,6 +3,7 @@ text `model.generate` gives for that row alone."""
 
 import json
 import signal
+import sys
 from functools import partial
 
 import pyarrow as pa
@@ -10,13 +11,14 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import BATCHINFER, make_job, run_until, write_job
+from helpers import BATCHINFER, EXAMPLES, make_job, run_until, write_job
 from helpers import generate_alone as _alone
 from helpers import prompt_table as _prompts
 
 from batchinfer.config import validate_job
 from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
+from batchinfer.output.records import ChunkRecord
 
 _job = partial(
     make_job,
@@ -236,8 +238,8 @@ def test_rows_that_share_an_instruction_read_it_from_the_cache_and_get_the_same_
     from transformers import AutoTokenizer
 
     from batchinfer.dryrun import estimate_job
-    from batchinfer.prefix import admission, page_hits
     from batchinfer.runners.generate import SHARED_PAGE
+    from batchinfer.runners.prefix import admission, page_hits
 
     instruction = "Reply to this text message as a friend would, in one short sentence, and never mention money. " * 3
     table = _prompts(sms_table, 8)
@@ -254,7 +256,15 @@ def test_rows_that_share_an_instruction_read_it_from_the_cache_and_get_the_same_
         "tokens": max(expected),
         "rows": 7,  # every row but the one prefilled first
         "saved_tokens": sum(expected),
+        # of the prompt tokens in full: a generation record's tokens count every prompt token, cached or not
         "saved_share": round(sum(expected) / report["tokens"], 4),
+    }
+    marker = json.loads(next((tmp_path / "out" / "_done").glob("*.json")).read_text())
+    assert ChunkRecord.from_marker(marker).prefix == {
+        "tokens": max(expected),
+        "rows": 7,
+        "saved_tokens": sum(expected),
+        "prompt_tokens": sum(map(len, prompts)),  # label scoring's records have the same shape
     }
     assert min(h for h in expected if h) >= shared
     for row in ds.dataset(str(tmp_path / "out"), format="parquet").to_table().to_pylist():
@@ -263,3 +273,105 @@ def test_rows_that_share_an_instruction_read_it_from_the_cache_and_get_the_same_
         assert row["text"] == tokenizer.decode(_alone(tiny_llama, prompts[i], limit), skip_special_tokens=True)
     planned = estimate_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "plan", model__max_length=512))
     assert planned["prefix"] == report["prefix"]  # one chunk, every row sampled: the estimate is what ran
+
+
+def test_a_messages_job_on_a_model_without_a_chat_template_is_refused_before_it_starts(tmp_path, tiny_llama_plain):
+    sys.path.insert(0, str(EXAMPLES / "models"))
+    from make_tiny_causal import CHAT_TEMPLATE
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"id": 0, "messages": [{"role": "user", "content": "Ok lar"}]}) + "\n")
+    job = {
+        "input": {"path": str(path), "messages": "messages", "id": "id"},
+        "model": {"path": str(tiny_llama_plain), "task": "generate"},
+        "generation": {"max_new_tokens": 4},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    with pytest.raises(ModelError, match="input.messages \\('messages'\\): chat messages need a chat template") as e:
+        run_job(validate_job(job))
+    assert "model.chat_template" in e.value.hint and not (tmp_path / "out").exists()
+    (tmp_path / "chat.jinja").write_text(CHAT_TEMPLATE)
+    job["model"]["chat_template"] = str(tmp_path / "chat.jinja")
+    run_job(validate_job(job))
+    assert ds.dataset(str(tmp_path / "out")).to_table().column("completion_tokens").to_pylist()[0] > 0
+
+
+def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_path):
+    from batchinfer.plan import fingerprint
+
+    (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    sections = {
+        "input": {"path": "x", "messages": "m"},
+        "model": {"path": "m", "task": "generate", "chat_template": str(tmp_path / "chat.jinja")},
+        "output": {"path": "o"},
+    }
+    before = fingerprint(validate_job(sections), "hash", [])
+    (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m['role'] }}{% endfor %}")
+    after = fingerprint(validate_job(sections), "hash", [])
+    assert before["model.chat_template"] != after["model.chat_template"]  # a changed file is a changed job
+    assert "model.chat_template" not in fingerprint(
+        validate_job({**sections, "model": {"path": "m", "task": "generate"}}), "hash", []
+    )
+    for given, said in (
+        (str(tmp_path / "none.jinja"), "is neither a Jinja template nor a file"),
+        ("{% for m in messages %}", "the template does not parse"),
+    ):
+        sections["model"]["chat_template"] = given
+        with pytest.raises(ConfigError, match=said):
+            fingerprint(validate_job(sections), "hash", [])
+    with pytest.raises(ConfigError, match="model.chat_template: only for model.task generate"):
+        validate_job(
+            {
+                **sections,
+                "input": {"path": "x", "text": "t"},
+                "model": {"path": "m", "task": "embed", "chat_template": "{{ x }}"},
+            }
+        )
+
+
+def test_engine_passes_part_rows_only_by_what_the_engine_cannot_take_per_row():
+    from batchinfer.config import GenerationConfig
+    from batchinfer.runners.generate import engine_passes
+
+    greedy = [GenerationConfig(seed=i, stop=[str(i)], top_p=0.5 + i / 10) for i in range(3)]
+    hot = [GenerationConfig(temperature=0.8, seed=i) for i in range(3)] + [GenerationConfig(temperature=0.5)]
+    rows = greedy + hot
+    assert engine_passes(rows, "transformers") == [[0, 1, 2], [3, 4, 5], [6]]
+    assert engine_passes(rows, "static") == [[0, 1, 2], [3], [4], [5], [6]]
+    assert engine_passes(rows, "vllm") == [list(range(7))]
+    assert engine_passes(rows, "transformers", skip={1, 6}) == [[0, 2], [3, 4, 5]]
+
+
+def test_a_rows_own_settings_are_checked_as_the_job_files_are(tmp_path, tiny_llama):
+    from batchinfer.runners import make_runner
+
+    pytest.importorskip("xgrammar")
+    runner = make_runner(
+        _job(tmp_path / "unused.parquet", tiny_llama, tmp_path / "out", generation__regex="(yes|no)"), tiny_llama
+    )
+    gen, problem = runner.row_config({"temperature": 0.5, "seed": 3, "top_p": None})
+    assert problem is None and (gen.temperature, gen.seed, gen.top_p, gen.regex) == (0.5, 3, 1.0, "(yes|no)")
+    assert runner.row_config({"stop": None}) == (runner.gen, None)
+    gen, problem = runner.row_config({"stop": ["\n"]})  # was copied past the checks, and could cut the regex output
+    assert (
+        gen is runner.gen and problem[0] == "bad_request" and "a stop string could cut the regex output" in problem[1]
+    )
+
+
+def test_a_lower_max_memory_resumes_the_job_and_a_changed_temperature_is_refused_by_name(
+    tmp_path, sms_table, tiny_llama
+):
+    """Lowering generation.max_memory is what a user does after an out-of-memory: the same job, resumed. A
+    setting that changes results refuses, naming the one key (not the whole generation section)."""
+    from batchinfer.errors import ResumeError
+
+    pq.write_table(_prompts(sms_table, 6), tmp_path / "p.parquet")
+    job = partial(_job, tmp_path / "p.parquet", tiny_llama, tmp_path / "out", batching__chunk_rows=2)
+    first = run_job(job(generation__max_memory="1GB"), limit=2)
+    assert first["rows_ok"] == 2
+    resumed = run_job(job(generation__max_memory="64MB"))
+    assert resumed["complete"] and resumed["rows_ok"] == 6 and resumed["run"]["rows"] == 4
+    with pytest.raises(ResumeError) as refused:
+        run_job(job(generation__max_memory="64MB", generation__temperature=0.5, generation__seed=1))
+    assert "generation.temperature: 0.0 -> 0.5" in refused.value.message
+    assert "generation.seed: 0 -> 1" in refused.value.message and "max_new_tokens" not in refused.value.message

@@ -2,7 +2,9 @@
 computation does, with and without a chat template, shared prompt or repeated, and resumes after a kill."""
 
 import json
+import os
 import shutil
+from functools import partial
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -14,22 +16,23 @@ from helpers import read_output as _read
 
 from batchinfer.config import validate_job
 from batchinfer.driver import run_job
+from batchinfer.dryrun import estimate_job
 from batchinfer.errors import ConfigError, ModelError
+from batchinfer.output.records import ChunkRecord
+from batchinfer.runners import make_runner, prefix
+from batchinfer.show import plan_lines
 
 LABELS = ["ham", "spam", "not sure"]
 
 
-@pytest.fixture(scope="session")
-def tiny_llama_plain(tmp_path_factory, tiny_llama):
-    """The tiny Llama without a chat template: prompts are the text as the tokenizer encodes it."""
-    folder = tmp_path_factory.mktemp("tiny-llama-plain")
-    for path in tiny_llama.iterdir():
-        if path.name != "chat_template.jinja":
-            shutil.copy(path, folder / path.name)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
+def _prompt_ids(tokenizer, text: str) -> list[int]:
+    """A row's whole prompt as transformers tokenizes it: through the chat template where there is one."""
+    if tokenizer.chat_template:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        return tokenizer.encode(rendered, add_special_tokens=False)
+    return tokenizer.encode(text)
 
 
 def _direct_logprobs(model_path, texts: list[str], labels: list[str]) -> np.ndarray:
@@ -40,13 +43,7 @@ def _direct_logprobs(model_path, texts: list[str], labels: list[str]) -> np.ndar
     model = AutoModelForCausalLM.from_pretrained(model_path).eval()
     out = np.zeros((len(texts), len(labels)))
     for i, text in enumerate(texts):
-        if tokenizer.chat_template:
-            rendered = tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-            )
-            prompt = tokenizer.encode(rendered, add_special_tokens=False)
-        else:
-            prompt = tokenizer.encode(text)
+        prompt = _prompt_ids(tokenizer, text)
         for k, label in enumerate(labels):
             ids = tokenizer.encode(label, add_special_tokens=False)
             with torch.no_grad():
@@ -86,6 +83,96 @@ def test_label_scores_equal_a_direct_transformers_computation(sms_parquet, sms_t
     assert np.allclose(table.column("score").to_numpy(), np.array(table.column("scores").to_pylist()).max(1))
     field = pq.read_schema(next((tmp_path / "out").glob("part-*.parquet"))).field("scores")
     assert json.loads(field.metadata[b"labels"]) == LABELS  # the names of the scores, next to them
+
+
+INSTRUCTION = (
+    "Sort each text message into ham, spam or not sure. Ham is a message between friends, family or colleagues; "
+    "spam sells something, offers a prize or asks you to call a number.\n\nMessage: {text}\nAnswer:"
+)
+
+
+@pytest.mark.parametrize(
+    ("model", "prompt"),
+    [("tiny_llama", "shared"), ("tiny_llama_plain", "shared"), ("tiny_llama", "repeated"), ("tiny_gpt2", "shared")],
+)
+def test_a_shared_instruction_runs_once_and_scores_as_a_direct_computation(
+    sms_table, tmp_path, request, monkeypatch, model, prompt
+):
+    from transformers import AutoTokenizer
+
+    path = request.getfixturevalue(model)
+    prefills = []
+    prefill = prefix.PrefixCache.prefill
+    monkeypatch.setattr(prefix.PrefixCache, "prefill", lambda self, ids: prefills.append(ids) or prefill(self, ids))
+    pq.write_table(sms_table.slice(0, 60), tmp_path / "sms.parquet")
+    scoring = dict(input__text=INSTRUCTION, model__labels=LABELS, model__label_prompt=prompt, model__max_length=512)
+    output = dict(output__scores=True, batching__chunk_rows=30, batching__max_tokens=1024)  # two chunks of batches
+    report = run_job(_job(tmp_path / "sms.parquet", path, tmp_path / "out", "classify", **scoring, **output))
+    table = _read(tmp_path / "out")
+    texts = [INSTRUCTION.format(text=t) for t in sms_table.column("text").to_pylist()[:60]]
+    picked = np.arange(0, 60, 7)
+    direct = _direct_logprobs(path, [texts[i] for i in picked], LABELS)
+    expected = np.exp(direct - direct.max(1, keepdims=True))
+    scores = np.array(table.column("scores").to_pylist(), dtype=np.float64)[picked]
+    assert np.allclose(scores, expected / expected.sum(1, keepdims=True), atol=1e-4)
+    assert table.column("label").to_pylist()[::7] == [LABELS[i] for i in direct.argmax(1)]
+    # the prefix: the prompts' common token start (the chat preamble and the instruction), prefilled once for
+    # both chunks, never counted in what the batches computed
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    prompts = [_prompt_ids(tokenizer, t) for t in texts]
+    shared = len(os.path.commonprefix(prompts))
+    fed = sum(len(tokenizer.encode(label, add_special_tokens=False)) - 1 for label in LABELS)
+    per_row = len(LABELS) if prompt == "repeated" else 1
+    whole = sum(len(p) * per_row + fed for p in prompts)
+    assert shared > len(INSTRUCTION) // 8 and prefills == [tuple(prompts[0][:shared])]
+    saved = 60 * per_row * shared
+    assert report["prefix"] == {
+        "tokens": shared,
+        "rows": 60,
+        "saved_tokens": saved,
+        "saved_share": round(saved / whole, 4),
+    }
+    assert report["tokens"] == whole - saved
+    markers = [json.loads(p.read_text()) for p in sorted((tmp_path / "out" / "_done").glob("*.json"))]
+    records = [ChunkRecord.from_marker(marker).prefix for marker in markers]
+    assert [{k: v for k, v in r.items() if k != "prompt_tokens"} for r in records] == [
+        {"tokens": shared, "rows": 30, "saved_tokens": saved // 2}
+    ] * 2
+    # each record's prompt tokens in full (computed and saved), the base of the share for either task
+    assert sum(r["prompt_tokens"] for r in records) == whole
+    halves = (prompts[:30], prompts[30:])  # the markers in chunk order
+    assert [r["prompt_tokens"] for r in records] == [sum(len(p) * per_row + fed for p in half) for half in halves]
+
+
+def test_rows_after_other_prefixes_or_none_share_a_batch(sms_table, tiny_llama, tmp_path, monkeypatch):
+    """Serve batches items of several requests: each prefix's items run against its own cache, and a row cut
+    from the left (it lost the prefix's start) runs whole, in the same batch."""
+    common = dict(task="classify", model__labels=LABELS, model__max_length=256)
+    runner = make_runner(_job(tmp_path / "x.parquet", tiny_llama, tmp_path / "out", **common), tiny_llama)
+    texts = sms_table.column("text").to_pylist()
+    longest = max(texts, key=len)
+    first = [INSTRUCTION.format(text=t) for t in [*texts[:5], longest]]
+    other = ["Is this message spam? Think it over before you answer.\n\n" + t for t in texts[5:9]]
+    a, b = runner.tokenize(first), runner.tokenize(other)
+    assert a.prefix.used.tolist() == [True] * 5 + [False] and a.truncated.tolist() == [False] * 5 + [True]
+    assert b.prefix.used.all() and b.prefix.tokens != a.prefix.tokens
+    together = np.array(runner.run(a.ids + b.ids))
+    monkeypatch.setattr(prefix, "MIN_PREFIX_TOKENS", 1 << 30)
+    whole = runner.tokenize(first + other)
+    assert whole.prefix is None
+    assert np.allclose(together, np.array(runner.run(whole.ids)), atol=1e-5)
+
+
+def test_plan_counts_the_shared_prefix_once(sms_table, tiny_llama, tmp_path):
+    pq.write_table(sms_table.slice(0, 80), tmp_path / "sms.parquet")
+    common = dict(task="classify", input__text=INSTRUCTION, model__labels=LABELS, model__max_length=512)
+    job = _job(tmp_path / "sms.parquet", tiny_llama, tmp_path / "out", batching__chunk_rows=40, **common)
+    summary = estimate_job(job, sample=80)
+    plan = summary["prefix"]
+    assert plan["tokens"] > len(INSTRUCTION) // 8 and plan["rows"] == 80 and plan["saved_share"] > 0.5
+    assert summary["tokens"] < 80 * plan["tokens"]  # what the rows compute, the prefix not in it
+    assert summary["estimate"]["tokens_per_s"] > 0
+    assert any(line.startswith(f"prefix   {plan['tokens']} tokens") for line in plan_lines(job, summary))
 
 
 def test_length_normalised_scores_divide_each_sum(sms_parquet, sms_table, tiny_llama, tmp_path):
@@ -195,3 +282,29 @@ def test_serve_classify_scores_labels_as_the_offline_job(sms_parquet, sms_table,
     answer = asyncio.run(go())
     assert [row["label"] for row in answer["data"]] == offline.column("label").to_pylist()[:12]
     assert np.allclose([row["score"] for row in answer["data"]], offline.column("score").to_numpy()[:12], atol=1e-5)
+
+
+def test_labels_that_are_no_tokens_or_past_the_models_context_are_refused_with_a_fix_that_works(
+    sms_parquet, tiny_llama, tmp_path
+):
+    """A soft hyphen, a zero-width space or a byte-order mark passes str.strip but is no token: named with
+    its index. Labels that alone fill the model's context get no max_length fix above the model's limit."""
+    from tokenizers import Tokenizer, normalizers
+
+    cleaning = tmp_path / "cleaning"  # a tokenizer that drops format characters, as BERT's normalizer does
+    shutil.copytree(tiny_llama, cleaning)
+    tokenizer = Tokenizer.from_file(str(cleaning / "tokenizer.json"))
+    tokenizer.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=False, lowercase=False)
+    tokenizer.save(str(cleaning / "tokenizer.json"))
+    invisible = ["ham", "\u00ad", "spam", "\u200b\ufeff"]
+    with pytest.raises(ConfigError, match=r"label 1 \('\\xad'\), 3 \('\\u200b\\ufeff'\) is no token"):
+        run_job(_job(sms_parquet, cleaning, tmp_path / "a", task="classify", model__labels=invisible))
+    job = partial(_job, sms_parquet, tiny_llama, task="classify")
+    many = [f"label number {k} of very many" for k in range(400)]  # each 6+ tokens past its first
+    with pytest.raises(ModelError, match="and the model reads at most 2048 tokens") as refused:
+        run_job(job(tmp_path / "b", model__labels=many, model__max_length=8192))
+    assert "raise model.max_length" not in refused.value.hint
+    assert "use fewer or shorter labels, or model.label_prompt: repeated" in refused.value.hint
+    with pytest.raises(ModelError, match="leaves no room") as refused:
+        run_job(job(tmp_path / "c", model__labels=["ham", "a label of many words, more tokens"], model__max_length=8))
+    assert "raise model.max_length above" in refused.value.hint and "this model reads up to 2048" in refused.value.hint

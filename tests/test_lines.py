@@ -5,7 +5,16 @@ import json
 
 import pytest
 
-from batchinfer.lines import MAX_DEPTH, Oversized, parse_object, read_lines, sniff_field, too_deep
+from batchinfer.lines import (
+    MAX_DEPTH,
+    Oversized,
+    count_lines,
+    numbered_lines,
+    parse_object,
+    read_lines,
+    sniff_field,
+    too_deep,
+)
 
 
 class _Spy(io.BytesIO):
@@ -32,10 +41,25 @@ def test_an_over_long_line_is_skipped_without_being_read_whole():
 
 def test_line_endings_bom_and_a_last_line_without_newline():
     stream = io.BytesIO(b'\xef\xbb\xbf{"a": 1}\r\n\n{"b": 2}')
-    assert list(read_lines(stream, 100)) == [b'{"a": 1}', b"", b'{"b": 2}']
+    assert list(read_lines(stream, 100)) == [b'{"a": 1}', b'{"b": 2}']  # the blank line is no row
     # A line exactly at the limit is whole; one byte more is over it.
     assert list(read_lines(io.BytesIO(b"x" * 10 + b"\n"), 10)) == [b"x" * 10]
     assert isinstance(list(read_lines(io.BytesIO(b"x" * 11), 10))[0], Oversized)
+
+
+def test_blank_lines_are_no_rows_and_the_count_agrees_with_the_lines_read():
+    """A line of JSON whitespace alone is skipped (pandas, DuckDB and vLLM's run_batch skip it too); each line
+    read keeps its number in the file, and counting by blocks gives what reading line by line gives."""
+    data = b'\xef\xbb\xbf\n{"a": 1}\r\n  \t\r\n\n{"b": 2}\n' + b" " * 40 + b'\n{"c": "x y"}\n\n \n{"d": 4}'
+    assert list(numbered_lines(io.BytesIO(data), 30)) == [
+        (2, b'{"a": 1}'),
+        (5, b'{"b": 2}'),
+        (7, b'{"c": "x y"}'),  # line 6: 40 spaces, over the limit and still blank
+        (10, b'{"d": 4}'),
+    ]
+    for case in (data, data + b"\n", b"", b"\n \n", b" x", b"\xef\xbb\xbf", b"\xef\xbb\xbf \n{}"):
+        rows = len(list(read_lines(io.BytesIO(case), 30)))
+        assert all(count_lines(io.BytesIO(case), size) == rows for size in (1, 2, 3, 5, 1 << 20)), case
 
 
 @pytest.mark.parametrize(

@@ -63,3 +63,40 @@ def test_identity_changes_with_the_tokenizer(tmp_path, tiny_embed):
     config["do_lower_case"] = not config.get("do_lower_case", True)  # same weights, other token ids
     (copy / "tokenizer_config.json").write_text(json.dumps(config))
     assert model_identity(copy) != model_identity(tiny_embed)
+
+
+def test_identity_covers_every_byte_and_is_hashed_once_until_the_file_changes(tmp_path, tiny_embed, monkeypatch):
+    """Weights changed in place (a layer negated, a LoRA merged: same size and mtime, bytes far from the start,
+    middle and end) change the identity; a second start reads no weight file, yet sees such a write."""
+    import builtins
+    import os
+
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path / "cache"))
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_embed, copy)
+    weights = copy / "model.safetensors"
+    weights.write_bytes(os.urandom(13 << 20))  # past 12 MB, where identities were once sampled
+
+    def negate_in_place(offset: int) -> None:
+        stat = weights.stat()
+        with open(weights, "r+b") as f:
+            f.seek(offset)
+            block = f.read(4096)
+            f.seek(offset)
+            f.write(bytes(b ^ 0xFF for b in block))
+        os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        assert weights.stat().st_size == stat.st_size and weights.stat().st_mtime_ns == stat.st_mtime_ns
+
+    before = model_identity(copy)
+    negate_in_place(5 << 20)
+    changed = model_identity(copy)
+    assert changed != before
+    monkeypatch.setattr("batchinfer.cache.SETTLED_NS", 0)  # these files are seconds old: remember them anyway
+    assert model_identity(copy) == changed
+    reads = []
+    monkeypatch.setattr(
+        "batchinfer.cache.open", lambda path, *a, **k: reads.append(path) or builtins.open(path, *a, **k), raising=False
+    )
+    assert model_identity(copy) == changed and reads == []  # from the memo
+    negate_in_place(9 << 20)
+    assert model_identity(copy) not in (before, changed) and reads == [weights]  # its ctime moved

@@ -2,6 +2,7 @@
 response lines in OpenAI's batch output shape out, errors as lines, resume without repeats."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -251,10 +252,18 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
 @pytest.mark.parametrize(
     "body, said",
     [
-        ({"prompt": "t", "stop": 5}, "body.stop must be a string or a list of strings"),
-        ({"prompt": "t", "stop": ["a", 5]}, "body.stop must be a string or a list of strings"),
-        ({"prompt": "t", "max_tokens": -3}, "body.max_tokens must be at least 1, not -3"),
-        ({"prompt": "t", "max_tokens": 0}, "body.max_tokens must be at least 1, not 0"),
+        ({"prompt": "t", "stop": 5}, "body.stop: must be a string or a list of strings (got 5)"),
+        ({"prompt": "t", "stop": ["a", 5]}, "body.stop: must be a string or a list of strings (got ['a', 5])"),
+        ({"prompt": "t", "max_tokens": -3}, "body.max_tokens: must be a whole number at least 1 (got -3)"),
+        ({"prompt": "t", "max_tokens": 0}, "body.max_tokens: must be a whole number at least 1 (got 0)"),
+        ({"prompt": "t", "max_tokens": True}, "body.max_tokens: input should be a valid integer (got True)"),
+        ({"prompt": "t", "top_p": 5}, "body.top_p: must be a number above 0 and at most 1 (got 5)"),
+        ({"prompt": "t", "top_p": 0}, "body.top_p: must be a number above 0 and at most 1 (got 0)"),
+        ({"prompt": "t", "temperature": -1}, "body.temperature: must be a number from 0 to 2 (got -1)"),
+        ({"prompt": "t", "temperature": float("nan")}, "body.temperature: must be a number from 0 to 2 (got nan)"),
+        ({"prompt": "t", "temperature": "0.5"}, "body.temperature: input should be a valid number (got '0.5')"),
+        ({"prompt": "t", "seed": 2**70}, f"body.seed: must be a whole number from {-(2**63)} to {2**63 - 1} (got"),
+        ({"prompt": "t", "n": 0}, "body.n: must be a whole number at least 1 (got 0)"),
         ({"prompt": 5}, "body.prompt must be text, not int"),
         ({"prompt": ["a", "b"]}, "body.prompt: one text per request is supported, not a list of 2"),
     ],
@@ -263,7 +272,8 @@ def test_a_bad_setting_is_that_requests_error_line(body, said):
     from batchinfer.openai_batch import parse_request
 
     record = {"custom_id": "r", "method": "POST", "url": "/v1/completions", "body": body}
-    assert parse_request(record)[1] == ("bad_request", said)
+    reason, message = parse_request(record)[1]
+    assert reason == "bad_request" and message.startswith(said), message
 
 
 def test_a_model_that_cannot_run_the_files_url_says_where_the_task_came_from(tmp_path, tiny_embed):
@@ -403,3 +413,100 @@ def test_chat_content_given_as_text_parts_is_read_as_the_same_text(tmp_path, tin
     failed = [json.loads(line) for line in (tmp_path / "results.errors.jsonl").read_text().splitlines()]
     assert [(f["custom_id"], f["error"]["code"]) for f in failed] == [("lp", "unsupported")]
     assert failed[0]["error"]["message"].startswith("unsupported: logprobs")
+
+
+def _completion(custom_id, prompt, **body):
+    return json.dumps(
+        {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": {"prompt": prompt, **body}}
+    )
+
+
+def _counting_passes(passes: list):
+    """on_runner for run_job: counts the continuous-batching engine's passes (rows per pass) into `passes`."""
+
+    def count(runner):
+        original = runner._continuous
+
+        def continuous(gen, prompts, *args):
+            passes.append(len(prompts))
+            return original(gen, prompts, *args)
+
+        runner._continuous = continuous
+        return runner
+
+    return count
+
+
+def _answers(tmp_path, model, name, lines, passes=None):
+    """Run `lines` as an OpenAI Batch file → (responses by custom_id, error lines)."""
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    job = {
+        "input": {"path": str(path), "format": "openai"},
+        "model": {"path": str(model), "task": "generate"},
+        "generation": {"max_new_tokens": 6},
+        "output": {"path": str(tmp_path / name), "format": "openai"},
+    }
+    run_job(validate_job(job), on_runner=_counting_passes(passes if passes is not None else []))
+    read = lambda file: [json.loads(line) for line in (tmp_path / name / file).read_text().splitlines()]  # noqa: E731
+    return {line["custom_id"]: line for line in read("output.jsonl")}, read("errors.jsonl")
+
+
+def test_a_seed_or_stop_per_request_shares_one_engine_pass_and_a_bad_value_is_one_error_line(tmp_path, tiny_llama):
+    prompts = ["Free entry in 2 a wkly comp", "Ok lar joking wif u oni", "Nah I don't think he goes"]
+    greedy = [_completion(f"g{i}", p, seed=i, stop=[f"{i}"], max_tokens=6) for i, p in enumerate(prompts)]
+    hot = [_completion(f"s{i}", p, seed=100 + i, temperature=1.0, max_tokens=6) for i, p in enumerate(prompts)]
+    bad = [_completion("top_p", "x", top_p=5), _completion("cold", "x", temperature=-1)]
+    passes: list = []
+    answers, errors = _answers(tmp_path, tiny_llama, "all", greedy + hot + bad, passes)
+    assert sorted(passes) == [3, 3]  # one pass for the greedy rows, one for the sampled: not one per seed
+    assert sorted(answers) == ["g0", "g1", "g2", "s0", "s1", "s2"]
+    assert [(e["custom_id"], e["error"]["code"], e["error"]["message"]) for e in errors] == [
+        ("top_p", "bad_request", "body.top_p: must be a number above 0 and at most 1 (got 5)"),
+        ("cold", "bad_request", "body.temperature: must be a number from 0 to 2 (got -1)"),
+    ]
+    alone, _ = _answers(tmp_path, tiny_llama, "alone", [hot[1], greedy[2]])
+    for key in ("s1", "g2"):  # a request's own seed: the same completion beside others as alone
+        assert alone[key]["response"]["body"]["choices"] == answers[key]["response"]["body"]["choices"], key
+
+
+def test_chat_requests_to_a_model_without_a_chat_template_are_error_lines_until_model_chat_template_is_set(
+    tmp_path, tiny_llama, tiny_llama_plain
+):
+    sys.path.insert(0, str(EXAMPLE.parents[1] / "models"))
+    from make_tiny_causal import CHAT_TEMPLATE
+
+    chat = {"messages": [{"role": "user", "content": "Ok lar"}], "max_tokens": 5}
+    lines = [
+        {"custom_id": "chat", "method": "POST", "url": CHAT_URL, "body": chat},
+        {
+            "custom_id": "text",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"prompt": "Ok lar", "max_tokens": 5},
+        },
+    ]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (tmp_path / "chat.jinja").write_text(CHAT_TEMPLATE)
+
+    def answers(model, out, *extra):
+        command = ["openai-batch", str(path), "--model", str(model), "-o", str(tmp_path / out), "-q", *extra]
+        result = runner.invoke(app, command)
+        assert result.exit_code == 0, result.output
+        errors = tmp_path / out.replace(".jsonl", ".errors.jsonl")
+        read = lambda file: [json.loads(line) for line in file.read_text().splitlines()] if file.exists() else []  # noqa: E731
+        return {line["custom_id"]: line for line in read(tmp_path / out)}, read(errors)
+
+    answered, failed = answers(tiny_llama_plain, "plain.jsonl")
+    assert list(answered) == ["text"] and [(f["custom_id"], f["error"]["code"]) for f in failed] == [
+        ("chat", "bad_request")
+    ]
+    message = failed[0]["error"]["message"]
+    assert message.startswith("body.messages: chat messages need a chat template") and "model.chat_template" in message
+    answered, failed = answers(
+        tiny_llama_plain, "templated.jsonl", "--set", f"model.chat_template={tmp_path / 'chat.jinja'}"
+    )
+    own, _ = answers(tiny_llama, "own.jsonl")  # the same model with the same template of its own
+    assert sorted(answered) == ["chat", "text"] and not failed
+    assert answered["chat"]["response"]["body"]["choices"] == own["chat"]["response"]["body"]["choices"]

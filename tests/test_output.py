@@ -341,3 +341,31 @@ def test_a_marker_of_json_with_the_wrong_types_is_damaged_not_a_crash(change):
     marker = {"chunk": "00000-00000", "rows": 500, "ok": 497, "errors": {"too_long": 3}}
     assert ChunkRecord.from_marker(marker).ok == 497
     assert ChunkRecord.from_marker({**marker, **change}) is None
+
+
+def test_a_label_scoring_marker_written_before_prompt_tokens_gets_them_from_its_computed_tokens():
+    """Label scoring's records once held the prefix's figures without `prompt_tokens`; its `tokens` left the
+    prefix out, so the rows' prompt tokens in full are those plus the saved ones."""
+    marker = {"chunk": "00000-00000", "rows": 30, "ok": 30, "errors": {}, "tokens": 900}
+    old = {**marker, "prefix": {"tokens": 40, "rows": 30, "saved_tokens": 1200}}
+    assert ChunkRecord.from_marker(old).prefix == {
+        "tokens": 40,
+        "rows": 30,
+        "saved_tokens": 1200,
+        "prompt_tokens": 2100,
+    }
+    new = {**marker, "prefix": {"tokens": 40, "rows": 30, "saved_tokens": 1200, "prompt_tokens": 2500}}
+    assert ChunkRecord.from_marker(new).prefix["prompt_tokens"] == 2500
+    assert ChunkRecord.from_marker({**marker, "prefix": {**new["prefix"], "prompt_tokens": "2500"}}) is None
+
+
+def test_a_cache_inside_the_output_folder_is_refused_before_anything_is_written(
+    tmp_path, sms_parquet, tiny_embed, monkeypatch
+):
+    """Refused rather than ignored: the cache's files would be parts to a Parquet reader of the folder, and
+    files no job wrote to the next run."""
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path / "out" / "cache"))
+    with pytest.raises(OutputError, match="cache .* lies inside output.path") as refused:
+        run_job(make_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    assert "set BATCHINFER_CACHE to a folder outside the output" in refused.value.hint
+    assert not (tmp_path / "out").exists()

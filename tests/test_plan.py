@@ -44,18 +44,18 @@ def test_the_fingerprint_names_what_changed_in_words():
         Shard("/d/a.parquet", "a.parquet", "parquet", 10, "aaa"),
         Shard("/d/b.jsonl", "b.jsonl", "jsonl", 4, "bbb"),
     ]
-    old = fingerprint(_job(), "hash1", shards)
-    assert describe_changes(old, fingerprint(_job(), "hash1", shards)) == {}
+    old = fingerprint(_job(), "sha256:1", shards)
+    assert describe_changes(old, fingerprint(_job(), "sha256:1", shards)) == {}
     rewritten = [
         shards[0],
         Shard("/d/b.jsonl", "b.jsonl", "jsonl", 4, "ccc"),
         Shard("/d/c.csv", "c.csv", "csv", 1, "d"),
     ]
-    changes = describe_changes(old, fingerprint(_job(model__max_length=64), "hash2", rewritten))
+    changes = describe_changes(old, fingerprint(_job(model__max_length=64), "sha256:2", rewritten))
     assert changes["input.shards"] == "input: b.jsonl changed since this folder's first run; c.csv added"
     assert changes["model.max_length"] == "model.max_length: 256 -> 64"
-    assert changes["model.hash"] == "model.hash: 'hash1' -> 'hash2'"
-    gone = describe_changes(old, fingerprint(_job(), "hash1", shards[:1]))
+    assert changes["model.hash"] == "model.hash: 'sha256:1' -> 'sha256:2'"
+    gone = describe_changes(old, fingerprint(_job(), "sha256:1", shards[:1]))
     assert gone == {"input.shards": "input: b.jsonl gone"}
 
 
@@ -63,3 +63,45 @@ def test_batching_and_the_device_are_not_in_the_fingerprint():
     base = fingerprint(_job(), "h", [])
     assert describe_changes(base, fingerprint(_job(model__device="cpu"), "h", [])) == {}
     assert not any(key.startswith("batching.max") or key.startswith("runtime") for key in base)
+
+
+_generate = partial(_job, model__task="generate", model__path="m")
+
+
+def test_settings_that_cannot_change_a_result_may_change_on_resume_and_those_that_can_may_not():
+    """Lowering generation.max_memory after an out-of-memory, moving the input or the model, changing the
+    engine's options: the same job. A result-changing key still refuses, and is named alone."""
+    shards = [Shard("/d/a.parquet", "a.parquet", "parquet", 10, "aaa")]
+    base = fingerprint(_generate(generation={"max_memory": "4GB"}), "sha256:1", shards)
+    same = [
+        _generate(generation={"max_memory": "512MB"}),
+        _generate(generation={"max_memory": "auto", "engine_options": {"num_blocks": 64}}),
+        _generate(input__path="/moved/d", model__path="/moved/m", model__device="cpu"),
+        _generate(batching={"max_tokens": 1024, "max_rows": 8, "strategy": "padded", "chunk_rows": "auto"}),
+        _generate(runtime={"executor": "ray", "workers": 4}, output__compression="snappy"),
+        _generate(generation={"max_memory": "4GB", "grammar_seconds": 60}),  # a busy machine's compile time
+    ]
+    for job in same:
+        assert describe_changes(base, fingerprint(job, "sha256:1", shards)) == {}
+    assert not {"generation.max_memory", "generation.grammar_seconds", "input.path", "model.path"} & set(base)
+    changed = describe_changes(base, fingerprint(_generate(generation={"temperature": 0.7}), "sha256:1", shards))
+    assert changed == {"generation.temperature": "generation.temperature: 0.0 -> 0.7"}
+    for key, value in [("model__max_length", 64), ("model__dtype", "bfloat16"), ("batching__chunk_rows", 50)]:
+        assert describe_changes(base, fingerprint(_generate(**{key: value}), "sha256:1", shards))
+
+
+def test_a_fingerprint_an_earlier_version_recorded_resumes_on_what_still_counts():
+    """Earlier fingerprints held input.path, model.path and one `generation` dict with max_memory; a model
+    hash without the sha256: prefix sampled large weights, and cannot vouch for the model."""
+    from batchinfer.plan import IDENTITY
+
+    shards = [Shard("/d/a.parquet", "a.parquet", "parquet", 10, "aaa")]
+    now = fingerprint(_generate(), IDENTITY + "1", shards)
+    generation = {k.removeprefix("generation."): v for k, v in now.items() if k.startswith("generation.")}
+    earlier = {k: v for k, v in now.items() if not k.startswith("generation.")}
+    earlier.update({"input.path": "/old/d", "model.path": "/old/m", "generation": {**generation, "max_memory": "8GB"}})
+    assert describe_changes(earlier, now) == {}
+    hotter = {**earlier, "generation": {**earlier["generation"], "temperature": 1.0}}
+    assert describe_changes(hotter, now) == {"generation.temperature": "generation.temperature: 1.0 -> 0.0"}
+    sampled = describe_changes({**earlier, "model.hash": "0123456789abcdef"}, now)
+    assert "earlier batchinfer, which hashed only samples" in sampled["model.hash"]

@@ -313,7 +313,7 @@ def test_a_full_queue_refuses_before_tokenizing_and_a_burst_leaves_memory_where_
             )
             return [a.status_code for a in answers], before, rss()
 
-    codes, before, after = asyncio.run(go(max_wait_ms=200, max_queue_tokens=1000))
+    codes, before, after = asyncio.run(go(max_wait_ms=200, max_queue_tokens=30_000))  # one request: 25,600
     assert sorted(codes) == [200, 429, 429] and tokenized[1:] == [200]  # the refused two were never tokenized
     tokenized.clear()
     codes, before, after = asyncio.run(go())
@@ -487,3 +487,126 @@ def test_serve_says_at_once_that_it_does_not_run_a_task(tiny_nli):
     assert result.exit_code == 2, result.output
     assert "serve runs tasks embed, classify, score, generate; zero-shot runs offline" in result.output
     assert "labels" not in result.output  # not first a request for what the task would need
+
+
+def test_a_job_file_written_for_openai_batch_files_serves_embeddings(tiny_embed):
+    openai = {"format": "openai", "text": None, "id": None, "keep": None}
+    job = make_job("-", tiny_embed, "-", input=openai, output__format="openai")
+
+    async def go():
+        async with _client(job) as client:
+            return await client.post("/v1/embeddings", json={"input": ["one", "two words"]})
+
+    answer = asyncio.run(go())  # was an AttributeError (a 500) on every request
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["data"]) == 2 and answer.json()["usage"]["prompt_tokens"] > 0
+
+
+def test_every_refusal_is_the_servers_error_body_naming_the_limit(tiny_embed):
+    async def go():
+        job = _serving(tiny_embed, "embed", max_queue_tokens=60, read_timeout_s=0.5)
+        async with _client(job) as client:
+            json_headers = {"content-type": "application/json"}
+
+            async def never_ends():
+                yield b'{"input": ["a'
+                await asyncio.sleep(30)
+
+            return [
+                await client.post("/v1/embeddings", content=b'{"input": "caf\xe9"}', headers=json_headers),
+                await client.post("/v1/embeddings", content=b"[" * 5000 + b"]" * 5000, headers=json_headers),
+                await client.post("/v1/nothing", json={"input": "x"}),
+                await client.get("/v1/embeddings"),
+                await client.post("/v1/embeddings", json={"input": ["two words"] * 30}),  # 120 tokens
+                await client.post("/v1/embeddings", content=never_ends(), headers=json_headers),
+            ]
+
+    answers = asyncio.run(go())
+    statuses = [a.status_code for a in answers]
+    assert statuses == [400, 400, 404, 405, 413, 408], [a.text for a in answers]
+    assert all(set(a.json()) == {"error"} for a in answers)  # never FastAPI's {"detail": ...}
+    messages = [a.json()["error"]["message"] for a in answers]
+    assert messages[0].startswith("the body is not valid UTF-8 (invalid continuation byte at byte 14)")
+    assert messages[1].startswith("the body nests too deep to read")
+    assert messages[2].startswith("no endpoint /v1/nothing") and "GET" in messages[3]
+    assert messages[4] == (
+        "the request is 120 tokens, more than the queue holds (serve.max_queue_tokens, 60); "
+        "split it into requests of at most 60 tokens"
+    )
+    assert messages[5].startswith("the body stopped coming: nothing more for serve.read_timeout_s (0.5 s)")
+
+
+def test_a_client_that_goes_away_has_its_queued_rows_dropped_and_one_line_logged(tiny_embed, caplog):
+    job = _serving(tiny_embed, "embed", max_wait_ms=1500)
+    app = create_app(job, resolve_model_path(job.model.path))
+    batches = []
+    app.state.service.batcher.on_batch = batches.append
+
+    async def call(texts, leaves_after=None):
+        """The app called as a server would; the client disconnects `leaves_after` seconds in."""
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST"}
+        scope |= {"path": "/v1/embeddings", "raw_path": b"/v1/embeddings", "query_string": b"", "scheme": "http"}
+        scope |= {"headers": [(b"content-type", b"application/json")], "server": ("b", 80), "client": ("c", 1)}
+        messages = [{"type": "http.request", "body": json.dumps({"input": texts}).encode(), "more_body": False}]
+        sent, leaves = [], time.monotonic() + (leaves_after or 60)
+
+        async def receive():  # as uvicorn's: a disconnect, once it happened, is told without waiting
+            if messages:
+                return messages.pop()
+            if time.monotonic() < leaves:
+                await asyncio.sleep(leaves - time.monotonic())
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return sent[0]["status"]
+
+    async def go():
+        async with app.router.lifespan_context(app):
+            gone = await call(["a text nobody waits for"] * 200, leaves_after=0.3)
+            queued = app.state.service.batcher.queued_tokens  # at once, not when the window closes
+            return gone, queued, await call(["next"])
+
+    with caplog.at_level("INFO"):
+        gone, queued, after = asyncio.run(go())
+    assert gone == 499 and queued == 0 and after == 200
+    assert [b.rows for b in batches] == [1]  # the 200 rows never ran
+    said = [r for r in caplog.records if r.name.startswith(("batchinfer", "uvicorn"))]
+    assert [r.getMessage() for r in said] == [
+        "/v1/embeddings: the client went away before its answer; its queued work was dropped"
+    ]
+    assert not any(r.exc_info for r in caplog.records)
+
+
+JSON = {"content-type": "application/json"}
+
+
+def test_settings_out_of_range_and_chat_without_a_template_are_400s_in_the_batch_files_words(tiny_llama_plain):
+    from batchinfer.openai_batch import parse_request
+
+    bad = ({"temperature": -1}, {"temperature": float("nan")}, {"top_p": 5}, {"max_tokens": 0}, {"seed": "7"})
+
+    async def go():
+        async with _client(_serving(tiny_llama_plain, "generate")) as client:
+            refused = [  # NaN as Python's json writes it (httpx's json= refuses to)
+                await client.post("/v1/completions", content=json.dumps({"prompt": "x", **extra}), headers=JSON)
+                for extra in bad
+            ]
+            chat = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]})
+            text = await client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3})
+            return refused, chat, text
+
+    refused, chat, text = asyncio.run(go())
+    for answer, extra in zip(refused, bad):
+        line = {"custom_id": "r", "url": "/v1/completions", "body": {"prompt": "x", **extra}}
+        said = parse_request(line)[1][1].removeprefix("body.")
+        assert answer.status_code == 400 and answer.json()["error"] == {
+            "message": said,
+            "type": "invalid_request_error",
+        }
+    assert "--set generation.temperature" not in refused[0].json()["error"]["message"]
+    assert chat.status_code == 400 and "model.chat_template" in chat.json()["error"]["message"]
+    assert chat.json()["error"]["message"].startswith("messages: chat messages need a chat template")
+    assert text.status_code == 200

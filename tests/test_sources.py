@@ -1,6 +1,7 @@
 import gzip
 import json
 from dataclasses import replace
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -73,15 +74,40 @@ def test_missing_path_and_empty_folder(tmp_path):
         discover_shards(InputConfig(path=str(tmp_path / "*.parquet"), text="t"))
 
 
-def test_missing_column_lists_what_exists(tmp_path):
+def test_missing_column_names_the_key_and_lists_what_exists(tmp_path):
     pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "a.parquet")
-    with pytest.raises(InputError, match=r"column 'body' not found in a.parquet; it has: id, text, label"):
+    with pytest.raises(InputError, match=r"^input.text: no column 'body' in the input; a.parquet has id, text, label$"):
         discover_shards(InputConfig(path=str(tmp_path / "a.parquet"), text="{text} {body}"))
     _jsonl(tmp_path / "b.jsonl", ROWS)
-    with pytest.raises(InputError, match=r"column 'txt' not found in b.jsonl; it has: id, text, label"):
+    with pytest.raises(InputError, match=r"^input.text: no column 'txt' in the input; b.jsonl has id, text, label$"):
         discover_shards(InputConfig(path=str(tmp_path / "b.jsonl"), text="txt"))
-    with pytest.raises(InputError, match=r"^columns 'head', 'tail' not found in a.parquet; it has: id, text, label$"):
+    with pytest.raises(InputError, match=r"^input.text: no columns 'head', 'tail' in the input; a.parquet has"):
         discover_shards(InputConfig(path=str(tmp_path / "a.parquet"), text="{head} {tail}"))
+
+
+@pytest.mark.parametrize("on_bad_shard", ["fail", "skip"])
+def test_a_column_no_shard_has_is_one_problem_of_the_job_not_one_per_shard(tmp_path, on_bad_shard):
+    for i in range(10):
+        pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / f"s{i}.parquet")
+    cfg = partial(InputConfig, path=str(tmp_path), on_bad_shard=on_bad_shard)
+    with pytest.raises(InputError) as info:
+        discover_shards(cfg(text="body", id="id"))
+    assert info.value.message == "input.text: no column 'body' in the input; the 10 shards have id, text, label"
+    assert info.value.hint == "name an existing column in input.text"  # not on_bad_shard: skip, which skips all
+    with pytest.raises(InputError) as info:
+        discover_shards(cfg(text="{title} {text}", id="rid", keep={"lab": "gold", "label": "label"}))
+    assert info.value.message.splitlines() == [
+        "the job names columns the input does not have (the 10 shards have id, text, label):",
+        "  input.text: 'title'",
+        "  input.id: 'rid'",
+        "  input.keep: 'lab'",
+    ]
+    pq.write_table(pa.Table.from_pylist([{"id": 1, "body": "x"}]), tmp_path / "s9.parquet")  # a mix of schemas
+    if on_bad_shard == "skip":
+        assert len(discover_shards(cfg(text="body", id="id")).bad) == 9
+        return
+    with pytest.raises(InputError, match=r"^9 shards cannot be used:\n  column 'body' not found in s0.parquet"):
+        discover_shards(cfg(text="body", id="id"))
 
 
 # --- input identity ---------------------------------------------------------------------------------------------
@@ -344,6 +370,31 @@ def test_a_quoted_field_open_at_the_end_is_found_whatever_the_block_edges(text, 
         assert scan.open_line == line, size
 
 
+def test_a_quote_left_open_mid_file_is_refused_naming_its_row_never_merging_records(tmp_path):
+    """pyarrow reads `id0049,"unterminated` up to the next quote as one field (id0050's record folded into it,
+    a row gone, no error); a field meant to span lines closes before a delimiter or a line end, so it reads."""
+    lines = ["id,text", *(f"id{i:04d},message number {i}" for i in range(300))]
+    lines[50], lines[51] = 'id0049,"unterminated quote', 'id0050,"a quoted message"'
+    (tmp_path / "a.csv").write_text("\n".join(lines) + "\n")
+    legit = ['1,"two lines\n2,that look like a record"', '3,"say ""hi"", twice\r\nover lines"', '4,5" screen']
+    legit += ['5,"a"b', '6,"a space\nafter the quote" ', '7,"a ""quote""\nclosed ""well"""']
+    (tmp_path / "b.csv").write_bytes(("id,text\r\n" + "\r\n".join(legit) + "\r\n").encode())
+    with pytest.raises(InputError) as info:
+        discover_shards(InputConfig(path=str(tmp_path), text="text", id="id"))
+    assert "a.csv has a quote left open in row 49 (the record on line 51)" in info.value.message
+    assert "runs on to line 52" in info.value.message and "b.csv" not in info.value.message
+    assert info.value.hint.startswith("close the quote in the record on line 51") and "on_bad_shard" in info.value.hint
+    cfg = InputConfig(path=str(tmp_path / "b.csv"), text="text", id="id")
+    assert [r["text"] for r in _read_all(cfg)] == [
+        "two lines\n2,that look like a record",
+        'say "hi", twice\r\nover lines',
+        '5" screen',
+        "ab",
+        "a space\nafter the quote ",
+        'a "quote"\nclosed "well"',
+    ]
+
+
 def test_a_csv_that_ends_inside_a_quoted_field_is_refused_naming_the_line(tmp_path):
     (tmp_path / "a.csv").write_text('id,text\n1,ok\n2,too,many,fields\n3,third\n4,"unterminated\n5,x\n6,y\n')
     _csv(tmp_path / "b.csv", ROWS[:3])
@@ -365,8 +416,9 @@ def test_an_empty_file_is_a_shard_of_no_rows(tmp_path, name):
     assert {s.name: s.num_rows for s in inputs.shards} == {name: 0, "full.csv": 5} and inputs.bad == []
     assert [r["id"] for r in _read_all(cfg)] == ["0", "1", "2", "3", "4"]
     (tmp_path / "in" / "full.csv").unlink()
-    (tmp_path / "in" / name).write_bytes(b"\xef\xbb\xbf\n\r\n")  # a byte-order mark and blank lines: no header either
-    assert [s.num_rows for s in discover_shards(cfg).shards] == [0 if "csv" in name or "tsv" in name else 2]
+    # A byte-order mark and blank lines: no header either, and no JSONL row (a blank line is none).
+    (tmp_path / "in" / name).write_bytes(b"\xef\xbb\xbf\n\r\n")
+    assert [s.num_rows for s in discover_shards(cfg).shards] == [0]
 
 
 def test_a_file_of_unknown_extension_says_so_and_names_the_formats(tmp_path):
@@ -494,3 +546,38 @@ def test_one_big_row_group_reads_as_fast_and_as_small_as_many_small_ones():
     assert found["one"]["rows"] == found["small"]["rows"] == 60_000
     assert found["one"]["seconds"] <= 1.3 * found["small"]["seconds"] + 0.05, found
     assert found["one"]["peak_mb"] <= 1.3 * found["small"]["peak_mb"], found
+
+
+# No typed column: rows counted by blocks; an id or a kept column: line by line, to find their types.
+@pytest.mark.parametrize("typed", [{}, {"id": "id", "keep": ["label"]}])
+def test_blank_jsonl_lines_are_skipped_and_rows_count_the_lines_that_are_not(tmp_path, typed):
+    lines = [json.dumps(r) for r in ROWS[:10]]
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join(lines[:3] + ["", "  \t"] + lines[3:7] + ["\r", ""] + lines[7:]) + "\n\n")
+    cfg = InputConfig(path=str(path), text="text", **typed)
+    assert discover_shards(cfg).shards[0].num_rows == 10
+    assert [r["text"] for r in _read_all(cfg)] == [r["text"] for r in ROWS[:10]]  # no error row, none shifted
+
+
+def test_blank_lines_of_an_openai_file_are_skipped_and_a_repeat_names_its_line(tmp_path):
+    request = '{{"custom_id": "{}", "method": "POST", "url": "/v1/embeddings", "body": {{"input": "hi"}}}}'
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(["", request.format("a"), "  ", request.format("b"), "", request.format("a")]) + "\n")
+    cfg = InputConfig(path=str(path), format="openai")
+    shard = discover_shards(cfg).shards[0]
+    assert shard.num_rows == 3 and shard.repeats == (
+        (2, "custom_id 'a' repeats line 2 of requests.jsonl; only the first request runs"),
+    )
+    block = open_reader(shard, read_spec(cfg)).read(0, 3)
+    assert block.table.column("custom_id").to_pylist() == ["a", "b", "a"]
+    assert {row: reason for row, (reason, _) in block.bad_rows.items()} == {2: "duplicate_id"}
+
+
+def test_a_saved_dataset_with_a_damaged_state_file_is_a_bad_shard_not_an_internal_error(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_list(ROWS[:5]).save_to_disk(str(tmp_path / "saved"))
+    (tmp_path / "saved" / "state.json").write_text('{"_data_files": [')
+    with pytest.raises(InputError) as info:  # the only shard: no readable one is left
+        discover_shards(InputConfig(path=str(tmp_path / "saved"), text="text", id="id", on_bad_shard="skip"))
+    assert "saved cannot be read: its state.json or dataset_info.json is not JSON" in info.value.message

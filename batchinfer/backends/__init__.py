@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from ..config import ModelConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, ModelError
 from . import openvino
 
 BACKENDS = ("torch", "openvino")
@@ -64,6 +64,15 @@ def precisions(cfg: ModelConfig, backend: str) -> list[str | None]:
     return ["bf16", "f32"] if openvino.bf16_supported() else ["f32"]
 
 
+def precision_note(cfg: ModelConfig, backend: str | None, precision: str | None) -> str | None:
+    """Why an OpenVINO job with dtype auto runs f32 without a bf16 check (for the report), or None."""
+    if backend != "openvino" or cfg.dtype != "auto" or precision != "f32" or len(precisions(cfg, backend)) > 1:
+        return None
+    if openvino.bf16_turned_off():
+        return "f32: BATCHINFER_NO_BF16 is set, so bf16 was not tried"
+    return "f32: this CPU has no native bf16 (avx512_bf16 or AMX), as OpenVINO reports it"
+
+
 def backend_is_open(job) -> bool:
     """Whether the probe has a backend or a precision to choose for this job on this machine."""
     from ..models import pick_device
@@ -80,7 +89,9 @@ def load_encoders(
     model returns (runners/base.py converted_output).
 
     torch is not loaded beside OpenVINO where OpenVINO ran this model at CLEAR_WIN times its speed on this
-    CPU before: the probe would only confirm it, at the cost of loading torch's modeling code and the model."""
+    CPU before: the probe would only confirm it, at the cost of loading torch's modeling code and the model.
+    Under model.backend auto, an OpenVINO model that cannot be had (its cache unreadable, unwritable or full; a
+    precision it cannot compile) leaves torch to run the job, with a note that says why."""
     from ..models import load_model, model_identity, pick_device
 
     t0 = time.perf_counter()
@@ -108,10 +119,18 @@ def load_encoders(
                 return torch_model
             return load_model(cfg.model_copy(update={"dtype": "float32"}), path)[1]
 
+        try:
+            models["openvino"] = openvino.load(config, of, precisions(cfg, "openvino"), f32_model, output[1])
+            load.update(models["openvino"].seconds)
+        except ModelError as exc:
+            if cfg.backend != "auto":
+                raise
+            load["note"] = f"OpenVINO not used, torch runs the job: {exc.message} ({exc.hint})"
+            names = ["torch"]
+            if torch_model is None:
+                tokenizer, models["torch"], device = load_model(cfg, path)
         if tokenizer is None:
             tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
-        models["openvino"] = openvino.load(config, of, precisions(cfg, "openvino"), f32_model, output[1])
-        load.update(models["openvino"].seconds)
     load["load"] = round(time.perf_counter() - t0, 3)
     return tokenizer, {name: models[name] for name in names}, device, load
 

@@ -5,20 +5,24 @@ on disk, and compiled for the CPU in f32 or bf16.
 `.last_hidden_state`, torch tensors in and out), so runners, batching and the probe need no code of their own
 for it. Only the one tensor a task reads is converted (the hidden states or the logits).
 
-The cache (see `cache_root`): one folder per key, holding model.xml, model.bin and a manifest written last
+The cache (under cache.cache_root): one folder per key, holding model.xml, model.bin and a manifest written last
 with both files' sizes and SHA-256. The key covers the model identity (weights, config, tokenizer), what is
 converted and the library versions, so a changed model never meets an old conversion; an entry whose files
-do not match its manifest is rebuilt, never trusted. A file lock makes the workers of one machine (Ray
-actors) convert once between them.
+do not match its manifest is rebuilt, never trusted; its files' digests come from the memo (cache.file_digest),
+so checking an entry reads it only once. A file lock makes the workers of one machine (Ray actors) convert once
+between them; a staging folder whose lock is free was left by a conversion that died, and is removed. A cache
+that cannot be read or written is a ModelError naming the folder (backend auto then runs torch).
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -29,12 +33,14 @@ from types import SimpleNamespace
 
 import torch
 
+from ..cache import cache_root, file_digest
 from ..errors import ModelError
 
 FORMAT = 1  # bump when what is converted changes
 MANIFEST = "batchinfer.json"
 RATES = "backends.json"  # each backend's measured tokens/s for this conversion, per CPU
 ENTRY_FILES = ("model.xml", "model.bin", MANIFEST, RATES)
+STAGING = re.compile(r"\.tmp-([0-9a-f]{24})-[0-9a-f]{8}")  # a conversion being saved: .tmp-<key>-<random>
 # OpenVINO measured this many times torch's speed on this CPU before: auto loads no torch model to compare.
 CLEAR_WIN = 1.5
 # What the runner's dtype names mean as OpenVINO's inference precision hint.
@@ -45,18 +51,22 @@ def available() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
-def cache_root() -> Path:
-    """$BATCHINFER_CACHE, else $XDG_CACHE_HOME/batchinfer, else ~/.cache/batchinfer."""
-    if os.environ.get("BATCHINFER_CACHE"):
-        return Path(os.environ["BATCHINFER_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "batchinfer"
-
-
 def bf16_supported() -> bool:
-    """Whether this CPU runs bf16 matrix work natively (avx512_bf16 or AMX), as OpenVINO reports it."""
+    """Whether this CPU runs bf16 matrix work natively (avx512_bf16 or AMX), as OpenVINO reports it.
+
+    BATCHINFER_NO_BF16=1 answers no on any CPU, so a bf16 machine takes (and tests) the path of CPUs without it."""
+    return not bf16_turned_off() and "BF16" in _cpu_capabilities()
+
+
+@functools.cache
+def _cpu_capabilities() -> tuple[str, ...]:
     import openvino as ov
 
-    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return tuple(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
+def bf16_turned_off() -> bool:
+    return os.environ.get("BATCHINFER_NO_BF16", "").strip() not in ("", "0")
 
 
 class _OneOutput(torch.nn.Module):
@@ -134,8 +144,12 @@ def load(config, of: dict, precisions: list[str], torch_model, head=None) -> Ope
     names, output = tuple(of["inputs"]), of["output"].split(":")[0]
     entry = entry_of(of)
     t0 = time.perf_counter()
-    with _entry_lock(entry):
+    with _entry_lock(entry) as writable:
         if not _valid(entry):
+            if not writable:
+                raise _cache_error(entry.parent, "cannot be written, and holds no whole conversion of this model")
+            _clear_staging(entry)
+            _discard(entry)
             _convert(torch_model(), of, entry, head)
             seconds["convert"] = round(time.perf_counter() - t0, 3)
     t1 = time.perf_counter()
@@ -151,7 +165,7 @@ def load(config, of: dict, precisions: list[str], torch_model, head=None) -> Ope
             compiled[precision] = core.compile_model(model, "CPU", {**settings, "INFERENCE_PRECISION_HINT": precision})
         except RuntimeError as exc:
             raise ModelError(
-                f"OpenVINO cannot compile the model in {precision} on this CPU: {str(exc).splitlines()[0]}",
+                f"OpenVINO cannot compile the model in {precision} on this CPU: {_said(exc)}",
                 "set model.dtype: float32 (or auto), or model.backend: torch",
             ) from exc
     seconds["compile"] = round(time.perf_counter() - t2, 3)
@@ -163,13 +177,15 @@ def entry_of(of: dict) -> Path:
 
 
 def cpu_id() -> str:
-    """This CPU as far as speed goes: its model, flags and the threads a run uses."""
+    """This CPU as far as speed goes: its model, flags, the threads a run uses and whether it runs bf16 (which
+    BATCHINFER_NO_BF16 turns off, so rates measured without it are kept apart)."""
     try:
         with open("/proc/cpuinfo") as f:
             described = [line for line in f if line.startswith(("model name", "flags"))][:2]
     except OSError:
         described = []
-    return hashlib.sha256(f"{described}{os.cpu_count()}{torch.get_num_threads()}".encode()).hexdigest()[:16]
+    speed = f"{described}{os.cpu_count()}{torch.get_num_threads()}{bf16_supported()}"
+    return hashlib.sha256(speed.encode()).hexdigest()[:16]
 
 
 def remember(model: OpenVINOModel, rates: dict[str, float]) -> None:
@@ -211,16 +227,16 @@ def _convert(model, of: dict, entry: Path, head=None) -> None:
             input=[(name, ov.PartialShape([-1, -1]), ov.Type.i64) for name in names],
         )
     staging = entry.parent / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir(parents=True)
     try:
+        staging.mkdir(parents=True)
         ov.save_model(converted, staging / "model.xml", compress_to_fp16=False)
-        manifest = {name: _digest(staging / name) for name in ENTRY_FILES[:2]}
+        manifest = {name: file_digest(staging / name) for name in ENTRY_FILES[:2]}
         (staging / MANIFEST).write_text(json.dumps({"key": entry.name, **of, "files": manifest}, indent=1))
-        _discard(entry)
         os.replace(staging, entry)
+    except (OSError, RuntimeError) as exc:  # RuntimeError: OpenVINO's own writes (a full disk: iostream error)
+        raise _cache_error(entry.parent, f"could not take the conversion ({_said(exc)})") from exc
     finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _valid(entry: Path) -> bool:
@@ -228,40 +244,83 @@ def _valid(entry: Path) -> bool:
     try:
         manifest = json.loads((entry / MANIFEST).read_text())
         return manifest.get("key") == entry.name and all(
-            _digest(entry / name) == manifest["files"][name] for name in ENTRY_FILES[:2]
+            file_digest(entry / name) == manifest["files"][name] for name in ENTRY_FILES[:2]
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
 
 def _discard(entry: Path) -> None:
-    """Remove a damaged entry, only when it holds nothing but the files a conversion writes."""
+    """Remove a damaged entry, only when it is a folder holding nothing but the files a conversion writes."""
+    fix = "move it away, or point $BATCHINFER_CACHE at a folder of batchinfer's own"
     if not entry.exists():
         return
-    found = {p.name for p in entry.iterdir()}
-    if not entry.is_dir() or found - set(ENTRY_FILES):
-        raise ModelError(
-            f"{entry} holds files batchinfer did not write ({', '.join(sorted(found - set(ENTRY_FILES)))})",
-            "move them away, or point $BATCHINFER_CACHE at a folder of batchinfer's own",
-        )
-    shutil.rmtree(entry)
+    if not entry.is_dir():
+        raise ModelError(f"{entry} is a file where batchinfer keeps a conversion, and not one it wrote", fix)
+    try:
+        foreign = sorted({p.name for p in entry.iterdir()} - set(ENTRY_FILES))
+        if not foreign:
+            shutil.rmtree(entry)
+    except OSError as exc:
+        raise _cache_error(entry.parent, f"could not remove the damaged conversion {entry.name} ({exc})") from exc
+    if foreign:
+        raise ModelError(f"{entry} holds files batchinfer did not write ({', '.join(foreign)})", fix)
 
 
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return f"{path.stat().st_size}:{digest.hexdigest()}"
+def _clear_staging(entry: Path) -> None:
+    """Remove the staging folders that conversions killed on the way left (kill -9, a power cut). A conversion
+    stages only while it holds its key's lock, so one whose lock is free (or is `entry`'s, held here) is
+    nobody's."""
+    for staging in entry.parent.glob(".tmp-*"):
+        key = STAGING.fullmatch(staging.name)
+        if key and staging.is_dir() and (key.group(1) == entry.name or _lock_is_free(entry.parent, key.group(1))):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _lock_is_free(root: Path, key: str) -> bool:
+    try:
+        handle = os.open(root / f".{key}.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:  # held: a conversion at work
+        return False
+    finally:
+        os.close(handle)  # and the lock with it
 
 
 @contextmanager
 def _entry_lock(entry: Path):
-    """One converter per machine and key: the others wait, then find the entry made."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with open(entry.parent / f".{entry.name}.lock", "w") as handle:
+    """One converter per machine and key: the others wait, then find the entry made. Yields whether the
+    cache can be written; one that cannot is only read (no one converts there)."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(entry.parent / f".{entry.name}.lock", "w")
+    except OSError:
+        yield False
+        return
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _cache_error(folder: Path, problem: str) -> ModelError:
+    return ModelError(
+        f"the OpenVINO conversion cache {folder} {problem}",
+        "set BATCHINFER_CACHE to a writable folder with room for the model's conversion (about its weights' size), "
+        "or set model.backend: torch",
+    )
+
+
+def _said(exc: BaseException) -> str:
+    """What an OpenVINO error says, without the source line it starts with ("Exception from src/...:")."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith("Exception from")]
+    said = " ".join(lines) or type(exc).__name__
+    return said if len(said) <= 300 else said[:297] + "..."

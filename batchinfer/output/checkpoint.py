@@ -272,7 +272,9 @@ def lost_chunks(done: dict[str, ChunkRecord], listing: dict[str, int], footers: 
     for name, (chunk, rows) in committed_parts(done).items():
         if name not in listing:
             problem = f"{name} is missing"
-        elif not has_id(footers.get(name), job_id):
+        elif footers.get(name) is None:
+            problem = f"{name} is not a whole Parquet file (cut short, or another file)"
+        elif not has_id(footers[name], job_id):
             problem = f"{name} is not this job's file"
         elif rows is not None and footers[name].num_rows != rows:
             problem = f"{name} holds {footers[name].num_rows:,} rows where its chunk committed {rows:,}"

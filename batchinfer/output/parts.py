@@ -30,8 +30,12 @@ class PartWriter:
 
 def part_names(folder, errors: bool = False) -> list[str]:
     """Names of the result (or error) part files, in input order."""
-    found = [n for n in folder.list() if PART.fullmatch(n) and n.startswith(ERRORS) == errors]
-    return sorted(found, key=lambda n: n.rsplit("/", 1)[-1])
+    return in_input_order([n for n in folder.list() if PART.fullmatch(n)], errors)
+
+
+def in_input_order(names, errors: bool = False) -> list[str]:
+    """The result (or error) part files among `names`, in input order."""
+    return sorted((n for n in names if n.startswith(ERRORS) == errors), key=lambda n: n.rsplit("/", 1)[-1])
 
 
 def read_table(folder, name: str) -> pa.Table | None:

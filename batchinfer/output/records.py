@@ -14,11 +14,9 @@ _OMITTED_WHEN_EMPTY = (
     "retry_of",
     "generated_tokens",
     "first_token_seconds",
-    "prefix_tokens",
-    "prefix_rows",
-    "prefix_saved",
     "max_tokens_lowered",
     "finished",
+    "prefix",
 )
 
 
@@ -32,17 +30,21 @@ class ChunkRecord:
     errors: dict[str, int]  # rows in its error file, by reason
     retry_of: str | None = None  # a retry pass: the chunk whose error rows it ran again
     truncated: int = 0
+    # label scoring: the tokens the model computed for its rows, a shared prefix's once-computed ones not counted;
+    # generate: every prompt token (those the engine read from its cache are in `prefix`)
     tokens: int = 0
     padded_tokens: int = 0
     model_seconds: float = 0.0
     generated_tokens: int | None = None  # generate
     first_token_seconds: float | None = None  # generate: the median over the chunk's rows
-    prefix_tokens: int | None = None  # a shared prefix: the most prompt tokens one row read from the cache
-    prefix_rows: int | None = None  # rows that read any
-    prefix_saved: int | None = None  # prompt tokens read from the cache instead of computed
     seconds: float = 0.0
     worker: str = "local"
     max_tokens_lowered: list[str] = field(default_factory=list)  # out-of-memory notes of this pass
+    # a prompt prefix that the pass's rows share, computed once (label scoring) or read from the engine's cache
+    # (generate): {tokens: its length (generate: the most one row read), rows: those that reused it,
+    # saved_tokens: the prompt tokens not computed again for them, prompt_tokens: the prompt tokens its rows had
+    # in full, the saved ones included}
+    prefix: dict[str, int] | None = None
     finished: float | None = None  # when it was committed (time.time())
 
     @property
@@ -65,8 +67,14 @@ class ChunkRecord:
         except TypeError:
             return None
         counts = (record.rows, record.ok, *record.errors.values()) if isinstance(record.errors, dict) else ("",)
+        if record.prefix is not None:
+            counts += tuple(record.prefix.values()) if isinstance(record.prefix, dict) else ("",)
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
             return None  # well-formed JSON with the wrong types: as damaged as a marker cut short
+        if record.prefix is not None and "prompt_tokens" not in record.prefix:
+            # written by label scoring before prompt_tokens: its `tokens` are those computed, the prefix not in them
+            full = record.tokens + record.prefix.get("saved_tokens", 0)
+            record = replace(record, prefix={**record.prefix, "prompt_tokens": full})
         return record
 
     def committed(self, when: float) -> ChunkRecord:

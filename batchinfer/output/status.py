@@ -14,8 +14,8 @@ from .failures import display_path, reach_error
 from .layout import JOB, REPORT, SKIPPED, SUCCESS
 from .lock import live_holder
 from .ownership import refuse_foreign, refuse_foreign_folder
-from .parts import part_names, read_table
-from .records import ChunkRecord
+from .parts import in_input_order, read_table
+from .records import ChunkRecord, committed_parts
 from .scan import Scan, read_footers, scan
 
 
@@ -98,8 +98,9 @@ class FolderStatus:
         return max([self.folder.mtime(JOB) or 0.0] + [r.finished or 0.0 for r in self.done.values()])
 
     def parts(self, errors: bool = False) -> list[str]:
-        """Names of the result (or error) part files, in input order."""
-        return part_names(self.folder, errors)
+        """Names of the result (or error) part files the finished chunks committed, in input order: never a
+        file that only sits at a part's name (see lost() for whether each is there and whole)."""
+        return in_input_order(committed_parts(self.done), errors)
 
     def read_table(self, name: str) -> pa.Table | None:
         return read_table(self.folder, name)

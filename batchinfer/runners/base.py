@@ -73,7 +73,7 @@ class EncoderRunner:
         self.precisions: dict[str, list] = {name: [None] for name in self.models}
         self.load_seconds: dict[str, float] = {}
         self.device = device
-        self.max_length = min(job.model.max_length, _position_limit(model.config))
+        self.max_length = min(job.model.max_length, position_limit(model.config))
         # The Rust tokenizer, truncating but never padding: padding happens per batch, after sorting.
         self.tokenizer = copy.deepcopy(tokenizer.backend_tokenizer)
         self.tokenizer.enable_truncation(self.max_length)
@@ -427,7 +427,7 @@ def encode_capped(tokenizer, texts: list[str], max_length: int, from_end: bool =
     return encodings
 
 
-def _position_limit(config) -> int:
+def position_limit(config) -> int:
     """Longest input the model's position embeddings allow."""
     limit = getattr(config, "max_position_embeddings", None) or 1 << 30
     # RoBERTa-family models offset positions by padding_idx + 1.

@@ -20,15 +20,18 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 import torch
+from pydantic import ValidationError
 
 from ..batching import padding_stats
 from ..config import GenerationConfig
 from ..constrain import Constraint, job_constraint, response_format
 from ..errors import ConfigError, ModelError
-from ..prefix import PrefixFigures, admission
 from ..prepare import Prepared, row_limits
 from ..reasons import Reason
+from ..sampling import SeededSampling
+from ..templates import chat_template, no_chat_template
 from .base import encode_capped
+from .prefix import admission, page_figures
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 
 CPU_BATCH_TOKENS = 1024
@@ -58,14 +61,17 @@ class GenerateRunner:
         """The runner for `job`: transformers' model, or vllm.LLM for generation.engine: vllm."""
         if job.generation.engine == "vllm":
             llm = load_vllm(model_path, job.generation.engine_options)
-            return cls(llm.get_tokenizer(), llm, torch.device("cuda"), job.model.max_length, job.generation)
-        from ..models import load_model
+            tokenizer, model, device = llm.get_tokenizer(), llm, torch.device("cuda")
+            if job.model.chat_template is not None:
+                tokenizer.chat_template = chat_template(job.model.chat_template)
+        else:
+            from ..models import load_model
 
-        if job.model.backend == "openvino":
-            from ..backends import candidates
+            if job.model.backend == "openvino":
+                from ..backends import candidates
 
-            candidates(job.model, torch.device("cpu"))  # says why not
-        tokenizer, model, device = load_model(job.model, model_path)
+                candidates(job.model, torch.device("cpu"))  # says why not
+            tokenizer, model, device = load_model(job.model, model_path)
         return cls(tokenizer, model, device, job.model.max_length, job.generation)
 
     def __init__(self, tokenizer, model, device: torch.device, max_length: int, gen: GenerationConfig):
@@ -85,6 +91,7 @@ class GenerateRunner:
         self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
         self._grammars = None
+        self._configs: dict[str, tuple] = {}  # a row's own settings (JSON) -> row_config's answer
         self.constraint = job_constraint(gen)  # every row's, unless an OpenAI request brings its own
         if self.constraint is not None:
             from ..grammar import Uncompilable
@@ -103,10 +110,16 @@ class GenerateRunner:
 
             config = getattr(self.model, "config", None)
             vocab = config.get_text_config().vocab_size if config is not None else len(self.tokenizer)
-            self._grammars = Grammars(self.tokenizer, max(vocab, len(self.tokenizer)), self.eos)
+            self._grammars = Grammars(
+                self.tokenizer, max(vocab, len(self.tokenizer)), self.eos, self.gen.grammar_limits
+            )
         return self._grammars
 
     # --- prompts ---------------------------------------------------------------------------------------------
+
+    def chat_problem(self, where: str) -> str | None:
+        """Why chat messages at `where` cannot be formatted for this model (it has no chat template), or None."""
+        return None if self.tokenizer.chat_template else "; ".join(no_chat_template(where))
 
     def tokenize(self, texts: list) -> Tokens:
         """Prompts: strings are encoded as they are; message lists go through the chat template first."""
@@ -118,6 +131,10 @@ class GenerateRunner:
             encode_capped(self.backend, [texts[i] for i in plain], self.max_length, from_end=True) if plain else [],
         ):
             encodings[i] = encoding
+        if not self.tokenizer.chat_template:  # row_settings has failed these rows: they never run
+            for i in chats:
+                encodings[i] = self.backend.encode("", add_special_tokens=False)
+            chats = []
         if chats:  # the template writes its own special tokens
             templated = [
                 self.tokenizer.apply_chat_template(texts[i], add_generation_prompt=True, tokenize=False) for i in chats
@@ -133,7 +150,12 @@ class GenerateRunner:
 
     def row_settings(self, job, table: pa.Table, prepared: Prepared) -> list[int | None] | None:
         """Each row's own max_new_tokens (job.max_new_tokens_column; an OpenAI request's max_tokens), None
-        where it gives none; a row whose value is no limit fails with the reason why."""
+        where it gives none; a row whose value is no limit fails with the reason why, and so does a chat
+        request when the model has no chat template."""
+        if problem := self.chat_problem("body.messages"):
+            for offset, text in zip(prepared.rows.tolist(), prepared.texts):
+                if not isinstance(text, str):
+                    prepared.errors.setdefault(offset, (Reason.BAD_REQUEST, problem))
         name = job.max_new_tokens_column
         if not name:
             return None
@@ -197,7 +219,8 @@ class GenerateRunner:
         )
         first = sorted(completions.first_token_seconds)
         lengths = tokens.lengths[index]
-        prefix = PrefixFigures.of(completions.prefix_hits, int(lengths.sum())) if self.shared_page() else None
+        # what the engine's shared pages saved, in the shape label scoring's records have (runners/prefix.py)
+        prefix = page_figures(completions.prefix_hits, int(lengths.sum())) if self.shared_page() else None
         # Continuous batching computes no padding; static batches pad to their longest prompt.
         padded = padding_stats(lengths, loaded.batches)[1] if job.generation.engine == "static" else int(lengths.sum())
         return ChunkOutput(
@@ -208,7 +231,7 @@ class GenerateRunner:
             {
                 "generated_tokens": sum(len(i) for i in kept.ids),
                 "first_token_seconds": round(first[len(first) // 2], 4) if first else None,
-                **(prefix.record() if prefix else {}),
+                **({"prefix": prefix} if prefix else {}),
             },
         )
 
@@ -243,40 +266,39 @@ class GenerateRunner:
         constraints: list[Constraint | None] | None = None,
     ) -> Completions:
         """Completions in input order. `overrides` holds per-row decoding settings (temperature, top_p,
-        seed, stop: an OpenAI request's own); rows that share settings are generated together.
+        seed, stop: an OpenAI request's own), checked as the job file's are (a row they fail is an error);
+        rows share engine passes as far as the engine allows (engine_passes).
         `constraints`: per row, the grammar its output must follow (None: free); a constrained row whose
         output is not complete and valid fails (reason length when max_new_tokens cut it).
         `check` is called while waiting and may raise to stop (Ctrl-C)."""
         constraints = constraints or [None] * len(prompts)
         self.check, self.max_rows = check, batch_rows
-        groups: dict[str, list[int]] = {}
-        for position in range(len(prompts)):
-            settings = {k: v for k, v in (overrides[position] if overrides else {}).items() if v is not None}
-            groups.setdefault(json.dumps(settings, sort_keys=True), []).append(position)
-        raw: list = [None] * len(prompts)
         out = Completions([], [], [], prefix_hits=[0] * len(prompts))
-        stops: list = [None] * len(prompts)
-        for key, positions in groups.items():
-            gen = self.gen.model_copy(update=json.loads(key))
-            sub_prompts, sub_max = [prompts[p] for p in positions], [max_new[p] for p in positions]
-            sub_constraints = [constraints[p] for p in positions]
-            hits = [0] * len(positions)
+        settings = []
+        for position, override in enumerate(overrides or [{}] * len(prompts)):
+            gen, problem = self.row_config(override)
+            settings.append(gen)
+            if problem:
+                out.failed[position] = problem
+        raw: list = [([], None)] * len(prompts)
+        for positions in engine_passes(settings, self.gen.engine, skip=out.failed):
+            gen = settings[positions[0]]  # what the pass shares; each row's seed and stop are its own
+            rows = [pick(values, positions) for values in (prompts, max_new, constraints)]
+            hits = [0] * len(positions)  # static batches share no cache
             if gen.engine == "static":
-                results, first = self._static(
-                    gen, sub_prompts, sub_max, in_order(len(positions), batch_rows), sub_constraints
-                )
+                results, first = self._static(gen, rows[0], rows[1], in_order(len(positions), batch_rows), rows[2])
             elif gen.engine == "vllm":
-                results, first, hits = self._vllm(gen, sub_prompts, sub_max, sub_constraints)
+                results, first, hits = self._vllm(pick(settings, positions), *rows)
             else:
-                results, first, hits = self._continuous(gen, sub_prompts, sub_max, sub_constraints)
+                results, first, hits = self._continuous(gen, *rows, [s.seed for s in pick(settings, positions)])
             out.first_token_seconds += first
             for p, result, hit in zip(positions, results, hits):
-                raw[p], stops[p], out.prefix_hits[p] = result, gen.stop, hit
+                raw[p], out.prefix_hits[p] = result, hit
         for position, (tokens, error) in enumerate(raw):
             if error:
                 out.failed[position] = (Reason.MODEL_ERROR, error)
                 tokens = []
-            ids, text, reason = self.finish(tokens, max_new[position], stops[position])
+            ids, text, reason = self.finish(tokens, max_new[position], settings[position].stop)
             if constraints[position] is not None and position not in out.failed:
                 if problem := self.incomplete(constraints[position], ids, text, reason, max_new[position]):
                     out.failed[position] = problem
@@ -284,6 +306,21 @@ class GenerateRunner:
             out.text.append(text)
             out.finish_reason.append(reason)
         return out
+
+    def row_config(self, override: dict) -> tuple[GenerationConfig, tuple[str, str] | None]:
+        """The generation section with a row's own settings (None: the job's), validated as the job file
+        is (not copied past the checks), or the job's section and why the row cannot have them."""
+        asked = {k: v for k, v in override.items() if v is not None}
+        if not asked:
+            return self.gen, None
+        key = json.dumps(asked, sort_keys=True)
+        if key not in self._configs:
+            try:
+                self._configs[key] = (GenerationConfig.model_validate(self.gen.model_dump() | asked), None)
+            except ValidationError as exc:
+                said = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+                self._configs[key] = (self.gen, (Reason.BAD_REQUEST, said))
+        return self._configs[key]
 
     def incomplete(
         self, constraint: Constraint, ids: list[int], text: str, reason: str, limit: int
@@ -327,15 +364,26 @@ class GenerateRunner:
         config.pad_token_id = self.pad_id
         return config
 
-    def engine_config(self, gen: GenerationConfig, lengths: list[int], concurrency: int, constrained: bool = False):
+    def engine_config(
+        self,
+        gen: GenerationConfig,
+        lengths: list[int],
+        concurrency: int,
+        constrained: bool = False,
+        seeded: bool = False,
+    ):
         """transformers' ContinuousBatchingConfig for requests of `lengths` tokens (prompt plus new tokens),
         `concurrency` of them in flight: the KV cache sized from them, unless engine_options size it.
-        `constrained`: grammar masks run, which need each step's tokens before the next step is prepared."""
+        `constrained`: grammar masks run, which need each step's tokens before the next step is prepared.
+        `seeded`: each request draws with its own generator (sampling.py), on the host at every step, which a
+        captured CUDA graph would not repeat."""
         from transformers import ContinuousBatchingConfig
 
         options = dict(gen.engine_options)
         if constrained:
             options["use_async_batching"] = False
+        if seeded:
+            options.setdefault("use_cuda_graph", False)
         options.setdefault("max_requests_per_batch", concurrency)
         options.setdefault("page_size", self.shared_page() or 256)
         if self.device.type == "cpu":
@@ -368,10 +416,14 @@ class GenerateRunner:
             return None
         return options.get("page_size", SHARED_PAGE)
 
-    def _continuous(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int], constraints: list):
+    def _continuous(
+        self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int], constraints: list, seeds: list[int]
+    ):
+        """One engine pass; when `gen` samples, each row draws with its own seed (sampling.py)."""
         concurrency = min(len(prompts), gen.engine_options.get("max_requests_per_batch") or self.max_rows)
-        constrained = any(c is not None for c in constraints)
-        cb_config = self.engine_config(gen, [len(p) + m for p, m in zip(prompts, max_new)], concurrency, constrained)
+        constrained, sampled = any(c is not None for c in constraints), gen.temperature > 0
+        lengths = [len(p) + m for p, m in zip(prompts, max_new)]
+        cb_config = self.engine_config(gen, lengths, concurrency, constrained, sampled)
         started = time.perf_counter()
         results = {}
         manager = self.model.init_continuous_batching(
@@ -382,10 +434,15 @@ class GenerateRunner:
         page = self.shared_page()
         # Rows that share a first page wait until one of them is prefilled: admitted together, each would compute it.
         leaders, waited, followers = admission(prompts, page) if page else (range(len(prompts)), set(), [])
+        sampler = SeededSampling() if sampled else None
+        if sampler is not None:
+            sampler.install(manager)
 
         def add(i: int) -> None:
             if constraints[i] is not None:
                 masks.add(f"row-{i}", constraints[i])
+            if sampler is not None:  # its own generator, whatever order the rows are admitted in
+                sampler.add(f"row-{i}", seeds[i])
             # a waited-for leader streams: its first output says its pages are in the cache
             manager.add_request(
                 prompts[i],
@@ -480,7 +537,8 @@ class GenerateRunner:
                 raw[i] = (out[k, longest:].tolist(), None)
         return raw, first
 
-    def _vllm(self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int], constraints: list):
+    def _vllm(self, settings: list[GenerationConfig], prompts: list[list[int]], max_new: list[int], constraints: list):
+        """One pass: vLLM takes each row's own settings (its seed, stop strings, temperature)."""
         from vllm import SamplingParams  # checked importable when the runner was built
 
         params = [
@@ -494,7 +552,7 @@ class GenerateRunner:
                 skip_special_tokens=True,
                 **vllm_structured(c),
             )
-            for m, c in zip(max_new, constraints)
+            for gen, m, c in zip(settings, max_new, constraints)
         ]
         outputs = self.model.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         hits = [getattr(o, "num_cached_tokens", None) or 0 for o in outputs]  # prefix caching's, per request
@@ -539,6 +597,30 @@ def count_prefix_hits(manager) -> dict[str, int]:
 
     manager._create_batch_processor = created
     return hits
+
+
+def engine_passes(settings: list[GenerationConfig], engine: str, skip=()) -> list[list[int]]:
+    """Row positions (but those in `skip`) grouped into the engine passes their settings need. vllm: one
+    pass, every row with its own settings. transformers: one per (temperature, top_p), a row's seed being
+    its own inside the pass (sampling.py). static, the baseline: seeds one generator per batch, so sampled
+    rows also part by seed. Greedy rows share one pass whatever their seed or top_p (neither changes a
+    greedy completion), and stop strings never part rows: each row's are cut from its own text."""
+    passes: dict[tuple, list[int]] = {}
+    for position, gen in enumerate(settings):
+        if position in skip:
+            continue
+        if engine == "vllm":
+            key: tuple = ()
+        elif gen.temperature == 0:
+            key = ("greedy",)
+        else:
+            key = (gen.temperature, gen.top_p) + ((gen.seed,) if engine == "static" else ())
+        passes.setdefault(key, []).append(position)
+    return list(passes.values())
+
+
+def pick(values: list, positions: list[int]) -> list:
+    return [values[p] for p in positions]
 
 
 def in_order(count: int, rows: int) -> list[np.ndarray]:

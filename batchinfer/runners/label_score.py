@@ -14,6 +14,11 @@ follow the prompt. The prompt is computed once for all its labels, and each labe
 predicted by the prompt's last position, which they share: one-token labels cost nothing beyond the
 prompt. label_prompt repeated runs one plain sequence per (row, label), the prompt repeated: the
 baseline the shared layout is measured against.
+
+The prompts' longest common token prefix in a chunk (the chat template's preamble and the instruction before
+the row's text) runs once (prefix.py): items hold only the tokens after it, which is what their lengths and the
+token budget count, and every batch runs against its KV cache at the positions after it. Rows whose prompt does
+not go past it (or a prefix under MIN_PREFIX_TOKENS) run whole.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from ..errors import ModelError
-from .base import EncoderRunner, encode_capped, fixed_size_list
-from .protocol import Tokens
+from ..errors import ConfigError, ModelError
+from .base import EncoderRunner, encode_capped, fixed_size_list, position_limit
+from .prefix import PrefixCache, common_prefix, split_prompts
+from .protocol import Prefix, Tokens
 
 
 class LabelScoreRunner(EncoderRunner):
@@ -34,6 +40,7 @@ class LabelScoreRunner(EncoderRunner):
         self.labels = list(job.model.labels)
         self.score_labels = self.labels
         self.label_ids = [tokenizer.encode(label, add_special_tokens=False) for label in self.labels]
+        refuse_empty_labels(self.labels, self.label_ids)
         self.shared = job.model.label_prompt == "shared"
         self.norm = job.model.label_norm
         self.scores = job.output.scores
@@ -41,19 +48,18 @@ class LabelScoreRunner(EncoderRunner):
         appended = sum(map(len, self.fed)) if self.shared else max(map(len, self.fed))
         self.room = self.max_length - appended  # prompt tokens an item has room for
         if self.room < 1:
-            raise ModelError(
-                f"model.max_length {self.max_length} leaves no room for a prompt beside the labels' {appended} tokens",
-                f"raise model.max_length above {appended}, or use shorter labels",
-            )
+            raise no_room_error(self.max_length, position_limit(model.config), appended, self.fed, self.shared)
         # Keep the end of an over-long prompt, as task generate does: that is where the question is.
         self.tokenizer.enable_truncation(self.room, direction="left")
         self.head_ok = _head_shortcut_agrees(model, device)
+        self.body = model.base_model if self.head_ok else model  # what runs a batch's tokens
+        self.prefixes = PrefixCache(self.body, device) if PrefixCache.problem(self.body) is None else None
 
     # --- items ---------------------------------------------------------------------------------------------------
 
     def tokenize(self, texts: list[str]) -> Tokens:
-        """One item per row (shared) or per (row, label) (repeated): the prompt's ids, then label ids
-        (each label without its last token)."""
+        """One item per row (shared) or per (row, label) (repeated): the prompt's ids after the texts' common
+        prefix, then label ids (each label without its last token)."""
         special = self.chat is None  # the chat template writes its own special tokens
         if self.chat is not None:
             texts = [
@@ -65,41 +71,59 @@ class LabelScoreRunner(EncoderRunner):
         encodings = encode_capped(self.tokenizer, texts, self.room, from_end=True, add_special_tokens=special)
         prompts = [e.ids for e in encodings]
         cut = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
+        prefix = common_prefix(prompts, cut) if self.prefixes is not None else ()
+        prompts, after = split_prompts(prompts, prefix)
+        starts = [prefix if a else () for a in after.tolist()]
         if self.shared:
             appended = [t for ids in self.fed for t in ids]
-            ids, owner = [p + appended for p in prompts], None
+            ids, owner = [Scored(p + appended, None, s) for p, s in zip(prompts, starts)], None
         else:
-            ids = [Scored(p + fed, k) for p in prompts for k, fed in enumerate(self.fed)]
+            ids = [Scored(p + fed, k, s) for p, s in zip(prompts, starts) for k, fed in enumerate(self.fed)]
             owner = np.repeat(np.arange(len(prompts)), len(self.labels))
-            cut = np.repeat(cut, len(self.labels))
+            cut, after = np.repeat(cut, len(self.labels)), np.repeat(after, len(self.labels))
         lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
-        return Tokens(ids, lengths, cut, owner)
+        return Tokens(ids, lengths, cut, owner, prefix=Prefix(len(prefix), after) if prefix else None)
 
     # --- a batch -------------------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def run(self, ids: list[list[int]]) -> list:
-        """A batch of items → per item, each of its labels' summed log-probability ([labels] or [1])."""
-        layout = self.layout(ids)
+    def run(self, ids: list[Scored]) -> list:
+        """A batch of items → per item, each of its labels' summed log-probability ([labels] or [1]). Items
+        after different prefixes (serve batches several requests) run as one pass per prefix."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, item in enumerate(ids):
+            groups.setdefault(item.prefix, []).append(i)
+        results: list = [None] * len(ids)
+        for prefix, positions in groups.items():
+            for i, result in zip(positions, self.run_after(prefix, [ids[i] for i in positions])):
+                results[i] = result
+        return results
+
+    def run_after(self, prefix: tuple[int, ...], ids: list[Scored]) -> list:
+        """Items that all follow `prefix` (() for none) → per item, its labels' summed log-probabilities."""
+        layout = self.layout(ids, len(prefix))
         inputs = {
             k: torch.from_numpy(v).to(self.device) for k, v in layout.items() if k in ("input_ids", "position_ids")
         }
-        mask = torch.from_numpy(layout["mask"]).to(self.device)[:, None]  # [b, 1, L, L], True: may attend
-        logprobs = self.target_logprobs(inputs, mask, layout["at"], layout["target"])  # [n]
+        mask = torch.from_numpy(layout["mask"]).to(self.device)[:, None]  # [b, 1, L, prefix + L], True: may attend
+        cache = self.prefixes.expanded(prefix, len(ids)) if prefix else {}
+        logprobs = self.target_logprobs(inputs, mask, layout["at"], layout["target"], cache)  # [n]
         sums = np.zeros(len(ids) * layout["per_item"], dtype=np.float64)
         np.add.at(sums, layout["slot"], logprobs)
         return list(sums.reshape(len(ids), layout["per_item"]))
 
-    def layout(self, ids: list[list[int]]) -> dict[str, np.ndarray]:
-        """Padded input ids, position ids and [b, L, L] attention masks of a batch, and for every label
-        token: the flat position whose logits predict it (`at`), the token (`target`), and the (item,
-        label) it counts for (`slot`, item x per_item + label)."""
+    def layout(self, ids: list[Scored], offset: int = 0) -> dict[str, np.ndarray]:
+        """Padded input ids, position ids and [b, L, offset + L] attention masks of a batch that follows
+        `offset` prefix tokens, and for every label token: the flat position whose logits predict it (`at`),
+        the token (`target`), and the (item, label) it counts for (`slot`, item x per_item + label)."""
         rows, longest = len(ids), max(len(row) for row in ids)
         input_ids = np.full((rows, longest), self.pad_id, dtype=np.int64)
         positions = np.zeros((rows, longest), dtype=np.int64)
-        mask = np.zeros((rows, longest, longest), dtype=bool)
+        mask = np.zeros((rows, longest, offset + longest), dtype=bool)
+        mask[:, :, :offset] = True  # every token sees the whole prefix
+        own = mask[:, :, offset:]  # [b, L, L]: what the batch's tokens see of each other (a view)
         causal = np.tril(np.ones((longest, longest), dtype=bool))
-        mask[:] = np.eye(longest, dtype=bool)  # padding attends to itself: no softmax over nothing
+        own[:] = np.eye(longest, dtype=bool)  # padding attends to itself: no softmax over nothing
         at, target, slot = [], [], []
         per_item = len(self.labels) if self.shared else 1
         for i, row in enumerate(ids):
@@ -107,13 +131,13 @@ class LabelScoreRunner(EncoderRunner):
             input_ids[i, :n] = row
             labels = self.label_ids if self.shared else [self.label_ids[row.label]]
             prompt = n - sum(len(label) - 1 for label in labels)
-            mask[i, :n, :prompt] = causal[:n, :prompt]  # everyone sees the prompt, causally
+            own[i, :n, :prompt] = causal[:n, :prompt]  # everyone sees the prompt, causally
             positions[i, :prompt] = np.arange(prompt)
             start = prompt
             for k, label in enumerate(labels):
                 fed = len(label) - 1
                 stop = start + fed
-                mask[i, start:stop, start:stop] = causal[:fed, :fed]  # a label sees its own past
+                own[i, start:stop, start:stop] = causal[:fed, :fed]  # a label sees its own past
                 positions[i, start:stop] = np.arange(prompt, prompt + fed)
                 # token 0 is predicted by the prompt's last position, token j by the label's token j - 1
                 at += [i * longest + prompt - 1] + [i * longest + p for p in range(start, stop)]
@@ -122,7 +146,7 @@ class LabelScoreRunner(EncoderRunner):
                 start = stop
         return {
             "input_ids": input_ids,
-            "position_ids": positions,
+            "position_ids": positions + offset,
             "mask": mask,
             "at": np.array(at, dtype=np.int64),
             "target": np.array(target, dtype=np.int64),
@@ -130,15 +154,18 @@ class LabelScoreRunner(EncoderRunner):
             "per_item": per_item,
         }
 
-    def target_logprobs(self, inputs: dict, mask: torch.Tensor, at: np.ndarray, target: np.ndarray) -> np.ndarray:
+    def target_logprobs(
+        self, inputs: dict, mask: torch.Tensor, at: np.ndarray, target: np.ndarray, cache: dict
+    ) -> np.ndarray:
         """log p(target token) at each flat position `at` of the batch: [n]. The LM head runs on those
-        positions alone when it agrees with the model's own logits (checked at load), not on every token."""
+        positions alone when it agrees with the model's own logits (checked at load), not on every token.
+        cache: the prefix's cache argument ({} for none)."""
         at_t = torch.from_numpy(at).to(self.device)
         if self.head_ok:
-            hidden = self.model.base_model(**inputs, attention_mask=mask).last_hidden_state  # [b, L, hidden]
+            hidden = self.body(**inputs, attention_mask=mask, **cache).last_hidden_state  # [b, L, hidden]
             logits = self.model.get_output_embeddings()(hidden.reshape(-1, hidden.shape[-1])[at_t])  # [n, vocab]
         else:
-            logits = self.model(**inputs, attention_mask=mask).logits
+            logits = self.body(**inputs, attention_mask=mask, **cache).logits
             logits = logits.reshape(-1, logits.shape[-1])[at_t]
         logprobs = logits.float().log_softmax(dim=-1)
         return logprobs.gather(1, torch.from_numpy(target).to(self.device)[:, None])[:, 0].double().cpu().numpy()
@@ -166,11 +193,43 @@ class LabelScoreRunner(EncoderRunner):
 
 
 class Scored(list):
-    """label_prompt repeated: a (row, label) item's token ids, and which label it ends with."""
+    """An item's token ids after its prefix, which label it ends with (label_prompt repeated; None: every
+    label, shared), and the prefix it runs after (() for none)."""
 
-    def __init__(self, ids: list[int], label: int):
+    def __init__(self, ids: list[int], label: int | None, prefix: tuple[int, ...] = ()):
         super().__init__(ids)
-        self.label = label
+        self.label, self.prefix = label, prefix
+
+
+def refuse_empty_labels(labels: list[str], label_ids: list[list[int]]) -> None:
+    """A label of no tokens (a soft hyphen, a zero-width space: text that str.strip keeps) has no score."""
+    empty = [f"{k} ({label!r})" for k, (label, ids) in enumerate(zip(labels, label_ids)) if not ids]
+    if empty:
+        raise ConfigError(
+            f"model.labels: label {', '.join(empty)} is no token at all to this model's tokenizer (invisible "
+            "characters only), so it cannot be scored",
+            "remove it from model.labels, or write the label as the text that should follow the prompt",
+        )
+
+
+def no_room_error(max_length: int, limit: int, appended: int, fed: list[list[int]], shared: bool) -> ModelError:
+    """The labels' `appended` tokens leave no prompt token within max_length: the fix that can work, never a
+    max_length past the model's own `limit`."""
+    problem = f"model.max_length {max_length} leaves no room for a prompt beside the labels' {appended} tokens"
+    if appended < limit:
+        return ModelError(
+            problem, f"raise model.max_length above {appended} (this model reads up to {limit}), or use shorter labels"
+        )
+    longest = max(map(len, fed))
+    repeated = (
+        f", or model.label_prompt: repeated (one sequence per label: {longest} label tokens beside the prompt)"
+        if shared and longest < limit
+        else ""
+    )
+    return ModelError(
+        f"{problem}, and the model reads at most {limit} tokens",
+        f"use fewer or shorter labels{repeated}",
+    )
 
 
 def _head_shortcut_agrees(model, device: torch.device) -> bool:

@@ -22,15 +22,43 @@ from ..prepare import Prepared
 
 
 @dataclass
+class Prefix:
+    """A token prefix that items run after, computed once for all of them: not in their ids nor lengths."""
+
+    tokens: int  # its length
+    used: np.ndarray  # [items] bool: the items that run after it (the rest run whole)
+
+
+@dataclass
 class Tokens:
     ids: list[list[int]]  # per item; a Pair for (text, text_pair) items
     lengths: np.ndarray  # [items] int64, special tokens included
     truncated: np.ndarray  # [items] bool
     owner: np.ndarray | None = None  # [items] the text each item belongs to; None: item i is text i
     encodings: list | None = None  # the tokenizer's encodings, for runners that read offsets
+    prefix: Prefix | None = None  # the prefix the items share, when one runs once for them
 
     def owners(self) -> np.ndarray:
         return self.owner if self.owner is not None else np.arange(len(self.ids))
+
+    def prefix_reused(self, items: np.ndarray, rows: np.ndarray | None = None) -> dict | None:
+        """What the prefix saved the items at `items` (of rows `rows`, positions in the texts; default all): its
+        length, the rows that ran after it, the tokens not computed again for them and the prompt tokens those
+        items had in full (what they computed and what they saved), as a ChunkRecord's `prefix` holds them;
+        None without one."""
+        if self.prefix is None:
+            return None
+        if rows is not None:
+            items = items[np.isin(self.owners()[items], rows)]
+        used = items[self.prefix.used[items]]
+        tokens = self.prefix.tokens
+        saved = len(used) * tokens
+        return {
+            "tokens": tokens,
+            "rows": len(np.unique(self.owners()[used])),
+            "saved_tokens": saved,
+            "prompt_tokens": int(self.lengths[items].sum()) + saved,
+        }
 
 
 @dataclass(kw_only=True)

@@ -5,9 +5,12 @@ the oldest row has waited max_wait; the window's rows are then sorted by token c
 batches as offline jobs are (tune.cut_batches), and each batch runs with the same
 split-and-retry (recovery.run_resilient). A request's rows may span batches; its results are put back
 in order when its last row is done. The queue is bounded in tokens: past it, a request is refused
-at once (the server answers 429) instead of waiting without bound. A request being tokenized holds a
-reservation against that bound (an upper estimate of its tokens), so that requests arriving together
-are refused before they are tokenized, not after.
+at once (the server answers 429) instead of waiting without bound, and a request larger than the bound
+itself is refused (413) even when the queue is empty, since no one else could run while it did. A
+request being tokenized holds a reservation against that bound (an upper estimate of its tokens, at
+most the bound), so that requests arriving together are refused before they are tokenized, not after.
+A request whose caller went away (cancel) has its rows dropped: those queued at once, and those of the
+window being run before each batch.
 
 The model runs on one thread of its own; requests are asyncio futures resolved from it.
 """
@@ -29,6 +32,10 @@ from ..tune import cut_batches
 
 class Overloaded(Exception):
     """The queue holds too much to take this request now; the message says how much."""
+
+
+class TooLarge(Exception):
+    """A request of more tokens than the whole queue holds: never taken; the message says how to split it."""
 
 
 @dataclass
@@ -98,9 +105,13 @@ class Batcher:
         return self._queued_tokens
 
     @contextmanager
-    def reserved(self, tokens: int):
+    def reserved(self, tokens: int, least: int = 0):
         """Hold `tokens` of the queue while a request is tokenized; raises Overloaded, before any work, when
-        they do not fit. submit(..., reserved=tokens) inside the block trades them for the real count."""
+        they do not fit, and TooLarge when even `least` (a lower bound of its tokens) is past the bound.
+        submit(..., reserved=tokens) inside the block trades them for the real count."""
+        if least > self.max_queue_tokens:
+            raise TooLarge(self._too_large(f"at least {least:,}"))
+        tokens = min(tokens, self.max_queue_tokens)  # an estimate past the bound: submit sees the real count
         with self._wake:
             self._admit(tokens, 0)
             self._reserved += tokens
@@ -117,7 +128,7 @@ class Batcher:
         request = Request(len(items), loop.create_future(), loop)
         now = time.monotonic()
         with self._wake:
-            self._admit(tokens, reserved)
+            self._admit(tokens, min(reserved, self.max_queue_tokens))  # as reserved() holds it
             self._queue.extend(_Row(request, i, item, now) for i, item in enumerate(items))
             self._queued_tokens += tokens
             self._wake.notify()
@@ -125,14 +136,33 @@ class Batcher:
             loop.call_soon(request.future.set_result, ([], {}))
         return request
 
+    def cancel(self, request: Request) -> None:
+        """Drop the rows of `request` that have not run (its caller went away): the queued ones now, the rest
+        before each batch of the window being run."""
+        with self._wake:
+            request.cancelled = True
+            dropped = [row for row in self._queue if row.request is request]
+            if dropped:
+                self._queue = deque(row for row in self._queue if row.request is not request)
+                self._queued_tokens -= sum(len(row.ids) for row in dropped)
+
     def _admit(self, tokens: int, own: int) -> None:
-        """Refuse `tokens` more when others hold the queue and they would pass its bound (a request larger
-        than the bound is taken alone, and spans batches). Called holding the lock."""
+        """Refuse `tokens` more when they would pass the queue's bound: now (Overloaded), or ever (TooLarge).
+        Called holding the lock."""
         if self._stopping:
             raise Overloaded("it is shutting down")
+        if tokens > self.max_queue_tokens:
+            raise TooLarge(self._too_large(f"{tokens:,}"))
         held = self._queued_tokens + self._reserved - own
-        if held and held + tokens > self.max_queue_tokens:
+        if held + tokens > self.max_queue_tokens:
             raise Overloaded(f"{held:,} tokens are queued or being read, the limit is {self.max_queue_tokens:,}")
+
+    def _too_large(self, tokens: str) -> str:
+        bound = f"{self.max_queue_tokens:,}"
+        return (
+            f"the request is {tokens} tokens, more than the queue holds (serve.max_queue_tokens, {bound}); "
+            f"split it into requests of at most {bound} tokens"
+        )
 
     def stop(self) -> None:
         """Finish what is queued, then stop."""
@@ -156,7 +186,7 @@ class Batcher:
                     if left <= 0:
                         break
                     self._wake.wait(left)
-                rows = [row for row in self._queue if not row.request.cancelled]
+                rows = list(self._queue)
                 self._queue.clear()
                 self._queued_tokens = 0
             if rows:
@@ -170,14 +200,16 @@ class Batcher:
         lengths = np.array([len(row.ids) for row in rows], dtype=np.int64)
         self.runner.packed = self.strategy == "packed"
         for batch in cut_batches(lengths, self.max_tokens, self.strategy, self.max_rows, self.runner.device):
-            members = [rows[i] for i in batch.tolist()]
+            members = [rows[i] for i in batch.tolist() if not rows[i].request.cancelled]
+            if not members:
+                continue
             started = time.monotonic()
             outcome = run_resilient(self.runner.run, [row.ids for row in members])
             self.on_batch(
                 BatchStats(
                     len(members),
                     len({id(r.request) for r in members}),
-                    int(lengths[batch].sum()),
+                    sum(len(row.ids) for row in members),
                     [started - row.arrived for row in members],
                     time.monotonic() - started,
                 )

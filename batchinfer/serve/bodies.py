@@ -1,5 +1,6 @@
-"""serve's request bodies (pydantic), the checks that turn a body that is valid JSON but not a valid
-request into one 400 naming what is wrong, and what a completion request is read into (Asked)."""
+"""serve's request bodies (pydantic; a completion's settings are openai_requests.py's, as a batch line's),
+the checks that turn a body that is valid JSON but not a valid request into one 400 naming what is wrong,
+and what a completion request is read into (Asked)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictBool
+from pydantic import BaseModel, ConfigDict
 
 from ..constrain import Constraint
 from ..errors import shorten
 from ..messages import is_blank
+from ..openai_requests import ChatSettings, GenerationSettings
 
 
 class BadInput(Exception):
@@ -64,60 +66,27 @@ class ScoreBody(_Body):
         return pairs
 
 
-class _GenerationBody(_Body):
-    max_tokens: int | None = None
-    stop: str | list[str] | None = None
-    stream: StrictBool = False
-    stream_options: dict[str, Any] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    model: str | None = None
-    response_format: dict[str, Any] | None = None
-
-    def include_usage(self) -> bool:
-        """Whether a streamed answer ends with a usage chunk (stream_options.include_usage, as OpenAI's)."""
-        options = self.stream_options
-        if options is None:
-            return False
-        if not self.stream:
-            raise BadInput("stream_options: only with stream: true")
-        for key, value in options.items():
-            if key == "include_usage" and not isinstance(value, bool):
-                raise BadInput(f"stream_options.include_usage must be true or false, not {shorten(value, 40)}")
-            if key not in ("include_usage", "include_obfuscation"):  # obfuscation pads events: nothing to pad here
-                raise BadInput(f"unsupported: stream_options.{key} (not a field of stream_options); leave it out")
-        return bool(options.get("include_usage"))
+def include_usage(body: GenerationSettings) -> bool:
+    """Whether a streamed answer ends with a usage chunk (stream_options.include_usage, as OpenAI's)."""
+    options = body.stream_options
+    if options is None:
+        return False
+    if not body.stream:
+        raise BadInput("stream_options: only with stream: true")
+    for key, value in options.items():
+        if key == "include_usage" and not isinstance(value, bool):
+            raise BadInput(f"stream_options.include_usage must be true or false, not {shorten(value, 40)}")
+        if key not in ("include_usage", "include_obfuscation"):  # obfuscation pads events: nothing to pad here
+            raise BadInput(f"unsupported: stream_options.{key} (not a field of stream_options); leave it out")
+    return bool(options.get("include_usage"))
 
 
-class CompletionBody(_GenerationBody):
+class CompletionBody(GenerationSettings):
     prompt: str
 
 
-class ChatBody(_GenerationBody):
+class ChatBody(ChatSettings):
     messages: list[dict[str, Any]]
-    max_completion_tokens: int | None = None
-
-
-def describe(errors: list[dict]) -> str:
-    """Validation errors as `field[index]: what is wrong (got ...)`, without pydantic's union branch names."""
-    if any(e["type"] == "json_invalid" for e in errors):
-        return "the body is not valid JSON"
-    lists = {e["loc"][1] for e in errors if len(e["loc"]) > 2 and str(e["loc"][2]).startswith("list[")}
-    problems = []
-    for e in errors:
-        loc = [p for p in e["loc"] if p != "body"]
-        if not loc:  # the body itself: null, a list, text
-            problems.append(f"the body must be a JSON object (got {shorten(e.get('input'), 60)})")
-            continue
-        branch = len(loc) > 1 and isinstance(loc[1], str) and (loc[1] in ("str", "int") or "[" in loc[1])
-        if branch and loc[1] == "str" and loc[0] in lists:
-            continue  # the list branch says more
-        parts = [loc[0]] + loc[2 if branch else 1 :]
-        where = str(parts[0]) + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts[1:])
-        got = "" if e["type"] == "missing" else f" (got {shorten(e.get('input'), 60)})"
-        problems.append(f"{where}: {e['msg'].lower()}{got}")
-    return "; ".join(problems[:5])
 
 
 def check_unicode(value: Any, where: str = "") -> None:

@@ -3,6 +3,7 @@ events (stream: true), in OpenAI's shapes (openai_shapes.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from fastapi import Request
@@ -10,7 +11,7 @@ from fastapi.responses import StreamingResponse
 
 from ..openai_shapes import choice, completion, usage
 from .bodies import Asked
-from .failures import EngineDown, Unanswered
+from .failures import GONE, Disconnected, EngineDown, Unanswered, gone
 from .metrics import Metrics
 
 
@@ -32,7 +33,7 @@ class Completions:
         if last.error:
             raise RuntimeError(f"generation failed: {last.error}")
         generated, text, reason = self.service.finished(asked, last)
-        self._check(asked, generated, text, reason)
+        await self._check(asked, generated, text, reason)
         self.metrics.answered(request.url.path, asked.started)
         self.metrics.rows.inc()
         body = completion(asked.chat, asked.key, asked.created, self.model, [choice(asked.chat, text, reason)])
@@ -49,7 +50,7 @@ class Completions:
                 generated, text, reason = self.service.finished(asked, output)
                 generated_tokens = len(generated)
                 if output.is_finished():
-                    self._check(asked, generated, text, reason)
+                    await self._check(asked, generated, text, reason)
                 # a stop string ends the completion before the engine does (it knows no stop strings)
                 finished = output.is_finished() or len(generated) < len(output.generated_tokens)
                 delta, sent = text[len(sent) :], text
@@ -66,16 +67,22 @@ class Completions:
             self.metrics.refused(request.url.path, 422)
             yield _data(exc.body())
             return
+        except Disconnected:
+            self.metrics.refused(request.url.path, GONE)
+            gone(request.url.path)
+            return
         if asked.include_usage:  # a last chunk with no choices and the request's usage
             yield self._event(asked, [], {"usage": usage(len(asked.ids), generated_tokens)})
         yield "data: [DONE]\n\n"
         self.metrics.answered(request.url.path, asked.started)
         self.metrics.rows.inc()
 
-    def _check(self, asked: Asked, generated: list[int], text: str, reason: str) -> None:
-        """A constrained completion is an answer only when it is whole and valid."""
+    async def _check(self, asked: Asked, generated: list[int], text: str, reason: str) -> None:
+        """A constrained completion is an answer only when it is whole and valid (checked off the event loop:
+        an output its grammar refuses is checked again under one that xgrammar may still have to compile)."""
         if asked.constraint is not None:
-            if problem := self.service.runner.incomplete(asked.constraint, generated, text, reason, asked.max_new):
+            incomplete = self.service.runner.incomplete
+            if problem := await asyncio.to_thread(incomplete, asked.constraint, generated, text, reason, asked.max_new):
                 raise Unanswered(*problem)
 
     def _event(self, asked: Asked, choices: list, extra: dict) -> str:

@@ -3,15 +3,21 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
-from .batcher import Overloaded
-from .bodies import BadInput, describe
+from ..openai_requests import describe
+from .batcher import Overloaded, TooLarge
+from .bodies import BadInput
 from .metrics import Metrics
 
-KINDS = {400: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}  # else server_error
+KINDS = {s: "invalid_request_error" for s in (400, 404, 405, 408, 413)} | {429: "rate_limit_error"}  # else server_error
+GONE = 499  # the client closed the connection before its answer (nginx's code); counted, never sent
+log = logging.getLogger("batchinfer.serve")
 
 
 class Unanswered(Exception):
@@ -29,8 +35,19 @@ class EngineDown(Exception):
     """The model's thread has stopped: nothing more can run until the server restarts."""
 
 
+class Disconnected(Exception):
+    """The client went away before its answer; what it had queued was dropped."""
+
+
 def error_body(status: int, message: str) -> dict:
     return {"error": {"message": message, "type": KINDS.get(status, "server_error")}}
+
+
+def gone(path: str) -> str:
+    """One line in the log for a client that went away (no traceback: nothing failed)."""
+    message = "the client went away before its answer; its queued work was dropped"
+    log.warning("%s: %s", path, message)
+    return message
 
 
 class Failures:
@@ -48,18 +65,40 @@ class Failures:
             RequestValidationError: lambda exc: (400, describe(exc.errors()), None),
             BadInput: lambda exc: (400, str(exc), None),
             Overloaded: lambda exc: (429, f"the server is busy: {exc}; retry shortly", {"Retry-After": "1"}),
+            TooLarge: lambda exc: (413, str(exc), None),
             EngineDown: lambda exc: (503, f"{exc}; restart the server (batchinfer serve --debug shows why)", None),
             RuntimeError: lambda exc: (500, str(exc), None),
         }
         for kind, read in handlers.items():
             app.add_exception_handler(kind, self._handler(read))
         app.add_exception_handler(Unanswered, self._unanswered)
+        app.add_exception_handler(HTTPException, self._http)
+        app.add_exception_handler(Disconnected, self._gone)
 
     def _handler(self, read):
         async def handle(request: Request, exc: Exception) -> JSONResponse:
             return self.answer(request.url.path, *read(exc))
 
         return handle
+
+    async def _http(self, request: Request, exc: HTTPException) -> JSONResponse:
+        """Starlette's and FastAPI's own refusals (no such route, a body that is not UTF-8 JSON or nests too
+        deep to read), in this server's error body."""
+        cause, path = exc.__cause__, request.url.path
+        if isinstance(cause, UnicodeDecodeError):
+            message = f"the body is not valid UTF-8 ({cause.reason} at byte {cause.start})"
+        elif isinstance(cause, RecursionError):
+            message = "the body nests too deep to read; send JSON nested less deep"
+        elif exc.status_code == 404:
+            message = f"no endpoint {path}; GET /health says which task this server runs"
+        elif exc.status_code == 405:
+            message = f"{path} does not take {request.method}"
+        else:
+            message = str(exc.detail)
+        return self.answer(path, exc.status_code, message, exc.headers)
+
+    async def _gone(self, request: Request, exc: Disconnected) -> JSONResponse:
+        return self.answer(request.url.path, GONE, gone(request.url.path))
 
     async def _unanswered(self, request: Request, exc: Unanswered) -> JSONResponse:
         self.metrics.refused(request.url.path, 422)

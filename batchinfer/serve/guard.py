@@ -1,5 +1,6 @@
 """serve's guard around the app (ASGI middleware): bodies past serve.max_body_bytes answered 413 before
-they are read whole, and the memory requests freed handed back to the system (heap.HeapGuard)."""
+they are read whole, bodies that stop arriving for serve.read_timeout_s answered 408, and the memory
+requests freed handed back to the system (heap.HeapGuard)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ DRAIN_BYTES, DRAIN_SECONDS = 1 << 30, 30  # what is read, unkept, of a body refu
 class BodyGuard:
     """ASGI middleware around the app: a request body of at most `limit` bytes, answered 413 past it before
     it is read whole or parsed (by its Content-Length, else by counting the bytes of a chunked body as they
-    come); after each answer, memory the request freed is handed back to the system once it piles up:
+    come), each part of it within `seconds` of the last, answered 408 past them (a body that stops coming
+    holds nothing, and a stopping server waits for it no longer); after each answer, memory the request
+    freed is handed back to the system once it piles up:
     while requests run, past HEAP_MARGIN; when none runs, past IDLE_MARGIN over the last quiet moment, so
     that memory comes back to its baseline after a burst."""
 
-    def __init__(self, app, limit: int, refused):
-        self.app, self.limit, self.refused = app, limit, refused
+    def __init__(self, app, limit: int, seconds: float, refused):
+        self.app, self.limit, self.seconds, self.refused = app, limit, seconds, refused
         self.busy, self.idle = HeapGuard(HEAP_MARGIN), HeapGuard(IDLE_MARGIN)
         self.running = 0
 
@@ -35,7 +38,11 @@ class BodyGuard:
             return await self._refuse(scope, receive, send, drain)
         parts, size, more = [], 0, True
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.seconds)
+            except asyncio.TimeoutError:
+                late = f"the body stopped coming: nothing more for serve.read_timeout_s ({self.seconds:g} s)"
+                return await self.refused(scope["path"], 408, late + "; send it without pauses")(scope, receive, send)
             if message["type"] != "http.request":  # the client went away
                 return
             parts.append(message.get("body", b""))
@@ -60,11 +67,14 @@ class BodyGuard:
         """413, after reading what the client still sends without keeping it (up to DRAIN_BYTES or
         DRAIN_SECONDS), so that it reads the answer instead of a connection reset mid-upload."""
         deadline, drained = time.monotonic() + DRAIN_SECONDS, 0
-        while drain and drained < DRAIN_BYTES and time.monotonic() < deadline:
-            message = await receive()
+        while drain and drained < DRAIN_BYTES:
+            try:
+                message = await asyncio.wait_for(receive(), min(self.seconds, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                break
             if message["type"] != "http.request":
                 return
             drained += len(message.get("body", b""))
             drain = message.get("more_body", False)
         message = f"the body is larger than serve.max_body_bytes ({self.limit:,} bytes); send less per request"
-        await self.refused(scope["path"], message)(scope, receive, send)
+        await self.refused(scope["path"], 413, message)(scope, receive, send)

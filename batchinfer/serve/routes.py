@@ -43,10 +43,11 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     failures = Failures(metrics)
     failures.install(app)
 
-    def refused(path: str, message: str) -> JSONResponse:
-        return failures.answer(path, 413, message, {"Connection": "close"})
+    def refused(path: str, status: int, message: str) -> JSONResponse:
+        return failures.answer(path, status, message, {"Connection": "close"})
 
-    app.add_middleware(BodyGuard, limit=job.serve.max_body_bytes, refused=refused)
+    serve = job.serve
+    app.add_middleware(BodyGuard, limit=serve.max_body_bytes, seconds=serve.read_timeout_s, refused=refused)
     routes = Routes(job, service, metrics)
     app.get("/health")(routes.health)
     app.get("/metrics")(routes.prometheus)

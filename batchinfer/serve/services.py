@@ -10,16 +10,20 @@ import time
 import uuid
 
 import numpy as np
+import pyarrow as pa
 from fastapi import Request
 
 from ..config import JobConfig
 from ..constrain import Constraint, response_format
+from ..openai_requests import GenerationSettings
 from ..packing import supports_packing
+from ..prepare import Prepared
 from ..runners import make_runner
+from ..runners.protocol import ChunkInput, Tokens
 from ..tune import BACKEND_BUDGETS, DEFAULT_BUDGET
 from .batcher import Batcher, Overloaded
-from .bodies import Asked, BadInput
-from .failures import EngineDown
+from .bodies import Asked, BadInput, include_usage
+from .failures import Disconnected, EngineDown
 from .metrics import Metrics
 
 
@@ -49,14 +53,16 @@ class EncoderService:
     async def run(self, texts: list, request: Request) -> tuple[dict, int]:
         """Each text's result columns (as Python lists) and the request's token count."""
         most = most_tokens(texts, self.runner.max_length)
-        with self.batcher.reserved(most):  # a full queue refuses before the tokenizer runs
+        # a full queue refuses before the tokenizer runs, and so does a request of more texts than the queue's
+        # tokens (each text is a token at least)
+        with self.batcher.reserved(most, least=len(texts)):
             tokens = await asyncio.to_thread(self.runner.tokenize, texts)
             pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop(), reserved=most)
-        results, failed = await until_done(pending, request)
+        results, failed = await until_done(pending, request, self.batcher.cancel)
         if failed:
             position, (reason, message) = next(iter(sorted(failed.items())))
             raise RuntimeError(f"input[{position}]: {reason}: {message}")
-        columns = self.runner.columns([[r] for r in results], np.arange(len(texts)), None)
+        columns = self.runner.columns([[r] for r in results], np.arange(len(texts)), as_chunk(texts, tokens))
         self.metrics.rows.inc(len(texts))
         cut = tokens.truncated.tolist()
         return {name: array.to_pylist() for name, array in columns.items()} | {"truncated": cut}, int(
@@ -88,26 +94,28 @@ class GenerateService:
         self.masks = runner.masks(self.manager) if constrained else None
         self.manager.start()
 
-    async def ask(self, body, prompt, chat: bool, max_tokens: int | None) -> Asked:
-        """A completion request (its prompt: text, or chat messages) checked against what this server runs,
-        and tokenized; never past the positions the model knows, as offline."""
+    async def ask(self, body: GenerationSettings, prompt, chat: bool, max_tokens: int | None) -> Asked:
+        """A completion request (its prompt: text, or chat messages; its settings range-checked already)
+        checked against what this server runs, and tokenized; never past the positions the model knows,
+        as offline."""
         started = time.perf_counter()
         self.check(body.temperature, body.top_p, body.seed)
         if self.problem():  # before a stream's status line goes out
             raise EngineDown(self.problem())
-        if max_tokens is not None and max_tokens < 1:
-            raise BadInput("max_tokens: must be at least 1")
-        include_usage = body.include_usage()
+        usage = include_usage(body)
+        if chat and (problem := self.runner.chat_problem("messages")):
+            raise BadInput(problem)
         max_new = max_tokens or self.job.generation.max_new_tokens
-        constraint = self.constraint(body)
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or self.job.generation.stop)
+        constraint = await self.constraint(body)
+        stops = list(body.stop or self.job.generation.stop)
         ids = (await asyncio.to_thread(self.runner.tokenize, [prompt])).ids[0]
         if self.runner.context:
             max_new = max(1, min(max_new, self.runner.context - len(ids)))
-        return Asked(chat, ids, max_new, stops, constraint, body.stream, include_usage, started)
+        return Asked(chat, ids, max_new, stops, constraint, body.stream, usage, started)
 
-    def constraint(self, body) -> Constraint | None:
-        """The request's response_format, else the server's job's; compiled, or a 400 saying why not."""
+    async def constraint(self, body) -> Constraint | None:
+        """The request's response_format, else the server's job's; compiled (off the event loop, which goes on
+        answering meanwhile), or a 400 saying why not."""
         constraint, problem = response_format(body.response_format, "response_format")
         if problem:
             raise BadInput(problem)
@@ -121,7 +129,7 @@ class GenerateService:
         from ..grammar import Uncompilable
 
         try:
-            self.runner.grammars.compile(constraint)
+            await asyncio.to_thread(self.runner.grammars.compile, constraint)
         except Uncompilable as exc:
             raise BadInput(str(exc)) from None
         return constraint
@@ -175,7 +183,7 @@ class GenerateService:
                 output = await asyncio.wait_for(outputs.get(), timeout=0.25)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
-                    raise asyncio.CancelledError() from None
+                    raise Disconnected() from None
                 if self.problem():
                     raise EngineDown(self.problem()) from None
                 continue
@@ -205,12 +213,25 @@ def most_tokens(texts: list, max_length: int) -> int:
     )
 
 
-async def until_done(pending, request: Request):
-    """Wait for a queued request; if the client goes away, its rows are dropped before they run."""
+def as_chunk(texts: list, tokens: Tokens) -> ChunkInput:
+    """A request's rows as the chunk a runner's columns read (some read its tokens: embed's prompt_tokens)."""
+    every = np.arange(len(texts))
+    return ChunkInput(
+        table=pa.table({}),
+        prepared=Prepared(texts, every, {}),
+        tokens=tokens,
+        index=every,
+        batches=[],
+        cut_with=(0, ""),
+    )
+
+
+async def until_done(pending, request: Request, cancel):
+    """Wait for a queued request; if the client goes away, cancel(pending) drops its rows before they run."""
     while True:
         done, _ = await asyncio.wait({pending.future}, timeout=0.25)
         if done:
             return pending.future.result()
         if await request.is_disconnected():
-            pending.cancelled = True
-            raise asyncio.CancelledError()
+            cancel(pending)
+            raise Disconnected()

@@ -34,6 +34,7 @@ from ..storage import (
     reach_problem,
     refuse_location,
 )
+from ..templates import template_fields
 from .base import (
     READ_ERRORS,
     BadShard,
@@ -128,19 +129,26 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
         ) from exc
     root = posixpath.commonpath([posixpath.dirname(p) for p in paths]) if len(paths) > 1 else None
     spec = read_spec(cfg, columns)
-    shards, bad, infos, hints = [], [], [], []
+    shards, bad, infos, hints, lacking = [], [], [], [], []
     for path in paths:
         fmt = shard_format(path, cfg.format)
         name = posixpath.relpath(path, root) if root else posixpath.basename(path.rstrip("/"))
         try:
             info, stamp = _inspect(path, fmt, spec)
-            _check_columns(name, info.columns, list(spec.columns))
         except InputError as exc:
             bad.append(BadShard(name, exc.message))
             hints.append(exc.hint)
             continue
+        missing = [c for c in spec.columns if info.columns is not None and c not in info.columns]
+        if missing:
+            lacking.append(Lacking(name, missing, info.columns))
+            bad.append(BadShard(name, lacking[-1].message))
+            hints.append(LACKING_FIX)
+            continue
         shards.append(Shard(path, name, fmt, info.rows, info.digest, stamp=stamp))
         infos.append(info)
+    if lacking and len(lacking) == len(paths):  # the job names a column that no shard has: the job's mistake
+        raise _no_such_column(cfg, lacking)
     if bad and cfg.on_bad_shard == "fail":  # every bad shard at once, not one per attempt
         raise InputError(
             bad[0].message
@@ -179,17 +187,58 @@ def _inspect(path: str, fmt: str, spec: ReadSpec) -> tuple[ShardInfo, tuple[tupl
         ) from exc
 
 
-def _check_columns(name: str, present: list[str] | None, columns: list[str]) -> None:
-    """Fail early, listing what exists, when a shard lacks a needed column."""
-    if present is None:
-        return
-    missing = [c for c in columns if c not in present]
-    if missing:
-        raise InputError(
-            f"{'column' if len(missing) == 1 else 'columns'} {', '.join(repr(c) for c in missing)} not found in "
-            f"{name}; it has: {', '.join(present)}",
-            "fix input.text, input.id or input.keep to name existing columns, or remove the shard of another schema",
+LACKING_FIX = "fix input.text, input.id or input.keep to name existing columns, or remove the shard of another schema"
+
+
+class Lacking(NamedTuple):
+    """A shard without a column the job reads."""
+
+    shard: str
+    missing: list[str]
+    present: list[str]
+
+    @property
+    def message(self) -> str:
+        return f"{_columns(self.missing)} not found in {self.shard}; it has: {', '.join(self.present)}"
+
+
+def _no_such_column(cfg: InputConfig, lacking: list[Lacking]) -> InputError:
+    """One problem, by job key, for the columns that every shard lacks; shards of different schemas, each
+    lacking something else, are listed shard by shard."""
+    everywhere = [c for c in lacking[0].missing if all(c in other.missing for other in lacking[1:])]
+    if not everywhere:
+        return InputError(
+            f"{len(lacking)} shards cannot be used:\n  " + "\n  ".join(x.message for x in lacking), LACKING_FIX
         )
+    present = ", ".join(dict.fromkeys(c for x in lacking for c in x.present))
+    where = f"{lacking[0].shard} has" if len(lacking) == 1 else f"the {len(lacking)} shards have"
+    by_key: dict[str, list[str]] = {}
+    for column in everywhere:
+        by_key.setdefault(_key_naming(cfg, column), []).append(column)
+    fix = f"name {'an existing column' if len(everywhere) == 1 else 'existing columns'} in {', '.join(by_key)}"
+    if len(by_key) == 1:
+        (key, names), *_ = by_key.items()
+        return InputError(f"{key}: no {_columns(names)} in the input; {where} {present}", fix)
+    lines = "".join(f"\n  {key}: {', '.join(repr(c) for c in names)}" for key, names in by_key.items())
+    return InputError(f"the job names columns the input does not have ({where} {present}):{lines}", fix)
+
+
+def _key_naming(cfg: InputConfig, column: str) -> str:
+    """The job key that asks for `column`."""
+    for key, spec in (("input.text", cfg.text), ("input.text_pair", cfg.text_pair)):
+        if spec is not None and column in template_fields(spec):
+            return key
+    if column == cfg.messages:
+        return "input.messages"
+    if column == cfg.id_column:
+        return "input.id"
+    if column in cfg.kept:
+        return "input.keep"
+    return "generation.max_new_tokens_column"  # the one column a job reads outside input
+
+
+def _columns(names: list[str]) -> str:
+    return f"{'column' if len(names) == 1 else 'columns'} {', '.join(repr(c) for c in names)}"
 
 
 def _expand(pattern: str, declared: str, output: str | None) -> list[str]:

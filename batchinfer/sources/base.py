@@ -32,7 +32,7 @@ class Shard:
     format: str  # parquet | jsonl | hf | openai
     num_rows: int
     digest: str = ""  # identifies the content: a changed file is never mixed into a resume
-    repeats: tuple[tuple[int, str], ...] = ()  # openai: (line, message) for a custom_id seen before
+    repeats: tuple[tuple[int, str], ...] = ()  # openai: (row, message) for a custom_id seen before
     # The file's version at discovery (storage.file_stamp; a Parquet footer's digest): checked before and
     # after every read, so a file changed while the job runs stops its rows instead of mixing versions.
     stamp: tuple[tuple[str, str], ...] = ()
@@ -77,7 +77,7 @@ class ShardInfo:
     digest: str
     columns: list[str] | None  # None: rows are checked one by one (OpenAI requests)
     types: dict[str, pa.DataType] = field(default_factory=dict)  # typed columns found in this shard
-    keys: list[tuple[int, str]] = field(default_factory=list)  # openai: (line, custom_id)
+    keys: list[tuple[int, int, str]] = field(default_factory=list)  # openai: (row, line number, custom_id)
     footer: str = ""  # Parquet: a digest of the footer, checked when a reader opens the file
 
 
@@ -99,7 +99,12 @@ class TableReader:
         pass
 
 
-class ShardChanged(ValueError):
+class ShardUnreadable(Exception):
+    """A reader's own word that its shard cannot be read as its format (a damaged file, not a defect in the
+    code): raised for the input problems a reader detects, so that such a shard can be skipped."""
+
+
+class ShardChanged(ShardUnreadable):
     """A shard is not the file discovery saw: it was rewritten, replaced or removed while the job ran."""
 
 
@@ -161,9 +166,6 @@ def _number(text: str | None) -> str:
     return f"{int(text):,}" if text and text.isdigit() else str(text)
 
 
-# What a truncated, corrupt or foreign file raises from pyarrow, gzip, zlib or datasets.
-
-
 def next_row(rows, shard: Shard):
     """The next row of a shard's stream; running out early means the file changed under the job."""
     try:
@@ -172,13 +174,17 @@ def next_row(rows, shard: Shard):
         raise ShardShrank(f"the file now ends early: it held {shard.num_rows:,} rows when the job started") from None
 
 
-READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowException, ValueError, KeyError)
+# What says "this file cannot be read": pyarrow's ArrowInvalid for a damaged file (its ArrowIOError is an
+# OSError), the errors of gzip and zlib, UnicodeDecodeError for bytes that are not text, and ShardUnreadable,
+# which a reader raises for the input problems it finds. Anything else (a KeyError, a plain ValueError) is a
+# defect in a reader or a library: it stops the job as an internal error and never skips a shard's rows as bad.
+READ_ERRORS = (OSError, EOFError, zlib.error, pa.ArrowInvalid, UnicodeDecodeError, ShardUnreadable)
 
 
 def describe_read_error(exc: BaseException) -> str:
     if isinstance(exc, EOFError):
         return "the file ends early (truncated gzip)"
-    if isinstance(exc, ShardChanged):
+    if isinstance(exc, ShardUnreadable):
         return str(exc)
     return f"{type(exc).__name__}: {exc}".strip()
 

@@ -8,8 +8,9 @@ Every record is accounted for. A row is a data record's 0-based place in the fil
 lines are not records; a quoted field spanning lines is one record). A record with the wrong number of
 fields, which the parser leaves out, keeps its place as a `bad_csv` error row with its id when readable,
 so no row after it shifts. A quoted field still open at the end of the file would hide every record
-after its quote: discovery refuses such a file, naming the line of the quote. A file with no header at
-all (empty, or blank lines only) holds no rows, as an empty JSONL file does.
+after its quote, and one left open mid-file those up to the next quote: discovery refuses such a file,
+naming the line (_runaway_quote tells a quote left open from a field meant to span lines). A file with no
+header at all (empty, or blank lines only) holds no rows, as an empty JSONL file does.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ BOM = b"\xef\xbb\xbf"
 # The rest of a quoted field after its opening quote: "" is a quote inside it; the first lone quote closes it.
 _CLOSE = rb'[^"]*(?:""[^"]*)*"'
 _SCAN = 1 << 16  # bytes scanned for quotes in one regex match
+_FIELD_LIMIT = 1 << 30  # characters in one field for Python's csv module: pyarrow sets no such limit
+# A line that starts inside a quoted field: the field's rest ("" is a quote in it), its closing quote, what follows.
+_AFTER_CLOSE = re.compile(r'(?:[^"]|"")*"(.*)', re.DOTALL)
 
 
 class CsvFormat:
@@ -69,6 +73,15 @@ class CsvFormat:
                 f"shard {path} ends inside a quoted field that opens on line {quotes.open_line:,} ({record}): "
                 "every line after that quote would be read as part of the field",
                 f'close the quote on line {quotes.open_line:,}, or double a quote meant as text ("")',
+            )
+        runaway = _runaway_quote(path, spec) if quotes.quoted else None  # a second read, of files with quotes
+        if runaway is not None:
+            row, opens, closes = runaway
+            raise InputError(
+                f"shard {path} has a quote left open in {f'row {row:,}' if row >= 0 else 'the header'} (the record "
+                f"on line {opens:,}): its quoted field runs on to line {closes:,}, where a quote closes it with "
+                "text after it, so the records on the lines between would be read as part of that one field",
+                f'close the quote in the record on line {opens:,}, or double a quote meant as text ("")',
             )
         types = {c: pa.string() for c in spec.typed if c in columns}
         types.update(
@@ -204,6 +217,52 @@ def _records(batches, left_out: list[_LeftOut], stand_in) -> Iterator[tuple[pa.T
         raise ValueError(f"the CSV parser reported record {left_out[k].row + 2} past the end of the file")
 
 
+def _runaway_quote(path: str, spec: ReadSpec) -> tuple[int, int, int] | None:
+    """(row, line it starts on, line its field closes on) of the first record with a quoted field that runs over
+    a line break and whose closing quote has text after it, read by Python's csv module in strict mode (quotes
+    open a field only at its start, as pyarrow reads them). That is a quote left open: it swallows the lines
+    after it up to the next quote, which opens another field and so is followed by text. A field meant to hold
+    line breaks closes as every quoted field does, before a delimiter or a line end (spaces aside). None: no
+    such record (a quote closed with text after it on one line joins no record; pyarrow reads it as one field)."""
+    stdlib_csv.field_size_limit(max(stdlib_csv.field_size_limit(), _FIELD_LIMIT))  # 128 KiB by default
+    delimiter = _delimiter(path)
+    with _open(path, spec) as raw:
+        lines = _Lines(raw)
+        reader = stdlib_csv.reader(lines, delimiter=delimiter, strict=True)
+        records, line = 0, 0  # records read (blank lines are none), and the lines they took
+        while True:
+            try:
+                if next(reader):
+                    records += 1
+            except StopIteration:
+                return None
+            except stdlib_csv.Error:
+                if reader.line_num > line + 1 and _text_after_close(lines.last, delimiter):
+                    return records - 1, line + 1, reader.line_num  # record 0 is the header
+                records += 1  # the rest of the line is dropped: the record ends there, as it does for pyarrow
+            line = reader.line_num
+
+
+class _Lines:
+    """A shard's lines as text, each whole (a line break never falls inside a UTF-8 character), remembering
+    the last one handed out: the line a csv error is on."""
+
+    def __init__(self, stream: IO[bytes]):
+        self.stream, self.last = stream, ""
+
+    def __iter__(self) -> Iterator[str]:
+        for number, line in enumerate(iter(self.stream.readline, b"")):
+            self.last = (line.removeprefix(BOM) if number == 0 else line).decode("utf-8", "replace")
+            yield self.last
+
+
+def _text_after_close(line: str, delimiter: str) -> bool:
+    """Whether a line that starts inside a quoted field has more than spaces between the quote that closes the
+    field and the next delimiter or line end."""
+    closed = _AFTER_CLOSE.match(line)
+    return closed is not None and bool(closed.group(1).split(delimiter, 1)[0].strip())
+
+
 def _no_header(path: str, spec: ReadSpec) -> bool:
     """Whether a file pyarrow finds no header in has none: nothing but a byte-order mark and blank lines."""
     with _open(path, spec) as stream:
@@ -265,8 +324,10 @@ class _QuoteScan:
         self._inside, self._first = False, True
         self._lines = 0  # line endings before the next block
         self._line = 0  # the line of the quote that opened the field we are inside
+        self.quoted = False  # whether the file holds a quote at all
 
     def feed(self, data: bytes) -> None:
+        self.quoted = self.quoted or b'"' in data
         if self._first and data:
             data, self._first = data.removeprefix(BOM), False
         for i in range(0, len(data), _SCAN):  # the regex engine holds memory per field matched: bound it

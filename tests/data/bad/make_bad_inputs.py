@@ -42,7 +42,7 @@ def main() -> None:
     jsonl("malformed_json.jsonl", b'{"id": "bad", "text": "unclosed')
     jsonl("not_an_object.jsonl", b'["a", "json", "array"]')
     jsonl("bad_utf8.jsonl", b'{"id": "bad", "text": "caf\xe9 latin-1"}')
-    jsonl("blank_line.jsonl", b"")
+    jsonl("blank_line.jsonl", b"", b" \t ", b"\r")  # blank lines are no rows
     jsonl("too_long.jsonl", row("word " * 2000))
     (HERE / "crlf_and_bom.jsonl").write_bytes(
         b"\xef\xbb\xbf" + b"\r\n".join(json.dumps(r).encode() for r in GOOD) + b"\r\n"
