@@ -61,10 +61,10 @@ def main(
 @contextmanager
 def reported(debug: bool):
     """Turn errors into one message and an exit code; a traceback only with --debug."""
-    from . import models
+    from .control import show_library_logs
 
     warnings.showwarning = lambda message, *_: err.print(labelled("warning:", "yellow", str(message)), highlight=False)
-    models.SHOW_LIBRARY_LOGS = debug  # third-party logs too
+    show_library_logs(debug)  # without importing torch, which status and export never need
     try:
         yield
     except BatchinferError as exc:

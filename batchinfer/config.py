@@ -192,8 +192,8 @@ class ModelConfig(Section):
         "$BATCHINFER_CACHE (default ~/.cache/batchinfer). torch: transformers on torch (CPU or GPU; the only "
         "one for batching.strategy: packed and model.quantize). auto: on a CPU with openvino installed, the "
         "probe measures both on the first chunk and keeps the faster (openvino unless torch is clearly "
-        "faster; where openvino ran the model at 1.5x torch's speed on this CPU before, torch is not loaded to be "
-        "timed again); torch elsewhere. The choice is recorded in the output folder and reused on resume.",
+        "faster; where one ran the model at 1.1x the other's speed or more on this CPU before, only that one is "
+        "loaded); torch elsewhere. The choice is recorded in the output folder and reused on resume.",
     )
     device: str = Field(default="auto", description="auto (a GPU when there is one), cpu, cuda or cuda:N.")
     quantize: Literal["none", "int8"] = Field(

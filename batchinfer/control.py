@@ -149,3 +149,14 @@ class Signals:
         with self._lock:  # once, whichever thread sees it first
             self.forced(signum)
             os._exit(128 + signum)
+
+
+_LIBRARY_LOGS = [False]  # --debug: third-party libraries (transformers, Ray) print their own lines too
+
+
+def show_library_logs(shown: bool) -> None:
+    _LIBRARY_LOGS[0] = shown
+
+
+def library_logs_shown() -> bool:
+    return _LIBRARY_LOGS[0]

@@ -15,17 +15,11 @@ from safetensors import SafetensorError
 
 from .cache import file_digest
 from .config import ModelConfig
+from .control import library_logs_shown
 from .errors import ModelError
 from .plan import IDENTITY
 from .tasks import model_spec
 from .templates import chat_template, no_chat_template
-
-SHOW_LIBRARY_LOGS = False  # set by the command line's --debug
-
-
-def library_logs_shown() -> bool:
-    """Whether third-party libraries (transformers, Ray) may print their own lines: with --debug."""
-    return SHOW_LIBRARY_LOGS
 
 
 @dataclass
@@ -218,7 +212,7 @@ def quiet_libraries() -> None:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    if SHOW_LIBRARY_LOGS:
+    if library_logs_shown():
         return
     transformers.utils.logging.set_verbosity_error()
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)

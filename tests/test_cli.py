@@ -32,6 +32,25 @@ def test_run_validate_status(tmp_path, sms_parquet, tiny_embed):
     assert result.exit_code == 0 and "6/6 done (complete)" in result.output and "active  no" in result.output
 
 
+NO_TORCH = """
+import sys
+from batchinfer.cli import app
+try:
+    app(sys.argv[1:], prog_name="batchinfer")
+except SystemExit as exc:
+    print("exit", exc.code, "torch", "torch" in sys.modules)
+"""
+
+
+def test_status_and_export_never_import_torch(tmp_path, sms_parquet, tiny_embed):
+    """status answers in well under a second: reading a folder needs no model, so no torch (4-8 s)."""
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    for words in (["status", str(tmp_path / "out")], ["export", str(tmp_path / "out"), "-o", str(tmp_path / "a.csv")]):
+        done = subprocess.run([sys.executable, "-c", NO_TORCH, *words], capture_output=True, text=True, timeout=120)
+        assert done.stdout.split()[-4:] == ["exit", "0", "torch", "False"], done.stdout + done.stderr
+
+
 def test_output_option_and_schema(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["run", str(job), "-q", "--output", str(tmp_path / "other")])

@@ -88,8 +88,9 @@ def load_encoders(
     loading, converting and compiling took (the report's start-up figures) and notes. output: what the converted
     model returns (runners/base.py converted_output).
 
-    torch is not loaded beside OpenVINO where OpenVINO ran this model at CLEAR_WIN times its speed on this
-    CPU before: the probe would only confirm it, at the cost of loading torch's modeling code and the model.
+    Where one backend ran this model at CLEAR_WIN times the other's speed on this CPU before, the other is not
+    loaded: the probe would only confirm it, at the cost of loading torch (its modeling code and the weights)
+    or compiling the OpenVINO model.
     Under model.backend auto, an OpenVINO model that cannot be had (its cache unreadable, unwritable or full; a
     precision it cannot compile) leaves torch to run the job, with a note that says why."""
     from ..models import load_model, model_identity, pick_device
@@ -102,10 +103,12 @@ def load_encoders(
 
         config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
         of = openvino.conversion(model_identity(path), auto_class, output[0], _input_names(auto_class, config, pairs))
-        won = "torch" in names and openvino.clear_win(of)
-        if won:
-            names = [name for name in names if name != "torch"]
-            load["note"] = f"torch not loaded: OpenVINO ran this model at {won:.1f}x its speed on this CPU before"
+        known = "torch" in names and openvino.known_faster(of)
+        if known:
+            winner, times = known
+            names, of = [winner], of if winner == "openvino" else None
+            faster, slower = ("OpenVINO", "torch") if winner == "openvino" else ("torch", "OpenVINO")
+            load["note"] = f"{slower} not loaded: {faster} ran this model at {times:.1f}x its speed on this CPU before"
     if "torch" in names:
         tokenizer, torch_model, device = load_model(cfg, path)
         models["torch"] = torch_model

@@ -41,8 +41,9 @@ MANIFEST = "batchinfer.json"
 RATES = "backends.json"  # each backend's measured tokens/s for this conversion, per CPU
 ENTRY_FILES = ("model.xml", "model.bin", MANIFEST, RATES)
 STAGING = re.compile(r"\.tmp-([0-9a-f]{24})-[0-9a-f]{8}")  # a conversion being saved: .tmp-<key>-<random>
-# OpenVINO measured this many times torch's speed on this CPU before: auto loads no torch model to compare.
-CLEAR_WIN = 1.5
+# One backend measured this many times the other's speed on this CPU before: auto loads the faster alone. The
+# probe's own margin (tune.NOISE): closer rates are measured again.
+CLEAR_WIN = 1.1
 # What the runner's dtype names mean as OpenVINO's inference precision hint.
 PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
@@ -202,15 +203,19 @@ def remember(model: OpenVINOModel, rates: dict[str, float]) -> None:
         staging.unlink(missing_ok=True)
 
 
-def clear_win(of: dict) -> float | None:
-    """How many times torch's speed OpenVINO ran the conversion `of` at on this CPU, where that was at least
-    CLEAR_WIN (so torch need not be loaded to be measured again), else None."""
+def known_faster(of: dict) -> tuple[str, float] | None:
+    """The backend that ran the conversion `of` clearly faster than the other on this CPU before (by CLEAR_WIN
+    or more), and how many times the other's speed; None where they were close or were not both timed here."""
     try:
         rates = json.loads((entry_of(of) / RATES).read_text())[cpu_id()]
         ratio = rates["openvino"] / rates["torch"]
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
         return None
-    return ratio if ratio >= CLEAR_WIN else None
+    if ratio >= CLEAR_WIN:
+        return "openvino", ratio
+    if ratio > 0 and 1 / ratio >= CLEAR_WIN:
+        return "torch", 1 / ratio
+    return None
 
 
 def _convert(model, of: dict, entry: Path, head=None) -> None:

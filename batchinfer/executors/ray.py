@@ -18,9 +18,8 @@ from dataclasses import replace
 from typing import Iterator
 
 from ..chunk_task import TaskInputs
-from ..control import Progress, StopFlag
+from ..control import Progress, StopFlag, library_logs_shown
 from ..errors import BatchinferError, ConfigError, ModelError
-from ..models import library_logs_shown
 from ..output.records import ChunkResult
 from ..plan import Work
 
