@@ -193,11 +193,11 @@ class ChunkTask:
             tokens=real,
             padded_tokens=out.padded_tokens,
             model_seconds=out.model_seconds,
-            **out.figures,
+            # label scoring's prefix computed once; a runner's own figures (generation's cache pages) take its place
+            **{"prefix": tokens.prefix_reused(index, kept), **out.figures},
             seconds=round(loaded.seconds + time.perf_counter() - t0, 4),
             worker=self.worker,
             max_tokens_lowered=out.lowered,
-            prefix=tokens.prefix_reused(index, kept),
         )
         return ChunkResult(record, self.budget, out.tuning)
 

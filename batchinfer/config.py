@@ -352,7 +352,8 @@ class GenerationConfig(Section):
     engine_options: dict[str, Any] = Field(
         default_factory=dict,
         description="Passed to the engine: for transformers, ContinuousBatchingConfig fields such as num_blocks, "
-        "page_size, max_batch_tokens, max_requests_per_batch; for vllm, vllm.LLM arguments.",
+        "page_size (32 here: rows' shared prefix is reused in whole pages), allow_block_sharing (false: no prefix "
+        "reuse), max_batch_tokens, max_requests_per_batch; for vllm, vllm.LLM arguments (enable_prefix_caching is on).",
     )
 
     @property

@@ -23,6 +23,7 @@ from .packing import supports_packing
 from .plan import Work, fingerprint, plan_chunks
 from .prepare import prepare_rows
 from .report import prefix_saved, reuses_prefix
+from .runners.prefix import admission, page_hits
 from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec
 from .tune import CPU_BUDGETS, SAMPLE_TOKENS, cut_batches, probe
 
@@ -110,9 +111,12 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
             "error_share": sampled.errors / max(seen, 1),
         }
     )
-    if sampled.prefix is not None or reuses_prefix(job):
-        summary["prefix"] = scaled_prefix(sampled.prefix, int(lengths.sum()), rows / max(seen, 1))
+    if sampled.prefix is not None or reuses_prefix(job):  # label scoring: computed once per chunk
+        summary["prefix"] = scaled_prefix(sampled.prefix, rows / max(seen, 1))
     if job.model.task == "generate":
+        page = runner.shared_page()
+        if page:  # read from the engine's cache pages
+            summary["prefix"] = estimate_prefix(sampled, page, rows, len(chunks), summary["tokens"])
         return summary
     probing = auto and earlier.tuning is None
     if timed:
@@ -144,6 +148,7 @@ class Sampled:
     seen: int  # rows read
     reading: float  # seconds spent reading, preparing and tokenizing
     prefix: dict | None  # what a prefix common to the sample saved it (Tokens.prefix_reused)
+    chunk_texts: list[int]  # the sampled texts (items, for generation) of each chunk read, in order
 
 
 def sample_tokens(task, chunks: list, sample: int) -> Sampled:
@@ -151,12 +156,14 @@ def sample_tokens(task, chunks: list, sample: int) -> Sampled:
     together, as one chunk (a prefix that the job's prompts share is found on them as a chunk's run finds it)."""
     per_chunk = max(1, sample // len(chunks))
     picks = np.linspace(0, len(chunks) - 1, num=min(len(chunks), sample)).round().astype(int)
-    texts, errors, seen, reading = [], 0, 0, 0.0
+    texts, errors, seen, reading, chunk_texts = [], 0, 0, 0.0, []
     for index in dict.fromkeys(picks.tolist()):
         chunk = chunks[index]
         offsets = list(range(min(per_chunk, chunk.rows)))
         loaded = task.load(Work(chunk, chunk.name, offsets))
-        texts += [loaded.prepared.texts[t] for t in np.unique(loaded.tokens.owners()[loaded.index]).tolist()]
+        owners = np.unique(loaded.tokens.owners()[loaded.index]).tolist()
+        texts += [loaded.prepared.texts[t] for t in owners]
+        chunk_texts.append(len(owners))
         errors += len(loaded.prepared.errors)
         seen += len(offsets)
         reading += loaded.seconds
@@ -166,14 +173,39 @@ def sample_tokens(task, chunks: list, sample: int) -> Sampled:
     tokens = task.runner.tokenize(texts)
     every = np.arange(len(tokens.ids))
     truncated = int(tokens.truncated.sum())
-    return Sampled(tokens.ids, tokens.lengths, truncated, errors, seen, reading, tokens.prefix_reused(every))
+    prefix = tokens.prefix_reused(every)
+    return Sampled(tokens.ids, tokens.lengths, truncated, errors, seen, reading, prefix, chunk_texts)
 
 
-def scaled_prefix(prefix: dict | None, tokens: int, scale: float) -> dict:
-    """The report's `prefix` figures of a sample (`tokens`: what it computes), its rows and tokens scaled to the
-    job's (`scale`: the job's rows per sampled row)."""
-    figures = prefix_saved([prefix] if prefix else [], tokens)
+def scaled_prefix(prefix: dict | None, scale: float) -> dict:
+    """The report's `prefix` figures of a sample's (a record's shape), its rows and tokens scaled to the job's
+    (`scale`: the job's rows per sampled row)."""
+    figures = prefix_saved([prefix] if prefix else [])
     return {**figures, "rows": int(figures["rows"] * scale), "saved_tokens": int(figures["saved_tokens"] * scale)}
+
+
+def estimate_prefix(sampled: Sampled, page: int, rows: int, chunks: int, tokens: int) -> dict:
+    """What the engine's block sharing will save over the job, as the report's `prefix` says it: each sampled
+    chunk's rows admitted as a run admits them; a chunk starts with an empty cache, so its first row reads
+    nothing, and every other row what the sample's followers read on average (the sample as one chunk when it
+    took one row a chunk). `tokens`: the job's prompt tokens."""
+    ends = np.cumsum(sampled.chunk_texts).tolist()
+    prompts = [sampled.items[start:end] for start, end in zip([0, *ends], ends)]
+    groups = prompts if any(len(chunk) > 1 for chunk in prompts) else [sampled.items]
+    hits = []
+    for ids in groups:
+        leaders, _, followers = admission(ids, page)
+        hits.append(page_hits([ids[i] for i in leaders + followers], page))
+    later = [h for chunk in hits for h in chunk[1:]]
+    others = max(rows - chunks, 0)
+    figures = {"tokens": 0, "rows": 0, "saved_tokens": 0, "prompt_tokens": tokens}
+    if later:
+        figures |= {
+            "tokens": max(later),
+            "rows": round(others * sum(1 for h in later if h) / len(later)),
+            "saved_tokens": round(others * sum(later) / len(later)),
+        }
+    return prefix_saved([figures])
 
 
 def estimate_time(

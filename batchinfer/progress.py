@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .model_size import describe_size
+from .show import prefix_line
 
 
 class _Rate(ProgressColumn):
@@ -160,6 +161,9 @@ def summary_table(report: dict) -> Table:
                 + (f", median time to first token {ttft:.2f} s" if ttft is not None else ""),
             )
         )
+    prefix = report.get("prefix")
+    if prefix and prefix["saved_tokens"]:
+        rows.append(("shared prefix", prefix_line(prefix)))
     skipped = report.get("skipped_shards") or []
     if skipped:  # said here too, since -q hides the notes that named them as the run began
         names = ", ".join(s["source"] for s in skipped[:3]) + (

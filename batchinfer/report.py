@@ -63,7 +63,7 @@ def build_report(
             for name, w in sorted(workers.items())
         }
     if reuses_prefix(job) or any(r.prefix for r in records):
-        report["prefix"] = prefix_saved([r.prefix for r in records if r.prefix], tokens)
+        report["prefix"] = prefix_saved([r.prefix for r in records if r.prefix])
     if job.model.task == "generate":
         first = sorted(r.first_token_seconds for r in records if r.first_token_seconds is not None)
         report["generated_tokens"] = sum(r.generated_tokens or 0 for r in records)
@@ -74,23 +74,26 @@ def build_report(
 
 def reuses_prefix(job: JobConfig) -> bool:
     """Whether the job's task computes a prompt prefix that its rows share once (label scoring), so that its
-    report says what that saved even when nothing was shared."""
+    report says what that saved even when nothing was shared. (Generation's records carry `prefix` whenever
+    the engine shares cache pages, runners/generate.py.)"""
     return model_spec(job.model.task, job.model.labels) is LABEL_SCORING
 
 
-def prefix_saved(prefixes: list[dict], tokens: int) -> dict:
-    """What prompt prefixes computed once saved, from records' (or a sample's) `prefix` figures: the length most
-    rows ran after, the rows that ran after one, the prompt tokens not computed again, and their share of what
-    would have been computed without it (`tokens`: what was computed)."""
+def prefix_saved(prefixes: list[dict]) -> dict:
+    """What shared prompt prefixes saved, from records' (or a plan's sample's) `prefix` figures, for either task:
+    the length most rows ran after, the rows that reused one, the prompt tokens not computed again, and their
+    share of the prompt tokens the rows had in full (each figure's `prompt_tokens`, the saved ones included:
+    label scoring's record `tokens` leave the prefix out, generation's count it, so neither is the base)."""
     lengths: Counter = Counter()
     for prefix in prefixes:
         lengths[prefix["tokens"]] += prefix["rows"]
     saved = sum(prefix["saved_tokens"] for prefix in prefixes)
+    prompt = sum(prefix["prompt_tokens"] for prefix in prefixes)
     return {
         "tokens": lengths.most_common(1)[0][0] if lengths else 0,
         "rows": sum(lengths.values()),
         "saved_tokens": saved,
-        "saved_share": round(saved / (saved + tokens), 4) if saved + tokens else 0.0,
+        "saved_share": round(saved / prompt, 4) if prompt else 0.0,
     }
 
 

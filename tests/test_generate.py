@@ -18,6 +18,7 @@ from helpers import prompt_table as _prompts
 from batchinfer.config import validate_job
 from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
+from batchinfer.output.records import ChunkRecord
 
 _job = partial(
     make_job,
@@ -231,6 +232,47 @@ def test_generation_config_decodes_greedily_at_temperature_zero(tmp_path, tiny_l
     sampled = runner.generation_config(job.generation.model_copy(update={"temperature": 0.7, "top_k": 0}), 9)
     assert (sampled.max_new_tokens, sampled.do_sample, sampled.temperature, sampled.top_k) == (9, True, 0.7, None)
     assert sampled.pad_token_id == runner.pad_id
+
+
+def test_rows_that_share_an_instruction_read_it_from_the_cache_and_get_the_same_text(sms_table, tmp_path, tiny_llama):
+    from transformers import AutoTokenizer
+
+    from batchinfer.dryrun import estimate_job
+    from batchinfer.runners.generate import SHARED_PAGE
+    from batchinfer.runners.prefix import admission, page_hits
+
+    instruction = "Reply to this text message as a friend would, in one short sentence, and never mention money. " * 3
+    table = _prompts(sms_table, 8)
+    table = table.set_column(1, "text", pa.array([instruction + t for t in table.column("text").to_pylist()]))
+    pq.write_table(table, tmp_path / "p.parquet")
+    report = run_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "out", model__max_length=512))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    prompts = [tokenizer(t)["input_ids"] for t in table.column("text").to_pylist()]
+    leaders, _, followers = admission(prompts, SHARED_PAGE)
+    expected = page_hits([prompts[i] for i in leaders + followers], SHARED_PAGE)
+    shared = len(tokenizer(instruction)["input_ids"]) // SHARED_PAGE * SHARED_PAGE
+    assert (len(leaders), len(followers)) == (1, 7) and shared >= 2 * SHARED_PAGE
+    assert report["prefix"] == {
+        "tokens": max(expected),
+        "rows": 7,  # every row but the one prefilled first
+        "saved_tokens": sum(expected),
+        # of the prompt tokens in full: a generation record's tokens count every prompt token, cached or not
+        "saved_share": round(sum(expected) / report["tokens"], 4),
+    }
+    marker = json.loads(next((tmp_path / "out" / "_done").glob("*.json")).read_text())
+    assert ChunkRecord.from_marker(marker).prefix == {
+        "tokens": max(expected),
+        "rows": 7,
+        "saved_tokens": sum(expected),
+        "prompt_tokens": sum(map(len, prompts)),  # label scoring's records have the same shape
+    }
+    assert min(h for h in expected if h) >= shared
+    for row in ds.dataset(str(tmp_path / "out"), format="parquet").to_table().to_pylist():
+        i = int(row["id"][1:])
+        limit = table.column("budget")[i].as_py() or 16
+        assert row["text"] == tokenizer.decode(_alone(tiny_llama, prompts[i], limit), skip_special_tokens=True)
+    planned = estimate_job(_job(tmp_path / "p.parquet", tiny_llama, tmp_path / "plan", model__max_length=512))
+    assert planned["prefix"] == report["prefix"]  # one chunk, every row sampled: the estimate is what ran
 
 
 def test_a_messages_job_on_a_model_without_a_chat_template_is_refused_before_it_starts(tmp_path, tiny_llama_plain):

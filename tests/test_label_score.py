@@ -133,8 +133,15 @@ def test_a_shared_instruction_runs_once_and_scores_as_a_direct_computation(
         "saved_share": round(saved / whole, 4),
     }
     assert report["tokens"] == whole - saved
-    marker = json.loads(next((tmp_path / "out" / "_done").glob("*.json")).read_text())
-    assert ChunkRecord.from_marker(marker).prefix == {"tokens": shared, "rows": 30, "saved_tokens": saved // 2}
+    markers = [json.loads(p.read_text()) for p in sorted((tmp_path / "out" / "_done").glob("*.json"))]
+    records = [ChunkRecord.from_marker(marker).prefix for marker in markers]
+    assert [{k: v for k, v in r.items() if k != "prompt_tokens"} for r in records] == [
+        {"tokens": shared, "rows": 30, "saved_tokens": saved // 2}
+    ] * 2
+    # each record's prompt tokens in full (computed and saved), the base of the share for either task
+    assert sum(r["prompt_tokens"] for r in records) == whole
+    halves = (prompts[:30], prompts[30:])  # the markers in chunk order
+    assert [r["prompt_tokens"] for r in records] == [sum(len(p) * per_row + fed for p in half) for half in halves]
 
 
 def test_rows_after_other_prefixes_or_none_share_a_batch(sms_table, tiny_llama, tmp_path, monkeypatch):

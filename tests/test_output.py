@@ -343,6 +343,22 @@ def test_a_marker_of_json_with_the_wrong_types_is_damaged_not_a_crash(change):
     assert ChunkRecord.from_marker({**marker, **change}) is None
 
 
+def test_a_label_scoring_marker_written_before_prompt_tokens_gets_them_from_its_computed_tokens():
+    """Label scoring's records once held the prefix's figures without `prompt_tokens`; its `tokens` left the
+    prefix out, so the rows' prompt tokens in full are those plus the saved ones."""
+    marker = {"chunk": "00000-00000", "rows": 30, "ok": 30, "errors": {}, "tokens": 900}
+    old = {**marker, "prefix": {"tokens": 40, "rows": 30, "saved_tokens": 1200}}
+    assert ChunkRecord.from_marker(old).prefix == {
+        "tokens": 40,
+        "rows": 30,
+        "saved_tokens": 1200,
+        "prompt_tokens": 2100,
+    }
+    new = {**marker, "prefix": {"tokens": 40, "rows": 30, "saved_tokens": 1200, "prompt_tokens": 2500}}
+    assert ChunkRecord.from_marker(new).prefix["prompt_tokens"] == 2500
+    assert ChunkRecord.from_marker({**marker, "prefix": {**new["prefix"], "prompt_tokens": "2500"}}) is None
+
+
 def test_a_cache_inside_the_output_folder_is_refused_before_anything_is_written(
     tmp_path, sms_parquet, tiny_embed, monkeypatch
 ):

@@ -30,7 +30,9 @@ class ChunkRecord:
     errors: dict[str, int]  # rows in its error file, by reason
     retry_of: str | None = None  # a retry pass: the chunk whose error rows it ran again
     truncated: int = 0
-    tokens: int = 0  # the tokens the model computed for its rows: a shared prefix's once-computed ones not counted
+    # label scoring: the tokens the model computed for its rows, a shared prefix's once-computed ones not counted;
+    # generate: every prompt token (those the engine read from its cache are in `prefix`)
+    tokens: int = 0
     padded_tokens: int = 0
     model_seconds: float = 0.0
     generated_tokens: int | None = None  # generate
@@ -38,8 +40,10 @@ class ChunkRecord:
     seconds: float = 0.0
     worker: str = "local"
     max_tokens_lowered: list[str] = field(default_factory=list)  # out-of-memory notes of this pass
-    # a prompt prefix computed once for the pass's rows: {tokens: its length, rows: those that ran after it,
-    # saved_tokens: the prompt tokens not computed again for them}
+    # a prompt prefix that the pass's rows share, computed once (label scoring) or read from the engine's cache
+    # (generate): {tokens: its length (generate: the most one row read), rows: those that reused it,
+    # saved_tokens: the prompt tokens not computed again for them, prompt_tokens: the prompt tokens its rows had
+    # in full, the saved ones included}
     prefix: dict[str, int] | None = None
     finished: float | None = None  # when it was committed (time.time())
 
@@ -67,6 +71,10 @@ class ChunkRecord:
             counts += tuple(record.prefix.values()) if isinstance(record.prefix, dict) else ("",)
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
             return None  # well-formed JSON with the wrong types: as damaged as a marker cut short
+        if record.prefix is not None and "prompt_tokens" not in record.prefix:
+            # written by label scoring before prompt_tokens: its `tokens` are those computed, the prefix not in them
+            full = record.tokens + record.prefix.get("saved_tokens", 0)
+            record = replace(record, prefix={**record.prefix, "prompt_tokens": full})
         return record
 
     def committed(self, when: float) -> ChunkRecord:

@@ -31,9 +31,14 @@ from ..reasons import Reason
 from ..sampling import SeededSampling
 from ..templates import chat_template, no_chat_template
 from .base import encode_capped
+from .prefix import admission, page_figures
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 
 CPU_BATCH_TOKENS = 1024
+# Cache page (tokens) when rows may share a prefix: the engine shares whole pages, so transformers' default of 256
+# shares nothing of a prompt shorter than 257 tokens. vLLM's default block is 16.
+SHARED_PAGE = 32
+VLLM_BLOCK = 16
 
 
 @dataclass
@@ -43,6 +48,7 @@ class Completions:
     finish_reason: list[str]  # stop | length
     failed: dict[int, tuple[str, str]] = field(default_factory=dict)  # position -> (reason, message)
     first_token_seconds: list[float] = field(default_factory=list)
+    prefix_hits: list[int] = field(default_factory=list)  # per row: prompt tokens read from the cache, not computed
 
 
 class GenerateRunner:
@@ -213,6 +219,8 @@ class GenerateRunner:
         )
         first = sorted(completions.first_token_seconds)
         lengths = tokens.lengths[index]
+        # what the engine's shared pages saved, in the shape label scoring's records have (runners/prefix.py)
+        prefix = page_figures(completions.prefix_hits, int(lengths.sum())) if self.shared_page() else None
         # Continuous batching computes no padding; static batches pad to their longest prompt.
         padded = padding_stats(lengths, loaded.batches)[1] if job.generation.engine == "static" else int(lengths.sum())
         return ChunkOutput(
@@ -223,6 +231,7 @@ class GenerateRunner:
             {
                 "generated_tokens": sum(len(i) for i in kept.ids),
                 "first_token_seconds": round(first[len(first) // 2], 4) if first else None,
+                **({"prefix": prefix} if prefix else {}),
             },
         )
 
@@ -264,7 +273,7 @@ class GenerateRunner:
         `check` is called while waiting and may raise to stop (Ctrl-C)."""
         constraints = constraints or [None] * len(prompts)
         self.check, self.max_rows = check, batch_rows
-        out = Completions([], [], [])
+        out = Completions([], [], [], prefix_hits=[0] * len(prompts))
         settings = []
         for position, override in enumerate(overrides or [{}] * len(prompts)):
             gen, problem = self.row_config(override)
@@ -275,15 +284,16 @@ class GenerateRunner:
         for positions in engine_passes(settings, self.gen.engine, skip=out.failed):
             gen = settings[positions[0]]  # what the pass shares; each row's seed and stop are its own
             rows = [pick(values, positions) for values in (prompts, max_new, constraints)]
+            hits = [0] * len(positions)  # static batches share no cache
             if gen.engine == "static":
                 results, first = self._static(gen, rows[0], rows[1], in_order(len(positions), batch_rows), rows[2])
             elif gen.engine == "vllm":
-                results, first = self._vllm(pick(settings, positions), *rows)
+                results, first, hits = self._vllm(pick(settings, positions), *rows)
             else:
-                results, first = self._continuous(gen, *rows, [s.seed for s in pick(settings, positions)])
+                results, first, hits = self._continuous(gen, *rows, [s.seed for s in pick(settings, positions)])
             out.first_token_seconds += first
-            for p, result in zip(positions, results):
-                raw[p] = result
+            for p, result, hit in zip(positions, results, hits):
+                raw[p], out.prefix_hits[p] = result, hit
         for position, (tokens, error) in enumerate(raw):
             if error:
                 out.failed[position] = (Reason.MODEL_ERROR, error)
@@ -375,12 +385,13 @@ class GenerateRunner:
         if seeded:
             options.setdefault("use_cuda_graph", False)
         options.setdefault("max_requests_per_batch", concurrency)
+        options.setdefault("page_size", self.shared_page() or 256)
         if self.device.type == "cpu":
             # On CPU each step builds a dense mask of batch tokens x cache tokens: 8,192 (the default) x 65,536
             # took 2.9 GB for the tiny example job; 1,024 takes 0.8 GB and runs 1.9x faster.
             options.setdefault("max_batch_tokens", CPU_BATCH_TOKENS)
         if "num_blocks" not in options and "max_memory_percent" not in options:
-            page = options.get("page_size", 256)
+            page = options["page_size"]
             options["num_blocks"] = cache_blocks(
                 lengths,
                 page,
@@ -396,6 +407,15 @@ class GenerateRunner:
                 "use fields of transformers.ContinuousBatchingConfig, e.g. num_blocks, max_batch_tokens",
             ) from exc
 
+    def shared_page(self) -> int | None:
+        """The cache page (tokens) in which the engine shares rows' common prefixes; None when it shares none."""
+        options = self.gen.engine_options
+        if self.gen.engine == "vllm":
+            return options.get("block_size", VLLM_BLOCK) if options.get("enable_prefix_caching", True) else None
+        if self.gen.engine == "static" or not options.get("allow_block_sharing", True):
+            return None
+        return options.get("page_size", SHARED_PAGE)
+
     def _continuous(
         self, gen: GenerationConfig, prompts: list[list[int]], max_new: list[int], constraints: list, seeds: list[int]
     ):
@@ -410,25 +430,47 @@ class GenerateRunner:
             generation_config=self.generation_config(gen, max(max_new)), continuous_batching_config=cb_config
         )
         masks = self.masks(manager) if constrained else None
+        hits = count_prefix_hits(manager)
+        page = self.shared_page()
+        # Rows that share a first page wait until one of them is prefilled: admitted together, each would compute it.
+        leaders, waited, followers = admission(prompts, page) if page else (range(len(prompts)), set(), [])
         sampler = SeededSampling() if sampled else None
         if sampler is not None:
             sampler.install(manager)
+
+        def add(i: int) -> None:
+            if constraints[i] is not None:
+                masks.add(f"row-{i}", constraints[i])
+            if sampler is not None:  # its own generator, whatever order the rows are admitted in
+                sampler.add(f"row-{i}", seeds[i])
+            # a waited-for leader streams: its first output says its pages are in the cache
+            manager.add_request(
+                prompts[i],
+                request_id=f"row-{i}",
+                max_new_tokens=max_new[i],
+                record_timestamps=True,
+                streaming=i in waited,
+            )
+
         manager.start()
         stopped = True
         try:
-            for i, (ids, limit) in enumerate(zip(prompts, max_new)):
-                if constraints[i] is not None:
-                    masks.add(f"row-{i}", constraints[i])
-                if sampler is not None:
-                    sampler.add(f"row-{i}", seeds[i])
-                manager.add_request(ids, request_id=f"row-{i}", max_new_tokens=limit, record_timestamps=True)
+            for i in leaders:
+                add(i)
+            prefilling = {f"row-{i}" for i in waited}
             while len(results) < len(prompts):
                 self.check()
                 result = manager.get_result(timeout=0.1)
-                if result is not None and result.is_finished():
-                    results[result.request_id] = result
-                elif result is None and not manager.is_running():
+                if result is not None:
+                    prefilling.discard(result.request_id)
+                    if result.is_finished():
+                        results[result.request_id] = result
+                elif not manager.is_running():
                     break
+                if followers and not prefilling:
+                    for i in followers:
+                        add(i)
+                    followers = []
             stopped = False
         finally:  # on Ctrl-C drop the requests in flight at once, instead of finishing them (tens of seconds)
             manager.stop(block=True, timeout=1 if stopped else None, hard_stop=stopped)
@@ -442,7 +484,7 @@ class GenerateRunner:
             raw.append((result.generated_tokens, result.error))
             if result.timestamps:
                 first.append(result.timestamps[0] - started)
-        return raw, first
+        return raw, first, [hits.get(f"row-{i}", 0) for i in range(len(prompts))]
 
     def masks(self, manager):
         """Grammar masks, one state per request, installed in a continuous-batching manager before it starts."""
@@ -513,7 +555,8 @@ class GenerateRunner:
             for gen, m, c in zip(settings, max_new, constraints)
         ]
         outputs = self.model.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [(self._vllm_tokens(o.outputs[0]), None) for o in outputs], []
+        hits = [getattr(o, "num_cached_tokens", None) or 0 for o in outputs]  # prefix caching's, per request
+        return [(self._vllm_tokens(o.outputs[0]), None) for o in outputs], [], hits
 
     def _vllm_tokens(self, output) -> list[int]:
         """A vLLM completion's tokens, ending in an end token when vLLM says it stopped (finish_reason stop),
@@ -532,6 +575,28 @@ class GenerateRunner:
             "prompt_tokens": pa.array(prompt_lengths, pa.int32()),
             "completion_tokens": pa.array([len(i) for i in completions.ids], pa.int32()),
         }
+
+
+def count_prefix_hits(manager) -> dict[str, int]:
+    """request id -> the prompt tokens its paged cache found cached (shared blocks) instead of computing them,
+    filled while `manager` runs: the cache is built in the manager's thread, so its prefix search is wrapped
+    as it is built."""
+    hits: dict[str, int] = {}
+    create = manager._create_batch_processor
+
+    def created():
+        processor = create()
+        search = processor.cache.search_prefix_match
+
+        def counted(request_id: str, prompt_ids: list[int]) -> int:
+            hits[request_id] = found = search(request_id, prompt_ids)
+            return found
+
+        processor.cache.search_prefix_match = counted
+        return processor
+
+    manager._create_batch_processor = created
+    return hits
 
 
 def engine_passes(settings: list[GenerationConfig], engine: str, skip=()) -> list[list[int]]:
@@ -598,7 +663,8 @@ def load_vllm(path, engine_options: dict):
             "generation.engine vllm needs a CUDA GPU, and none is visible",
             "use generation.engine: transformers, which runs on CPU and GPU",
         )
-    return LLM(model=str(path), **engine_options)
+    # rows that share a prefix (an instruction, a chat template's preamble) read its cached blocks
+    return LLM(model=str(path), **{"enable_prefix_caching": True, **engine_options})
 
 
 def max_new_tokens(job, loaded, context: int | None) -> list[int]:

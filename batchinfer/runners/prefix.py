@@ -5,6 +5,11 @@ In a causal model a prefix's states do not depend on what follows it, so a row r
 at the positions that follow it, gives the same scores as the whole prompt run at once. The prefix is cut from
 the token ids of whole prompts, never tokenized apart from them: each row's remaining ids are exactly the tail
 of its own prompt, whatever the tokenizer merges at the boundary.
+
+Generation reuses a shared prefix inside its engine instead: transformers' continuous batching shares whole
+cache pages, a page's keys and values found by a hash chained from the prompt's start once the request that
+wrote it has been prefilled. page_hits and admission (pure) predict what it reuses and give the order that lets
+it; page_figures puts a chunk's hits in a record's `prefix` shape, the one label scoring's records have.
 """
 
 from __future__ import annotations
@@ -78,6 +83,50 @@ class PrefixCache:
             layer.keys = layer.keys.expand(rows, -1, -1, -1)
             layer.values = layer.values.expand(rows, -1, -1, -1)
         return {self.argument: cache}
+
+
+def page_hits(prompts: list[list[int]], page: int) -> list[int]:
+    """Per prompt, in admission order: the tokens found in the cache, assuming each earlier prompt was prefilled
+    before it was admitted: its leading whole pages that an earlier prompt also began with, never its last
+    token (the engine always computes one)."""
+    seen: set[int] = set()
+    hits = []
+    for ids in prompts:
+        parent, hit, matching = 0, 0, True
+        for start in range(0, len(ids) - page + 1, page):
+            parent = hash((parent, tuple(ids[start : start + page])))
+            matching = matching and start + page < len(ids) and parent in seen
+            hit += page if matching else 0
+            seen.add(parent)
+        hits.append(hit)
+    return hits
+
+
+def admission(prompts: list[list[int]], page: int) -> tuple[list[int], set[int], list[int]]:
+    """Positions in two waves: (leaders, the leaders that followers wait for, followers). A leader is the first
+    prompt whose first page a later one shares; the followers are those later ones, admitted once their leader
+    is prefilled so that the pages they share are read from the cache, not computed again. A prompt that shares
+    no first page is a leader without followers (a one-wave admission when nothing is shared)."""
+    first: dict[tuple, int] = {}
+    followers = []
+    for position, ids in enumerate(prompts):
+        key = tuple(ids[:page]) if len(ids) > page else (position,)
+        if first.setdefault(key, position) != position:
+            followers.append(position)
+    waited = {first[tuple(prompts[p][:page])] for p in followers}
+    leaders = sorted(first.values(), key=lambda p: (p not in waited, p))  # those with followers go first
+    return leaders, waited, followers
+
+
+def page_figures(hits: list[int], prompt_tokens: int) -> dict:
+    """A record's `prefix` from each row's prompt tokens read from the engine's cache (`prompt_tokens`: the
+    rows' prompt tokens in full): the most one row read, the rows that read any, the tokens not computed."""
+    return {
+        "tokens": max(hits, default=0),
+        "rows": sum(1 for h in hits if h),
+        "saved_tokens": sum(hits),
+        "prompt_tokens": prompt_tokens,
+    }
 
 
 def _cache_argument(body: torch.nn.Module) -> str | None:

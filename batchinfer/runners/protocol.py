@@ -43,17 +43,22 @@ class Tokens:
 
     def prefix_reused(self, items: np.ndarray, rows: np.ndarray | None = None) -> dict | None:
         """What the prefix saved the items at `items` (of rows `rows`, positions in the texts; default all): its
-        length, the rows that ran after it and the tokens not computed again for them, as a ChunkRecord's
-        `prefix` holds them; None without one."""
+        length, the rows that ran after it, the tokens not computed again for them and the prompt tokens those
+        items had in full (what they computed and what they saved), as a ChunkRecord's `prefix` holds them;
+        None without one."""
         if self.prefix is None:
             return None
-        used = items[self.prefix.used[items]]
-        owners = self.owners()[used]
         if rows is not None:
-            ran = np.isin(owners, rows)
-            used, owners = used[ran], owners[ran]
+            items = items[np.isin(self.owners()[items], rows)]
+        used = items[self.prefix.used[items]]
         tokens = self.prefix.tokens
-        return {"tokens": tokens, "rows": len(np.unique(owners)), "saved_tokens": len(used) * tokens}
+        saved = len(used) * tokens
+        return {
+            "tokens": tokens,
+            "rows": len(np.unique(self.owners()[used])),
+            "saved_tokens": saved,
+            "prompt_tokens": int(self.lengths[items].sum()) + saved,
+        }
 
 
 @dataclass(kw_only=True)

