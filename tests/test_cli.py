@@ -410,7 +410,7 @@ def test_an_output_path_that_is_a_file_and_brackets_in_messages(tmp_path, sms_pa
     result = runner.invoke(app, ["status", str(odd)])
     assert result.exit_code == 1 and f"{odd} holds no batchinfer run" in result.output
     result = runner.invoke(app, ["validate", str(job), "--set", "input.text=[red]x"])
-    assert "column '[red]x' not found" in result.output
+    assert "input.text: no column '[red]x' in the input" in result.output
 
 
 def test_a_committed_part_that_vanished_is_not_complete_and_runs_again(tmp_path, sms_parquet, tiny_embed):
