@@ -138,7 +138,10 @@ def response_lines(table: pa.Table, model: str, task: str) -> list[str]:
     for row in table.to_pylist():
         request_id = _stable_id(row["custom_id"], model)
         if task == "embed":
-            body = embedding_list(row["embedding"], model, row["prompt_tokens"])
+            vectors = row["embedding"]
+            if vectors and not isinstance(vectors[0], list):  # a part written before list inputs: one vector
+                vectors = [vectors]
+            body = embedding_list(vectors, model, row["prompt_tokens"])
         else:
             chat = row["url"] == CHAT
             choices = [choice(chat, row["text"], row["finish_reason"])]

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from helpers import Crash
 from helpers import generate_alone as _alone
@@ -549,3 +550,12 @@ def test_a_list_input_is_one_response_line_with_a_vector_per_text_in_order(tmp_p
     assert errors["tokens"]["message"] == "body.input[0] must be text, not int"
     assert errors["none"]["message"].startswith("body.input: an empty list")
     assert {e["code"] for k, e in errors.items() if k != "blank"} == {"bad_request"}
+
+
+def test_a_part_written_before_list_inputs_still_answers_one_vector():
+    from batchinfer.openai_batch import response_lines
+
+    old = pa.table({"custom_id": ["a"], "embedding": [[0.5, 0.25]], "prompt_tokens": [3]})  # one vector a row
+    new = pa.table({"custom_id": ["a"], "embedding": [[[0.5, 0.25]]], "prompt_tokens": [3]})  # a list a row
+    old_body, new_body = (json.loads(response_lines(t, "m", "embed")[0])["response"]["body"] for t in (old, new))
+    assert old_body == new_body and old_body["data"] == [{"object": "embedding", "index": 0, "embedding": [0.5, 0.25]}]
