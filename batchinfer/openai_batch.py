@@ -3,8 +3,10 @@
 A request line is {custom_id, method, url, body} (https://platform.openai.com/docs/guides/batch);
 url is /v1/chat/completions, /v1/completions or /v1/embeddings. Each line becomes one row:
 
-    custom_id | url | messages (chat) | prompt (completions, embeddings)
+    custom_id | url | messages (chat) | prompt (completions, embeddings) | prompts (embeddings: a list input)
     | max_tokens | temperature | top_p | seed | stop | response_format (JSON text)
+
+A list input is one row, answered by one line with a vector per text (runners/embed.py).
 
 A line that is not a valid request becomes an error line; it never aborts the file. So does a line
 asking for what batchinfer does not do (openai_api.FIELDS: logprobs, n > 1, tools, ...).
@@ -33,6 +35,7 @@ REQUEST_COLUMNS = [
     "url",
     "messages",
     "prompt",
+    "prompts",
     "max_tokens",
     "temperature",
     "top_p",
@@ -41,6 +44,7 @@ REQUEST_COLUMNS = [
     "response_format",
 ]
 TASK_OF_URL = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed"}
+MAX_INPUTS = 2048  # the texts OpenAI takes in one embeddings request
 
 
 def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
@@ -80,13 +84,33 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
         field = "body.input" if url == EMBEDDINGS else "body.prompt"
+        if isinstance(prompt, list) and url == COMPLETIONS:
+            message = f"{field}: one prompt per batch line, not a list of {len(prompt)}; give each prompt its own line"
+            return row, (Reason.BAD_REQUEST, message)
         if isinstance(prompt, list):
-            return row, (Reason.BAD_REQUEST, f"{field}: one text per request is supported, not a list of {len(prompt)}")
-        if prompt is not None and not isinstance(prompt, str):
+            if problem := _inputs_problem(prompt, field):
+                return row, problem
+            row["prompts"] = prompt
+        elif prompt is not None and not isinstance(prompt, str):
             return row, (Reason.BAD_REQUEST, f"{field} must be text, not {type(prompt).__name__}")
-        row["prompt"] = prompt
+        else:
+            row["prompt"] = prompt
     row["response_format"], problem = response_format_column(body)
     return row, problem
+
+
+def _inputs_problem(texts: list, field: str) -> tuple[str, str] | None:
+    """Why a list input is no request batchinfer runs: empty, past MAX_INPUTS, or not all text (OpenAI's
+    token arrays are not read)."""
+    if not texts:
+        return Reason.BAD_REQUEST, f"{field}: an empty list; give a text or a list of texts"
+    if len(texts) > MAX_INPUTS:
+        message = f"{field}: {len(texts):,} texts, more than the {MAX_INPUTS} one request may hold; split it"
+        return Reason.BAD_REQUEST, message
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            return Reason.BAD_REQUEST, f"{field}[{i}] must be text, not {type(text).__name__}"
+    return None
 
 
 def response_format_column(body: dict) -> tuple[str | None, tuple[str, str] | None]:
@@ -114,7 +138,10 @@ def response_lines(table: pa.Table, model: str, task: str) -> list[str]:
     for row in table.to_pylist():
         request_id = _stable_id(row["custom_id"], model)
         if task == "embed":
-            body = embedding_list([row["embedding"]], model, row["prompt_tokens"])
+            vectors = row["embedding"]
+            if vectors and not isinstance(vectors[0], list):  # a part written before list inputs: one vector
+                vectors = [vectors]
+            body = embedding_list(vectors, model, row["prompt_tokens"])
         else:
             chat = row["url"] == CHAT
             choices = [choice(chat, row["text"], row["finish_reason"])]

@@ -87,7 +87,7 @@ def describe(errors: list[dict], prefix: str = "") -> str:
     """Validation errors as `field[index]: what is wrong (got ...)`, each field's path after `prefix`
     (body. in a batch line), without pydantic's union branch names or FastAPI's leading `body`."""
     if any(e["type"] == "json_invalid" for e in errors):
-        return "the body is not valid JSON"
+        return "the body is not valid JSON; send one JSON object (Content-Type: application/json)"
     locs = [[p for p in e["loc"] if p != "body"] for e in errors]
     lists = {loc[0] for loc in locs if len(loc) > 1 and str(loc[1]).startswith("list[")}
     problems = []

@@ -1,8 +1,8 @@
 """OpenAI's response bodies, written once: serve's answers (serve/) and the lines of an OpenAI Batch output
 file (openai_batch.py) are built here. (What batchinfer does with each request field is openai_api.py.)
 
-Completions (`text_completion`), chat completions (`chat.completion`, streamed as `chat.completion.chunk`)
-and embedding lists, as https://platform.openai.com/docs/api-reference gives them; `logprobs` is always
+Completions (`text_completion`), chat completions (`chat.completion`, streamed as `chat.completion.chunk`),
+embedding lists and model objects, as https://platform.openai.com/docs/api-reference gives them; `logprobs` is always
 null, as batchinfer returns none. No package imports.
 """
 
@@ -22,14 +22,17 @@ def embedding_list(vectors: list, model: str, prompt_tokens: int) -> dict:
     return {"object": "list", "data": data, "model": model, "usage": usage(prompt_tokens)}
 
 
-def choice(chat: bool, text: str, finish_reason: str | None, delta: bool = False) -> dict:
-    """A completion's one choice: the assistant's message (chat; a streamed chunk's `delta`) or its text.
-    finish_reason: stop | length, or None while a stream goes on."""
-    if chat:
-        piece = {"delta": {"content": text}} if delta else {"message": {"role": "assistant", "content": text}}
+def choice(chat: bool, text: str, finish_reason: str | None, delta: bool = False, first: bool = False, index: int = 0):
+    """A completion's choice `index`: the assistant's message (chat; a streamed chunk's `delta`, which says
+    the role in the stream's first chunk) or its text. finish_reason: stop | length, or None while a stream
+    goes on."""
+    if chat and delta:
+        piece = {"delta": {"role": "assistant", "content": text} if first else {"content": text}}
+    elif chat:
+        piece = {"message": {"role": "assistant", "content": text}}
     else:
         piece = {"text": text}
-    return {"index": 0, **piece, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": index, **piece, "logprobs": None, "finish_reason": finish_reason}
 
 
 def completion(chat: bool, key: str, created: int, model: str, choices: list, chunk: bool = False) -> dict:
@@ -42,3 +45,8 @@ def completion(chat: bool, key: str, created: int, model: str, choices: list, ch
         "model": model,
         "choices": choices,
     }
+
+
+def model_object(model: str, created: int) -> dict:
+    """A model as /v1/models lists it. created: when the server loaded it, in seconds since 1970."""
+    return {"id": model, "object": "model", "created": created, "owned_by": "batchinfer"}

@@ -142,13 +142,14 @@ def prepare_messages(table: pa.Table, column: str, bad_rows: dict[int, tuple[str
 
 
 def prepare_openai(table: pa.Table, task: str, bad_rows: dict[int, tuple[str, str]]) -> Prepared:
-    """OpenAI request rows: chat messages or a prompt each, for an endpoint that matches the job's task."""
+    """OpenAI request rows: chat messages, a prompt, or a list of texts (embeddings) each, for an endpoint
+    that matches the job's task."""
     errors = dict(bad_rows)
     values = []
-    for offset, (url, messages, prompt) in enumerate(
-        zip(*(table.column(c).to_pylist() for c in ("url", "messages", "prompt")))
+    for offset, (url, messages, prompt, prompts) in enumerate(
+        zip(*(table.column(c).to_pylist() for c in ("url", "messages", "prompt", "prompts")))
     ):
-        value = messages if url == "/v1/chat/completions" else prompt
+        value = messages if url == "/v1/chat/completions" else prompt if prompts is None else prompts
         values.append(value)
         if offset in errors:
             continue
@@ -160,6 +161,10 @@ def prepare_openai(table: pa.Table, task: str, bad_rows: dict[int, tuple[str, st
         elif url == "/v1/chat/completions":
             if problem := message_problem(messages, "body.messages"):
                 errors[offset] = problem
+        elif prompts is not None:
+            if blank := [i for i, text in enumerate(prompts) if is_blank(text)]:
+                message = f"body.input[{blank[0]}] is empty, or only whitespace, invisible or control characters"
+                errors[offset] = (Reason.EMPTY_TEXT, message)
         elif prompt is None:
             errors[offset] = (Reason.NULL_TEXT, "body.prompt (body.input for embeddings) is missing")
         elif is_blank(prompt):

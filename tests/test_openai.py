@@ -5,6 +5,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from helpers import Crash
 from helpers import generate_alone as _alone
@@ -265,7 +267,10 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
         ({"prompt": "t", "seed": 2**70}, f"body.seed: must be a whole number from {-(2**63)} to {2**63 - 1} (got"),
         ({"prompt": "t", "n": 0}, "body.n: must be a whole number at least 1 (got 0)"),
         ({"prompt": 5}, "body.prompt must be text, not int"),
-        ({"prompt": ["a", "b"]}, "body.prompt: one text per request is supported, not a list of 2"),
+        (
+            {"prompt": ["a", "b"]},
+            "body.prompt: one prompt per batch line, not a list of 2; give each prompt its own line",
+        ),
     ],
 )
 def test_a_bad_setting_is_that_requests_error_line(body, said):
@@ -510,3 +515,47 @@ def test_chat_requests_to_a_model_without_a_chat_template_are_error_lines_until_
     own, _ = answers(tiny_llama, "own.jsonl")  # the same model with the same template of its own
     assert sorted(answered) == ["chat", "text"] and not failed
     assert answered["chat"]["response"]["body"]["choices"] == own["chat"]["response"]["body"]["choices"]
+
+
+def test_a_list_input_is_one_response_line_with_a_vector_per_text_in_order(tmp_path, tiny_embed):
+    texts = ["Ok lar... Joking wif u oni...", "Free entry in 2 a wkly comp", "hi"]
+    inputs = {
+        "many": texts,
+        **{f"alone{i}": text for i, text in enumerate(texts)},
+        "blank": ["fine", " "],
+        "huge": ["x"] * 2049,
+        "tokens": [1, 2, 3],  # token ids, as OpenAI also takes
+        "none": [],
+    }
+    path = tmp_path / "lists.jsonl"
+    path.write_text("".join(_embedding_request(key, value) + "\n" for key, value in inputs.items()))
+    command = ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(tmp_path / "out.jsonl"), "-q"]
+    result = runner.invoke(app, command)
+    assert result.exit_code == 0, result.output
+    out = {line["custom_id"]: line for line in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    assert list(out) == ["many", "alone0", "alone1", "alone2"]  # one line for the list, in input order
+    many = out["many"]["response"]["body"]
+    assert [d["index"] for d in many["data"]] == [0, 1, 2]
+    for i, item in enumerate(many["data"]):  # each text's vector as when it is asked alone
+        alone = out[f"alone{i}"]["response"]["body"]
+        assert np.allclose(item["embedding"], alone["data"][0]["embedding"], atol=1e-5)
+    alone_tokens = sum(out[f"alone{i}"]["response"]["body"]["usage"]["prompt_tokens"] for i in range(3))
+    assert many["usage"] == {"prompt_tokens": alone_tokens, "total_tokens": alone_tokens}
+    errors = {
+        e["custom_id"]: e["error"] for e in map(json.loads, (tmp_path / "out.errors.jsonl").read_text().splitlines())
+    }
+    assert errors["blank"] == {"code": "empty_text", "message": errors["blank"]["message"]}
+    assert errors["blank"]["message"].startswith("body.input[1] is empty")
+    assert errors["huge"]["message"] == "body.input: 2,049 texts, more than the 2048 one request may hold; split it"
+    assert errors["tokens"]["message"] == "body.input[0] must be text, not int"
+    assert errors["none"]["message"].startswith("body.input: an empty list")
+    assert {e["code"] for k, e in errors.items() if k != "blank"} == {"bad_request"}
+
+
+def test_a_part_written_before_list_inputs_still_answers_one_vector():
+    from batchinfer.openai_batch import response_lines
+
+    old = pa.table({"custom_id": ["a"], "embedding": [[0.5, 0.25]], "prompt_tokens": [3]})  # one vector a row
+    new = pa.table({"custom_id": ["a"], "embedding": [[[0.5, 0.25]]], "prompt_tokens": [3]})  # a list a row
+    old_body, new_body = (json.loads(response_lines(t, "m", "embed")[0])["response"]["body"] for t in (old, new))
+    assert old_body == new_body and old_body["data"] == [{"object": "embedding", "index": 0, "embedding": [0.5, 0.25]}]

@@ -151,7 +151,7 @@ def test_a_full_queue_answers_429_and_a_bad_body_400_naming_the_problem(tiny_emb
     assert messages[0] == "input[1]: input should be a valid string (got 7)"
     assert messages[1] == "input: field required" and messages[2].startswith("input[1]: empty")
     assert "encoding_format" in messages[3]
-    assert raw.status_code == 400 and raw.json()["error"]["message"] == "the body is not valid JSON"
+    assert raw.status_code == 400 and raw.json()["error"]["message"].startswith("the body is not valid JSON; send")
     assert wrong_task.status_code == 400 and "--task classify" in wrong_task.json()["error"]["message"]
     assert [o.status_code for o in odd] == [400, 400, 400]  # were 500s with a traceback in the log
     assert odd[0].json()["error"]["message"] == "the body must be a JSON object (got None)"
@@ -605,8 +605,82 @@ def test_settings_out_of_range_and_chat_without_a_template_are_400s_in_the_batch
         assert answer.status_code == 400 and answer.json()["error"] == {
             "message": said,
             "type": "invalid_request_error",
+            "param": next(iter(extra)),
+            "code": None,
         }
     assert "--set generation.temperature" not in refused[0].json()["error"]["message"]
     assert chat.status_code == 400 and "model.chat_template" in chat.json()["error"]["message"]
     assert chat.json()["error"]["message"].startswith("messages: chat messages need a chat template")
     assert text.status_code == 200
+
+
+def _openai_client(client: httpx.AsyncClient):
+    """The official openai client over the app that `client` reaches, so every answer is parsed into its types."""
+    openai = pytest.importorskip("openai")
+    return openai, openai.AsyncOpenAI(base_url="http://batchinfer/v1", api_key="x", http_client=client, max_retries=0)
+
+
+def test_the_openai_client_lists_models_and_embeds_lists_and_reads_errors_with_their_param(tiny_embed):
+    job = _serving(tiny_embed, "embed")
+
+    async def go():
+        async with _client(job) as client:
+            openai, api = _openai_client(client)
+            listed = await api.models.list()
+            one = await api.models.retrieve(job.model.path)  # a path: its slashes are quoted
+            with pytest.raises(openai.NotFoundError) as missing:
+                await api.models.retrieve("gpt-4o")
+            vectors = await api.embeddings.create(input=["one", "two words"], model="any")  # base64 by default
+            floats = await api.embeddings.create(input="one", model="any", encoding_format="float")
+            with pytest.raises(openai.BadRequestError) as bad:
+                await api.embeddings.create(input=["one", " "], model="any")
+            with pytest.raises(openai.BadRequestError) as refused:
+                await api.embeddings.create(input="one", model="any", extra_body={"logprobs": True})
+            curl = await client.post("/v1/embeddings", content=b'{"input": "one"}')  # as curl -d sends it
+            form = await client.post("/v1/embeddings", data={"input": "one"})
+            nowhere = await client.post("/v1/nothing", json={"input": "x"})
+            return listed, one, missing.value, vectors, floats, bad.value, refused.value, curl, form, nowhere
+
+    listed, one, missing, vectors, floats, bad, refused, curl, form, nowhere = asyncio.run(go())
+    assert [m.id for m in listed.data] == [job.model.path] and listed.data[0].object == "model"
+    assert one.id == job.model.path and one.owned_by == "batchinfer" and one.created > 0
+    assert missing.status_code == 404 and "gpt-4o" in missing.message
+    assert [d.index for d in vectors.data] == [0, 1] and len(vectors.data[0].embedding) == len(floats.data[0].embedding)
+    assert np.allclose(vectors.data[0].embedding, floats.data[0].embedding, atol=1e-6)
+    assert bad.param == "input[1]" and bad.type == "invalid_request_error"
+    assert refused.param == "logprobs" and refused.code is None
+    assert curl.status_code == 200, curl.text  # was: the body must be a JSON object (got b'{"input":"one"}')
+    assert curl.json()["data"][0]["embedding"] == floats.data[0].embedding
+    assert form.status_code == 400 and "Content-Type: application/json" in form.json()["error"]["message"]
+    assert nowhere.status_code == 404 and nowhere.json()["error"]["param"] is None
+
+
+def test_the_openai_client_completes_a_list_of_prompts_and_streams_chat_with_its_role(tiny_llama):
+    async def go():
+        async with _client(_serving(tiny_llama, "generate")) as client:
+            openai, api = _openai_client(client)
+            both = await api.completions.create(model="any", prompt=["Hello there", "Are you coming"], max_tokens=6)
+            alone = [
+                await api.completions.create(model="any", prompt=p, max_tokens=6)
+                for p in ("Hello there", "Are you coming")
+            ]
+            messages = [{"role": "user", "content": "Hi"}]
+            chunks = [
+                c
+                async for c in await api.chat.completions.create(
+                    model="any", messages=messages, max_tokens=4, stream=True
+                )
+            ]
+            whole = await api.chat.completions.create(model="any", messages=messages, max_tokens=4)
+            with pytest.raises(openai.BadRequestError) as streamed_list:
+                await api.completions.create(model="any", prompt=["a", "b"], max_tokens=2, stream=True)
+            return both, alone, chunks, whole, streamed_list.value
+
+    both, alone, chunks, whole, streamed_list = asyncio.run(go())
+    assert [c.index for c in both.choices] == [0, 1]
+    assert [c.text for c in both.choices] == [a.choices[0].text for a in alone]  # each as if asked alone
+    assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert both.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert streamed_list.param == "prompt"

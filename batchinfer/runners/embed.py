@@ -1,9 +1,13 @@
 """task: embed — one vector per row, pooled as the model's sentence-transformers config says (with
-output.format openai, each row's prompt_tokens too)."""
+output.format openai, each row's prompt_tokens too). In an OpenAI Batch file a request may give a list of
+texts: each is an item of its row, batched with every other item, and the row's vectors come back
+together (in the chunk that holds the row, so none is lost or repeated on resume); that job's embedding
+column holds a list of vectors per row."""
 
 from __future__ import annotations
 
 import functools
+from itertools import chain
 from pathlib import Path
 from typing import Callable
 
@@ -12,7 +16,8 @@ import pyarrow as pa
 import torch
 
 from ..models import Pooling, pooling_of
-from .base import EncoderRunner, fixed_size_list, rows_of
+from .base import EncoderRunner, encode_capped, fixed_size_list, rows_of, tokens_of
+from .protocol import Tokens
 
 
 class EmbedRunner(EncoderRunner):
@@ -29,6 +34,14 @@ class EmbedRunner(EncoderRunner):
         self.pooling = pooling_of(model_path)
         self.width = model.config.hidden_size
         self.usage = job.output.format == "openai"  # OpenAI's embedding answers count each request's tokens
+        self.lists = job.input.format == "openai"  # a request's input may be a list of texts
+
+    def tokenize(self, texts: list) -> Tokens:
+        if not self.lists:
+            return super().tokenize(texts)
+        items = [text if isinstance(text, list) else [text] for text in texts]
+        owner = np.repeat(np.arange(len(items)), [len(texts) for texts in items])
+        return tokens_of(encode_capped(self.tokenizer, list(chain(*items)), self.max_length), owner)
 
     def head(self, inputs: dict, mask: torch.Tensor) -> list:
         out = self.model(**inputs)
@@ -36,9 +49,17 @@ class EmbedRunner(EncoderRunner):
         return list(pooled.float().cpu().numpy())  # [b] x [hidden]
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
-        columns = {"embedding": fixed_size_list(rows_of(results).reshape(len(results), self.width))}
-        if self.usage:  # one item per row
-            columns["prompt_tokens"] = pa.array(loaded.tokens.lengths[texts], pa.int32())
+        if self.lists:  # [rows] x [texts] x [hidden]
+            vectors = [np.asarray(v, np.float32).reshape(-1) for items in results for v in items]
+            flat = fixed_size_list(np.stack(vectors) if vectors else np.zeros((0, self.width), np.float32))
+            offsets = np.concatenate([[0], np.cumsum([len(items) for items in results])]).astype(np.int32)
+            columns = {"embedding": pa.ListArray.from_arrays(pa.array(offsets), flat)}
+        else:
+            columns = {"embedding": fixed_size_list(rows_of(results).reshape(len(results), self.width))}
+        if self.usage:  # a row's tokens: the sum of its texts'
+            tokens = loaded.tokens
+            per_row = np.bincount(tokens.owners(), weights=tokens.lengths, minlength=len(loaded.prepared.texts))
+            columns["prompt_tokens"] = pa.array(per_row[texts].astype(np.int32), pa.int32())
         return columns
 
 

@@ -82,7 +82,15 @@ def include_usage(body: GenerationSettings) -> bool:
 
 
 class CompletionBody(GenerationSettings):
-    prompt: str
+    prompt: str | list[str]  # a list: one choice per prompt, in order (choices[i].index), as OpenAI answers
+
+    def prompts(self) -> list[str]:
+        if isinstance(self.prompt, str) and is_blank(self.prompt):
+            raise BadInput("prompt: empty, or only whitespace")
+        prompts = texts_of(self.prompt, "prompt")
+        if self.stream and len(prompts) > 1:
+            raise BadInput("prompt: a streamed completion takes one prompt; send the list without stream")
+        return prompts
 
 
 class ChatBody(ChatSettings):

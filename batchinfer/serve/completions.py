@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 
 from ..openai_shapes import choice, completion, usage
 from .bodies import Asked
-from .failures import GONE, Disconnected, EngineDown, Unanswered, gone
+from .failures import GONE, Disconnected, EngineDown, Unanswered, error_body, gone
 from .metrics import Metrics
 
 
@@ -21,12 +21,26 @@ class Completions:
     def __init__(self, service, metrics: Metrics, model: str):
         self.service, self.metrics, self.model = service, metrics, model
 
-    async def answer(self, asked: Asked, request: Request):
-        if asked.stream:
-            return StreamingResponse(self.events(asked, request), media_type="text/event-stream")
-        return await self.whole(asked, request)
+    async def answer(self, asked: list[Asked], request: Request):
+        """One answer to a request's prompts (a stream has one), a choice for each in order."""
+        if asked[0].stream:
+            return StreamingResponse(self.events(asked[0], request), media_type="text/event-stream")
+        first = asked[0]
+        running = [asyncio.ensure_future(self.whole(one, request)) for one in asked]
+        try:
+            finished = await asyncio.gather(*running)
+        except BaseException:  # one prompt failed: the others' engine requests are cancelled, not left to run
+            for task in running:
+                task.cancel()
+            raise
+        self.metrics.answered(request.url.path, first.started)
+        choices = [choice(first.chat, text, reason, index=i) for i, (_, text, reason) in enumerate(finished)]
+        body = completion(first.chat, first.key, first.created, self.model, choices)
+        generated = sum(len(tokens) for tokens, _, _ in finished)
+        return body | {"usage": usage(sum(len(one.ids) for one in asked), generated)}
 
-    async def whole(self, asked: Asked, request: Request) -> dict:
+    async def whole(self, asked: Asked, request: Request) -> tuple[list[int], str, str]:
+        """One prompt's completion: (its tokens, its text, finish_reason)."""
         last = None
         async for output in self.service.stream(asked, request):
             last = output
@@ -34,15 +48,13 @@ class Completions:
             raise RuntimeError(f"generation failed: {last.error}")
         generated, text, reason = self.service.finished(asked, last)
         await self._check(asked, generated, text, reason)
-        self.metrics.answered(request.url.path, asked.started)
         self.metrics.rows.inc()
-        body = completion(asked.chat, asked.key, asked.created, self.model, [choice(asked.chat, text, reason)])
-        return body | {"usage": usage(len(asked.ids), len(generated))}
+        return generated, text, reason
 
     async def events(self, asked: Asked, request: Request):
         """The completion's text as it grows, one event per new piece; an error ends the stream as its last
         event (the status line has gone out)."""
-        sent, generated_tokens = "", 0
+        sent, generated_tokens, sent_any = "", 0, False
         try:
             async for output in self.service.stream(asked, request):
                 if output.error:
@@ -55,13 +67,14 @@ class Completions:
                 finished = output.is_finished() or len(generated) < len(output.generated_tokens)
                 delta, sent = text[len(sent) :], text
                 if delta or finished:
-                    piece = choice(asked.chat, delta, reason if finished else None, delta=True)
+                    piece = choice(asked.chat, delta, reason if finished else None, True, first=not sent_any)
+                    sent_any = True
                     yield self._event(asked, [piece], {"usage": None} if asked.include_usage else {})
                 if finished:
                     break
         except EngineDown as exc:
             self.metrics.refused(request.url.path, 500)
-            yield _data({"error": {"message": str(exc), "type": "server_error"}})
+            yield _data(error_body(500, str(exc)))
             return
         except Unanswered as exc:  # the text sent so far is no answer: say so, as the last event
             self.metrics.refused(request.url.path, 422)

@@ -1,9 +1,10 @@
 """What a request can fail with, and how each failure is answered: a status and OpenAI's error body
-{error: {message, type}}, counted by endpoint and status."""
+{error: {message, type, param, code}}, counted by endpoint and status."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +19,8 @@ from .metrics import Metrics
 KINDS = {s: "invalid_request_error" for s in (400, 404, 405, 408, 413)} | {429: "rate_limit_error"}  # else server_error
 GONE = 499  # the client closed the connection before its answer (nginx's code); counted, never sent
 log = logging.getLogger("batchinfer.serve")
+# A message names the bad value's field first, `temperature: must be ...` or `unsupported: logprobs (...)`.
+FIELD_FIRST = re.compile(r"(?:unsupported: )?(?P<param>[a-z_]+(?:\[\d+\]|\.[a-z_]+)*)(?::| \()")
 
 
 class Unanswered(Exception):
@@ -28,7 +31,11 @@ class Unanswered(Exception):
         self.reason = reason
 
     def body(self) -> dict:
-        return {"error": {"message": str(self), "type": "invalid_request_error", "code": self.reason}}
+        return {"error": {"message": str(self), "type": "invalid_request_error", "param": None, "code": self.reason}}
+
+
+class NoModel(Exception):
+    """A model id this server does not serve (GET /v1/models/{id})."""
 
 
 class EngineDown(Exception):
@@ -40,7 +47,10 @@ class Disconnected(Exception):
 
 
 def error_body(status: int, message: str) -> dict:
-    return {"error": {"message": message, "type": KINDS.get(status, "server_error")}}
+    """OpenAI's error object; param: the field of the bad value, as the message names it first, else null."""
+    named = FIELD_FIRST.match(message) if status == 400 else None
+    param = named["param"] if named else None
+    return {"error": {"message": message, "type": KINDS.get(status, "server_error"), "param": param, "code": None}}
 
 
 def gone(path: str) -> str:
@@ -66,6 +76,7 @@ class Failures:
             BadInput: lambda exc: (400, str(exc), None),
             Overloaded: lambda exc: (429, f"the server is busy: {exc}; retry shortly", {"Retry-After": "1"}),
             TooLarge: lambda exc: (413, str(exc), None),
+            NoModel: lambda exc: (404, f"no model {exc}; this server serves {exc.args[1]} (GET /v1/models)", None),
             EngineDown: lambda exc: (503, f"{exc}; restart the server (batchinfer serve --debug shows why)", None),
             RuntimeError: lambda exc: (500, str(exc), None),
         }

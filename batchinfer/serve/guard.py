@@ -1,6 +1,6 @@
 """serve's guard around the app (ASGI middleware): bodies past serve.max_body_bytes answered 413 before
-they are read whole, bodies that stop arriving for serve.read_timeout_s answered 408, and the memory
-requests freed handed back to the system (heap.HeapGuard)."""
+they are read whole, bodies that stop arriving for serve.read_timeout_s answered 408, every body read as
+JSON whatever its Content-Type, and the memory requests freed handed back to the system (heap.HeapGuard)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class BodyGuard:
 
         self.running += 1
         try:
-            await self.app(scope, replay, send)
+            await self.app(as_json(scope), replay, send)
         finally:
             self.running -= 1
             await asyncio.to_thread((self.busy if self.running else self.idle).check)
@@ -78,3 +78,11 @@ class BodyGuard:
             drain = message.get("more_body", False)
         message = f"the body is larger than serve.max_body_bytes ({self.limit:,} bytes); send less per request"
         await self.refused(scope["path"], 413, message)(scope, receive, send)
+
+
+def as_json(scope: dict) -> dict:
+    """The request with its body declared JSON: every route takes JSON alone, and a client that sends it
+    under another Content-Type (curl -d sends application/x-www-form-urlencoded) means JSON; a body that is
+    not JSON is then answered as such."""
+    headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+    return scope | {"headers": [*headers, (b"content-type", b"application/json")]}

@@ -13,12 +13,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 
 from ..config import JobConfig
-from ..messages import is_blank, message_problem
+from ..messages import message_problem
 from ..openai_api import CHAT, CLASSIFY, COMPLETIONS, EMBEDDINGS, SCORE, chat_messages, unsupported
-from ..openai_shapes import embedding_list, usage
+from ..openai_shapes import embedding_list, model_object, usage
 from .bodies import BadInput, ChatBody, ClassifyBody, CompletionBody, EmbeddingsBody, ScoreBody, check_unicode
 from .completions import Completions
-from .failures import Failures
+from .failures import Failures, NoModel
 from .guard import BodyGuard
 from .metrics import Metrics
 from .services import EncoderService, GenerateService
@@ -51,6 +51,8 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     routes = Routes(job, service, metrics)
     app.get("/health")(routes.health)
     app.get("/metrics")(routes.prometheus)
+    app.get("/v1/models")(routes.models)
+    app.get("/v1/models/{model:path}")(routes.model_of)  # a hub id has a slash
     for path, route in (
         (EMBEDDINGS, routes.embeddings),
         (CLASSIFY, routes.classify),
@@ -65,6 +67,7 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
 class Routes:
     def __init__(self, job: JobConfig, service: EncoderService | GenerateService, metrics: Metrics):
         self.job, self.service, self.metrics, self.model = job, service, metrics, job.model.path
+        self.created = int(time.time())
         self.completer = Completions(service, metrics, self.model) if job.model.task == "generate" else None
 
     def accept(self, task: str, body: BaseModel, request: Request) -> float:
@@ -82,6 +85,15 @@ class Routes:
         problem = self.service.problem()
         body = {"status": "failed" if problem else "ok", "task": self.job.model.task, "model": self.model}
         return JSONResponse(body | ({"error": problem} if problem else {}), status_code=503 if problem else 200)
+
+    async def models(self):
+        """The one model this server runs, in OpenAI's list (clients such as openai's models.list() ask first)."""
+        return {"object": "list", "data": [model_object(self.model, self.created)]}
+
+    async def model_of(self, model: str):
+        if model != self.model:
+            raise NoModel(repr(model), self.model)
+        return model_object(self.model, self.created)
 
     async def prometheus(self):
         return PlainTextResponse(self.metrics.text(), media_type="text/plain; version=0.0.4")
@@ -110,9 +122,7 @@ class Routes:
 
     async def completions(self, body: CompletionBody, request: Request):
         self.accept("generate", body, request)
-        if is_blank(body.prompt):
-            raise BadInput("prompt: empty, or only whitespace")
-        asked = await self.service.ask(body, body.prompt, False, body.max_tokens)
+        asked = [await self.service.ask(body, prompt, False, body.max_tokens) for prompt in body.prompts()]
         return await self.completer.answer(asked, request)
 
     async def chat(self, body: ChatBody, request: Request):
@@ -121,7 +131,7 @@ class Routes:
         if problem := problem or message_problem(messages, "messages"):
             raise BadInput(problem[1])
         asked = await self.service.ask(body, messages, True, body.max_completion_tokens or body.max_tokens)
-        return await self.completer.answer(asked, request)
+        return await self.completer.answer([asked], request)
 
 
 def _encode(vector: list[float], encoding: str):

@@ -63,6 +63,8 @@ class EncoderService:
             position, (reason, message) = next(iter(sorted(failed.items())))
             raise RuntimeError(f"input[{position}]: {reason}: {message}")
         columns = self.runner.columns([[r] for r in results], np.arange(len(texts)), as_chunk(texts, tokens))
+        if pa.types.is_list(columns.get("embedding", pa.array([])).type):  # a job for OpenAI Batch files: a
+            columns["embedding"] = columns["embedding"].flatten()  # list of vectors per request; here one each
         self.metrics.rows.inc(len(texts))
         cut = tokens.truncated.tolist()
         return {name: array.to_pylist() for name, array in columns.items()} | {"truncated": cut}, int(

@@ -19,6 +19,7 @@ REQUEST_TYPES = {
     "custom_id": pa.string(),
     "url": pa.string(),
     "prompt": pa.string(),
+    "prompts": pa.list_(pa.string()),
     "max_tokens": pa.int64(),
     "temperature": pa.float64(),
     "top_p": pa.float64(),
