@@ -47,7 +47,7 @@ def _stops(value) -> list[str] | None:
     raise PydanticCustomError("stop_type", "must be a string or a list of strings")
 
 
-Count = Annotated[int | None, _range(1, kind="a whole number")]
+Count = Annotated[int | None, _range(1, INT64 - 1, kind="a whole number")]  # past the context: cut to it
 
 
 class GenerationSettings(BaseModel):
