@@ -273,6 +273,9 @@ class BatchingConfig(Section):
         return count_or_auto(value, "rows such as 4096")
 
 
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature is decoded greedily
+
+
 class GenerationConfig(Section):
     engine: Literal["transformers", "static", "vllm"] = Field(
         default="transformers",
@@ -286,7 +289,11 @@ class GenerationConfig(Section):
         "anything else: the row goes to _errors/ as bad_max_new_tokens). Prompt plus completion never run past "
         "the model's context.",
     )
-    temperature: float = Field(default=0.0, ge=0.0, description="0 is greedy decoding; above 0 samples.")
+    temperature: float = Field(
+        default=0.0,
+        ge=0.0,
+        description=f"0 is greedy decoding; above 0 samples (below {GREEDY_BELOW:g}: greedy, as vLLM reads it).",
+    )
     top_p: float = Field(
         default=1.0,
         gt=0.0,
@@ -361,6 +368,13 @@ class GenerationConfig(Section):
         return GrammarLimits(
             self.grammar_seconds, self.grammar_max_bytes, self.grammar_max_depth, self.grammar_max_choices
         )
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_when_tiny(cls, value: float) -> float:
+        # logits divided by a temperature as small as 1e-40 overflow float32: NaN probabilities, and the
+        # engine's pick is then the vocabulary's last token, every step
+        return 0.0 if value < GREEDY_BELOW else value
 
     @field_validator("response_format")
     @classmethod

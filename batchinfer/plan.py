@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import JobConfig
+from .config import InputConfig, JobConfig
 from .errors import shorten
 from .sources.base import Shard
 from .templates import chat_template
@@ -67,6 +67,7 @@ def plan_chunks(row_counts: list[int], chunk_rows: int, limit: int | None = None
 # Every model identity (models.model_identity) starts so. One that does not was recorded by an earlier batchinfer,
 # which hashed only samples of large weight files: it cannot show that the model is unchanged.
 IDENTITY = "sha256:"
+DEFAULT_LINE_BYTES = InputConfig.model_fields["max_line_bytes"].default
 # Keys that fingerprints of earlier versions held but that cannot change a row's result: where an old folder
 # has them, they are not compared. (input.path and model.path: the shards' and the model's digests say it all.)
 NOT_RESULTS = frozenset({"input.path", "model.path", "generation.max_memory"})
@@ -94,6 +95,8 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int |
         "input.messages": job.input.messages,
         "input.id": job.input.id,
         "input.keep": job.input.kept,
+        # which lines are too_long errors; only off its default, so that fingerprints from before still match
+        **({"input.max_line_bytes": lines} if (lines := job.input.max_line_bytes) != DEFAULT_LINE_BYTES else {}),
         "model.hash": model_id,
         "model.task": job.model.task,
         **(

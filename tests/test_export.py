@@ -64,6 +64,12 @@ def test_export_refuses_an_unfinished_folder_and_an_existing_file(tmp_path, sms_
     assert pq.read_table(target).num_rows == 600 and not list(tmp_path.glob(".tmp-*"))
     result = runner.invoke(app, ["export", str(tmp_path / "out"), "-f", "xml", "-o", str(tmp_path / "x")])
     assert result.exit_code == 1 and "not one of parquet, jsonl, csv" in result.output
+    # A chunk's marker removed after the run: the _SUCCESS stays, but the folder no longer says it holds the rows.
+    (tmp_path / "out" / "_done" / "00000-00001.json").unlink()
+    result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(tmp_path / "less.parquet")])
+    assert result.exit_code == 1 and "is not a finished job (5/6 chunks done" in result.output, result.output
+    assert "(complete)" not in runner.invoke(app, ["status", str(tmp_path / "out")]).output
+    assert not (tmp_path / "less.parquet").exists()
 
 
 def test_partial_exports_what_a_trial_holds_and_never_passes_for_a_finished_export(tmp_path, sms_parquet, tiny_embed):

@@ -256,16 +256,17 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
     [
         ({"prompt": "t", "stop": 5}, "body.stop: must be a string or a list of strings (got 5)"),
         ({"prompt": "t", "stop": ["a", 5]}, "body.stop: must be a string or a list of strings (got ['a', 5])"),
-        ({"prompt": "t", "max_tokens": -3}, "body.max_tokens: must be a whole number at least 1 (got -3)"),
-        ({"prompt": "t", "max_tokens": 0}, "body.max_tokens: must be a whole number at least 1 (got 0)"),
+        ({"prompt": "t", "max_tokens": -3}, f"body.max_tokens: must be a whole number from 1 to {2**63 - 1} (got -3)"),
+        ({"prompt": "t", "max_tokens": 0}, f"body.max_tokens: must be a whole number from 1 to {2**63 - 1} (got 0)"),
         ({"prompt": "t", "max_tokens": True}, "body.max_tokens: input should be a valid integer (got True)"),
+        ({"prompt": "t", "max_tokens": 10**30}, f"body.max_tokens: must be a whole number from 1 to {2**63 - 1} (got"),
         ({"prompt": "t", "top_p": 5}, "body.top_p: must be a number above 0 and at most 1 (got 5)"),
         ({"prompt": "t", "top_p": 0}, "body.top_p: must be a number above 0 and at most 1 (got 0)"),
         ({"prompt": "t", "temperature": -1}, "body.temperature: must be a number from 0 to 2 (got -1)"),
         ({"prompt": "t", "temperature": float("nan")}, "body.temperature: must be a number from 0 to 2 (got nan)"),
         ({"prompt": "t", "temperature": "0.5"}, "body.temperature: input should be a valid number (got '0.5')"),
         ({"prompt": "t", "seed": 2**70}, f"body.seed: must be a whole number from {-(2**63)} to {2**63 - 1} (got"),
-        ({"prompt": "t", "n": 0}, "body.n: must be a whole number at least 1 (got 0)"),
+        ({"prompt": "t", "n": 0}, f"body.n: must be a whole number from 1 to {2**63 - 1} (got 0)"),
         ({"prompt": 5}, "body.prompt must be text, not int"),
         (
             {"prompt": ["a", "b"]},
@@ -461,11 +462,14 @@ def test_a_seed_or_stop_per_request_shares_one_engine_pass_and_a_bad_value_is_on
     prompts = ["Free entry in 2 a wkly comp", "Ok lar joking wif u oni", "Nah I don't think he goes"]
     greedy = [_completion(f"g{i}", p, seed=i, stop=[f"{i}"], max_tokens=6) for i, p in enumerate(prompts)]
     hot = [_completion(f"s{i}", p, seed=100 + i, temperature=1.0, max_tokens=6) for i, p in enumerate(prompts)]
+    # a temperature too small to divide logits by in float32 is greedy (it was the vocabulary's last token)
+    tiny = [_completion("tiny", prompts[0], seed=7, stop=["0"], temperature=1e-300, max_tokens=6)]
     bad = [_completion("top_p", "x", top_p=5), _completion("cold", "x", temperature=-1)]
     passes: list = []
-    answers, errors = _answers(tmp_path, tiny_llama, "all", greedy + hot + bad, passes)
-    assert sorted(passes) == [3, 3]  # one pass for the greedy rows, one for the sampled: not one per seed
-    assert sorted(answers) == ["g0", "g1", "g2", "s0", "s1", "s2"]
+    answers, errors = _answers(tmp_path, tiny_llama, "all", greedy + hot + tiny + bad, passes)
+    assert sorted(passes) == [3, 4]  # one pass for the greedy rows, one for the sampled: not one per seed
+    assert sorted(answers) == ["g0", "g1", "g2", "s0", "s1", "s2", "tiny"]
+    assert answers["tiny"]["response"]["body"]["choices"] == answers["g0"]["response"]["body"]["choices"]
     assert [(e["custom_id"], e["error"]["code"], e["error"]["message"]) for e in errors] == [
         ("top_p", "bad_request", "body.top_p: must be a number above 0 and at most 1 (got 5)"),
         ("cold", "bad_request", "body.temperature: must be a number from 0 to 2 (got -1)"),

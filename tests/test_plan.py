@@ -88,6 +88,9 @@ def test_settings_that_cannot_change_a_result_may_change_on_resume_and_those_tha
     assert changed == {"generation.temperature": "generation.temperature: 0.0 -> 0.7"}
     for key, value in [("model__max_length", 64), ("model__dtype", "bfloat16"), ("batching__chunk_rows", 50)]:
         assert describe_changes(base, fingerprint(_generate(**{key: value}), "sha256:1", shards))
+    # a JSONL line between the two limits: too_long in the chunks run before, a result in those after
+    for key, value in [("input__max_line_bytes", 1 << 20), ("input__max_line_bytes", 1 << 24)]:
+        assert describe_changes(base, fingerprint(_generate(**{key: value}), "sha256:1", shards))
 
 
 def test_a_fingerprint_an_earlier_version_recorded_resumes_on_what_still_counts():

@@ -421,6 +421,20 @@ def test_an_empty_file_is_a_shard_of_no_rows(tmp_path, name):
     assert [s.num_rows for s in discover_shards(cfg).shards] == [0]
 
 
+@pytest.mark.parametrize("name, header", [("a.csv", b"id,text"), ("a.tsv", b"\xef\xbb\xbfid\ttext")])
+def test_a_header_alone_is_a_shard_of_no_rows_and_a_quote_left_open_in_it_is_refused_by_line(tmp_path, name, header):
+    (tmp_path / name).write_bytes(header)  # pyarrow: "Empty CSV file or block: cannot infer number of columns"
+    inputs = discover_shards(InputConfig(path=str(tmp_path / name), text="text", id="id"))
+    assert [s.num_rows for s in inputs.shards] == [0] and inputs.bad == []
+    with pytest.raises(InputError) as info:
+        discover_shards(InputConfig(path=str(tmp_path / name), text="body", id="id"))
+    assert "body" in info.value.message
+    (tmp_path / name).write_bytes(header.replace(b"text", b'"text') + b"\n1\ta\n")  # the header's quote left open
+    with pytest.raises(InputError) as info:
+        discover_shards(InputConfig(path=str(tmp_path / name), text="text", id="id"))
+    assert "ends inside a quoted field that opens on line 1 (the header)" in info.value.message
+
+
 def test_a_file_of_unknown_extension_says_so_and_names_the_formats(tmp_path):
     (tmp_path / "rows.txt").write_text("hello\n")
     with pytest.raises(InputError) as info:

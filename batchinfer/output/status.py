@@ -72,8 +72,11 @@ class FolderStatus:
         return table.column("source").to_pylist() if table is not None else []
 
     def succeeded(self) -> bool:
-        """Whether the folder has its _SUCCESS (every chunk done when the last run ended)."""
-        return self.folder.read(SUCCESS) is not None
+        """Whether the folder has its _SUCCESS (every chunk done when the last run ended) and still a marker
+        for each of the job's chunks: one removed since leaves the _SUCCESS over its part."""
+        planned = self.extent.get("job_chunks", self.extent.get("chunks"))
+        finished = sum(1 for r in self.done.values() if not r.retry_of)
+        return self.folder.read(SUCCESS) is not None and (planned is None or finished >= planned)
 
     def report(self) -> dict | None:
         return read_report(self.folder)

@@ -10,7 +10,8 @@ fields, which the parser leaves out, keeps its place as a `bad_csv` error row wi
 so no row after it shifts. A quoted field still open at the end of the file would hide every record
 after its quote, and one left open mid-file those up to the next quote: discovery refuses such a file,
 naming the line (_runaway_quote tells a quote left open from a field meant to span lines). A file with no
-header at all (empty, or blank lines only) holds no rows, as an empty JSONL file does.
+header at all (empty, or blank lines only) holds no rows, as an empty JSONL file does, and so does a file
+that is its header alone, with or without a line end after it.
 """
 
 from __future__ import annotations
@@ -55,7 +56,13 @@ class CsvFormat:
             except pa.ArrowInvalid:
                 if _no_header(path, spec):
                     return ShardInfo(0, digest.hexdigest(), None)  # no rows, so no column is missing
-                raise
+                if (names := _lone_header(stream, _delimiter(path))) is not None:
+                    return ShardInfo(0, digest.hexdigest(), names, {c: pa.string() for c in spec.typed if c in names})
+                while stream.read(BLOCK):  # the quote scan sees the whole file: a header's quote left open
+                    pass
+                if quotes.open_line is None:
+                    raise
+                columns, records = [], iter(())  # said below, by line
             numeric = {c: [True, True] for c in spec.typed if c in columns and c != spec.id_column}  # [int, float]
             rows = 0
             for table, problem in records:
@@ -272,6 +279,18 @@ def _no_header(path: str, spec: ReadSpec) -> bool:
                 return False
             first = False
     return True
+
+
+def _lone_header(stream: IO[bytes], delimiter: str) -> list[str] | None:
+    """The column names of a file that is one header line with no line end after it (pyarrow finds no
+    columns in it: "Empty CSV file"), read as Python's csv module reads them; None for any other file."""
+    head = stream.read(BLOCK + 1)
+    if len(head) > BLOCK or b"\n" in head or b"\r" in head:
+        return None
+    try:
+        return next(stdlib_csv.reader([head.removeprefix(BOM).decode("utf-8")], delimiter=delimiter))
+    except (UnicodeDecodeError, stdlib_csv.Error):
+        return None
 
 
 def _decode(values: pa.ChunkedArray, name: str, bad: dict) -> pa.Array:
