@@ -164,8 +164,8 @@ def test_dtype_auto_on_minilm_takes_bf16_where_the_cpu_has_it_and_says_why_not(
     """bf16 present: its check passes and is recorded; absent (or turned off): f32, and the report says why."""
     from batchinfer.backends.openvino import bf16_supported
 
-    if no_bf16:
-        monkeypatch.setenv("BATCHINFER_NO_BF16", "1")
+    # both cases set here, so a suite run under BATCHINFER_NO_BF16=1 still checks this CPU's own path
+    monkeypatch.setenv("BATCHINFER_NO_BF16", "1" if no_bf16 else "0")
     report = _run(sms_parquet / "part-0.parquet", minilm_path, tmp_path / "out", "embed", "openvino", dtype="auto")
     batching = report["batching"]
     check = batching.get("probe", {}).get("precision_check")  # no probe at all where nothing is left to choose
@@ -184,6 +184,7 @@ def test_no_bf16_turns_off_bf16_on_any_cpu_and_keeps_its_rates_apart(monkeypatch
 
     # Both kinds of CPU, as OpenVINO describes them, whichever this machine is.
     monkeypatch.setattr(openvino, "_cpu_capabilities", lambda: ("FP32", "BF16") if native else ("FP32",))
+    monkeypatch.delenv("BATCHINFER_NO_BF16", raising=False)  # a suite run under it: the CPU's own answer first
     cfg = ModelConfig(path="unused", task="embed", dtype="auto")
     assert precisions(cfg, "openvino") == (["bf16", "f32"] if native else ["f32"])
     before = openvino.cpu_id()
