@@ -23,10 +23,10 @@ from concurrent.futures import Future
 
 import torch
 from transformers import LogitsProcessor
-from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
 
 from .constrain import Constraint, GrammarLimits
 from .errors import ModelError
+from .sampling import RequestHook
 
 CACHE_BYTES = 512 << 20  # compiled grammars xgrammar keeps per tokenizer (its cache drops the least recent past it)
 TEXTS_CACHED = 256  # schemas' grammar text kept: xgrammar's cache starts after it (from_json_schema is not cached)
@@ -171,13 +171,10 @@ def _json_grammar(schema: str, loose: bool) -> str:
     return ebnf.replace(_BOUNDED_CHAR, _JSON_CHAR)
 
 
-class ContinuousMasks(ContinuousBatchingLogitsProcessor):
+class ContinuousMasks(RequestHook):
     """transformers' continuous-batching hook: before each step it is given the requests that will get
     a new token (prepare_tensor_args), in the order of the logits rows it then masks (__call__). Each
     constrained request has its matcher, advanced by the tokens generated since the last step."""
-
-    supported_kwargs: dict[str, type] = {}
-    ignored_kwargs: tuple[str, ...] = ()
 
     def __init__(self, grammars: Grammars):
         self.grammars = grammars
@@ -189,17 +186,6 @@ class ContinuousMasks(ContinuousBatchingLogitsProcessor):
 
     def drop(self, request_id: str) -> None:
         self.states.pop(request_id, None)
-
-    def install(self, manager) -> None:
-        """Put these masks first in `manager`'s processors (before temperature, top-k and top-p), before
-        it starts: the arguments' storage is sized from the count of per-request processors."""
-        processors = manager.logit_processor
-        processors.logits_processor.insert(0, self)
-        processors.tensors_required += 1
-        processors.do_processing = True
-
-    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
-        int32_tensor.fill_(-1)
 
     def prepare_tensor_args(self, requests_with_new_token: list) -> torch.Tensor:
         rows = torch.full((len(requests_with_new_token),), -1, dtype=torch.int32)

@@ -11,14 +11,30 @@ import torch
 from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
 
 
-class SeededSampling(ContinuousBatchingLogitsProcessor):
+class RequestHook(ContinuousBatchingLogitsProcessor):
+    """A per-request logits processor in transformers' continuous batching: each step it is handed the
+    requests that get a token (prepare_tensor_args, one int32 per row, -1 for none) and then their logits."""
+
+    supported_kwargs: dict[str, type] = {}
+    ignored_kwargs: tuple[str, ...] = ()
+
+    def install(self, manager, first: bool = False) -> None:
+        """Add to `manager`'s processors before it starts (its argument storage is sized from their count):
+        first, before temperature, top-k and top-p, or last, after them."""
+        processors = manager.logit_processor
+        processors.logits_processor.insert(0 if first else len(processors.logits_processor), self)
+        processors.tensors_required += 1
+        processors.do_processing = True
+
+    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
+        int32_tensor.fill_(-1)
+
+
+class SeededSampling(RequestHook):
     """Last of the engine's processors: from the distribution its warpers left (temperature, top-k, top-p),
     each seeded request draws its token with its own generator and keeps only that token, which the
     engine's own sampling then picks. A row's generator travels in the step's tensor argument (its slot),
     so a step prepared ahead (asynchronous batching) still draws for the right request."""
-
-    supported_kwargs: dict[str, type] = {}
-    ignored_kwargs: tuple[str, ...] = ()
 
     def __init__(self):
         self.generators: list[torch.Generator] = []
@@ -27,16 +43,6 @@ class SeededSampling(ContinuousBatchingLogitsProcessor):
     def add(self, request_id: str, seed: int) -> None:
         self.slots[request_id] = len(self.generators)
         self.generators.append(torch.Generator().manual_seed(seed))
-
-    def install(self, manager) -> None:
-        """Append to `manager`'s processors before it starts (its argument storage is sized from their count)."""
-        processors = manager.logit_processor
-        processors.logits_processor.append(self)
-        processors.tensors_required += 1
-        processors.do_processing = True
-
-    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
-        int32_tensor.fill_(-1)
 
     def prepare_tensor_args(self, requests_with_new_token: list) -> torch.Tensor:
         slots = [self.slots.get(future.state.request_id, -1) for future in requests_with_new_token]

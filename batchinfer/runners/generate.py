@@ -491,7 +491,7 @@ class GenerateRunner:
         from ..grammar import ContinuousMasks
 
         masks = ContinuousMasks(self.grammars)
-        masks.install(manager)
+        masks.install(manager, first=True)  # masks before temperature, top-k and top-p
         return masks
 
     @torch.inference_mode()
