@@ -5,6 +5,7 @@ one backend resumes on the other with every id once."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -214,6 +215,19 @@ def test_a_changed_model_is_never_served_from_the_cache(sms_parquet, tiny_classi
     new, torch_new = vectors(read_output(tmp_path / "b"), "scores"), vectors(read_output(tmp_path / "t"), "scores")
     assert np.abs(new - torch_new).max() < 1e-5
     assert np.abs(new - vectors(read_output(tmp_path / "a"), "scores")).max() > 1e-3
+
+
+def test_a_conversion_sends_openvino_no_telemetry(sms_parquet, tiny_embed, tmp_path, monkeypatch):
+    telemetry = pytest.importorskip("openvino_telemetry")
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path / "cache"))  # empty: this run converts
+    forks = []
+    os.register_at_fork(before=lambda: forks.append(1) if armed else None)  # a report is a forked process
+    armed = True
+    _run(sms_parquet, tiny_embed, tmp_path / "out", "embed", "openvino")
+    armed = False
+    assert _entries(tmp_path / "cache") and not forks and not telemetry.Telemetry().consent
+    assert "CI" not in os.environ  # set for the conversion only
 
 
 def test_a_damaged_cache_entry_is_rebuilt_and_a_foreign_one_refused(

@@ -224,7 +224,7 @@ def _convert(model, of: dict, entry: Path, head=None) -> None:
 
     names = tuple(of["inputs"])
     example = {name: torch.ones(2, 8, dtype=torch.long) for name in names}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _no_telemetry():
         warnings.simplefilter("ignore")  # the tracer's notes on data-dependent branches in attention masks
         converted = ov.convert_model(
             _OneOutput(model, of["output"], head),
@@ -242,6 +242,22 @@ def _convert(model, of: dict, entry: Path, head=None) -> None:
         raise _cache_error(entry.parent, f"could not take the conversion ({_said(exc)})") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def _no_telemetry():
+    """OpenVINO's converter reports each conversion to Google Analytics unless the user's home holds its
+    consent file saying no, or the process looks like a CI job: each report forks this process, model and
+    all (seconds of CPU per conversion). A batch job has no business calling out from a cluster or an
+    offline box, so conversions run with CI=true, the one switch it reads, unless CI is set already."""
+    if "CI" in os.environ:
+        yield
+        return
+    os.environ["CI"] = "true"
+    try:
+        yield
+    finally:
+        os.environ.pop("CI", None)
 
 
 def _valid(entry: Path) -> bool:
