@@ -96,7 +96,9 @@ def test_folder_in_use_is_refused_and_stale_lock_taken_over(tmp_path, sms_parque
     assert not (tmp_path / "out" / "_lock").exists()
 
 
-@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+# Ctrl-C here; SIGTERM takes the same handler (tests/test_control.py) and its stop, exit code 143 and resume
+# are checked end to end on a Ray run (tests/test_ray.py), which costs no more for it
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130)])
 def test_signal_stops_cleanly_and_the_same_command_resumes(tmp_path, sms_parquet, tiny_embed, signum, code):
     # Kernels and batching pinned: what is signalled is a run, not the probe that `auto` starts with.
     job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, tmp_path / "out", raw=True, model__max_length=64))
@@ -158,7 +160,7 @@ app(sys.argv[3:], prog_name="batchinfer")
 """
 
 
-# Ctrl-C twice, the usual second signal; SIGTERM takes the same handler, and its exit code is checked above
+# Ctrl-C twice, the usual second signal; SIGTERM takes the same handler (tests/test_control.py)
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130)])
 def test_a_second_signal_exits_at_once_and_the_same_command_resumes(tmp_path, sms_parquet, tiny_embed, signum, code):
     job = write_job(
@@ -253,10 +255,8 @@ def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_p
 
 def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
-    result = subprocess.run(
-        [sys.executable, "-m", "batchinfer", "run", str(job), "--every", "0"], capture_output=True, text=True
-    )  # stderr is a pipe, as under nohup or cron
-    assert result.returncode == 0, result.stderr
+    result = runner.invoke(app, ["run", str(job), "--every", "0"])  # stderr is no terminal, as under nohup or cron
+    assert result.exit_code == 0, result.output
     lines = [line for line in result.stderr.splitlines() if " rows/s, " in line and " left" in line]
     assert len(lines) >= 6 and lines[-1].split(" ", 2)[2].startswith("600/600 rows (100.0%)")
     assert sum("600/600 rows" in line for line in lines) == 1  # the end is said once
@@ -512,13 +512,10 @@ def test_an_internal_error_says_how_to_see_it_in_plain_words(monkeypatch, tmp_pa
 
 def test_progress_lines_come_batch_by_batch_inside_one_chunk_the_probes_too(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
-    result = subprocess.run(  # one chunk of 600 rows, probed (batching: auto), in batches of at most 16 rows
-        [sys.executable, "-m", "batchinfer", "run", str(job), "--every", "0"]
-        + ["--set", "batching.chunk_rows=600", "--set", "batching.max_rows=16"],
-        capture_output=True,
-        text=True,
+    result = runner.invoke(  # one chunk of 600 rows, probed (batching: auto), in batches of at most 16 rows
+        app, ["run", str(job), "--every", "0", "--set", "batching.chunk_rows=600", "--set", "batching.max_rows=16"]
     )
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.output
     done = [
         int(line.split()[2].split("/")[0].replace(",", "")) for line in result.stderr.splitlines() if " left" in line
     ]

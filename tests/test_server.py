@@ -435,31 +435,25 @@ def test_a_stopped_generation_engine_answers_503_and_health_says_so(tiny_llama):
     assert health.status_code == 503 and health.json()["status"] == "failed"
 
 
+def _serve_cli(args: list[str]):
+    """`batchinfer serve ...` as the command line runs it, in this process: the errors below come before a
+    server would listen, so no process (and no second torch import) is needed to see them."""
+    from typer.testing import CliRunner
+
+    from batchinfer.cli import app
+
+    return CliRunner().invoke(app, ["serve", *args])
+
+
 def test_serve_reports_a_model_that_cannot_load_before_listening(tiny_embed, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(tiny_embed, broken)
     for weights in broken.glob("*.safetensors"):
         weights.write_bytes(b"not weights")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "batchinfer",
-            "serve",
-            "--model",
-            str(broken),
-            "--task",
-            "embed",
-            "--port",
-            str(_free_port()),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr and "serving embed" not in result.stderr
-    assert str(broken) in result.stderr or "broken" in result.stderr, result.stderr
+    result = _serve_cli(["--model", str(broken), "--task", "embed", "--port", str(_free_port())])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and "serving embed" not in result.output
+    assert str(broken) in result.output or "broken" in result.output, result.output
 
 
 def test_a_port_already_taken_is_one_message_before_the_model_loads(tiny_embed):
@@ -467,23 +461,13 @@ def test_a_port_already_taken_is_one_message_before_the_model_loads(tiny_embed):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run(
-            [sys.executable, "-m", "batchinfer", "serve", "--model", str(tiny_embed), "--task", "embed"]
-            + ["--port", str(port)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    assert result.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in result.stderr
-    assert "serving embed" not in result.stderr and "Traceback" not in result.stderr
+        result = _serve_cli(["--model", str(tiny_embed), "--task", "embed", "--port", str(port)])
+    assert result.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in result.output, result.output
+    assert "serving embed" not in result.output and "Traceback" not in result.output
 
 
 def test_serve_says_at_once_that_it_does_not_run_a_task(tiny_nli):
-    from typer.testing import CliRunner
-
-    from batchinfer.cli import app
-
-    result = CliRunner().invoke(app, ["serve", "--model", str(tiny_nli), "--task", "zero-shot"])
+    result = _serve_cli(["--model", str(tiny_nli), "--task", "zero-shot"])
     assert result.exit_code == 2, result.output
     assert "serve runs tasks embed, classify, score, generate; zero-shot runs offline" in result.output
     assert "labels" not in result.output  # not first a request for what the task would need
