@@ -113,26 +113,14 @@ def test_embeddings_requests(tmp_path, tiny_embed):
     assert again.exit_code == 0 and (tmp_path / "out.jsonl").read_text().splitlines()[0].startswith('{"id"')
 
 
-def test_resume_neither_repeats_nor_loses_a_custom_id(tmp_path, tiny_llama):
-    lines = [
-        json.dumps(
-            {
-                "custom_id": f"r{i}",
-                "method": "POST",
-                "url": "/v1/completions",
-                "body": {"model": "x", "prompt": f"message number {i}", "max_tokens": 4},
-            }
-        )
-        for i in range(40)
-    ]
-    path = tmp_path / "many.jsonl"
-    path.write_text("\n".join(lines) + "\n")
+def _killed_in_third_chunk(path, model, out, chunk_rows: int):
+    """Run the request file `path` as a job until it crashes in its third chunk; returns the job, to resume."""
     job = validate_job(
         {
             "input": {"path": str(path), "format": "openai"},
-            "model": {"path": str(tiny_llama), "task": "generate"},
-            "batching": {"chunk_rows": 10},
-            "output": {"path": str(tmp_path / "out"), "format": "openai"},
+            "model": {"path": str(model), "task": "generate"},
+            "batching": {"chunk_rows": chunk_rows},
+            "output": {"path": str(out), "format": "openai"},
         }
     )
     calls = {"n": 0}
@@ -151,6 +139,24 @@ def test_resume_neither_repeats_nor_loses_a_custom_id(tmp_path, tiny_llama):
 
     with pytest.raises(Crash):
         run_job(job, on_runner=die_in_third_chunk)
+    return job
+
+
+def test_resume_neither_repeats_nor_loses_a_custom_id(tmp_path, tiny_llama):
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"model": "x", "prompt": f"message number {i}", "max_tokens": 4},
+            }
+        )
+        for i in range(40)
+    ]
+    path = tmp_path / "many.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    job = _killed_in_third_chunk(path, tiny_llama, tmp_path / "out", chunk_rows=10)
     assert not (tmp_path / "out" / "output.jsonl").exists()
     report = run_job(job)
     assert report["run"]["rows"] == 20 and report["openai"] == {"output.jsonl": 40, "errors.jsonl": 0}
@@ -576,30 +582,7 @@ def test_a_list_prompt_is_one_response_line_with_a_choice_per_prompt_and_survive
     many = [_completion(f"r{i}", [f"message {i}", f"note {i}", "x"][: 2 + i % 2], max_tokens=3) for i in range(10)]
     path = tmp_path / "many.jsonl"
     path.write_text("".join(line + "\n" for line in many))
-    job = validate_job(
-        {
-            "input": {"path": str(path), "format": "openai"},
-            "model": {"path": str(tiny_llama), "task": "generate"},
-            "batching": {"chunk_rows": 2},
-            "output": {"path": str(tmp_path / "killed"), "format": "openai"},
-        }
-    )
-    calls = {"n": 0}
-
-    def die_in_third_chunk(runner):
-        original = runner.generate
-
-        def generate(*args, **kwargs):
-            calls["n"] += 1
-            if calls["n"] == 3:
-                raise Crash()
-            return original(*args, **kwargs)
-
-        runner.generate = generate
-        return runner
-
-    with pytest.raises(Crash):
-        run_job(job, on_runner=die_in_third_chunk)
+    job = _killed_in_third_chunk(path, tiny_llama, tmp_path / "killed", chunk_rows=2)
     assert run_job(job)["run"]["rows"] == 6
     out = [json.loads(line) for line in (tmp_path / "killed" / "output.jsonl").read_text().splitlines()]
     assert [line["custom_id"] for line in out] == [f"r{i}" for i in range(10)]
