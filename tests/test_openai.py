@@ -249,7 +249,8 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
     assert result.exit_code == 1 and "was not written by batchinfer" in result.output
     assert (tmp_path / "out.jsonl").read_text() == "my own notes\n" and not (tmp_path / "out.jsonl.batchinfer").exists()
     (tmp_path / "out.jsonl").unlink()
-    assert runner.invoke(app, command).exit_code == 0
+    result = runner.invoke(app, command)
+    assert result.exit_code == 0 and f"wrote 1 response to {tmp_path / 'out.jsonl'} and no failed" in result.output
     assert runner.invoke(app, command + ["--restart"]).exit_code == 0  # its own file: replaced
     assert json.loads((tmp_path / "out.jsonl").read_text())["custom_id"] == "a"
     (tmp_path / "folder").mkdir()
