@@ -59,7 +59,7 @@ def run_job(
         inputs = discover_shards(job.input, job.columns, output=job.output.path)
         model_path = resolve_model_path(job.model.path)
         # a model without the task's head fails here, before the folder is touched
-        model_config = read_config(job.model, model_path)
+        read_config(job.model, model_path)
         check_chat_template(job.model, model_path, job.input.messages)
     shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
     with stop.at_once():  # the model's identity reads every byte of its weights the first time
@@ -108,7 +108,7 @@ def run_job(
         if ran.machine is not None:  # how busy the machine was while this run measured its rates
             report["run"]["machine"] = ran.machine.as_dict()
         report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
-        report["model_size"] = model_size(model_config, model_path)
+        report["model_size"] = model_size(model_path)
         if job.model.task != "generate":
             tuning, budget = out.tuning, ran.budget  # the probe's choice: this run's, or the earlier one reused
             note = precision_note(job.model, budget.backend, budget.precision)

@@ -9,8 +9,8 @@ import pickle
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from safetensors import SafetensorError
 
 from .cache import file_digest
@@ -20,6 +20,9 @@ from .errors import ModelError
 from .plan import IDENTITY
 from .tasks import model_spec
 from .templates import chat_template, no_chat_template
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -219,6 +222,8 @@ def quiet_libraries() -> None:
 
 
 def pick_device(name: str) -> torch.device:
+    import torch  # here, not at the top: plan and validate find and identify a model without torch (seconds)
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
@@ -228,6 +233,8 @@ def pick_device(name: str) -> torch.device:
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    import torch
+
     if name != "auto":
         return getattr(torch, name)
     if device.type == "cuda":
@@ -237,6 +244,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def load_model(cfg: ModelConfig, path: Path):
     """(tokenizer, model, device) for the task; raises ModelError with what to do."""
+    import torch
     import transformers
     from transformers import AutoTokenizer
 

@@ -656,15 +656,30 @@ def test_the_openai_client_completes_a_list_of_prompts_and_streams_chat_with_its
                 )
             ]
             whole = await api.chat.completions.create(model="any", messages=messages, max_tokens=4)
-            with pytest.raises(openai.BadRequestError) as streamed_list:
-                await api.completions.create(model="any", prompt=["a", "b"], max_tokens=2, stream=True)
-            return both, alone, chunks, whole, streamed_list.value
+            streamed = [  # a list streamed: each chunk a piece of one prompt's choice, as OpenAI streams it
+                c
+                async for c in await api.completions.create(
+                    model="any",
+                    prompt=["Hello there", "Are you coming"],
+                    max_tokens=6,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            ]
+            return both, alone, chunks, whole, streamed
 
-    both, alone, chunks, whole, streamed_list = asyncio.run(go())
+    both, alone, chunks, whole, streamed = asyncio.run(go())
     assert [c.index for c in both.choices] == [0, 1]
     assert [c.text for c in both.choices] == [a.choices[0].text for a in alone]  # each as if asked alone
     assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
     assert both.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
-    assert streamed_list.param == "prompt"
+    pieces = [c for c in streamed if c.choices]
+    assert {type(c).__name__ for c in streamed} == {"Completion"} and all(len(c.choices) == 1 for c in pieces)
+    assert sorted({c.choices[0].index for c in pieces}) == [0, 1] and len({c.id for c in streamed}) == 1
+    for i, answer in enumerate(both.choices):  # each prompt's pieces in order make its whole answer
+        mine = [c.choices[0] for c in pieces if c.choices[0].index == i]
+        assert "".join(p.text for p in mine) == answer.text and mine[-1].finish_reason == answer.finish_reason
+        assert all(p.finish_reason is None for p in mine[:-1])
+    assert streamed[-1].usage.total_tokens == both.usage.total_tokens and not streamed[-1].choices
