@@ -1,31 +1,35 @@
 """One runner per task (see tasks.py), found in one registry. A runner turns texts into tokens and
-token batches into result columns; it knows nothing of files, chunks or order."""
+token batches into result columns; it knows nothing of files, chunks or order.
+
+Each runner's module is imported when its task runs: most import torch, and a warm embed run on OpenVINO
+must not (backends/__init__.py)."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from ..config import JobConfig
-from .classify import ClassifyRunner
-from .embed import EmbedRunner
-from .generate import GenerateRunner
-from .label_score import LabelScoreRunner
-from .score import ScoreRunner
-from .token_classify import TokenClassifyRunner
-from .zero_shot import ZeroShotRunner
 
-RUNNERS = {
-    "embed": EmbedRunner,
-    "classify": ClassifyRunner,
-    "score": ScoreRunner,
-    "token-classify": TokenClassifyRunner,
-    "zero-shot": ZeroShotRunner,
-    "generate": GenerateRunner,
+RUNNERS = {  # task -> "module:class" under runners/
+    "embed": "embed:EmbedRunner",
+    "classify": "classify:ClassifyRunner",
+    "score": "score:ScoreRunner",
+    "token-classify": "token_classify:TokenClassifyRunner",
+    "zero-shot": "zero_shot:ZeroShotRunner",
+    "generate": "generate:GenerateRunner",
 }
+LABEL_SCORE = "label_score:LabelScoreRunner"  # classify with model.labels: a causal LM scores them
+
+
+def runner_class(name: str) -> type:
+    """The runner class a RUNNERS entry (or LABEL_SCORE) names."""
+    module, cls = name.split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
 
 
 def make_runner(job: JobConfig, model_path: Path, budget=None):
     """Load what the task needs and wrap it in its runner (classify with labels: a causal LM scores them);
     `budget`: a recorded probe's choice of backend."""
-    runner = LabelScoreRunner if job.model.task == "classify" and job.model.labels else RUNNERS[job.model.task]
-    return runner.load(job, model_path, budget)
+    name = LABEL_SCORE if job.model.task == "classify" and job.model.labels else RUNNERS[job.model.task]
+    return runner_class(name).load(job, model_path, budget)
