@@ -110,9 +110,9 @@ def load_encoders(
     tokenizer = torch_model = of = None
     plain = numpy_head and not cfg.trust_remote_code and (path / "tokenizer.json").exists()
     if "openvino" in names:
-        if plain:
-            config = folder.read_config(path)
-        else:
+        config = folder.read_config(path) if plain else None
+        if not hasattr(config, "hidden_size"):  # none read, or a width transformers maps from another name
+            plain = False
             import transformers
 
             config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
