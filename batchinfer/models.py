@@ -21,8 +21,11 @@ from .plan import IDENTITY
 from .tasks import model_spec
 from .templates import chat_template, no_chat_template
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where a model loads on it: a warm OpenVINO run never imports torch
     import torch
+
+# Device nodes a GPU's driver makes (NVIDIA, ROCm, WSL's): without one, torch finds no GPU either.
+GPU_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 
 
 @dataclass
@@ -182,10 +185,17 @@ def check_head(config, cfg: ModelConfig, path: Path) -> None:
 
 
 def read_config(cfg: ModelConfig, path: Path):
-    """The model's config.json, checked against the task, without loading any weight."""
+    """The model's config.json, checked against the task, without loading any weight; read as JSON (importing
+    transformers' config classes imports torch) unless the model brings its own config class."""
+    check_model_folder(path, cfg.allow_pickle)
+    if not cfg.trust_remote_code:
+        from .backends.folder import read_config as read_json
+
+        config = read_json(path)
+        check_head(config, cfg, path)
+        return config
     import transformers
 
-    check_model_folder(path, cfg.allow_pickle)
     try:
         config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as exc:
@@ -219,6 +229,13 @@ def quiet_libraries() -> None:
         return
     transformers.utils.logging.set_verbosity_error()
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
+
+
+def device_type(name: str) -> str:
+    """The kind of device model.device names ("cpu", "cuda", ...), asking torch only where a GPU may be there."""
+    if name == "auto" and not any(Path(node).exists() for node in GPU_NODES):
+        return "cpu"
+    return name.split(":")[0] if name != "auto" else pick_device(name).type
 
 
 def pick_device(name: str) -> torch.device:

@@ -70,7 +70,7 @@ class GenerateRunner:
             if job.model.backend == "openvino":
                 from ..backends import candidates
 
-                candidates(job.model, torch.device("cpu"))  # says why not
+                candidates(job.model, "cpu")  # says why not
             tokenizer, model, device = load_model(job.model, model_path)
         return cls(tokenizer, model, device, job.model.max_length, job.generation)
 
