@@ -18,9 +18,12 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 # Under pytest-xdist (addopts: -n auto) each worker takes its share of the cores, so that two workers on two
 # cores run side by side instead of each spinning two threads over the other's (OpenVINO takes torch's count).
-# The runs the tests start as processes are not workers and keep the machine's defaults.
+# The runs a test starts as processes take the same share through OMP_NUM_THREADS, and so time their
+# backends under the same CPU id (backends.openvino.cpu_id counts threads) as the test's own runs.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
 
 
 def _minilm_path() -> Path:
@@ -78,6 +81,26 @@ def _sentence_transformers_config(folder: Path, pooling: str, normalize: bool) -
         )
     )
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
+
+
+# Files whose tests all run on one pytest-xdist worker, first: test_ray's share one local Ray cluster (two on
+# two cores would each take the other's CPUs, and a run started by a test joins whichever it finds), and as
+# the longest group it starts at once instead of ending the suite alone.
+ONE_WORKER = ("tests/test_ray.py",)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):  # every other test is a unit of its own, as with --dist load
+        def _split_scope(self, nodeid):
+            return next((name for name in ONE_WORKER if nodeid.startswith(name + "::")), nodeid)
+
+    return Scheduling(config, log)
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: not item.nodeid.startswith(ONE_WORKER))  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session", autouse=True)
