@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -83,6 +83,13 @@ class ChunkTask:
         self.heap = HeapGuard()
         self._readers: dict[int, object] = {}
         check_strategy(job, runner)
+
+    def take(self, tuning: dict) -> None:
+        """Run the next chunks with a probe's choice made elsewhere (another worker's first chunk): its
+        budget, and its backend and precision where this worker loaded that backend."""
+        self.budget = replace(self.budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
+        if tuning.get("backend") in self.runner.models:
+            self.runner.keep(tuning["backend"], tuning.get("precision"))
 
     # --- up to the model --------------------------------------------------------------------------------------
 

@@ -268,7 +268,7 @@ def time_sample(
     def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
         if backend is not None:
             runner.use(backend)
-        runner.packed = strategy == "packed"
+        runner.lay_out(strategy)
         t0 = time.perf_counter()
         for batch in batches:
             if len(batch):

@@ -79,14 +79,14 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
 
     marks = {EXPORT_KEY: state.job["job_id"].encode(), **({PARTIAL_KEY: held.encode()} if held else {})}
     fill = {"parquet": functools.partial(_parquet, metadata=marks), "jsonl": _jsonl, "csv": _csv}[fmt]
-    out = LocalFolder(str(target.parent.resolve()), TMP_PREFIX)
+    out = LocalFolder(str(target.parent.resolve()))
     try:
         out.make()
-        for stale in out.temps_of(target.name):  # an export killed mid-write (kill -9 runs no cleanup)
+        for stale in out.temps_of(target.name, tmp=TMP_PREFIX):  # an export killed mid-write (kill -9 runs no cleanup)
             out.delete(stale)
         if force:
-            out.write_with(target.name, lambda f: fill(tables(), f))
-        elif not out.create_with(target.name, lambda f: fill(tables(), f)):
+            out.write_with(target.name, lambda f: fill(tables(), f), tmp=TMP_PREFIX)
+        elif not out.create_with(target.name, lambda f: fill(tables(), f), tmp=TMP_PREFIX):
             raise OutputError(f"{target} exists", "give another -o path, or add --force to replace it")
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}", "choose a writable -o path") from exc

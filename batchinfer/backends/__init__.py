@@ -1,8 +1,9 @@
 """Backends: the kernels below an encoder task. torch (CPU and CUDA; packed batches) loads through
 models.load_model; OpenVINO (CPU) converts that model once per model identity (openvino.py).
 
-`candidates` says which backends a job may run on here, the default first; `precisions` which inference
-precisions a backend may use, the default first; `load_encoders` loads them. Which one runs is settled by the
+A loaded backend is a `Backend`: the model a runner calls, and the precision it runs in. `candidates` says
+which backends a job may run on here, the default first; `precisions` which inference precisions a backend
+may use, the default first; `load_encoders` loads them. Which one runs is settled by the
 probe on the first chunk (runners/base.py) and recorded in the output folder like the batching choice.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -19,6 +20,39 @@ from ..errors import ConfigError, ModelError
 from . import openvino
 
 BACKENDS = ("torch", "openvino")
+
+
+class Backend(Protocol):
+    """An encoder model on one backend, as a runner drives it: TorchBackend, openvino.OpenVINOModel."""
+
+    name: str  # one of BACKENDS
+    precision: str | None  # what the next calls run in; None: the model's own dtype (torch)
+
+    @property
+    def model(self): ...  # called like a transformers model: keyword inputs -> outputs; has .config
+
+    def use(self, precision: str | None) -> None: ...  # run the next calls in `precision`
+    def keep(self, precision: str | None) -> None: ...  # settle on `precision` and free the others
+
+
+class TorchBackend:
+    """A transformers model as a Backend: one precision, the dtype it was loaded in."""
+
+    name, precision = "torch", None
+
+    def __init__(self, model):
+        self.model = model
+
+    def use(self, precision: str | None) -> None:
+        pass
+
+    def keep(self, precision: str | None) -> None:
+        pass
+
+
+def as_backends(models: dict) -> dict[str, Backend]:
+    """load_encoders' models by backend name → Backends (an OpenVINO model is one already)."""
+    return {name: TorchBackend(model) if name == "torch" else model for name, model in models.items()}
 
 
 def candidates(cfg: ModelConfig, device: torch.device, packed: bool = False) -> list[str]:

@@ -84,10 +84,11 @@ class _OneOutput(torch.nn.Module):
 
 
 class OpenVINOModel:
-    """A compiled OpenVINO model in place of a transformers model: `model(**inputs)` → an object with the
-    task's output as a torch tensor. `precision` picks one of the compiled precisions."""
+    """A compiled OpenVINO model in place of a transformers model (a Backend, backends/__init__.py):
+    `model(**inputs)` → an object with the task's output as a torch tensor, in one of the compiled
+    precisions (`use`)."""
 
-    backend = "openvino"
+    name = "openvino"
     device = torch.device("cpu")
 
     def __init__(self, config, compiled: dict, output: str, names: tuple[str, ...], seconds: dict, entry: Path):
@@ -104,6 +105,14 @@ class OpenVINOModel:
         request.infer({name: inputs[name].numpy() for name in self.names})
         # The request's output buffer is reused by the next call: copy it out.
         return SimpleNamespace(**{self.output: torch.from_numpy(request.get_output_tensor(0).data.copy())})
+
+    @property
+    def model(self) -> OpenVINOModel:
+        return self
+
+    def use(self, precision: str | None) -> None:
+        """Run the next calls in `precision` (one compiled; None: the first)."""
+        self.precision = precision or next(iter(self.compiled))
 
     def keep(self, precision: str) -> None:
         """Use `precision` from now on and free the others."""

@@ -95,6 +95,10 @@ class Checkpoint:
     def job_id(self) -> str:
         return self.job["job_id"]
 
+    def _put(self, name: str, data: bytes) -> None:
+        """`name` written whole, through a temporary file that names this job (layout.tmp_prefix)."""
+        writing(self.path, lambda: self.folder.write(name, data, tmp=tmp_prefix(self.job_id)))
+
     @property
     def command(self) -> str:
         return self.job.get("command", "")
@@ -154,7 +158,6 @@ class Checkpoint:
         changed and the files it declares now."""
         job, done = found.job, found.done
         self.job, self.done = job, dict(done)
-        self.folder.tmp_prefix = tmp_prefix(self.job_id)
         changed = describe_changes(job["fingerprint"], fingerprint)
         if changed and (not done or set(changed) <= may_change):
             # Nothing done yet (a run that failed before its first chunk), or only what --retry-errors may
@@ -209,7 +212,7 @@ class Checkpoint:
             self._save({**self.job, "tuning": tuning})
         replaced = current_errors(self.done).get(record.retry_of) if record.retry_of else None
         record = record.committed(round(time.time(), 3))
-        writing(self.path, lambda: self.folder.write(marker_name(record.chunk), dumps(record.marker(self.job_id))))
+        self._put(marker_name(record.chunk), dumps(record.marker(self.job_id)))
         self.done[record.chunk] = record
         if replaced:
             self.folder.delete(error_part_name(replaced))
@@ -253,9 +256,9 @@ class Checkpoint:
         old = read_report(self.folder) if idle else None
         if old and isinstance(old.get("run"), dict):
             report = {**report, "run": old["run"], "device": old.get("device", report["device"])}
-        writing(self.path, lambda: self.folder.write(REPORT, dumps({"job_id": self.job_id, **report}, indent=2)))
+        self._put(REPORT, dumps({"job_id": self.job_id, **report}, indent=2))
         if success:
-            writing(self.path, lambda: self.folder.write(SUCCESS, dumps({"job_id": self.job_id})))
+            self._put(SUCCESS, dumps({"job_id": self.job_id}))
 
     def close(self) -> None:
         """Let go of the folder (the lock), whatever happened."""

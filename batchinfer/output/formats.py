@@ -8,6 +8,7 @@ import json
 
 from ..openai_batch import error_lines, response_lines
 from .failures import writing
+from .layout import tmp_prefix
 from .parts import part_names, read_table
 
 RESULTS_JSONL = "_results.jsonl"  # the _ keeps Parquet readers of the folder off it
@@ -19,12 +20,13 @@ class DeclaredFiles:
 
     def __init__(self, folder, path, job: dict):
         self.folder, self.path, self.declared = folder, path, job.get("files", [])
+        self.tmp = tmp_prefix(job["job_id"])
 
     def write(self, name: str, fill) -> None:
         """`name`, written by fill(binary file)."""
         if name not in self.declared:
             raise ValueError(f"{name} is not among the files this job declared")
-        writing(self.path, lambda: self.folder.write_with(name, fill))
+        writing(self.path, lambda: self.folder.write_with(name, fill, tmp=self.tmp))
 
     def write_lines(self, name: str, convert, errors: bool = False) -> int:
         """`name`, from every result (or error) part in input order: each part's table → lines by

@@ -198,7 +198,7 @@ class Batcher:
 
     def _run(self, rows: list[_Row]) -> None:
         lengths = np.array([len(row.ids) for row in rows], dtype=np.int64)
-        self.runner.packed = self.strategy == "packed"
+        self.runner.lay_out(self.strategy)
         for batch in cut_batches(lengths, self.max_tokens, self.strategy, self.max_rows, self.runner.device):
             members = [rows[i] for i in batch.tolist() if not rows[i].request.cancelled]
             if not members:
