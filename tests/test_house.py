@@ -13,7 +13,6 @@ MAX_LINES = 60
 LONG = {
     "cli.openai_batch",
     "cli.serve",
-    "config._no_column_clash",
     "driver.run_job",
     "dryrun.estimate_job",  # being reworked for plan speed in its own branch
 }

@@ -54,12 +54,11 @@ def kv_bytes_per_block(config, dtype: torch.dtype, page: int) -> int:
     return 2 * config.num_hidden_layers * kv_heads * head_dim * page * torch.empty((), dtype=dtype).element_size()
 
 
-def memory_budget(max_memory, device: torch.device) -> int:
-    """generation.max_memory in bytes; auto: a quarter of the free memory on CPU, half the free GPU memory."""
-    from ..config import parse_size
-
+def memory_budget(max_memory: int | str, device: torch.device) -> int:
+    """generation.max_memory (bytes, read by the config); auto: a quarter of the free memory on CPU, half the
+    free GPU memory."""
     if max_memory != "auto":
-        return parse_size(max_memory)
+        return int(max_memory)
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0] // 2
     return _available_ram() // 4
