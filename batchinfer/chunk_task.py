@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from .config import JobConfig
-from .control import Budget, StopFlag
+from .control import Batching, StopFlag
 from .errors import ConfigError, InputError, ModelError
 from .heap import HeapGuard
 from .output.layout import ERROR_SCHEMA
@@ -55,7 +55,7 @@ class TaskInputs:
     shards: list[Shard]
     spec: ReadSpec
     writer: PartWriter
-    budget: Budget
+    budget: Batching
 
     def task(self, stop: StopFlag, worker: str = "local", wrap: Callable | None = None) -> ChunkTask:
         """A ChunkTask with its runner loaded in this process; `wrap` wraps the runner (tests crash a run)."""
@@ -74,7 +74,7 @@ class ChunkTask:
         spec: ReadSpec,
         runner: Runner,
         writer: PartWriter,
-        budget: Budget,
+        budget: Batching,
         stop: StopFlag,
         worker: str = "local",
     ):

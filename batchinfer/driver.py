@@ -16,7 +16,7 @@ import pyarrow as pa
 from .backends import backend_is_open, precision_note
 from .chunk_task import TaskInputs
 from .config import JobConfig
-from .control import Budget, Progress, Quiet, StopFlag
+from .control import Batching, Progress, Quiet, StopFlag
 from .executors import make_executor
 from .machine import Load, LoadWindow, process_age
 from .model_size import model_size
@@ -164,7 +164,7 @@ class Ran:
     """What this run's chunks did: totals (run and per worker), the batching the workers ended with, each
     out-of-memory that lowered it, the device, the start-up figures and how busy the machine was."""
 
-    budget: Budget
+    budget: Batching
     stats: Counter = field(default_factory=Counter)
     workers: dict[str, Counter] = field(default_factory=dict)
     lowered: list[str] = field(default_factory=list)
@@ -236,18 +236,18 @@ def startup_figures(started: float, opened: float, load: dict) -> dict:
     return figures
 
 
-def settle_budget(job: JobConfig, recorded: dict | None) -> tuple[Budget, bool]:
+def settle_budget(job: JobConfig, recorded: dict | None) -> tuple[Batching, bool]:
     """The batching settings to start with, and whether the job leaves any of them to a probe.
 
     A probe's choice is recorded in the output folder, so a resumed run cuts batches as the first did."""
     batching = job.batching
     if job.model.task == "generate":
-        return Budget(DEFAULT_BUDGET, "padded"), False
+        return Batching(DEFAULT_BUDGET, "padded"), False
     auto = batching.max_tokens == "auto" or batching.strategy == "auto" or backend_is_open(job)
     recorded = recorded or {}
     max_tokens = batching.max_tokens if batching.max_tokens != "auto" else recorded.get("max_tokens", DEFAULT_BUDGET)
     strategy = batching.strategy if batching.strategy != "auto" else recorded.get("strategy", "padded")
-    return Budget(max_tokens, strategy, backend=recorded.get("backend"), precision=recorded.get("precision")), auto
+    return Batching(max_tokens, strategy, backend=recorded.get("backend"), precision=recorded.get("precision")), auto
 
 
 def _retries(chunks: list[Chunk], done: dict[str, ChunkRecord], error_files) -> tuple[list[Work], Counter]:

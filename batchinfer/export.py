@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,8 @@ from .output.failures import reach_error
 from .output.formats import json_lines
 from .output.layout import SUCCESS
 from .output.status import FolderStatus
-from .storage import JOB_FILE, LocalFolder
+from .show import without_limit
+from .storage import JOB_RECORD, LocalFolder
 
 FORMATS = ("parquet", "jsonl", "csv")
 EXPORT_KEY = b"batchinfer.export"  # a Parquet export's footer: the job it holds; what lets --force replace it
@@ -93,22 +93,13 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
     return Exported(rows, held)
 
 
-def without_limit(command: str) -> str:
-    """The run command that finishes a job: `command` without its --limit."""
-    words = shlex.split(command)
-    drop = {i for i, word in enumerate(words) if word == "--limit"}
-    return shlex.join(
-        w for i, w in enumerate(words) if i not in drop and i - 1 not in drop and not w.startswith("--limit=")
-    )
-
-
 def check_target(target: Path, fmt: str, force: bool) -> None:
     """Before any work: -o names a file outside every output folder, absent, or (--force) one an export wrote."""
     if target.is_dir():
         raise OutputError(f"-o {target} is a folder", f"give a file path, e.g. -o {target / f'results.{fmt}'}")
     where = target.resolve()  # a link into an output folder leads inside it
     for parent in where.parents:
-        if (parent / JOB_FILE).is_file():
+        if (parent / JOB_RECORD).is_file():
             raise OutputError(
                 f"-o {target} lies inside {parent}, a batchinfer output folder: the folder's readers (and a run) "
                 "would take the file for part of the job",

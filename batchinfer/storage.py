@@ -231,7 +231,7 @@ def same_or_inside(inner: str, outer: str) -> bool:
     return inner_path == outer_path or outer_path in inner_path.parents
 
 
-JOB_FILE = "_batchinfer.json"  # the job file at the top of every batchinfer output folder
+JOB_RECORD = "_batchinfer.json"  # the job record at the top of every batchinfer output folder (not the YAML job file)
 
 
 def refuse_location(output: str, inputs: tuple[str, ...]) -> None:
@@ -264,7 +264,7 @@ def refuse_location(output: str, inputs: tuple[str, ...]) -> None:
             "set BATCHINFER_CACHE to a folder outside the output, e.g. ~/.cache/batchinfer",
         )
     for parent in resolved.parents if resolved is not None else ():
-        if (parent / JOB_FILE).is_file():
+        if (parent / JOB_RECORD).is_file():
             raise OutputError(
                 f"output.path {output} lies inside {parent}, the output folder of another batchinfer job",
                 f"write to a folder outside {parent}, e.g. {parent.parent / resolved.name}",

@@ -110,3 +110,20 @@ def test_each_declared_protocol_is_implemented_with_its_signatures(protocol, cla
         source = inspect.getsource(cls)
         for name in fields:  # a class attribute, a property, or set in __init__
             assert hasattr(cls, name) or f"self.{name}" in source, f"{spec} has no {name}"
+
+
+def test_one_name_means_one_thing():
+    """A class or type alias is defined in one module only: two ParquetFormat, Completions or Problem made a
+    reader ask which one is meant."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            named = isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            if isinstance(node, ast.ClassDef):
+                name = node.name
+            elif named and node.targets[0].id[:1].isupper() and not node.targets[0].id.isupper():
+                name = node.targets[0].id  # a type alias such as Problem = tuple[str, str]
+            else:
+                continue
+            where.setdefault(name, []).append(str(path.relative_to(PACKAGE)))
+    assert not {n: w for n, w in where.items() if len(w) > 1}

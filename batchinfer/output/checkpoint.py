@@ -18,7 +18,7 @@ from ..reasons import Reason
 from ..storage import open_folder, refuse_location
 from .failures import display_path, reach_error, writing
 from .formats import DeclaredFiles
-from .jobfile import create_job, save_job
+from .job_record import create_job, save_job
 from .layout import (
     BAD_RECORDS,
     ERROR_SCHEMA,
@@ -288,7 +288,7 @@ def lost_chunks(done: dict[str, ChunkRecord], listing: dict[str, int], footers: 
 
 
 def _clear(folder, listing: dict[str, int]) -> None:
-    """--restart: remove this job's files. Markers go first and the job file last, so a crash on the
+    """--restart: remove this job's files. Markers go first and the job record last, so a crash on the
     way leaves a folder that still holds one consistent job."""
     for name in sorted(listing, key=lambda n: (not MARKER.fullmatch(n), n == JOB, n)):
         if name != LOCK:

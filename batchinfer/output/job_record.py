@@ -1,4 +1,4 @@
-"""The job file (_batchinfer.json): the job's id, the fingerprint of its inputs and model, the command that
+"""The job record (_batchinfer.json): the job's id, the fingerprint of its inputs and model, the command that
 resumes it, the other files it writes here, its extent (chunks and rows) and what a batching probe chose.
 Written first; the job's id in it is what proves every other file in the folder is batchinfer's."""
 
@@ -16,14 +16,14 @@ from .layout import FORMAT, JOB, dumps, tmp_prefix
 
 
 def read_job(folder, path) -> dict | None:
-    """The folder's job; None when it has no job file. A job file that is not batchinfer's is refused."""
+    """The folder's job; None when it has no job record. A job record that is not batchinfer's is refused."""
     raw = folder.read(JOB)
     if raw is None:
         return None
     try:
         job = json.loads(raw)
         if job.get("batchinfer") != FORMAT or not re.fullmatch(r"[0-9a-f]{32}", job.get("job_id", "")):
-            raise ValueError("not a batchinfer job file")
+            raise ValueError("not a batchinfer job record")
         return job
     except (ValueError, AttributeError) as exc:
         raise OutputError(
