@@ -93,36 +93,27 @@ def probe(
     that backend, then padded against packed (torch only). A candidate replaces the default only when it is
     faster by more than NOISE; the two leaders are measured again when they are that close. Returns the
     choice and the positions not yet run."""
-    return Probe(lengths, run, max_tokens, strategy, max_rows, device, packable, backends).settle()
+    strategies = (
+        ["padded", "packed"] if strategy == "auto" and packable else [strategy if strategy != "auto" else "padded"]
+    )
+    # A small first chunk (a short shard) still gets a slice per candidate (and two repeats), each noisier.
+    budgets = 0 if max_tokens != "auto" else (1 if device.type == "cuda" else len(CPU_BUDGETS))
+    count = budgets + len(strategies) + (len(backends) if len(backends) > 1 else 0) + 2
+    slice_tokens = min(SAMPLE_TOKENS, int(lengths.sum()) // (count + 1))
+    return Probe(lengths, run, max_tokens, max_rows, device, backends, strategies, slice_tokens).settle()
 
 
 class Probe:
     """One probe over a chunk's rows. It owns what its measurements share: the rows not yet taken (`left`),
     the rates measured so far (`samples`: key -> tokens/s per slice) and what it notes for the user."""
 
-    def __init__(
-        self,
-        lengths: np.ndarray,
-        run: RunBatches,
-        max_tokens: int | str,
-        strategy: str,
-        max_rows: int,
-        device: torch.device,
-        packable: bool,
-        backends: tuple[str, ...],
-    ):
+    def __init__(self, lengths, run: RunBatches, max_tokens, max_rows, device, backends, strategies, slice_tokens):
         self.lengths, self.run, self.max_tokens, self.max_rows = lengths, run, max_tokens, max_rows
-        self.device, self.backends = device, backends
+        self.device, self.backends, self.strategies = device, backends, strategies
+        self.slice_tokens = slice_tokens  # tokens per candidate's slice
         self.left = Slices(lengths)
-        self.strategies = (
-            ["padded", "packed"] if strategy == "auto" and packable else [strategy if strategy != "auto" else "padded"]
-        )
         self.samples: dict[str, list[float]] = {}
         self.notes: list[str] = []
-        # A small first chunk (a short shard) still gets a slice per candidate (and two repeats), each noisier.
-        budgets = 0 if max_tokens != "auto" else (1 if device.type == "cuda" else len(CPU_BUDGETS))
-        count = budgets + len(self.strategies) + (len(backends) if len(backends) > 1 else 0) + 2
-        self.slice_tokens = min(SAMPLE_TOKENS, int(lengths.sum()) // (count + 1))
 
     def settle(self) -> tuple[Tuning, np.ndarray]:
         """The backend, then the budget on it, then the strategy; and the positions not yet run."""

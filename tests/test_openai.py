@@ -433,9 +433,9 @@ def _counting_passes(passes: list):
     def count(runner):
         original = runner.engine.run
 
-        def run(settings, prompts, *args):
-            passes.append(len(prompts))
-            return original(settings, prompts, *args)
+        def run(rows, *args):
+            passes.append(len(rows.prompts))
+            return original(rows, *args)
 
         runner.engine.run = run
         return runner

@@ -14,7 +14,7 @@ import torch
 from ..config import GenerationConfig
 from ..errors import ModelError
 from ..sampling import SeededSampling
-from .engine import EnginePass, generation_config
+from .engine import PassOutput, PassRows, generation_config
 from .kv_cache import cache_blocks, engine_options, kv_bytes_per_block, memory_budget, sized_by_user
 from .prefix import admission
 
@@ -83,17 +83,10 @@ class ContinuousEngine:
             masks.install(manager, first=True)  # masks before temperature, top-k and top-p
         return Session(manager, masks)
 
-    def run(
-        self,
-        settings: list[GenerationConfig],
-        prompts: list[list[int]],
-        max_new: list[int],
-        constraints: list,
-        max_rows: int,
-        check: Callable[[], None],
-    ) -> EnginePass:
-        """One engine pass (settings share temperature and top_p); when it samples, each row draws with its
+    def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
+        """One engine pass (its rows share temperature and top_p); when it samples, each row draws with its
         own seed (sampling.py)."""
+        settings, prompts, max_new, constraints = rows.settings, rows.prompts, rows.max_new, rows.constraints
         gen = settings[0]
         concurrency = min(len(prompts), gen.engine_options.get("max_requests_per_batch") or max_rows)
         sampled = gen.temperature > 0
@@ -106,8 +99,8 @@ class ContinuousEngine:
         sampler = SeededSampling() if sampled else None
         if sampler is not None:
             sampler.install(session.manager)
-        rows = _Rows(session, sampler, prompts, max_new, constraints, [s.seed for s in settings])
-        results = rows.run(self.shared_page, check)
+        admitted = _Rows(session, sampler, prompts, max_new, constraints, [s.seed for s in settings])
+        results = admitted.run(self.shared_page, check)
         raw, first = [], []
         for i in range(len(prompts)):
             result = results.get(f"row-{i}")
@@ -117,7 +110,7 @@ class ContinuousEngine:
             raw.append((result.generated_tokens, result.error))
             if result.timestamps:
                 first.append(result.timestamps[0] - started)
-        return EnginePass(raw, first, [hits.get(f"row-{i}", 0) for i in range(len(prompts))])
+        return PassOutput(raw, first, [hits.get(f"row-{i}", 0) for i in range(len(prompts))])
 
 
 class _Rows:

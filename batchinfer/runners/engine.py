@@ -15,7 +15,17 @@ from ..constrain import Constraint
 
 
 @dataclass
-class EnginePass:
+class PassRows:
+    """One engine pass's rows, every list in their order."""
+
+    settings: list[GenerationConfig]  # each row's own (seed, stop: its own; the pass shares the rest)
+    prompts: list[list[int]]  # token ids
+    max_new: list[int]
+    constraints: list[Constraint | None]  # the grammar a row's output must follow; None: free
+
+
+@dataclass
+class PassOutput:
     """What one engine pass gives back, per row of the pass in its order."""
 
     raw: list[tuple[list[int], str | None]]  # (generated tokens, the engine's error message or None)
@@ -26,17 +36,10 @@ class EnginePass:
 class Engine(Protocol):
     shared_page: int | None  # the cache page (tokens) in which rows' common prefixes are shared; None: none
 
-    def run(
-        self,
-        settings: list[GenerationConfig],
-        prompts: list[list[int]],
-        max_new: list[int],
-        constraints: list[Constraint | None],
-        max_rows: int,
-        check: Callable[[], None],
-    ) -> EnginePass:
-        """One pass over rows whose `settings` the engine can take together (engine_passes); `check` is
-        called while waiting and may raise to stop (Ctrl-C)."""
+    def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
+        """One pass over rows whose settings the engine can take together (engine_passes), at most max_rows
+        at once where the engine does not schedule them itself; `check` is called while waiting and may
+        raise to stop (Ctrl-C)."""
         ...
 
 

@@ -26,7 +26,7 @@ from ..reasons import Reason
 from ..templates import chat_template, no_chat_template
 from .base import encode_capped
 from .continuous import ContinuousEngine
-from .engine import Engine, engine_passes
+from .engine import Engine, PassRows, engine_passes
 from .prefix import page_figures
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 from .static import StaticEngine, in_order
@@ -273,9 +273,8 @@ class GenerateRunner:
                 out.failed[position] = problem
         raw: list = [([], None)] * len(prompts)
         for positions in engine_passes(settings, self.gen.engine, skip=out.failed):
-            done = self.engine.run(  # each row's seed and stop are its own
-                *[pick(values, positions) for values in (settings, prompts, max_new, constraints)], batch_rows, check
-            )
+            rows = PassRows(*[pick(values, positions) for values in (settings, prompts, max_new, constraints)])
+            done = self.engine.run(rows, batch_rows, check)
             out.first_token_seconds += done.first_token_seconds
             for p, result, hit in zip(positions, done.raw, done.prefix_hits or [0] * len(positions)):
                 raw[p], out.prefix_hits[p] = result, hit

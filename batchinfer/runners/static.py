@@ -9,8 +9,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..config import GenerationConfig
-from .engine import EnginePass, generation_config
+from .engine import PassOutput, PassRows, generation_config
 
 
 class StaticEngine:
@@ -21,17 +20,9 @@ class StaticEngine:
         self.grammars = grammars  # () -> grammar.Grammars, built on first use
 
     @torch.inference_mode()
-    def run(
-        self,
-        settings: list[GenerationConfig],
-        prompts: list[list[int]],
-        max_new: list[int],
-        constraints: list,
-        max_rows: int,
-        check: Callable[[], None],
-    ) -> EnginePass:
+    def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
         """Batches of max_rows in input order, left-padded; the pass's rows share its settings and seed."""
-        gen = settings[0]
+        gen, prompts, max_new, constraints = rows.settings[0], rows.prompts, rows.max_new, rows.constraints
         raw: list = [None] * len(prompts)
         first = []
         started = time.perf_counter()
@@ -39,11 +30,11 @@ class StaticEngine:
             torch.manual_seed(gen.seed)
         for batch in in_order(len(prompts), max_rows):
             check()
-            rows = [prompts[i] for i in batch.tolist()]
-            longest = max(len(r) for r in rows)
-            input_ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
+            batch_rows = [prompts[i] for i in batch.tolist()]
+            longest = max(len(r) for r in batch_rows)
+            input_ids = torch.full((len(batch_rows), longest), self.pad_id, dtype=torch.long)
             mask = torch.zeros_like(input_ids)
-            for k, row in enumerate(rows):  # left padding: every row's next token lands in the last column
+            for k, row in enumerate(batch_rows):  # left padding: every row's next token lands in the last column
                 input_ids[k, longest - len(row) :] = torch.tensor(row)
                 mask[k, longest - len(row) :] = 1
             out = self.model.generate(
@@ -54,10 +45,10 @@ class StaticEngine:
                 ),
                 logits_processor=self.processors([constraints[i] for i in batch.tolist()]),
             )
-            first.extend([time.perf_counter() - started] * len(rows))  # a static batch returns all at once
+            first.extend([time.perf_counter() - started] * len(batch_rows))  # a static batch returns all at once
             for k, i in enumerate(batch.tolist()):
                 raw[i] = (out[k, longest:].tolist(), None)
-        return EnginePass(raw, first)
+        return PassOutput(raw, first)
 
     def processors(self, constraints: list):
         """Grammar masks for a batch's rows, or None when none of them is constrained."""

@@ -8,10 +8,9 @@ from typing import Callable
 
 import torch
 
-from ..config import GenerationConfig
 from ..constrain import Constraint
 from ..errors import ModelError
-from .engine import EnginePass
+from .engine import PassOutput, PassRows
 
 VLLM_BLOCK = 16  # vLLM's default cache block (tokens)
 
@@ -21,15 +20,7 @@ class VllmEngine:
         self.llm, self.eos = llm, eos
         self.shared_page = options.get("block_size", VLLM_BLOCK) if options.get("enable_prefix_caching", True) else None
 
-    def run(
-        self,
-        settings: list[GenerationConfig],
-        prompts: list[list[int]],
-        max_new: list[int],
-        constraints: list,
-        max_rows: int,
-        check: Callable[[], None],
-    ) -> EnginePass:
+    def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
         """One pass: vLLM takes each row's own settings (its seed, stop strings, temperature) and schedules
         the rows itself (max_rows does not apply)."""
         from vllm import SamplingParams  # checked importable when the runner was built
@@ -45,11 +36,11 @@ class VllmEngine:
                 skip_special_tokens=True,
                 **vllm_structured(c),
             )
-            for gen, m, c in zip(settings, max_new, constraints)
+            for gen, m, c in zip(rows.settings, rows.max_new, rows.constraints)
         ]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in rows.prompts], params, use_tqdm=False)
         hits = [getattr(o, "num_cached_tokens", None) or 0 for o in outputs]  # prefix caching's, per request
-        return EnginePass([(self.tokens(o.outputs[0]), None) for o in outputs], [], hits)
+        return PassOutput([(self.tokens(o.outputs[0]), None) for o in outputs], [], hits)
 
     def tokens(self, output) -> list[int]:
         """A vLLM completion's tokens, ending in an end token when vLLM says it stopped (finish_reason stop),
