@@ -189,10 +189,14 @@ def openai_batch(
 
 
 def _say_delivered(counts: dict, output: Path, errors: Path, work: Path) -> None:
-    failed = counts["errors.jsonl"]
+    answered, failed = counts["output.jsonl"], counts["errors.jsonl"]
     err.print(
-        f"wrote {counts['output.jsonl']:,} responses to {output} and "
-        + (f"{failed:,} failed requests to {errors}" if failed else "no failed request (so no errors file)"),
+        f"wrote {answered:,} response{'s' * (answered != 1)} to {output} and "
+        + (
+            f"{failed:,} failed request{'s' * (failed != 1)} to {errors}"
+            if failed
+            else "no failed request (so no errors file)"
+        ),
         highlight=False,
     )
     err.print(

@@ -59,7 +59,7 @@ def run_job(
         inputs = discover_shards(job.input, job.columns, output=job.output.path)
         model_path = resolve_model_path(job.model.path)
         # a model without the task's head fails here, before the folder is touched
-        model_config = read_config(job.model, model_path)
+        read_config(job.model, model_path)
         check_chat_template(job.model, model_path, job.input.messages)
     shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
     with stop.at_once():  # the model's identity reads every byte of its weights the first time
@@ -86,9 +86,7 @@ def run_job(
         seconds = time.perf_counter() - started
         # the probe's choice: this run's, or the earlier one reused
         batching = _batching(job, out.tuning, ran.budget) if job.model.task != "generate" else None
-        report = _report(
-            job, chunks, done, ran, seconds, bad_shards, model_size(model_config, model_path), batching, limit
-        )
+        report = _report(job, chunks, done, ran, seconds, bad_shards, model_size(model_path), batching, limit)
         # the format's files (a complete job), the report, _SUCCESS; raises if committed parts vanished meanwhile
         return out.finish(report, fmt, final=limit is None, idle=not todo)
 

@@ -12,12 +12,15 @@ _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _WIDTH_KEYS = ("hidden_size", "n_embd", "d_model")
 
 
-def model_size(config, path: Path) -> dict:
-    """{"class", "layers", "width", "parameters", "bytes"}; a figure the folder does not tell is left out.
-    parameters: counted from the safetensors headers (a pickled checkpoint gives its bytes only)."""
-    size: dict = {"class": (getattr(config, "architectures", None) or [type(config).__name__])[0]}
+def model_size(path: Path) -> dict:
+    """{"class", "layers", "width", "parameters", "bytes"} of the model folder `path`; a figure the folder does
+    not tell is left out. Read as JSON, not through transformers, which imports torch (seconds that plan of a
+    finished job and a run's summary need not spend). parameters: counted from the safetensors headers (a
+    pickled checkpoint gives its bytes only)."""
+    config = _read_json(path / "config.json")
+    size: dict = {"class": (config.get("architectures") or [config.get("model_type", "model")])[0]}
     for name, keys in (("layers", _LAYER_KEYS), ("width", _WIDTH_KEYS)):
-        value = next((getattr(config, k) for k in keys if isinstance(getattr(config, k, None), int)), None)
+        value = next((config[k] for k in keys if isinstance(config.get(k), int)), None)
         if value is not None:
             size[name] = value
     weights = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
@@ -52,6 +55,14 @@ def _count(n: int) -> str:
 
 def _mb(n: int) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # the model's loader names what is wrong with its config
+    return found if isinstance(found, dict) else {}
 
 
 def _safetensors_parameters(path: Path) -> int | None:

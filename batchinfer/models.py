@@ -9,8 +9,8 @@ import pickle
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from safetensors import SafetensorError
 
 from .cache import file_digest
@@ -20,6 +20,12 @@ from .errors import ModelError
 from .plan import IDENTITY
 from .tasks import model_spec
 from .templates import chat_template, no_chat_template
+
+if TYPE_CHECKING:  # imported where a model loads on it: a warm OpenVINO run never imports torch
+    import torch
+
+# Device nodes a GPU's driver makes (NVIDIA, ROCm, WSL's): without one, torch finds no GPU either.
+GPU_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 
 
 @dataclass
@@ -179,10 +185,17 @@ def check_head(config, cfg: ModelConfig, path: Path) -> None:
 
 
 def read_config(cfg: ModelConfig, path: Path):
-    """The model's config.json, checked against the task, without loading any weight."""
+    """The model's config.json, checked against the task, without loading any weight; read as JSON (importing
+    transformers' config classes imports torch) unless the model brings its own config class."""
+    check_model_folder(path, cfg.allow_pickle)
+    if not cfg.trust_remote_code:
+        from .backends.folder import read_config as read_json
+
+        config = read_json(path)
+        check_head(config, cfg, path)
+        return config
     import transformers
 
-    check_model_folder(path, cfg.allow_pickle)
     try:
         config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as exc:
@@ -218,7 +231,16 @@ def quiet_libraries() -> None:
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
 
 
+def device_type(name: str) -> str:
+    """The kind of device model.device names ("cpu", "cuda", ...), asking torch only where a GPU may be there."""
+    if name == "auto" and not any(Path(node).exists() for node in GPU_NODES):
+        return "cpu"
+    return name.split(":")[0] if name != "auto" else pick_device(name).type
+
+
 def pick_device(name: str) -> torch.device:
+    import torch  # here, not at the top: plan and validate find and identify a model without torch (seconds)
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
@@ -228,6 +250,8 @@ def pick_device(name: str) -> torch.device:
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    import torch
+
     if name != "auto":
         return getattr(torch, name)
     if device.type == "cuda":
@@ -237,6 +261,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def load_model(cfg: ModelConfig, path: Path):
     """(tokenizer, model, device) for the task; raises ModelError with what to do."""
+    import torch
     import transformers
     from transformers import AutoTokenizer
 

@@ -3,10 +3,11 @@
 A request line is {custom_id, method, url, body} (https://platform.openai.com/docs/guides/batch);
 url is /v1/chat/completions, /v1/completions or /v1/embeddings. Each line becomes one row:
 
-    custom_id | url | messages (chat) | prompt (completions, embeddings) | prompts (embeddings: a list input)
+    custom_id | url | messages (chat) | prompt (completions, embeddings) | prompts (a list input or prompt)
     | max_tokens | temperature | top_p | seed | stop | response_format (JSON text)
 
-A list input is one row, answered by one line with a vector per text (runners/embed.py).
+A list is one row, so one chunk holds all of it, answered by one line as OpenAI answers: a vector per text
+(runners/embed.py), or a choice per prompt with its index and the usage summed (runners/generate.py).
 
 A line that is not a valid request becomes an error line; it never aborts the file. So does a line
 asking for what batchinfer does not do (openai_api.FIELDS: logprobs, n > 1, tools, ...).
@@ -84,9 +85,6 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
         field = "body.input" if url == EMBEDDINGS else "body.prompt"
-        if isinstance(prompt, list) and url == COMPLETIONS:
-            message = f"{field}: one prompt per batch line, not a list of {len(prompt)}; give each prompt its own line"
-            return row, (Reason.BAD_REQUEST, message)
         if isinstance(prompt, list):
             if problem := _inputs_problem(prompt, field):
                 return row, problem
@@ -144,7 +142,10 @@ def response_lines(table: pa.Table, model: str, task: str) -> list[str]:
             body = embedding_list(vectors, model, row["prompt_tokens"])
         else:
             chat = row["url"] == CHAT
-            choices = [choice(chat, row["text"], row["finish_reason"])]
+            texts, reasons = row["text"], row["finish_reason"]
+            if not isinstance(texts, list):  # a part written before list prompts: one choice
+                texts, reasons = [texts], [reasons]
+            choices = [choice(chat, t, r, index=i) for i, (t, r) in enumerate(zip(texts, reasons))]
             body = completion(chat, request_id, created, model, choices)
             body["usage"] = usage(row["prompt_tokens"], row["completion_tokens"])
         response = {"status_code": 200, "request_id": request_id, "body": body}

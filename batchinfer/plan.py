@@ -7,11 +7,14 @@ exactly the chunks the interrupted one did.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .config import InputConfig, JobConfig
 from .errors import shorten
-from .sources.base import Shard
 from .templates import chat_template
+
+if TYPE_CHECKING:  # the sources package imports every format's reader: status and export have no use for them
+    from .sources.base import Shard
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,8 @@ def prepare_openai(table: pa.Table, task: str, bad_rows: dict[int, tuple[str, st
                 errors[offset] = problem
         elif prompts is not None:
             if blank := [i for i, text in enumerate(prompts) if is_blank(text)]:
-                message = f"body.input[{blank[0]}] is empty, or only whitespace, invisible or control characters"
+                field = "body.input" if url == "/v1/embeddings" else "body.prompt"
+                message = f"{field}[{blank[0]}] is empty, or only whitespace, invisible or control characters"
                 errors[offset] = (Reason.EMPTY_TEXT, message)
         elif prompt is None:
             errors[offset] = (Reason.NULL_TEXT, "body.prompt (body.input for embeddings) is missing")

@@ -7,10 +7,9 @@ reported as `model_error`, so one poisonous row costs that row alone.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
-
-import torch
 
 from .reasons import Reason
 
@@ -23,7 +22,8 @@ class BatchOutcome:
 
 
 def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError):
+    torch = _torch()
+    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
         return True
     text = str(exc)
     # CPU allocators raise a plain RuntimeError.
@@ -45,7 +45,8 @@ def run_resilient(run: Callable[[list], list], rows: list) -> BatchOutcome:
             if oom:
                 padded = (hi - lo) * max(len(r) for r in rows[lo:hi])
                 outcome.oom_tokens = min(outcome.oom_tokens or padded, padded)
-                if torch.cuda.is_available():
+                torch = _torch()
+                if torch is not None and torch.cuda.is_available():
                     torch.cuda.empty_cache()
             if hi - lo == 1:
                 reason = Reason.OOM if oom else Reason.MODEL_ERROR
@@ -57,3 +58,9 @@ def run_resilient(run: Callable[[list], list], rows: list) -> BatchOutcome:
 
     attempt(0, len(rows))
     return outcome
+
+
+def _torch():
+    """torch where the model runs on it, else None: a run on OpenVINO never imports torch (its errors are
+    none of torch's), so neither does this."""
+    return sys.modules.get("torch")

@@ -13,12 +13,14 @@ whose activations fit in half the free memory, measured on one slice and scaled.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import torch
 
 from .batching import OVERHEAD_TOKENS, cut_packed, cut_padded
+
+if TYPE_CHECKING:  # imported where a GPU is measured: a warm OpenVINO run never imports torch
+    import torch
 
 CPU_BUDGETS = (2048, 4096, 8192, 16384, 32768)
 SAMPLE_TOKENS = 16384  # per candidate: ~2 s for MiniLM on 2 CPU cores, spent on real rows
@@ -129,6 +131,8 @@ class Probe:
         budget = self.default(backend)
         first = self.strategies[0] if backend == "torch" else "padded"
         if self.max_tokens == "auto" and self.device.type == "cuda":
+            import torch
+
             per_token = _bytes_per_token(lambda b, how: self.measure(backend, how, b))
             budget = gpu_budget(per_token, torch.cuda.mem_get_info(self.device)[0])
         elif self.max_tokens == "auto":
@@ -213,6 +217,8 @@ class Slices:
 
 def _bytes_per_token(measure: Callable[[int, str], None]) -> float:
     """Peak activation memory per padded token, from one padded slice cut at GPU_PROBE_TOKENS."""
+    import torch
+
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()

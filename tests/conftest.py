@@ -16,6 +16,12 @@ import torch
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
+# Under pytest-xdist (addopts: -n auto) each worker takes its share of the cores, so that two workers on two
+# cores run side by side instead of each spinning two threads over the other's (OpenVINO takes torch's count).
+# The runs the tests start as processes are not workers and keep the machine's defaults.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def _minilm_path() -> Path:
     """all-MiniLM-L6-v2: $BATCHINFER_MINILM where set (examples/bench/gpu.sh points it at the copy it

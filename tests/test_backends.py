@@ -5,13 +5,14 @@ one backend resumes on the other with every id once."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import Crash, CrashAfterChunks, job_record, make_job, read_output, vectors
+from helpers import Crash, CrashAfterChunks, job_record, make_job, read_output, vectors, write_job
 
 from batchinfer.config import validate_job
 from batchinfer.control import Quiet
@@ -216,6 +217,19 @@ def test_a_changed_model_is_never_served_from_the_cache(sms_parquet, tiny_classi
     assert np.abs(new - vectors(read_output(tmp_path / "a"), "scores")).max() > 1e-3
 
 
+def test_a_conversion_sends_openvino_no_telemetry(sms_parquet, tiny_embed, tmp_path, monkeypatch):
+    telemetry = pytest.importorskip("openvino_telemetry")
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path / "cache"))  # empty: this run converts
+    forks = []
+    os.register_at_fork(before=lambda: forks.append(1) if armed else None)  # a report is a forked process
+    armed = True
+    _run(sms_parquet, tiny_embed, tmp_path / "out", "embed", "openvino")
+    armed = False
+    assert _entries(tmp_path / "cache") and not forks and not telemetry.Telemetry().consent
+    assert "CI" not in os.environ  # set for the conversion only
+
+
 def test_a_damaged_cache_entry_is_rebuilt_and_a_foreign_one_refused(
     sms_parquet, tiny_embed, tmp_path, conversion_cache, monkeypatch
 ):
@@ -319,6 +333,64 @@ def test_a_warm_run_loads_only_the_backend_that_was_clearly_faster_on_this_cpu_b
         faster, times = ("OpenVINO", ratio) if ratio > 1 else ("torch", 1 / ratio)
         assert f"not loaded: {faster} ran this model at {times:.1f}x its speed" in notes, notes
     (entry / openvino.RATES).unlink()
+
+
+WARM_RUN = """
+import sys
+from batchinfer.cli import app
+
+try:
+    app(["run", sys.argv[1], "-q"], standalone_mode=False)
+except SystemExit:
+    pass
+modeling = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "transformers")))
+print("imported:", modeling[:5])
+"""
+
+
+def test_a_warm_embed_run_on_openvino_imports_neither_torch_nor_transformers_and_equals_torch(
+    sms_parquet, tiny_embed, tmp_path, conversion_cache
+):
+    """Cached conversion, rates that say OpenVINO: the tokenizer from tokenizer.json, the config from
+    config.json, the graph (and its compiled blob) from the cache; torch's vectors all the same."""
+    import subprocess
+    import sys
+
+    from batchinfer.backends import openvino
+
+    torch_run = tmp_path / "torch"
+    run_job(make_job(sms_parquet, tiny_embed, torch_run))
+    run_job(make_job(sms_parquet, tiny_embed, tmp_path / "first", model__backend="openvino", model__dtype="float32"))
+    (entry,) = [e for e in _entries(conversion_cache) if _is_for(e, tiny_embed)]
+    (entry / openvino.RATES).write_text(json.dumps({openvino.cpu_id(): {"openvino": 3.0, "torch": 1.0}}))
+    warm = tmp_path / "warm"
+    job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, warm, raw=True, model__backend="auto"))
+    done = subprocess.run([sys.executable, "-c", WARM_RUN, str(job)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "imported: []" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads((warm / "_report.json").read_text())
+    assert report["complete"] and report["batching"]["backend"] == "openvino"
+    assert "torch_load" not in report["startup"]["load"]
+    assert (entry / openvino.BLOBS).is_dir()  # the compile left its blob for the next start
+    ours, theirs = (read_output(folder).sort_by("sms_id") for folder in (warm, torch_run))
+    np.testing.assert_allclose(vectors(ours, "embedding"), vectors(theirs, "embedding"), atol=1e-5)
+    (entry / openvino.RATES).unlink()
+
+
+@pytest.mark.parametrize("fixture", ["tiny_embed", "minilm_path"])
+def test_the_tokenizer_read_from_tokenizer_json_splits_as_transformers_does(request, fixture):
+    from transformers import AutoTokenizer
+
+    from batchinfer.backends.folder import read_tokenizer
+    from batchinfer.runners.base import SETTLE_SAMPLE
+
+    path = request.getfixturevalue(fixture)
+    theirs, ours = AutoTokenizer.from_pretrained(path), read_tokenizer(path)
+    texts = [*SETTLE_SAMPLE, "  Ünïcödé  ACCENTS and [MASK] tokens\twith tabs ", ""]
+    assert ours.pad_token_id == theirs.pad_token_id
+    split = ours.backend_tokenizer
+    split.no_padding()  # as the runner does (tokenizer.json may pad to a length; transformers pads per call)
+    split.no_truncation()
+    assert [e.ids for e in split.encode_batch(texts)] == theirs(texts)["input_ids"]
 
 
 def test_a_probe_that_timed_both_backends_keeps_their_rates_for_this_cpu(tmp_path):

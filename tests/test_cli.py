@@ -42,11 +42,13 @@ except SystemExit as exc:
 """
 
 
-def test_status_and_export_never_import_torch(tmp_path, sms_parquet, tiny_embed):
-    """status answers in well under a second: reading a folder needs no model, so no torch (4-8 s)."""
+def test_status_export_and_plan_of_a_finished_job_never_import_torch(tmp_path, sms_parquet, tiny_embed):
+    """status answers in well under a second and plan of a finished job in about one: reading a folder, and
+    saying that nothing is left, need no model, so no torch (4-8 s)."""
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
-    for words in (["status", str(tmp_path / "out")], ["export", str(tmp_path / "out"), "-o", str(tmp_path / "a.csv")]):
+    export = ["export", str(tmp_path / "out"), "-o", str(tmp_path / "a.csv")]
+    for words in (["status", str(tmp_path / "out")], export, ["plan", str(job)]):
         done = subprocess.run([sys.executable, "-c", NO_TORCH, *words], capture_output=True, text=True, timeout=120)
         assert done.stdout.split()[-4:] == ["exit", "0", "torch", "False"], done.stdout + done.stderr
 
@@ -96,7 +98,9 @@ def test_folder_in_use_is_refused_and_stale_lock_taken_over(tmp_path, sms_parque
     assert not (tmp_path / "out" / "_lock").exists()
 
 
-@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+# Ctrl-C here; SIGTERM takes the same handler (tests/test_control.py) and its stop, exit code 143 and resume
+# are checked end to end on a Ray run (tests/test_ray.py), which costs no more for it
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130)])
 def test_signal_stops_cleanly_and_the_same_command_resumes(tmp_path, sms_parquet, tiny_embed, signum, code):
     # Kernels and batching pinned: what is signalled is a run, not the probe that `auto` starts with.
     job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, tmp_path / "out", raw=True, model__max_length=64))
@@ -158,7 +162,7 @@ app(sys.argv[3:], prog_name="batchinfer")
 """
 
 
-# Ctrl-C twice, the usual second signal; SIGTERM takes the same handler, and its exit code is checked above
+# Ctrl-C twice, the usual second signal; SIGTERM takes the same handler (tests/test_control.py)
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130)])
 def test_a_second_signal_exits_at_once_and_the_same_command_resumes(tmp_path, sms_parquet, tiny_embed, signum, code):
     job = write_job(
@@ -253,10 +257,8 @@ def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_p
 
 def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
-    result = subprocess.run(
-        [sys.executable, "-m", "batchinfer", "run", str(job), "--every", "0"], capture_output=True, text=True
-    )  # stderr is a pipe, as under nohup or cron
-    assert result.returncode == 0, result.stderr
+    result = runner.invoke(app, ["run", str(job), "--every", "0"])  # stderr is no terminal, as under nohup or cron
+    assert result.exit_code == 0, result.output
     lines = [line for line in result.stderr.splitlines() if " rows/s, " in line and " left" in line]
     assert len(lines) >= 6 and lines[-1].split(" ", 2)[2].startswith("600/600 rows (100.0%)")
     assert sum("600/600 rows" in line for line in lines) == 1  # the end is said once
@@ -474,15 +476,43 @@ def test_plan_of_a_finished_job_answers_without_loading_the_model(tmp_path, sms_
     assert "holds this job, complete: 6/6 chunks done" in result.output and "tokens   about" not in result.output
 
 
+def test_plan_tokenizes_the_sample_alone_and_times_a_bounded_part_of_it(tmp_path, sms_parquet, tiny_embed, monkeypatch):
+    """plan of a million rows takes seconds: it reads the row counts, tokenizes --sample rows and runs about
+    TIMED_TOKENS of them on the model (the probe's slices, then those again), however large the sample."""
+    from batchinfer import sample_timing
+    from batchinfer.runners.base import EncoderRunner
+
+    tokenized, computed = [], []
+    tokenize, run = EncoderRunner.tokenize, EncoderRunner.run
+
+    def counting_tokenize(self, texts):
+        tokenized.append(len(texts))
+        return tokenize(self, texts)
+
+    def counting_run(self, ids):
+        computed.append(sum(len(row) for row in ids))
+        return run(self, ids)
+
+    monkeypatch.setattr(EncoderRunner, "tokenize", counting_tokenize)
+    monkeypatch.setattr(EncoderRunner, "run", counting_run)
+    monkeypatch.setattr(sample_timing, "TIMED_TOKENS", 300)
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows, about 15,000 tokens
+    result = runner.invoke(app, ["plan", str(job), "--sample", "400"])
+    assert result.exit_code == 0, result.output
+    assert "from 396 sampled rows" in result.output and "(the model on 289 tokens of the sample;" in result.output
+    assert sum(tokenized) <= 2 * 400  # the sample's rows (by the chunk task, then as one chunk), not the job's
+    assert sum(computed) <= 2 * 300 + 2 * 8 * 64  # twice the timed part, and two warm-ups of 8 rows (max_length 64)
+
+
 def test_plan_says_when_the_machine_was_busy_and_counts_the_probe(monkeypatch, tmp_path, sms_parquet, tiny_embed):
-    from batchinfer import dryrun
+    from batchinfer import sample_timing
     from batchinfer.machine import Load
 
     class Busy:
         def stop(self):
             return Load(5.0, others=1.5, steal=0.0, cores=2, load_avg=3.5)
 
-    monkeypatch.setattr(dryrun, "LoadWindow", Busy)
+    monkeypatch.setattr(sample_timing, "LoadWindow", Busy)
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["plan", str(job), "--sample", "60"])
     assert result.exit_code == 0, result.output
@@ -512,13 +542,10 @@ def test_an_internal_error_says_how_to_see_it_in_plain_words(monkeypatch, tmp_pa
 
 def test_progress_lines_come_batch_by_batch_inside_one_chunk_the_probes_too(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
-    result = subprocess.run(  # one chunk of 600 rows, probed (batching: auto), in batches of at most 16 rows
-        [sys.executable, "-m", "batchinfer", "run", str(job), "--every", "0"]
-        + ["--set", "batching.chunk_rows=600", "--set", "batching.max_rows=16"],
-        capture_output=True,
-        text=True,
+    result = runner.invoke(  # one chunk of 600 rows, probed (batching: auto), in batches of at most 16 rows
+        app, ["run", str(job), "--every", "0", "--set", "batching.chunk_rows=600", "--set", "batching.max_rows=16"]
     )
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.output
     done = [
         int(line.split()[2].split("/")[0].replace(",", "")) for line in result.stderr.splitlines() if " left" in line
     ]

@@ -15,7 +15,7 @@ from batchinfer.model_size import describe_size, model_size
 def test_the_size_is_what_the_folder_holds(request, fixture):
     path = request.getfixturevalue(fixture)
     config = transformers.AutoConfig.from_pretrained(path)
-    size = model_size(config, path)
+    size = model_size(path)
     weights = sorted(path.glob("*.safetensors"))
     assert size["class"] == config.architectures[0]
     assert size["layers"] == config.num_hidden_layers and size["width"] == config.hidden_size
@@ -27,7 +27,7 @@ def test_a_pickled_checkpoint_gives_its_bytes_and_the_words_read_well(tiny_embed
     folder = tmp_path / "pickled"
     shutil.copytree(tiny_embed, folder)
     next(folder.glob("*.safetensors")).rename(folder / "pytorch_model.bin")
-    size = model_size(transformers.AutoConfig.from_pretrained(folder), folder)
+    size = model_size(folder)
     assert "parameters" not in size and size["bytes"] == (folder / "pytorch_model.bin").stat().st_size
     assert describe_size(size).endswith(" MB of weights")
     one = {"class": "BertForSequenceClassification", "layers": 1, "width": 384, "parameters": 4_780_418}

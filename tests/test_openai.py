@@ -113,26 +113,14 @@ def test_embeddings_requests(tmp_path, tiny_embed):
     assert again.exit_code == 0 and (tmp_path / "out.jsonl").read_text().splitlines()[0].startswith('{"id"')
 
 
-def test_resume_neither_repeats_nor_loses_a_custom_id(tmp_path, tiny_llama):
-    lines = [
-        json.dumps(
-            {
-                "custom_id": f"r{i}",
-                "method": "POST",
-                "url": "/v1/completions",
-                "body": {"model": "x", "prompt": f"message number {i}", "max_tokens": 4},
-            }
-        )
-        for i in range(40)
-    ]
-    path = tmp_path / "many.jsonl"
-    path.write_text("\n".join(lines) + "\n")
+def _killed_in_third_chunk(path, model, out, chunk_rows: int):
+    """Run the request file `path` as a job until it crashes in its third chunk; returns the job, to resume."""
     job = validate_job(
         {
             "input": {"path": str(path), "format": "openai"},
-            "model": {"path": str(tiny_llama), "task": "generate"},
-            "batching": {"chunk_rows": 10},
-            "output": {"path": str(tmp_path / "out"), "format": "openai"},
+            "model": {"path": str(model), "task": "generate"},
+            "batching": {"chunk_rows": chunk_rows},
+            "output": {"path": str(out), "format": "openai"},
         }
     )
     calls = {"n": 0}
@@ -151,6 +139,24 @@ def test_resume_neither_repeats_nor_loses_a_custom_id(tmp_path, tiny_llama):
 
     with pytest.raises(Crash):
         run_job(job, on_runner=die_in_third_chunk)
+    return job
+
+
+def test_resume_neither_repeats_nor_loses_a_custom_id(tmp_path, tiny_llama):
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"model": "x", "prompt": f"message number {i}", "max_tokens": 4},
+            }
+        )
+        for i in range(40)
+    ]
+    path = tmp_path / "many.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    job = _killed_in_third_chunk(path, tiny_llama, tmp_path / "out", chunk_rows=10)
     assert not (tmp_path / "out" / "output.jsonl").exists()
     report = run_job(job)
     assert report["run"]["rows"] == 20 and report["openai"] == {"output.jsonl": 40, "errors.jsonl": 0}
@@ -243,7 +249,8 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
     assert result.exit_code == 1 and "was not written by batchinfer" in result.output
     assert (tmp_path / "out.jsonl").read_text() == "my own notes\n" and not (tmp_path / "out.jsonl.batchinfer").exists()
     (tmp_path / "out.jsonl").unlink()
-    assert runner.invoke(app, command).exit_code == 0
+    result = runner.invoke(app, command)
+    assert result.exit_code == 0 and f"wrote 1 response to {tmp_path / 'out.jsonl'} and no failed" in result.output
     assert runner.invoke(app, command + ["--restart"]).exit_code == 0  # its own file: replaced
     assert json.loads((tmp_path / "out.jsonl").read_text())["custom_id"] == "a"
     (tmp_path / "folder").mkdir()
@@ -268,10 +275,8 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
         ({"prompt": "t", "seed": 2**70}, f"body.seed: must be a whole number from {-(2**63)} to {2**63 - 1} (got"),
         ({"prompt": "t", "n": 0}, f"body.n: must be a whole number from 1 to {2**63 - 1} (got 0)"),
         ({"prompt": 5}, "body.prompt must be text, not int"),
-        (
-            {"prompt": ["a", "b"]},
-            "body.prompt: one prompt per batch line, not a list of 2; give each prompt its own line",
-        ),
+        ({"prompt": ["a", 5]}, "body.prompt[1] must be text, not int"),
+        ({"prompt": []}, "body.prompt: an empty list; give a text or a list of texts"),
     ],
 )
 def test_a_bad_setting_is_that_requests_error_line(body, said):
@@ -554,6 +559,37 @@ def test_a_list_input_is_one_response_line_with_a_vector_per_text_in_order(tmp_p
     assert errors["tokens"]["message"] == "body.input[0] must be text, not int"
     assert errors["none"]["message"].startswith("body.input: an empty list")
     assert {e["code"] for k, e in errors.items() if k != "blank"} == {"bad_request"}
+
+
+def test_a_list_prompt_is_one_response_line_with_a_choice_per_prompt_and_survives_a_kill(tmp_path, tiny_llama):
+    prompts = ["Free entry in 2 a wkly comp", "Ok lar joking wif u oni", "Nah I don't think he goes"]
+    lines = [_completion("many", prompts, max_tokens=5)]
+    lines += [_completion(f"alone{i}", p, max_tokens=5) for i, p in enumerate(prompts)]
+    lines += [_completion("blank", ["fine", " "]), _completion("one", [prompts[2]], max_tokens=5)]
+    answers, errors = _answers(tmp_path, tiny_llama, "lists", lines)
+    assert list(answers) == ["many", "alone0", "alone1", "alone2", "one"]  # one line for the list, in input order
+    many = answers["many"]["response"]["body"]
+    assert [c["index"] for c in many["choices"]] == [0, 1, 2]
+    for i, choice in enumerate(many["choices"]):  # each prompt answered as when it is asked alone
+        assert choice == answers[f"alone{i}"]["response"]["body"]["choices"][0] | {"index": i}
+    alone = [answers[f"alone{i}"]["response"]["body"]["usage"] for i in range(3)]
+    assert many["usage"] == {k: sum(u[k] for u in alone) for k in alone[0]}  # the request's usage: the sums
+    assert answers["one"]["response"]["body"]["choices"] == answers["alone2"]["response"]["body"]["choices"]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [("blank", "empty_text")]
+    assert errors[0]["error"]["message"].startswith("body.prompt[1] is empty")
+
+    # killed in its third chunk (two lines a chunk, each a list of two or three prompts) and resumed: every
+    # line answered once, whole, each prompt of it once
+    many = [_completion(f"r{i}", [f"message {i}", f"note {i}", "x"][: 2 + i % 2], max_tokens=3) for i in range(10)]
+    path = tmp_path / "many.jsonl"
+    path.write_text("".join(line + "\n" for line in many))
+    job = _killed_in_third_chunk(path, tiny_llama, tmp_path / "killed", chunk_rows=2)
+    assert run_job(job)["run"]["rows"] == 6
+    out = [json.loads(line) for line in (tmp_path / "killed" / "output.jsonl").read_text().splitlines()]
+    assert [line["custom_id"] for line in out] == [f"r{i}" for i in range(10)]
+    assert [[c["index"] for c in line["response"]["body"]["choices"]] for line in out] == [
+        list(range(2 + i % 2)) for i in range(10)
+    ]
 
 
 def test_a_part_written_before_list_inputs_still_answers_one_vector():

@@ -47,13 +47,12 @@ def test_a_megabyte_text_is_cut_before_the_tokenizer_sees_it(backend):
 def test_every_runner_implements_the_runner_protocol():
     import inspect
 
-    from batchinfer.runners import RUNNERS
-    from batchinfer.runners.label_score import LabelScoreRunner
+    from batchinfer.runners import LABEL_SCORER, RUNNERS, runner_class
     from batchinfer.runners.protocol import Runner
 
     methods = {name: fn for name, fn in vars(Runner).items() if inspect.isfunction(fn) and not name.startswith("_")}
     assert set(methods) == {"tokenize", "row_settings", "cut", "packing_problem", "run_chunk"}
-    for cls in [*RUNNERS.values(), LabelScoreRunner]:
+    for cls in map(runner_class, [*RUNNERS.values(), LABEL_SCORER]):
         for name, fn in methods.items():
             assert callable(getattr(cls, name, None)), f"{cls.__name__}.{name}"
             own = list(inspect.signature(getattr(cls, name)).parameters)

@@ -5,6 +5,10 @@ A loaded backend is a `Backend`: the model a runner calls, and the precision it 
 which backends a job may run on here, the default first; `precisions` which inference precisions a backend
 may use, the default first; `load_encoders` loads them. Which one runs is settled by the
 probe on the first chunk (runners/base.py) and recorded in the output folder like the batching choice.
+
+A warm run on OpenVINO alone of a runner whose head reads numpy (embed: pooled inside the graph) imports
+neither torch nor transformers: the tokenizer and config come from the folder's files (folder.py), the graph
+from the cache. torch and transformers' modeling code are most of a start's seconds.
 """
 
 from __future__ import annotations
@@ -13,17 +17,16 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol
 
-import torch
-
 from ..config import ModelConfig
 from ..errors import ConfigError, ModelError
-from . import openvino
+from . import folder, openvino
 
 BACKENDS = ("torch", "openvino")
 
 
 class Backend(Protocol):
-    """An encoder model on one backend, as a runner drives it: TorchBackend, openvino.OpenVINOModel."""
+    """An encoder model on one backend, as a runner drives it: TorchBackend, openvino.OpenVINOModel (whose
+    model also takes numpy arrays and answers numpy, so a runner's numpy_head runs without torch)."""
 
     name: str  # one of BACKENDS
     precision: str | None  # what the next calls run in; None: the model's own dtype (torch)
@@ -55,9 +58,9 @@ def as_backends(models: dict) -> dict[str, Backend]:
     return {name: TorchBackend(model) if name == "torch" else model for name, model in models.items()}
 
 
-def candidates(cfg: ModelConfig, device: torch.device, packed: bool = False) -> list[str]:
-    """The backends this job may run on, on this machine, the default first; packed: batching.strategy is
-    pinned to packed, a torch path."""
+def candidates(cfg: ModelConfig, device: str, packed: bool = False) -> list[str]:
+    """The backends this job may run on, on this machine (device: its type, models.device_type), the default
+    first; packed: batching.strategy is pinned to packed, a torch path."""
     if cfg.backend == "torch":
         return ["torch"]
     problem = openvino_problem(cfg, device) or (
@@ -72,13 +75,13 @@ def candidates(cfg: ModelConfig, device: torch.device, packed: bool = False) -> 
     return ["torch"] if problem else ["openvino", "torch"]
 
 
-def openvino_problem(cfg: ModelConfig, device: torch.device) -> tuple[str, str] | None:
+def openvino_problem(cfg: ModelConfig, device: str) -> tuple[str, str] | None:
     """Why this job cannot run on OpenVINO here (what, and the fix), or None."""
     if cfg.task == "generate":
         return "runs encoder tasks, not generate", "remove model.backend (auto), or set it to torch"
     if cfg.task == "classify" and cfg.labels:
         return "runs encoder models, not a causal LM scoring labels", "remove model.backend (auto), or set it to torch"
-    if device.type != "cpu":
+    if device != "cpu":
         return f"runs on the CPU, but model.device is {device}", "set model.device: cpu, or model.backend: torch"
     if cfg.quantize != "none":
         return "does not run model.quantize: int8 (a torch path)", "remove model.quantize, or set model.backend: torch"
@@ -109,14 +112,20 @@ def precision_note(cfg: ModelConfig, backend: str | None, precision: str | None)
 
 def backend_is_open(job) -> bool:
     """Whether the probe has a backend or a precision to choose for this job on this machine."""
-    from ..models import pick_device
+    from ..models import device_type
 
-    names = candidates(job.model, pick_device(job.model.device), job.batching.strategy == "packed")
+    names = candidates(job.model, device_type(job.model.device), job.batching.strategy == "packed")
     return len(names) > 1 or any(len(precisions(job.model, name)) > 1 for name in names)
 
 
 def load_encoders(
-    cfg: ModelConfig, path: Path, names: list[str], auto_class: str, pairs: bool, output: tuple[str, Callable | None]
+    cfg: ModelConfig,
+    path: Path,
+    names: list[str],
+    auto_class: str,
+    pairs: bool,
+    output: tuple[str, Callable | None],
+    numpy_head: bool = False,
 ):
     """(tokenizer, {backend: model}, device, load) with the backends of `names` loaded; load: the seconds that
     loading, converting and compiling took (the report's start-up figures) and notes. output: what the converted
@@ -126,32 +135,31 @@ def load_encoders(
     loaded: the probe would only confirm it, at the cost of loading torch (its modeling code and the weights)
     or compiling the OpenVINO model.
     Under model.backend auto, an OpenVINO model that cannot be had (its cache unreadable, unwritable or full; a
-    precision it cannot compile) leaves torch to run the job, with a note that says why."""
+    precision it cannot compile) leaves torch to run the job, with a note that says why.
+    numpy_head: the runner's head reads numpy, so OpenVINO alone runs without torch; its tokenizer and config
+    are then read from the folder's files where it has tokenizer.json and no code of its own."""
     from ..models import load_model, model_identity, pick_device
 
     t0 = time.perf_counter()
     models, load = {}, {}
     tokenizer = torch_model = of = None
+    plain = numpy_head and not cfg.trust_remote_code and (path / "tokenizer.json").exists()
     if "openvino" in names:
-        import transformers
-
-        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+        config, plain = _openvino_config(cfg, path, plain)
         of = openvino.conversion(model_identity(path), auto_class, output[0], _input_names(auto_class, config, pairs))
-        known = "torch" in names and openvino.known_faster(of)
-        if known:
-            winner, times = known
-            names, of = [winner], of if winner == "openvino" else None
-            faster, slower = ("OpenVINO", "torch") if winner == "openvino" else ("torch", "OpenVINO")
-            load["note"] = f"{slower} not loaded: {faster} ran this model at {times:.1f}x its speed on this CPU before"
+        names, of = _known_faster(names, of, load)
     if "torch" in names:
         tokenizer, torch_model, device = load_model(cfg, path)
         models["torch"] = torch_model
         load["torch_load"] = round(time.perf_counter() - t0, 3)
     else:
-        device = pick_device(cfg.device)
+        # The CPU (candidates); named without torch where the runner's head needs none.
+        device = openvino.OpenVINOModel.device if plain else pick_device(cfg.device)
     if of is not None:
 
         def f32_model():  # only on a cache miss: the weights the conversion reads
+            import torch
+
             if torch_model is not None and torch_model.dtype == torch.float32:
                 return torch_model
             return load_model(cfg.model_copy(update={"dtype": "float32"}), path)[1]
@@ -167,9 +175,42 @@ def load_encoders(
             if torch_model is None:
                 tokenizer, models["torch"], device = load_model(cfg, path)
         if tokenizer is None:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+            tokenizer = _tokenizer(cfg, path, plain)
     load["load"] = round(time.perf_counter() - t0, 3)
     return tokenizer, {name: models[name] for name in names}, device, load
+
+
+def _openvino_config(cfg: ModelConfig, path: Path, plain: bool) -> tuple[object, bool]:
+    """The model's config for its conversion, and whether it was read as JSON alone (plain: the runner's head
+    reads numpy and the folder's files suffice) rather than through transformers."""
+    config = folder.read_config(path) if plain else None
+    if hasattr(config, "hidden_size"):
+        return config, plain
+    # none read, or a width transformers maps from another name
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code), False
+
+
+def _known_faster(names: list[str], of: dict, load: dict) -> tuple[list[str], dict | None]:
+    """The backends to load and the conversion to load (None: none) where one backend ran this model at
+    CLEAR_WIN times the other's speed on this CPU before: that one alone, with a note in `load` saying why."""
+    known = "torch" in names and openvino.known_faster(of)
+    if not known:
+        return names, of
+    winner, times = known
+    faster, slower = ("OpenVINO", "torch") if winner == "openvino" else ("torch", "OpenVINO")
+    load["note"] = f"{slower} not loaded: {faster} ran this model at {times:.1f}x its speed on this CPU before"
+    return [winner], of if winner == "openvino" else None
+
+
+def _tokenizer(cfg: ModelConfig, path: Path, plain: bool):
+    """The tokenizer of a run that loaded no torch model: from tokenizer.json (plain), else transformers'."""
+    if plain:
+        return folder.read_tokenizer(path)
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
 
 
 def _input_names(auto_class: str, config, pairs: bool) -> tuple[str, ...]:

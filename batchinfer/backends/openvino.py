@@ -2,16 +2,18 @@
 on disk, and compiled for the CPU in f32 or bf16.
 
 `OpenVINOModel` is called like the transformers model it replaces (`model(**inputs).logits` or
-`.last_hidden_state`, torch tensors in and out), so runners, batching and the probe need no code of their own
-for it. Only the one tensor a task reads is converted (the hidden states or the logits).
+`.last_hidden_state`, torch tensors in and out, or numpy arrays in and out for a runner that runs without
+torch), so runners, batching and the probe need no code of their own for it. Only the one tensor a task reads
+is converted (the hidden states or the logits).
 
 The cache (under cache.cache_root): one folder per key, holding model.xml, model.bin and a manifest written last
-with both files' sizes and SHA-256. The key covers the model identity (weights, config, tokenizer), what is
-converted and the library versions, so a changed model never meets an old conversion; an entry whose files
-do not match its manifest is rebuilt, never trusted; its files' digests come from the memo (cache.file_digest),
-so checking an entry reads it only once. A file lock makes the workers of one machine (Ray actors) convert once
-between them; a staging folder whose lock is free was left by a conversion that died, and is removed. A cache
-that cannot be read or written is a ModelError naming the folder (backend auto then runs torch).
+with both files' sizes and SHA-256, the backends' measured rates, and OpenVINO's compiled blobs (BLOBS). The
+key covers the model identity (weights, config, tokenizer), what is converted and the library versions, so a
+changed model never meets an old conversion; an entry whose files do not match its manifest is rebuilt, never
+trusted; its files' digests come from the memo (cache.file_digest), so checking an entry reads it only once.
+A file lock makes the workers of one machine (Ray actors) convert once between them; a staging folder whose
+lock is free was left by a conversion that died, and is removed. A cache that cannot be read or written is a
+ModelError naming the folder (backend auto then runs torch).
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 import uuid
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
+import numpy as np
 
 from ..cache import cache_root, file_digest
 from ..errors import ModelError
@@ -39,7 +44,8 @@ from ..errors import ModelError
 FORMAT = 1  # bump when what is converted changes
 MANIFEST = "batchinfer.json"
 RATES = "backends.json"  # each backend's measured tokens/s for this conversion, per CPU
-ENTRY_FILES = ("model.xml", "model.bin", MANIFEST, RATES)
+BLOBS = "compiled"  # OpenVINO's model cache (CACHE_DIR): each precision compiled for this CPU, read back warm
+ENTRY_FILES = ("model.xml", "model.bin", MANIFEST, RATES, BLOBS)
 STAGING = re.compile(r"\.tmp-([0-9a-f]{24})-[0-9a-f]{8}")  # a conversion being saved: .tmp-<key>-<random>
 # One backend measured this many times the other's speed on this CPU before: auto loads the faster alone. The
 # probe's own margin (tune.NOISE): closer rates are measured again.
@@ -70,26 +76,24 @@ def bf16_turned_off() -> bool:
     return os.environ.get("BATCHINFER_NO_BF16", "").strip() not in ("", "0")
 
 
-class _OneOutput(torch.nn.Module):
-    """The transformers model with the one output a task reads, or `head` of its hidden states and mask."""
+@dataclass(frozen=True)
+class Device:
+    """torch.device("cpu") as far as a run on OpenVINO asks of it (its type, its name), without torch."""
 
-    def __init__(self, model, output: str, head=None):
-        super().__init__()
-        self.model, self.output, self.head = model, output, head
+    type: str = "cpu"
 
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
-        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, **types)
-        return self.head(out.last_hidden_state, attention_mask) if self.head else getattr(out, self.output)
+    def __str__(self) -> str:
+        return self.type
 
 
 class OpenVINOModel:
     """A compiled OpenVINO model in place of a transformers model (a Backend, backends/__init__.py):
-    `model(**inputs)` → an object with the task's output as a torch tensor, in one of the compiled
+    `model(**inputs)` → an object with the task's output, a torch tensor for torch tensors in and a numpy
+    array for numpy arrays in (a runner whose head reads numpy runs without torch), in one of the compiled
     precisions (`use`)."""
 
     name = "openvino"
-    device = torch.device("cpu")
+    device = Device()
 
     def __init__(self, config, compiled: dict, output: str, names: tuple[str, ...], seconds: dict, entry: Path):
         self.config, self.entry = config, entry
@@ -102,9 +106,12 @@ class OpenVINOModel:
     def __call__(self, **inputs):
         # Token type ids go in only where the graph takes them (see backends._input_names).
         request = self.requests[self.precision]
-        request.infer({name: inputs[name].numpy() for name in self.names})
+        request.infer({name: np.asarray(inputs[name]) for name in self.names})
         # The request's output buffer is reused by the next call: copy it out.
-        return SimpleNamespace(**{self.output: torch.from_numpy(request.get_output_tensor(0).data.copy())})
+        out = request.get_output_tensor(0).data.copy()
+        if not isinstance(inputs["input_ids"], np.ndarray):  # torch tensors in, so torch is imported
+            out = sys.modules["torch"].from_numpy(out)
+        return SimpleNamespace(**{self.output: out})
 
     @property
     def model(self) -> OpenVINOModel:
@@ -128,9 +135,9 @@ class OpenVINOModel:
 
 
 def conversion(identity: str, auto_class: str, output: str, names: tuple[str, ...]) -> dict:
-    """What a cached conversion is of: the model identity, what is converted, and the library versions."""
+    """What a cached conversion is of: the model identity, what is converted, and the library versions (as
+    installed: importing transformers or torch to ask costs a warm start seconds)."""
     import openvino
-    import transformers
 
     return {
         "format": FORMAT,
@@ -139,8 +146,8 @@ def conversion(identity: str, auto_class: str, output: str, names: tuple[str, ..
         "output": output,
         "inputs": names,
         "openvino": openvino.__version__,
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
+        "transformers": version("transformers"),
+        "torch": version("torch"),
     }
 
 
@@ -162,17 +169,18 @@ def load(config, of: dict, precisions: list[str], torch_model, head=None) -> Ope
             _discard(entry)
             _convert(torch_model(), of, entry, head)
             seconds["convert"] = round(time.perf_counter() - t0, 3)
-    t1 = time.perf_counter()
     core = ov.Core()
-    model = core.read_model(entry / "model.xml")
-    seconds["read"] = round(time.perf_counter() - t1, 3)
+    if writable:  # a warm compile reads the blob an earlier one left: half the time (MiniLM, 2 cores)
+        core.set_property({"CACHE_DIR": str(entry / BLOBS)})
     compiled = {}
     t2 = time.perf_counter()
     # One request at a time on all of this process's threads (a Ray worker's share: torch's thread count).
-    settings = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": torch.get_num_threads()}
+    settings = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads()}
     for precision in precisions:
         try:
-            compiled[precision] = core.compile_model(model, "CPU", {**settings, "INFERENCE_PRECISION_HINT": precision})
+            compiled[precision] = core.compile_model(
+                str(entry / "model.xml"), "CPU", {**settings, "INFERENCE_PRECISION_HINT": precision}
+            )
         except RuntimeError as exc:
             raise ModelError(
                 f"OpenVINO cannot compile the model in {precision} on this CPU: {_said(exc)}",
@@ -194,8 +202,25 @@ def cpu_id() -> str:
             described = [line for line in f if line.startswith(("model name", "flags"))][:2]
     except OSError:
         described = []
-    speed = f"{described}{os.cpu_count()}{torch.get_num_threads()}{bf16_supported()}"
+    speed = f"{described}{os.cpu_count()}{threads()}{bf16_supported()}"
     return hashlib.sha256(speed.encode()).hexdigest()[:16]
+
+
+def threads() -> int:
+    """The threads a run computes on: torch's count where torch is imported (a Ray worker sets its share
+    there), else what torch would take: OMP_NUM_THREADS, else one per physical core this process may use."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.get_num_threads()
+    if os.environ.get("OMP_NUM_THREADS", "").strip().isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    try:
+        with open("/proc/cpuinfo") as f:
+            counts = dict(line.split(":", 1) for line in f if line.startswith(("siblings", "cpu cores")))
+        per_core = max(1, int(counts["siblings"]) // int(counts["cpu cores"]))  # hyperthreads
+    except (OSError, KeyError, ValueError):
+        per_core = 1
+    return max(1, len(os.sched_getaffinity(0)) // per_core)
 
 
 def remember(model: OpenVINOModel, rates: dict[str, float]) -> None:
@@ -230,13 +255,26 @@ def known_faster(of: dict) -> tuple[str, float] | None:
 def _convert(model, of: dict, entry: Path, head=None) -> None:
     """Convert and save into a fresh folder beside the entry, then move it into place whole."""
     import openvino as ov
+    import torch
+
+    class OneOutput(torch.nn.Module):
+        """The transformers model with the one output a task reads, or `head` of its hidden states and mask."""
+
+        def __init__(self):
+            super().__init__()
+            self.model = model  # a submodule: the tracer takes its weights as parameters
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, **types)
+            return head(out.last_hidden_state, attention_mask) if head else getattr(out, of["output"])
 
     names = tuple(of["inputs"])
     example = {name: torch.ones(2, 8, dtype=torch.long) for name in names}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _no_telemetry():
         warnings.simplefilter("ignore")  # the tracer's notes on data-dependent branches in attention masks
         converted = ov.convert_model(
-            _OneOutput(model, of["output"], head),
+            OneOutput(),
             example_input=example,
             input=[(name, ov.PartialShape([-1, -1]), ov.Type.i64) for name in names],
         )
@@ -251,6 +289,22 @@ def _convert(model, of: dict, entry: Path, head=None) -> None:
         raise _cache_error(entry.parent, f"could not take the conversion ({_said(exc)})") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def _no_telemetry():
+    """OpenVINO's converter reports each conversion to Google Analytics unless the user's home holds its
+    consent file saying no, or the process looks like a CI job: each report forks this process, model and
+    all (seconds of CPU per conversion). A batch job has no business calling out from a cluster or an
+    offline box, so conversions run with CI=true, the one switch it reads, unless CI is set already."""
+    if "CI" in os.environ:
+        yield
+        return
+    os.environ["CI"] = "true"
+    try:
+        yield
+    finally:
+        os.environ.pop("CI", None)
 
 
 def _valid(entry: Path) -> bool:

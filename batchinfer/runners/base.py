@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from ..backends.precision import PRECISION_SAMPLE, SETTLE_SAMPLE, check_precision, describe_check
 from ..batching import padding_stats
-from ..packing import first_position, pack, packed_forward, supports_packing
 from ..recovery import run_resilient
 from ..tune import cut_batches, probe
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where a model runs on it (and packing.py, all torch): see numpy_head
+    import torch
+
     from ..backends import Backend
 
 
@@ -47,20 +47,29 @@ class EncoderRunner:
     pairs = False  # items are (text, text_pair): the converted model takes token type ids
     agreement = "argmax"  # how a lower precision is checked against f32: argmax (labels) | cosine | close
     score_labels: list[str] | None = None  # what each entry of a `scores` column stands for
+    # head() takes numpy inputs and mask and reads the converted model's numpy output, so a run on OpenVINO
+    # alone never imports torch (embed: pooled inside the graph); the others' heads compute in torch.
+    numpy_head = False
 
     @classmethod
     def load(cls, job, model_path, budget=None):
         """The runner for `job`, with its model loaded from `model_path` on every backend it may use; a
         budget that settled the backend and precision (a recorded probe) loads only that one."""
         from ..backends import as_backends, candidates, load_encoders, precisions
-        from ..models import pick_device
+        from ..models import device_type
         from ..tasks import TASKS
 
-        names = candidates(job.model, pick_device(job.model.device), job.batching.strategy == "packed")
+        names = candidates(job.model, device_type(job.model.device), job.batching.strategy == "packed")
         if budget is not None and budget.backend in names:
             names = [budget.backend]
         tokenizer, models, device, seconds = load_encoders(
-            job.model, model_path, names, TASKS[job.model.task].auto_class, cls.pairs, cls.converted_output(model_path)
+            job.model,
+            model_path,
+            names,
+            TASKS[job.model.task].auto_class,
+            cls.pairs,
+            cls.converted_output(model_path),
+            cls.numpy_head,
         )
         names = list(models)  # without torch where OpenVINO is known to be far faster here
         runner = cls(tokenizer, models[names[0]], device, job, model_path)
@@ -143,19 +152,24 @@ class EncoderRunner:
     def tokenize(self, texts: list) -> Tokens:
         return tokens_of(encode_capped(self.tokenizer, texts, self.max_length))
 
-    @torch.inference_mode()
     def run(self, ids: list[list[int]]) -> list:
         """One batch of items → one result per item, in the same order."""
-        if self.packed:
-            inputs, packing = pack(ids, self.device, first_position(self.model.config))
-            if isinstance(ids[0], Pair):
-                inputs["token_type_ids"] = torch.tensor([t for row in ids for t in row.type_ids], device=self.device)[
-                    None
-                ]
-            with packed_forward(self.model, packing):
-                return self.head({**inputs, "packing": packing}, packing.mask)
-        inputs, mask = self.collate(ids)
-        return self.head(inputs, mask)
+        if self.numpy_head and self.backend == "openvino":
+            return self.head(*self.collate(ids))
+        import torch
+
+        with torch.inference_mode():
+            if self.packed:
+                from ..packing import first_position, pack, packed_forward
+
+                inputs, packing = pack(ids, self.device, first_position(self.model.config))
+                if isinstance(ids[0], Pair):
+                    types = [t for row in ids for t in row.type_ids]
+                    inputs["token_type_ids"] = torch.tensor(types, device=self.device)[None]
+                with packed_forward(self.model, packing):
+                    return self.head({**inputs, "packing": packing}, packing.mask)
+            inputs = {name: torch.from_numpy(v).to(self.device) for name, v in self.collate(ids)[0].items()}
+            return self.head(inputs, inputs["attention_mask"])
 
     def row_settings(self, job, table: pa.Table, prepared) -> None:
         return None  # encoder tasks read no per-row settings
@@ -164,7 +178,15 @@ class EncoderRunner:
         return cut_batches(lengths, *budget, max_rows, self.device)
 
     def packing_problem(self) -> str | None:
+        from ..packing import supports_packing  # torch's: a run on OpenVINO alone asks only with packed pinned
+
         return supports_packing(self.model)
+
+    @staticmethod
+    def packable(model) -> bool:
+        from ..packing import supports_packing
+
+        return supports_packing(model) is None
 
     def run_chunk(self, loaded: ChunkInput, ctx: ChunkContext) -> ChunkOutput:
         """A loaded chunk's cut batches of items, each split and retried on failure → the result columns
@@ -229,6 +251,7 @@ class EncoderRunner:
         lengths, ids: the chunk's items to run. Returns the choice, for the record, and the positions not
         run yet."""
         job, budget = ctx.job, ctx.budget
+        packable = "torch" in self.models and self.packable(self.models["torch"])
         sample = np.random.default_rng(1).permutation(len(ids))[:PRECISION_SAMPLE]
         checks = self.settle_precisions([ids[i] for i in sample.tolist()])
         # A recorded probe settled batching already; only the backend is open then.
@@ -239,7 +262,7 @@ class EncoderRunner:
             job.batching.strategy if ctx.probe else budget.strategy,
             job.batching.max_rows,
             self.device,
-            "torch" in self.models and supports_packing(self.models["torch"]) is None,
+            packable,
             tuple(self.models),
         )
         if len(tuning.backends) > 1 and "openvino" in self.models:
@@ -261,21 +284,20 @@ class EncoderRunner:
             **({"precision_check": check} if check else {}),
         }, rest
 
-    def collate(self, ids: list[list[int]]) -> tuple[dict, torch.Tensor]:
-        """Items → padded model inputs (with token type ids for pairs) and the [b, L] attention mask."""
+    def collate(self, ids: list[list[int]]) -> tuple[dict, np.ndarray]:
+        """Items → padded model inputs (with token type ids for pairs) and the [b, L] attention mask, as int64
+        numpy arrays."""
         longest = max(len(row) for row in ids)
         input_ids = np.full((len(ids), longest), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(ids), longest), dtype=np.int64)
         for i, row in enumerate(ids):
             input_ids[i, : len(row)] = row
             mask[i, : len(row)] = 1
-        inputs = {"input_ids": torch.from_numpy(input_ids).to(self.device)}
+        inputs = {"input_ids": input_ids}
         if isinstance(ids[0], Pair):
-            types = np.zeros((len(ids), longest), dtype=np.int64)
+            inputs["token_type_ids"] = np.zeros((len(ids), longest), dtype=np.int64)
             for i, row in enumerate(ids):
-                types[i, : len(row)] = row.type_ids
-            inputs["token_type_ids"] = torch.from_numpy(types).to(self.device)
-        mask = torch.from_numpy(mask).to(self.device)
+                inputs["token_type_ids"][i, : len(row)] = row.type_ids
         return {**inputs, "attention_mask": mask}, mask
 
     def head(self, inputs: dict, mask: torch.Tensor) -> list:

@@ -9,19 +9,22 @@ from __future__ import annotations
 import functools
 from itertools import chain
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from ..models import Pooling, pooling_of
 from .base import EncoderRunner, encode_capped, fixed_size_list, rows_of, tokens_of
 from .protocol import Tokens
 
+if TYPE_CHECKING:  # pool() runs on torch; on OpenVINO the graph pools and this module needs no torch
+    import torch
+
 
 class EmbedRunner(EncoderRunner):
     agreement = "cosine"
+    numpy_head = True
 
     @classmethod
     def converted_output(cls, model_path: Path) -> tuple[str, Callable | None]:
@@ -43,10 +46,11 @@ class EmbedRunner(EncoderRunner):
         owner = np.repeat(np.arange(len(items)), [len(texts) for texts in items])
         return tokens_of(encode_capped(self.tokenizer, list(chain(*items)), self.max_length), owner)
 
-    def head(self, inputs: dict, mask: torch.Tensor) -> list:
+    def head(self, inputs: dict, mask) -> list:
         out = self.model(**inputs)
-        pooled = out.pooled if hasattr(out, "pooled") else pool(out.last_hidden_state, mask, self.pooling)
-        return list(pooled.float().cpu().numpy())  # [b] x [hidden]
+        if hasattr(out, "pooled"):  # OpenVINO's graph pooled: numpy out for numpy in
+            return list(np.asarray(out.pooled, dtype=np.float32))  # [b] x [hidden]
+        return list(pool(out.last_hidden_state, mask, self.pooling).cpu().numpy())
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
         if self.lists:  # [rows] x [texts] x [hidden]
@@ -65,6 +69,8 @@ class EmbedRunner(EncoderRunner):
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:
     """hidden: [b, L, h], mask: [b, L] → [b, h], as the model's sentence-transformers config pools."""
+    import torch
+
     if pooling.mode == "cls":
         pooled = hidden[:, 0]
     elif pooling.mode == "lasttoken":

@@ -62,7 +62,7 @@ class GenerateRunner:
             if job.model.backend == "openvino":
                 from ..backends import candidates
 
-                candidates(job.model, torch.device("cpu"))  # says why not
+                candidates(job.model, "cpu")  # says why not
             tokenizer, model, device = load_model(job.model, model_path)
         return cls(tokenizer, model, device, job.model.max_length, job.generation)
 
@@ -114,7 +114,16 @@ class GenerateRunner:
         return None if self.tokenizer.chat_template else "; ".join(no_chat_template(where))
 
     def tokenize(self, texts: list) -> Tokens:
-        """Prompts: strings are encoded as they are; message lists go through the chat template first."""
+        """Prompts: strings are encoded as they are; message lists go through the chat template first. An OpenAI
+        completions request's list of prompts is an item each, owned by its row (one answer, a choice each)."""
+        if not any(is_prompt_list(t) for t in texts):
+            return self._tokenize(texts)
+        items = [t if is_prompt_list(t) else [t] for t in texts]
+        tokens = self._tokenize([item for row in items for item in row])
+        tokens.owner = np.repeat(np.arange(len(items)), [len(row) for row in items])
+        return tokens
+
+    def _tokenize(self, texts: list) -> Tokens:
         encodings: list = [None] * len(texts)
         plain = [i for i, p in enumerate(texts) if isinstance(p, str)]
         chats = [i for i, p in enumerate(texts) if not isinstance(p, str)]
@@ -174,16 +183,11 @@ class GenerateRunner:
         ctx.stop.check()
         max_new = max_new_tokens(job, loaded, self.context)
         t0 = time.perf_counter()
-        overrides = None
-        if job.input.format == "openai":
-            take = pa.array(prepared.rows[index], pa.int64())
-            columns = {
-                c: loaded.table.column(c).take(take).to_pylist() for c in ("temperature", "top_p", "seed", "stop")
-            }
-            overrides = [dict(zip(columns, values)) for values in zip(*columns.values())]
+        owners = tokens.owners()  # the text (row) of each item: a list prompt's items share one
+        overrides = request_settings(loaded, index) if job.input.format == "openai" else None
         constraints = self.row_constraints(loaded, index)
         for position, (reason, message) in [(p, c) for p, c in enumerate(constraints) if isinstance(c, tuple)]:
-            prepared.errors[int(prepared.rows[index[position]])] = (reason, message)
+            prepared.errors[int(prepared.rows[owners[index[position]]])] = (reason, message)
         usable = np.array([not isinstance(c, tuple) for c in constraints], dtype=bool)
         if not usable.all():
             index, constraints = index[usable], [c for c in constraints if not isinstance(c, tuple)]
@@ -199,10 +203,10 @@ class GenerateRunner:
         )
         model_seconds = time.perf_counter() - t0
         ctx.stop.check()
-        ok = np.ones(len(index), dtype=bool)
         for position, problem in completions.failed.items():
-            ok[position] = False
-            prepared.errors[int(prepared.rows[index[position]])] = problem
+            prepared.errors[int(prepared.rows[owners[index[position]]])] = problem
+        # a row with a failed item fails whole: its other prompts are not answered alone
+        ok = np.isin(owners[index], np.flatnonzero(~np.isin(prepared.rows, list(prepared.errors))))
         keep = np.flatnonzero(ok).tolist()
         kept = Generated(
             [completions.ids[i] for i in keep],
@@ -215,9 +219,10 @@ class GenerateRunner:
         prefix = page_figures(completions.prefix_hits, int(lengths.sum())) if self.shared_page() else None
         # Continuous batching computes no padding; static batches pad to their longest prompt.
         padded = padding_stats(lengths, loaded.batches)[1] if job.generation.engine == "static" else int(lengths.sum())
+        rows, columns = self.columns(kept, tokens.lengths[index[ok]], owners[index[ok]], job.input.format == "openai")
         return ChunkOutput(
-            self.columns(kept, tokens.lengths[index[ok]]),
-            index[ok],
+            columns,
+            rows,
             round(model_seconds, 4),
             padded,
             {
@@ -234,7 +239,8 @@ class GenerateRunner:
             return [self.constraint] * len(index)
         from ..grammar import Uncompilable
 
-        asked = loaded.table.column("response_format").take(pa.array(loaded.prepared.rows[index], pa.int64()))
+        rows = loaded.prepared.rows[loaded.tokens.owners()[index]]
+        asked = loaded.table.column("response_format").take(pa.array(rows, pa.int64()))
         out: list = []
         for text in asked.to_pylist():
             constraint = response_format(json.loads(text), "body.response_format")[0] if text else self.constraint
@@ -338,13 +344,44 @@ class GenerateRunner:
 
     # --- output ----------------------------------------------------------------------------------------------
 
-    def columns(self, completions: Generated, prompt_lengths: np.ndarray) -> dict[str, pa.Array]:
-        return {
-            "text": pa.array(completions.text, pa.string()),
-            "finish_reason": pa.array(completions.finish_reason, pa.string()),
-            "prompt_tokens": pa.array(prompt_lengths, pa.int32()),
-            "completion_tokens": pa.array([len(i) for i in completions.ids], pa.int32()),
+    def columns(
+        self, completions: Generated, prompt_lengths: np.ndarray, owners: np.ndarray, choices: bool
+    ) -> tuple[np.ndarray, dict[str, pa.Array]]:
+        """The kept items' completions (`owners`: each one's row, rows in order) → the rows that ran and their
+        columns. choices (OpenAI requests): text and finish_reason list a choice per prompt, in order, and the
+        token counts are the request's sums, as OpenAI answers a list prompt."""
+        completion_tokens = np.array([len(i) for i in completions.ids], dtype=np.int64)
+        if not choices:
+            return owners, {
+                "text": pa.array(completions.text, pa.string()),
+                "finish_reason": pa.array(completions.finish_reason, pa.string()),
+                "prompt_tokens": pa.array(prompt_lengths, pa.int32()),
+                "completion_tokens": pa.array(completion_tokens, pa.int32()),
+            }
+        rows, starts = np.unique(owners, return_index=True)
+        offsets = pa.array(np.append(starts, len(owners)).astype(np.int32))
+        return rows, {
+            "text": pa.ListArray.from_arrays(offsets, pa.array(completions.text, pa.string())),
+            "finish_reason": pa.ListArray.from_arrays(offsets, pa.array(completions.finish_reason, pa.string())),
+            "prompt_tokens": pa.array(np.add.reduceat(prompt_lengths, starts) if len(starts) else [], pa.int32()),
+            "completion_tokens": pa.array(
+                np.add.reduceat(completion_tokens, starts) if len(starts) else [], pa.int32()
+            ),
         }
+
+
+def is_prompt_list(prompt) -> bool:
+    """A completions request's list of prompts (chat messages are a list of objects)."""
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], str)
+
+
+def request_settings(loaded, index: np.ndarray) -> list[dict]:
+    """Per position in `index`: its OpenAI request's own decoding settings (None where it gives none); a list
+    prompt's items share their request's."""
+    rows = loaded.prepared.rows[loaded.tokens.owners()[index]]
+    take = pa.array(rows, pa.int64())
+    columns = {c: loaded.table.column(c).take(take).to_pylist() for c in ("temperature", "top_p", "seed", "stop")}
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
 def max_new_tokens(job, loaded, context: int | None) -> list[int]:
@@ -352,7 +389,7 @@ def max_new_tokens(job, loaded, context: int | None) -> list[int]:
     never past the model's context: prompt plus completion fit in `context` tokens, so an absurd limit
     (max_tokens 10**11) neither sizes the KV cache nor runs past the positions the model knows."""
     default = job.generation.max_new_tokens
-    rows = loaded.prepared.rows[loaded.index].tolist()
+    rows = loaded.prepared.rows[loaded.tokens.owners()[loaded.index]].tolist()
     limits = [(loaded.row_settings[r] if loaded.row_settings else None) or default for r in rows]
     if context is None:
         return limits

@@ -9,16 +9,18 @@ whether packing applies, the figures a record carries) is the runner's to say.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from ..config import JobConfig
 from ..control import Batching, StopFlag
 from ..heap import HeapGuard
 from ..prepare import Prepared
+
+if TYPE_CHECKING:  # a warm OpenVINO run never imports torch (backends/__init__.py)
+    import torch
 
 
 @dataclass

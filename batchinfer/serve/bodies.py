@@ -87,10 +87,7 @@ class CompletionBody(GenerationSettings):
     def prompts(self) -> list[str]:
         if isinstance(self.prompt, str) and is_blank(self.prompt):
             raise BadInput("prompt: empty, or only whitespace")
-        prompts = texts_of(self.prompt, "prompt")
-        if self.stream and len(prompts) > 1:
-            raise BadInput("prompt: a streamed completion takes one prompt; send the list without stream")
-        return prompts
+        return texts_of(self.prompt, "prompt")
 
 
 class ChatBody(ChatSettings):

@@ -22,9 +22,9 @@ class Completions:
         self.service, self.metrics, self.model = service, metrics, model
 
     async def answer(self, asked: list[Asked], request: Request):
-        """One answer to a request's prompts (a stream has one), a choice for each in order."""
+        """One answer to a request's prompts, a choice for each in order: whole, or streamed."""
         if asked[0].stream:
-            return StreamingResponse(self.events(asked[0], request), media_type="text/event-stream")
+            return StreamingResponse(self.events(asked, request), media_type="text/event-stream")
         first = asked[0]
         running = [asyncio.ensure_future(self.whole(one, request)) for one in asked]
         try:
@@ -51,27 +51,30 @@ class Completions:
         self.metrics.rows.inc()
         return generated, text, reason
 
-    async def events(self, asked: Asked, request: Request):
-        """The completion's text as it grows, one event per new piece; an error ends the stream as its last
-        event (the status line has gone out)."""
-        sent, generated_tokens, sent_any = "", 0, False
+    async def events(self, asked: list[Asked], request: Request):
+        """The completions' texts as they grow, one event per new piece of one prompt's (choices[0].index says
+        which, as OpenAI streams a list of prompts), the prompts' pieces interleaved as the engine makes them;
+        an error ends the stream as its last event (the status line has gone out)."""
+        first, pieces = asked[0], asyncio.Queue()
+        generated = [0] * len(asked)
+
+        async def follow(index: int, one: Asked) -> None:
+            try:
+                async for piece, tokens in self._pieces(one, request, index):
+                    generated[index] = tokens
+                    await pieces.put(piece)
+            except Exception as exc:  # the stream ends with it
+                await pieces.put(exc)
+            else:
+                await pieces.put(None)
+
+        running = [asyncio.ensure_future(follow(i, one)) for i, one in enumerate(asked)]
         try:
-            async for output in self.service.stream(asked, request):
-                if output.error:
-                    raise EngineDown(f"generation failed: {output.error}")
-                generated, text, reason = self.service.finished(asked, output)
-                generated_tokens = len(generated)
-                if output.is_finished():
-                    await self._check(asked, generated, text, reason)
-                # a stop string ends the completion before the engine does (it knows no stop strings)
-                finished = output.is_finished() or len(generated) < len(output.generated_tokens)
-                delta, sent = text[len(sent) :], text
-                if delta or finished:
-                    piece = choice(asked.chat, delta, reason if finished else None, True, first=not sent_any)
-                    sent_any = True
-                    yield self._event(asked, [piece], {"usage": None} if asked.include_usage else {})
-                if finished:
-                    break
+            for _ in range(len(running)):
+                while (piece := await pieces.get()) is not None:
+                    if isinstance(piece, Exception):
+                        raise piece
+                    yield self._event(first, [piece], {"usage": None} if first.include_usage else {})
         except EngineDown as exc:
             self.metrics.refused(request.url.path, 500)
             yield _data(error_body(500, str(exc)))
@@ -84,11 +87,33 @@ class Completions:
             self.metrics.refused(request.url.path, GONE)
             gone(request.url.path)
             return
-        if asked.include_usage:  # a last chunk with no choices and the request's usage
-            yield self._event(asked, [], {"usage": usage(len(asked.ids), generated_tokens)})
+        finally:  # a prompt still running when the stream ends (an error, the client gone) is cancelled
+            for task in running:
+                task.cancel()
+        if first.include_usage:  # a last chunk with no choices and the request's usage
+            yield self._event(first, [], {"usage": usage(sum(len(one.ids) for one in asked), sum(generated))})
         yield "data: [DONE]\n\n"
-        self.metrics.answered(request.url.path, asked.started)
-        self.metrics.rows.inc()
+        self.metrics.answered(request.url.path, first.started)
+        self.metrics.rows.inc(len(asked))
+
+    async def _pieces(self, asked: Asked, request: Request, index: int):
+        """One prompt's streamed choices (choice `index`) as its text grows: (the piece, the tokens generated)."""
+        sent, sent_any = "", False
+        async for output in self.service.stream(asked, request):
+            if output.error:
+                raise EngineDown(f"generation failed: {output.error}")
+            generated, text, reason = self.service.finished(asked, output)
+            if output.is_finished():
+                await self._check(asked, generated, text, reason)
+            # a stop string ends the completion before the engine does (it knows no stop strings)
+            finished = output.is_finished() or len(generated) < len(output.generated_tokens)
+            delta, sent = text[len(sent) :], text
+            if delta or finished:
+                piece = choice(asked.chat, delta, reason if finished else None, True, first=not sent_any, index=index)
+                sent_any = True
+                yield piece, len(generated)
+            if finished:
+                break
 
     async def _check(self, asked: Asked, generated: list[int], text: str, reason: str) -> None:
         """A constrained completion is an answer only when it is whole and valid (checked off the event loop:

