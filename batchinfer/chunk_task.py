@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from .config import JobConfig
-from .control import Budget, StopFlag
+from .control import Batching, StopFlag
 from .errors import ConfigError, InputError, ModelError
 from .heap import HeapGuard
 from .output.layout import ERROR_SCHEMA
@@ -55,7 +55,7 @@ class TaskInputs:
     shards: list[Shard]
     spec: ReadSpec
     writer: PartWriter
-    budget: Budget
+    budget: Batching
 
     def task(self, stop: StopFlag, worker: str = "local", wrap: Callable | None = None) -> ChunkTask:
         """A ChunkTask with its runner loaded in this process; `wrap` wraps the runner (tests crash a run)."""
@@ -74,7 +74,7 @@ class ChunkTask:
         spec: ReadSpec,
         runner: Runner,
         writer: PartWriter,
-        budget: Budget,
+        budget: Batching,
         stop: StopFlag,
         worker: str = "local",
     ):
@@ -83,6 +83,13 @@ class ChunkTask:
         self.heap = HeapGuard()
         self._readers: dict[int, object] = {}
         check_strategy(job, runner)
+
+    def take(self, tuning: dict) -> None:
+        """Run the next chunks with a probe's choice made elsewhere (another worker's first chunk): its
+        budget, and its backend and precision where this worker loaded that backend."""
+        self.budget = replace(self.budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
+        if tuning.get("backend") in self.runner.models:
+            self.runner.keep(tuning["backend"], tuning.get("precision"))
 
     # --- up to the model --------------------------------------------------------------------------------------
 

@@ -185,21 +185,25 @@ def openai_batch(
         )
         counts = report["openai"]
         deliver(work, {"output.jsonl": output, "errors.jsonl": errors}, counts)
-        answered, failed = counts["output.jsonl"], counts["errors.jsonl"]
-        err.print(
-            f"wrote {answered:,} response{'s' * (answered != 1)} to {output} and "
-            + (
-                f"{failed:,} failed request{'s' * (failed != 1)} to {errors}"
-                if failed
-                else "no failed request (so no errors file)"
-            ),
-            highlight=False,
-        )
-        err.print(
-            f"{work}/ keeps the checkpoint: a rerun resumes from it, and may replace these files because it "
-            "holds their digests; remove it when you are done with this batch",
-            highlight=False,
-        )
+        _say_delivered(counts, output, errors, work)
+
+
+def _say_delivered(counts: dict, output: Path, errors: Path, work: Path) -> None:
+    answered, failed = counts["output.jsonl"], counts["errors.jsonl"]
+    err.print(
+        f"wrote {answered:,} response{'s' * (answered != 1)} to {output} and "
+        + (
+            f"{failed:,} failed request{'s' * (failed != 1)} to {errors}"
+            if failed
+            else "no failed request (so no errors file)"
+        ),
+        highlight=False,
+    )
+    err.print(
+        f"{work}/ keeps the checkpoint: a rerun resumes from it, and may replace these files because it "
+        "holds their digests; remove it when you are done with this batch",
+        highlight=False,
+    )
 
 
 def check_port(host: str, port: int) -> None:
@@ -354,6 +358,27 @@ def plan_command(
             out.print(line, highlight=False)
 
 
+def _served_job(job: Optional[Path], model: Optional[str], task: Optional[str], sets: list[str], served):
+    """The job serve runs: a job file's, or one built from --model and --task."""
+    from .config import load_job, validate_with_overrides
+
+    if job is not None:
+        return load_job(job, sets)
+    if not (model and task):
+        raise ConfigError("give a job file, or --model and --task", "e.g. batchinfer serve --model PATH --task embed")
+    if task not in served:  # before the job is checked, which would first ask for what the task needs
+        raise ConfigError(
+            f"serve runs tasks {', '.join(served)}; {task} runs offline with batchinfer run",
+            f"use batchinfer run for task {task}, or --task one of {', '.join(served)}",
+        )
+    data = {
+        "input": {"path": "-", "text": "text", **({"text_pair": "text_pair"} if task == "score" else {})},
+        "model": {"path": model, "task": task},
+        "output": {"path": "-"},
+    }
+    return validate_with_overrides(data, sets, "batchinfer serve")
+
+
 @app.command()
 def serve(
     job: Optional[Path] = typer.Argument(None, help="A job file: its model, batching, generation and serve sections."),
@@ -365,7 +390,6 @@ def serve(
     debug: bool = DebugOption,
 ):
     """Serve the model over HTTP, batching concurrent requests (pip install -e ".[serve]")."""
-    from .config import load_job, validate_with_overrides
     from .models import read_config, resolve_model_path
 
     with reported(debug):
@@ -377,24 +401,7 @@ def serve(
             raise ConfigError(
                 f"batchinfer serve needs FastAPI and uvicorn ({exc})", 'pip install -e ".[serve]"'
             ) from exc
-        if job is not None:
-            config = load_job(job, set_ or [])
-        elif model and task:
-            if task not in SERVED:  # before the job is checked, which would first ask for what the task needs
-                raise ConfigError(
-                    f"serve runs tasks {', '.join(SERVED)}; {task} runs offline with batchinfer run",
-                    f"use batchinfer run for task {task}, or --task one of {', '.join(SERVED)}",
-                )
-            data = {
-                "input": {"path": "-", "text": "text", **({"text_pair": "text_pair"} if task == "score" else {})},
-                "model": {"path": model, "task": task},
-                "output": {"path": "-"},
-            }
-            config = validate_with_overrides(data, set_ or [], "batchinfer serve")
-        else:
-            raise ConfigError(
-                "give a job file, or --model and --task", "e.g. batchinfer serve --model PATH --task embed"
-            )
+        config = _served_job(job, model, task, set_ or [], SERVED)
         model_path = resolve_model_path(config.model.path)
         read_config(config.model, model_path)
         check_port(host, port)  # before the model loads: a taken port is known at once

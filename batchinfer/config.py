@@ -8,7 +8,16 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .constrain import GrammarLimits, response_format
 from .errors import ConfigError, shorten
@@ -19,6 +28,7 @@ from .templates import template_fields
 # Columns every output row gets; user columns (id, keep) must not collide with them.
 KEY_COLUMNS = ("source", "row")
 TASK_COLUMNS = {name: spec.columns for name, spec in TASKS.items()}
+BYTES = TypeAdapter(ByteSize)  # generation.max_memory: 2147483648, 512MB, 4GB, 2GiB
 
 
 class Section(BaseModel):
@@ -350,7 +360,7 @@ class GenerationConfig(Section):
         "enum values together); compile time and memory grow fast with them (20,000: 80 s and 100 MB), so more are "
         "refused at once.",
     )
-    max_memory: Union[int, str] = Field(
+    max_memory: Union[Literal["auto"], ByteSize] = Field(
         default="auto",
         description="engine transformers: the most memory the KV cache may take, in bytes or as 512MB, 4GB, 2GiB. "
         "The cache is sized for the job (batching.max_rows prompts in flight, each prompt plus max_new_tokens), "
@@ -403,8 +413,14 @@ class GenerationConfig(Section):
     @field_validator("max_memory", mode="before")  # before: one line naming the key, not one per type tried
     @classmethod
     def _memory_size(cls, value):
-        if value == "auto" or (isinstance(value, (int, str)) and not isinstance(value, bool) and parse_size(value)):
+        if value == "auto":
             return value
+        try:  # pydantic's ByteSize reads the units: 512MB and 4GB in powers of 1000, 2GiB in powers of 1024
+            size = BYTES.validate_python(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else 0
+        except ValidationError:
+            size = 0
+        if size > 0:
+            return size
         raise ValueError("write a size such as 2GB, 512MB or 2147483648 (bytes), or auto")
 
 
@@ -536,7 +552,14 @@ class JobConfig(Section):
         return "max_tokens" if self.input.format == "openai" else self.generation.max_new_tokens_column
 
     @model_validator(mode="after")
-    def _no_column_clash(self) -> "JobConfig":
+    def _consistent(self) -> "JobConfig":
+        self._fits_the_task()
+        self._fits_the_model_fields()
+        self._no_column_clash()
+        return self
+
+    def _fits_the_task(self) -> None:
+        """Every section and key the job sets is one its task reads."""
         if self.input.messages and self.model.task != "generate":
             raise ValueError("input.messages: chat messages are for model.task: generate; use input.text")
         if self.model.task != "generate" and "generation" in self.model_fields_set:
@@ -563,6 +586,9 @@ class JobConfig(Section):
         for key in ("label_norm", "label_prompt"):
             if key in self.model.model_fields_set and not (self.model.task == "classify" and self.model.labels):
                 raise ValueError(f"model.{key}: only for model.task: classify with model.labels; remove it")
+
+    def _fits_the_model_fields(self) -> None:
+        """Labels, scores and the hypothesis template are usable as written."""
         labels = self.model.labels
         if any(not label.strip() for label in labels) or len(set(labels)) < len(labels):
             raise ValueError(
@@ -585,6 +611,9 @@ class JobConfig(Section):
                 "model.hypothesis_template: write one {} where the label goes and no other braces, "
                 "e.g. 'This text is about {}.'"
             )
+
+    def _no_column_clash(self) -> None:
+        """The output's format fits the input's, and no kept input column takes a result column's name."""
         if self.output.format == "openai" and self.input.format != "openai":
             raise ValueError("output.format openai writes responses to OpenAI batch requests: set input.format: openai")
         reserved = set(KEY_COLUMNS) | set(TASK_COLUMNS[self.model.task])
@@ -600,7 +629,6 @@ class JobConfig(Section):
                         f"{key}: column '{name}' clashes with a result column of task {self.model.task} "
                         f"({', '.join(sorted(reserved))}); keep it under another name: keep: {{{name}: {name}_in}}"
                     )
-        return self
 
 
 def count_or_auto(value, example: str):
@@ -608,19 +636,6 @@ def count_or_auto(value, example: str):
     if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         return value
     raise ValueError(f"write a whole number of {example}, or auto")
-
-
-def parse_size(value) -> int | None:
-    """Bytes in 2147483648, "512MB", "4GB" or "2GiB"; None if it is no size."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value if value > 0 else None
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(value), re.IGNORECASE)
-    if not match:
-        return None
-    unit = (match.group(2) or "B").upper()
-    scale = 1024 if "I" in unit else 1000
-    power = "BKMGT".index(unit[0]) if unit != "B" else 0
-    return int(float(match.group(1)) * scale**power) or None
 
 
 # --- loading -------------------------------------------------------------------------------------------------

@@ -35,11 +35,13 @@ class Quiet:
 
 
 @dataclass(frozen=True)
-class Budget:
-    """How batches are cut and which kernels run them: settled by the job, a recorded probe or a new one,
-    and lowered for the rest of the run when a batch runs out of memory. A value: a runner hands back the
-    budget it ended a chunk with (ChunkOutput.budget), its chunk task cuts the next chunk with that, and the
-    driver reports the last one a worker returned; nothing is changed in place across those hands."""
+class Batching:
+    """The batching settled for a run (batching.auto resolved; the report's `batching` section): the token
+    budget and strategy batches are cut with, and the backend and precision that run them. Settled by the
+    job, a recorded probe or a new one, and its budget lowered for the rest of the run when a batch runs out
+    of memory. A value: a runner hands back the batching it ended a chunk with (ChunkOutput.budget), its chunk
+    task cuts the next chunk with that, and the driver reports the last one a worker returned; nothing is
+    changed in place across those hands."""
 
     max_tokens: int
     strategy: str

@@ -10,7 +10,7 @@ import shutil
 from .errors import OutputError
 from .output.formats import EXPORTED, DeclaredFiles
 from .output.status import FolderStatus
-from .storage import LocalFolder
+from .storage import TMP, LocalFolder
 
 
 def check_targets(work, targets: list) -> None:
@@ -41,7 +41,7 @@ def deliver(work, targets: dict, lines: dict[str, int]) -> None:
         if lines.get(name):
             with open(work / name, "rb") as source:
                 LocalFolder(str(target.parent)).write_with(
-                    target.name, lambda f, source=source: shutil.copyfileobj(source, f)
+                    target.name, lambda f, source=source: shutil.copyfileobj(source, f), tmp=TMP
                 )
             known[key] = _digest(target)
         elif key in known:  # none this time: an earlier run's file would tell of failures there are not

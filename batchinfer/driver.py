@@ -16,7 +16,7 @@ import pyarrow as pa
 from .backends import backend_is_open, precision_note
 from .chunk_task import TaskInputs
 from .config import JobConfig
-from .control import Budget, Progress, Quiet, StopFlag
+from .control import Batching, Progress, Quiet, StopFlag
 from .executors import make_executor
 from .machine import Load, LoadWindow, process_age
 from .model_size import model_size
@@ -67,36 +67,15 @@ def run_job(
     output = job.output
     with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:
         limit = limit if restart else out.covering_limit(limit)
-        chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows, limit)
-        whole = plan_chunks([s.num_rows for s in shards], job.chunk_rows) if limit is not None else chunks
-        planned = {c.name: c.rows for c in chunks}
         fmt = output_format(job)
-        out.start(
-            fingerprint(job, model_id, shards, limit),
-            restart,
-            command,
-            (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},
-            files=fmt.files,
-            extent={
-                "chunks": len(chunks),
-                "rows": sum(c.rows for c in chunks),
-                **({"job_chunks": len(whole), "job_rows": sum(c.rows for c in whole), "limit": limit} if limit else {}),
-            },
-            planned=planned,  # a chunk an earlier --limit cut short runs again in full
-        )
+        chunks = _start(out, job, shards, model_id, limit, restart, command, fmt.files, retry_errors)
         done = out.done  # read only here: the checkpoint alone changes it
         for note in out.notes:
             progress.log(note)
         out.write_skipped_shards([(b.name, b.message) for b in bad_shards])
         for bad in bad_shards:
             progress.log(f"skipped shard {bad.name}: {bad.message}")
-        todo = [Work(c, c.name) for c in chunks if c.name not in done]
-        if retry_errors:
-            retries, kept = _retries(chunks, done, out.error_files())
-            todo += retries
-            if kept:
-                reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(kept.items()))
-                progress.log(f"not retried, since no setting changes them: {reasons} (they stay in _errors/)")
+        todo = _todo(chunks, done, out.error_files() if retry_errors else None, progress)
         recorded = out.tuning  # a probe's choice, from an earlier run
         budget, auto = settle_budget(job, recorded)
         ran = Ran(budget)
@@ -104,30 +83,78 @@ def run_job(
             spec = read_spec(job.input, job.columns, types)
             inputs = TaskInputs(job, model_path, shards, spec, out.writer(), budget)
             ran = _run_chunks(inputs, out, todo, chunks, auto and recorded is None, stop, progress, on_runner, started)
-        report = build_report(job, chunks, done, ran.stats, time.perf_counter() - started, ran.device, ran.workers)
-        if ran.machine is not None:  # how busy the machine was while this run measured its rates
-            report["run"]["machine"] = ran.machine.as_dict()
-        report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
-        report["model_size"] = model_size(model_path)
-        if job.model.task != "generate":
-            tuning, budget = out.tuning, ran.budget  # the probe's choice: this run's, or the earlier one reused
-            note = precision_note(job.model, budget.backend, budget.precision)
-            report["batching"] = {
-                "max_tokens": budget.max_tokens,
-                "strategy": budget.strategy,
-                "backend": budget.backend,
-                "precision": budget.precision,
-                **({"precision_note": note} if note else {}),
-                **({"probe": tuning} if tuning else {}),
-            }
-        if ran.startup:
-            report["startup"] = ran.startup
-        if ran.lowered:
-            report["max_tokens_lowered"] = ran.lowered
-        if limit is not None:
-            report["limit"] = limit
+        seconds = time.perf_counter() - started
+        # the probe's choice: this run's, or the earlier one reused
+        batching = _batching(job, out.tuning, ran.budget) if job.model.task != "generate" else None
+        report = _report(job, chunks, done, ran, seconds, bad_shards, model_size(model_path), batching, limit)
         # the format's files (a complete job), the report, _SUCCESS; raises if committed parts vanished meanwhile
         return out.finish(report, fmt, final=limit is None, idle=not todo)
+
+
+def _start(out, job, shards, model_id: str, limit, restart: bool, command: str, files, retry_errors: bool) -> list:
+    """The chunks to run, planned, and the folder's job started on them (new, resumed or restarted)."""
+    chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows, limit)
+    whole = plan_chunks([s.num_rows for s in shards], job.chunk_rows) if limit is not None else chunks
+    out.start(
+        fingerprint(job, model_id, shards, limit),
+        restart,
+        command,
+        (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},
+        files=files,
+        extent={
+            "chunks": len(chunks),
+            "rows": sum(c.rows for c in chunks),
+            **({"job_chunks": len(whole), "job_rows": sum(c.rows for c in whole), "limit": limit} if limit else {}),
+        },
+        planned={c.name: c.rows for c in chunks},  # a chunk an earlier --limit cut short runs again in full
+    )
+    return chunks
+
+
+def _todo(chunks: list, done: dict, error_files: dict | None, progress: Progress) -> list[Work]:
+    """The chunks not done, and with --retry-errors (error_files: the current error files) the error rows
+    that a changed setting may cure."""
+    todo = [Work(c, c.name) for c in chunks if c.name not in done]
+    if error_files is not None:
+        retries, kept = _retries(chunks, done, error_files)
+        todo += retries
+        if kept:
+            reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(kept.items()))
+            progress.log(f"not retried, since no setting changes them: {reasons} (they stay in _errors/)")
+    return todo
+
+
+def _report(
+    job, chunks, done, ran: Ran, seconds: float, bad_shards, size: dict, batching: dict | None, limit: int | None
+) -> dict:
+    """The job's report (pure): its totals from the chunk records, and what this run did."""
+    report = build_report(job, chunks, done, ran.stats, seconds, ran.device, ran.workers)
+    if ran.machine is not None:  # how busy the machine was while this run measured its rates
+        report["run"]["machine"] = ran.machine.as_dict()
+    report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
+    report["model_size"] = size
+    if batching is not None:
+        report["batching"] = batching
+    if ran.startup:
+        report["startup"] = ran.startup
+    if ran.lowered:
+        report["max_tokens_lowered"] = ran.lowered
+    if limit is not None:
+        report["limit"] = limit
+    return report
+
+
+def _batching(job, tuning: dict | None, budget) -> dict:
+    """The batching an encoder job ran with, and the probe that chose it."""
+    note = precision_note(job.model, budget.backend, budget.precision)
+    return {
+        "max_tokens": budget.max_tokens,
+        "strategy": budget.strategy,
+        "backend": budget.backend,
+        "precision": budget.precision,
+        **({"precision_note": note} if note else {}),
+        **({"probe": tuning} if tuning else {}),
+    }
 
 
 @dataclass
@@ -135,7 +162,7 @@ class Ran:
     """What this run's chunks did: totals (run and per worker), the batching the workers ended with, each
     out-of-memory that lowered it, the device, the start-up figures and how busy the machine was."""
 
-    budget: Budget
+    budget: Batching
     stats: Counter = field(default_factory=Counter)
     workers: dict[str, Counter] = field(default_factory=dict)
     lowered: list[str] = field(default_factory=list)
@@ -207,18 +234,18 @@ def startup_figures(started: float, opened: float, load: dict) -> dict:
     return figures
 
 
-def settle_budget(job: JobConfig, recorded: dict | None) -> tuple[Budget, bool]:
+def settle_budget(job: JobConfig, recorded: dict | None) -> tuple[Batching, bool]:
     """The batching settings to start with, and whether the job leaves any of them to a probe.
 
     A probe's choice is recorded in the output folder, so a resumed run cuts batches as the first did."""
     batching = job.batching
     if job.model.task == "generate":
-        return Budget(DEFAULT_BUDGET, "padded"), False
+        return Batching(DEFAULT_BUDGET, "padded"), False
     auto = batching.max_tokens == "auto" or batching.strategy == "auto" or backend_is_open(job)
     recorded = recorded or {}
     max_tokens = batching.max_tokens if batching.max_tokens != "auto" else recorded.get("max_tokens", DEFAULT_BUDGET)
     strategy = batching.strategy if batching.strategy != "auto" else recorded.get("strategy", "padded")
-    return Budget(max_tokens, strategy, backend=recorded.get("backend"), precision=recorded.get("precision")), auto
+    return Batching(max_tokens, strategy, backend=recorded.get("backend"), precision=recorded.get("precision")), auto
 
 
 def _retries(chunks: list[Chunk], done: dict[str, ChunkRecord], error_files) -> tuple[list[Work], Counter]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,8 @@ from .output.failures import reach_error
 from .output.formats import json_lines
 from .output.layout import SUCCESS
 from .output.status import FolderStatus
-from .storage import JOB_FILE, LocalFolder
+from .show import without_limit
+from .storage import JOB_RECORD, LocalFolder
 
 FORMATS = ("parquet", "jsonl", "csv")
 EXPORT_KEY = b"batchinfer.export"  # a Parquet export's footer: the job it holds; what lets --force replace it
@@ -79,27 +79,18 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
 
     marks = {EXPORT_KEY: state.job["job_id"].encode(), **({PARTIAL_KEY: held.encode()} if held else {})}
     fill = {"parquet": functools.partial(_parquet, metadata=marks), "jsonl": _jsonl, "csv": _csv}[fmt]
-    out = LocalFolder(str(target.parent.resolve()), TMP_PREFIX)
+    out = LocalFolder(str(target.parent.resolve()))
     try:
         out.make()
-        for stale in out.temps_of(target.name):  # an export killed mid-write (kill -9 runs no cleanup)
+        for stale in out.temps_of(target.name, tmp=TMP_PREFIX):  # an export killed mid-write (kill -9 runs no cleanup)
             out.delete(stale)
         if force:
-            out.write_with(target.name, lambda f: fill(tables(), f))
-        elif not out.create_with(target.name, lambda f: fill(tables(), f)):
+            out.write_with(target.name, lambda f: fill(tables(), f), tmp=TMP_PREFIX)
+        elif not out.create_with(target.name, lambda f: fill(tables(), f), tmp=TMP_PREFIX):
             raise OutputError(f"{target} exists", "give another -o path, or add --force to replace it")
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}", "choose a writable -o path") from exc
     return Exported(rows, held)
-
-
-def without_limit(command: str) -> str:
-    """The run command that finishes a job: `command` without its --limit."""
-    words = shlex.split(command)
-    drop = {i for i, word in enumerate(words) if word == "--limit"}
-    return shlex.join(
-        w for i, w in enumerate(words) if i not in drop and i - 1 not in drop and not w.startswith("--limit=")
-    )
 
 
 def check_target(target: Path, fmt: str, force: bool) -> None:
@@ -108,7 +99,7 @@ def check_target(target: Path, fmt: str, force: bool) -> None:
         raise OutputError(f"-o {target} is a folder", f"give a file path, e.g. -o {target / f'results.{fmt}'}")
     where = target.resolve()  # a link into an output folder leads inside it
     for parent in where.parents:
-        if (parent / JOB_FILE).is_file():
+        if (parent / JOB_RECORD).is_file():
             raise OutputError(
                 f"-o {target} lies inside {parent}, a batchinfer output folder: the folder's readers (and a run) "
                 "would take the file for part of the job",

@@ -18,7 +18,8 @@ from typing import IO, Iterator
 
 import numpy as np
 
-from .reasons import Reason
+from .reasons import Problem, Reason
+from .storage import open_binary
 
 BOM = b"\xef\xbb\xbf"
 BLANK = b" \t\r\n"  # JSON's whitespace: a line of nothing else is blank
@@ -35,8 +36,6 @@ _SCALAR = re.compile(
     r"[ \t\r\n]*[,}]"
 )
 
-Problem = tuple[str, str]  # (reason, message)
-
 
 @dataclass(frozen=True)
 class Oversized:
@@ -46,9 +45,28 @@ class Oversized:
     size: int
 
 
-def open_lines(path: str) -> IO[bytes]:
-    """A file's bytes, decompressed when its name ends in .gz."""
-    return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
+def open_lines(path: str, options: dict | None = None) -> IO[bytes]:
+    """A file's bytes, local or remote (storage.open_binary), decompressed when its name ends in .gz."""
+    return decompressed(open_binary(path, options), path)
+
+
+def decompressed(raw: IO[bytes], path: str) -> IO[bytes]:
+    """`raw`, read through gzip when `path` ends in .gz; closing it closes `raw`."""
+    return _Gunzip(raw) if path.lower().endswith(".gz") else raw
+
+
+class _Gunzip(gzip.GzipFile):
+    """A GzipFile that closes the stream it reads from, too."""
+
+    def __init__(self, raw: IO[bytes]):
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
 
 
 def read_lines(stream: IO[bytes], max_bytes: int) -> Iterator[bytes | Oversized]:

@@ -13,9 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .reasons import Reason
-
-Problem = tuple[str, str]  # (reason, message)
+from .reasons import Problem, Reason
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
 CLASSIFY, SCORE = "/classify", "/score"  # batchinfer's own endpoints (serve)

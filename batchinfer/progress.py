@@ -1,4 +1,5 @@
-"""The rich progress bar and the final summary. Nothing else in the package prints."""
+"""The rich progress bar, the plain progress lines and the final summary: what a run shows while it works.
+Only these and cli.py (messages, errors) print; the rest of the package returns what it has to say."""
 
 from __future__ import annotations
 

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A problem is why one row (or one request line) cannot be used: (reason code, message), the reason one of
+# Reason's codes and the message the row's error names. (A setting's problem, as "what, and its fix", is
+# an error with a hint instead: errors.py.)
+Problem = tuple[str, str]
+
 
 @dataclass(frozen=True)
 class Meaning:

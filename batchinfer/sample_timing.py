@@ -58,20 +58,7 @@ def time_on_sample(
     summary["sampled_rows"] = seen
     if not len(lengths):
         return summary
-    share_ok = len(lengths) / max(seen, 1)
-    summary.update(
-        {
-            "tokens_per_row": {
-                "mean": float(lengths.mean()),
-                "p50": int(np.percentile(lengths, 50)),
-                "p95": int(np.percentile(lengths, 95)),
-                "max": int(lengths.max()),
-            },
-            "tokens": int(lengths.mean() * rows * share_ok),
-            "truncated_share": sampled.truncated / len(lengths),
-            "error_share": sampled.errors / max(seen, 1),
-        }
-    )
+    summary.update(token_figures(sampled, rows))
     if sampled.prefix is not None or reuses_prefix(job):  # label scoring: computed once per chunk
         summary["prefix"] = scaled_prefix(sampled.prefix, rows / max(seen, 1))
     if job.model.task == "generate":
@@ -96,6 +83,24 @@ def time_on_sample(
         "source": "recorded" if earlier.tuning else ("probe" if probing and timed else "job"),
     }
     return summary
+
+
+def token_figures(sampled: Sampled, rows: int) -> dict:
+    """The sample's tokens per row, the job's tokens (its `rows`, the usable share of them) and the shares of
+    items cut at max_length and of rows that would fail."""
+    lengths, seen = sampled.lengths, sampled.seen
+    share_ok = len(lengths) / max(seen, 1)
+    return {
+        "tokens_per_row": {
+            "mean": float(lengths.mean()),
+            "p50": int(np.percentile(lengths, 50)),
+            "p95": int(np.percentile(lengths, 95)),
+            "max": int(lengths.max()),
+        },
+        "tokens": int(lengths.mean() * rows * share_ok),
+        "truncated_share": sampled.truncated / len(lengths),
+        "error_share": sampled.errors / max(seen, 1),
+    }
 
 
 @dataclass
@@ -235,7 +240,7 @@ def time_sample(
     def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
         if backend is not None:
             runner.use(backend)
-        runner.packed = strategy == "packed"
+        runner.lay_out(strategy)
         t0 = time.perf_counter()
         for batch in batches:
             if len(batch):

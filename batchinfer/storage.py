@@ -2,7 +2,8 @@
 few operations the commit protocol needs (whole-file writes, create-if-absent, listing, delete).
 
 Local folders write through a temporary file, fsync and rename, so a file is either whole under its
-final name or absent. No package imports.
+final name or absent; the writer names its temporary files (`tmp`, a prefix that says whose they are).
+Imports only the leaves cache and errors.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable, Protocol
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -230,7 +231,7 @@ def same_or_inside(inner: str, outer: str) -> bool:
     return inner_path == outer_path or outer_path in inner_path.parents
 
 
-JOB_FILE = "_batchinfer.json"  # the job file at the top of every batchinfer output folder
+JOB_RECORD = "_batchinfer.json"  # the job record at the top of every batchinfer output folder (not the YAML job file)
 
 
 def refuse_location(output: str, inputs: tuple[str, ...]) -> None:
@@ -263,7 +264,7 @@ def refuse_location(output: str, inputs: tuple[str, ...]) -> None:
             "set BATCHINFER_CACHE to a folder outside the output, e.g. ~/.cache/batchinfer",
         )
     for parent in resolved.parents if resolved is not None else ():
-        if (parent / JOB_FILE).is_file():
+        if (parent / JOB_RECORD).is_file():
             raise OutputError(
                 f"output.path {output} lies inside {parent}, the output folder of another batchinfer job",
                 f"write to a folder outside {parent}, e.g. {parent.parent / resolved.name}",
@@ -277,12 +278,35 @@ def glob_base(pattern: str) -> str:
     return pattern[: pattern.rfind("/", 0, min(wildcard)) + 1] if wildcard else pattern
 
 
-class LocalFolder:
-    """An output folder on a local disk. Names are relative, with / between parts."""
+TMP = ".tmp-"  # the prefix of temporary files no job owns (a file written beside a user's own)
 
-    def __init__(self, path: str, tmp_prefix: str = ".tmp-"):
+
+class Folder(Protocol):
+    """An output folder (LocalFolder, ObjectFolder): names are relative, with / between parts; every write
+    leaves the file whole under its name or absent. `tmp` is the prefix of the temporary files a local
+    write goes through: it names the writer (layout.tmp_prefix: the job), so a leftover is provably its."""
+
+    def exists(self) -> bool: ...
+    def make(self) -> None: ...
+    def list(self) -> dict[str, int]: ...  # every file below: name -> size
+    def folders(self) -> list[str]: ...  # folders below, deepest first (an object store has none)
+    def read(self, name: str) -> bytes | None: ...
+    def mtime(self, name: str) -> float | None: ...
+    def parquet_metadata(self, name: str) -> pq.FileMetaData | None: ...
+    def write(self, name: str, data: bytes, *, tmp: str) -> None: ...
+    def write_with(self, name: str, fill: Callable[[IO[bytes]], object], *, tmp: str) -> None: ...
+    def write_table(self, name: str, table: pa.Table, compression: str | None, *, tmp: str) -> None: ...
+    def create(self, name: str, data: bytes, *, tmp: str) -> bool: ...  # False: it existed
+    def create_with(self, name: str, fill: Callable[[IO[bytes]], object], *, tmp: str) -> bool: ...
+    def delete(self, name: str) -> None: ...
+    def remove_folder(self, name: str) -> None: ...
+
+
+class LocalFolder:
+    """An output folder on a local disk (Folder)."""
+
+    def __init__(self, path: str):
         self.path = local_path(path)
-        self.tmp_prefix = tmp_prefix  # names whose temporary files these are (see _write_tmp)
 
     def __str__(self) -> str:
         return str(self.path)
@@ -333,38 +357,38 @@ class LocalFolder:
         except (OSError, pa.ArrowException):
             return None
 
-    def write(self, name: str, data: bytes) -> None:
-        self._atomic(name, lambda f: f.write(data))
+    def write(self, name: str, data: bytes, *, tmp: str) -> None:
+        self._atomic(name, lambda f: f.write(data), tmp)
 
-    def write_with(self, name: str, fill) -> None:
+    def write_with(self, name: str, fill, *, tmp: str) -> None:
         """Write `name` whole from fill(binary file), for content too large to hold in memory."""
-        self._atomic(name, fill)
+        self._atomic(name, fill, tmp)
 
-    def write_table(self, name: str, table: pa.Table, compression: str | None) -> None:
-        self._atomic(name, lambda f: pq.write_table(table, f, compression=compression))
+    def write_table(self, name: str, table: pa.Table, compression: str | None, *, tmp: str) -> None:
+        self._atomic(name, lambda f: pq.write_table(table, f, compression=compression), tmp)
 
-    def create(self, name: str, data: bytes) -> bool:
+    def create(self, name: str, data: bytes, *, tmp: str) -> bool:
         """Write `name` only if it does not exist, content and all at once; False if it existed."""
-        return self.create_with(name, lambda f: f.write(data))
+        return self.create_with(name, lambda f: f.write(data), tmp=tmp)
 
-    def create_with(self, name: str, fill) -> bool:
+    def create_with(self, name: str, fill, *, tmp: str) -> bool:
         """create(), with the content written by fill(binary file)."""
         target = self.path / name
-        tmp = self._write_tmp(target, fill)
+        written = self._write_tmp(target, fill, tmp)
         try:
-            os.link(tmp, target)  # fails if target exists: no window in which it is there but empty
+            os.link(written, target)  # fails if target exists: no window in which it is there but empty
             _fsync_dir(target.parent)
             return True
         except FileExistsError:
             return False
         finally:
-            tmp.unlink(missing_ok=True)
+            written.unlink(missing_ok=True)
 
-    def temps_of(self, name: str) -> list[str]:
-        """The temporary files of `name` with this folder's prefix (as _write_tmp names them), such as those
+    def temps_of(self, name: str, *, tmp: str) -> list[str]:
+        """The temporary files of `name` with the prefix `tmp` (as _write_tmp names them), such as those
         a writer killed mid-write left: its own, and no other file."""
         target = self.path / name
-        own = re.compile(re.escape(self.tmp_prefix) + r"[0-9a-f]{8}-" + re.escape(target.name))
+        own = re.compile(re.escape(tmp) + r"[0-9a-f]{8}-" + re.escape(target.name))
         found = target.parent.iterdir() if target.parent.is_dir() else ()
         mine = [p for p in found if own.fullmatch(p.name) and p.is_file() and not p.is_symlink()]
         return [p.relative_to(self.path).as_posix() for p in mine]
@@ -378,9 +402,9 @@ class LocalFolder:
         except OSError:  # not empty or gone: leave it
             pass
 
-    def _atomic(self, name: str, write) -> None:
+    def _atomic(self, name: str, write, prefix: str) -> None:
         target = self.path / name
-        tmp = self._write_tmp(target, write)
+        tmp = self._write_tmp(target, write, prefix)
         try:
             os.replace(tmp, target)
             _fsync_dir(target.parent)
@@ -388,10 +412,10 @@ class LocalFolder:
             tmp.unlink(missing_ok=True)
             raise
 
-    def _write_tmp(self, target: Path, write) -> Path:
+    def _write_tmp(self, target: Path, write, prefix: str) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         # The prefix says whose file it is; the random part keeps two writers of one file apart.
-        tmp = target.with_name(f"{self.tmp_prefix}{uuid.uuid4().hex[:8]}-{target.name}")
+        tmp = target.with_name(f"{prefix}{uuid.uuid4().hex[:8]}-{target.name}")
         try:
             with open(tmp, "wb") as f:
                 write(f)
@@ -404,11 +428,11 @@ class LocalFolder:
 
 
 class ObjectFolder:
-    """An output folder on an object store (s3://, gs://, ...), through pyarrow.fs. An object store has
-    no rename and no append, so every file is uploaded whole in one request, from memory or from a local
-    temporary file: it exists complete or not at all. Create-if-absent is write, wait, read back."""
+    """An output folder on an object store (s3://, gs://, ...), through pyarrow.fs (Folder). An object store
+    has no rename and no append, so every file is uploaded whole in one request, from memory or from a local
+    temporary file: it exists complete or not at all, and nothing temporary is written here (`tmp` is unused).
+    Create-if-absent is write, wait, read back."""
 
-    tmp_prefix = ""  # nothing temporary is ever written here
     SETTLE = 1.0  # seconds between writing a create-if-absent object and reading it back
 
     def __init__(self, uri: str, options: dict | None = None):
@@ -463,11 +487,11 @@ class ObjectFolder:
         except (OSError, pa.ArrowException):
             return None
 
-    def write(self, name: str, data: bytes) -> None:
+    def write(self, name: str, data: bytes, *, tmp: str = "") -> None:
         with self.fs.open_output_stream(self._path(name)) as f:
             f.write(data)
 
-    def write_with(self, name: str, fill) -> None:
+    def write_with(self, name: str, fill, *, tmp: str = "") -> None:
         import tempfile
 
         with tempfile.NamedTemporaryFile(prefix="batchinfer-") as tmp:
@@ -477,12 +501,12 @@ class ObjectFolder:
                 tmp.name, self._path(name), source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs
             )
 
-    def write_table(self, name: str, table: pa.Table, compression: str | None) -> None:
+    def write_table(self, name: str, table: pa.Table, compression: str | None, *, tmp: str = "") -> None:
         buffer = pa.BufferOutputStream()
         pq.write_table(table, buffer, compression=compression)
         self.write(name, buffer.getvalue().to_pybytes())
 
-    def create(self, name: str, data: bytes) -> bool:
+    def create(self, name: str, data: bytes, *, tmp: str = "") -> bool:
         """Write `name` only if it does not exist; False if it did or another writer won the race.
         Two writers that both found it absent both write; the one whose content is read back after
         SETTLE seconds won (a writer takes well under SETTLE from its check to its write)."""
@@ -491,6 +515,12 @@ class ObjectFolder:
         self.write(name, data)
         time.sleep(self.SETTLE)
         return self.read(name) == data
+
+    def create_with(self, name: str, fill, *, tmp: str = "") -> bool:
+        """create(), with the content written by fill(binary file): held in memory, as create's is."""
+        buffer = io.BytesIO()
+        fill(buffer)
+        return self.create(name, buffer.getvalue())
 
     def delete(self, name: str) -> None:
         try:
@@ -502,7 +532,7 @@ class ObjectFolder:
         pass
 
 
-def open_folder(path: str, options: dict | None = None):
+def open_folder(path: str, options: dict | None = None) -> Folder:
     """The output folder at a local path or a URI."""
     return ObjectFolder(path, options) if is_uri(path) else LocalFolder(path)
 

@@ -95,81 +95,99 @@ def probe(
     that backend, then padded against packed (torch only). A candidate replaces the default only when it is
     faster by more than NOISE; the two leaders are measured again when they are that close. Returns the
     choice and the positions not yet run."""
-    left = Slices(lengths)
     strategies = (
         ["padded", "packed"] if strategy == "auto" and packable else [strategy if strategy != "auto" else "padded"]
     )
-    samples: dict[str, list[float]] = {}
-    notes: list[str] = []
     # A small first chunk (a short shard) still gets a slice per candidate (and two repeats), each noisier.
     budgets = 0 if max_tokens != "auto" else (1 if device.type == "cuda" else len(CPU_BUDGETS))
     count = budgets + len(strategies) + (len(backends) if len(backends) > 1 else 0) + 2
     slice_tokens = min(SAMPLE_TOKENS, int(lengths.sum()) // (count + 1))
-    for backend in backends:  # warm-up (first-call allocations, kernel choice), kept like the rest
-        run([left.take_rows(8)], strategies[0] if backend == "torch" else "padded", backend)
+    return Probe(lengths, run, max_tokens, max_rows, device, backends, strategies, slice_tokens).settle()
 
+
+class Probe:
+    """One probe over a chunk's rows. It owns what its measurements share: the rows not yet taken (`left`),
+    the rates measured so far (`samples`: key -> tokens/s per slice) and what it notes for the user."""
+
+    def __init__(self, lengths, run: RunBatches, max_tokens, max_rows, device, backends, strategies, slice_tokens):
+        self.lengths, self.run, self.max_tokens, self.max_rows = lengths, run, max_tokens, max_rows
+        self.device, self.backends, self.strategies = device, backends, strategies
+        self.slice_tokens = slice_tokens  # tokens per candidate's slice
+        self.left = Slices(lengths)
+        self.samples: dict[str, list[float]] = {}
+        self.notes: list[str] = []
+
+    def settle(self) -> tuple[Tuning, np.ndarray]:
+        """The backend, then the budget on it, then the strategy; and the positions not yet run."""
+        for backend in self.backends:  # warm-up (first-call allocations, kernel choice), kept like the rest
+            self.run([self.left.take_rows(8)], self.strategies[0] if backend == "torch" else "padded", backend)
+        backend, compared = self.backends[0], {}
+        if len(self.backends) > 1:
+            # Backends can differ several times over, and each slice of the slower one costs its share of the
+            # chunk's time: a quarter slice tells them apart, a close call is measured again.
+            options = {b: (b, "padded", self.default(b), 4) for b in self.backends}
+            backend = self.pick(options, self.backends[0], "backend")
+            compared = self.rates(options)
+        budget = self.default(backend)
+        first = self.strategies[0] if backend == "torch" else "padded"
+        if self.max_tokens == "auto" and self.device.type == "cuda":
+            import torch
+
+            per_token = _bytes_per_token(lambda b, how: self.measure(backend, how, b))
+            budget = gpu_budget(per_token, torch.cuda.mem_get_info(self.device)[0])
+        elif self.max_tokens == "auto":
+            budget = int(self.pick({str(b): (backend, first, b) for b in CPU_BUDGETS}, str(budget), "max_tokens"))
+        best = first
+        if backend == "torch" and len(self.strategies) > 1:
+            best = self.pick({how: (backend, how, budget) for how in self.strategies}, "padded", "strategy")
+        measured = {k: round(float(np.mean(v))) for k, v in self.samples.items()}
+        backends = {b: round(r) for b, r in compared.items()}
+        return Tuning(budget, best, backend, measured, self.notes, backends), self.left.unused
+
+    @staticmethod
     def key(backend: str, how: str, budget: int, share: int = 1) -> str:
         name = f"{how}@{budget}" if backend == "torch" else f"{backend}:{how}@{budget}"
         return name + (f" (1/{share} slice)" if share > 1 else "")
 
-    def measure(backend: str, how: str, budget: int, share: int = 1) -> None:
-        part = left.take(slice_tokens // share)
+    def default(self, backend: str) -> int:
+        return self.max_tokens if self.max_tokens != "auto" else BACKEND_BUDGETS.get(backend, DEFAULT_BUDGET)
+
+    def measure(self, backend: str, how: str, budget: int, share: int = 1) -> None:
+        """Run a fresh slice (1/share of one) with this setting; keep its rate if it took long enough to tell."""
+        part = self.left.take(self.slice_tokens // share)
         if not len(part):
             return
-        seconds = run([part[b] for b in cut_batches(lengths[part], budget, how, max_rows, device)], how, backend)
+        batches = cut_batches(self.lengths[part], budget, how, self.max_rows, self.device)
+        seconds = self.run([part[b] for b in batches], how, backend)
         if seconds >= MIN_SECONDS:
-            samples.setdefault(key(backend, how, budget, share), []).append(float(lengths[part].sum() / seconds))
+            rate = float(self.lengths[part].sum() / seconds)
+            self.samples.setdefault(self.key(backend, how, budget, share), []).append(rate)
 
-    def rates(options: dict[str, tuple]) -> dict[str, float]:
-        found = {name: samples.get(key(*setting)) for name, setting in options.items()}
+    def rates(self, options: dict[str, tuple]) -> dict[str, float]:
+        found = {name: self.samples.get(self.key(*setting)) for name, setting in options.items()}
         return {name: float(np.mean(values)) for name, values in found.items() if values}
 
-    def pick(options: dict[str, tuple], default: str, what: str) -> str:
+    def pick(self, options: dict[str, tuple], default: str, what: str) -> str:
         """The option (name -> (backend, how, budget[, share of a slice])) that is clearly fastest, else
         `default`."""
         for setting in options.values():
-            if key(*setting) not in samples:
-                measure(*setting)
-        measured = rates(options)
+            if self.key(*setting) not in self.samples:
+                self.measure(*setting)
+        measured = self.rates(options)
         ranked = sorted(measured, key=measured.get, reverse=True)
         if len(ranked) > 1 and measured[ranked[1]] > measured[ranked[0]] * (1 - NOISE):
             for name in ranked[:2]:  # within noise of each other: once more each
-                measure(*options[name])
-            measured = rates(options)
+                self.measure(*options[name])
+            measured = self.rates(options)
             ranked = sorted(measured, key=measured.get, reverse=True)
         if len(measured) < len(options):
-            notes.append(f"{what}: too little work to measure every candidate, {default} kept")
+            self.notes.append(f"{what}: too little work to measure every candidate, {default} kept")
             return default
         best = ranked[0]
         if best != default and measured[best] <= measured[default] * (1 + NOISE):
-            notes.append(f"{what}: no candidate clearly faster than {default}, kept")
+            self.notes.append(f"{what}: no candidate clearly faster than {default}, kept")
             return default
         return best
-
-    def default(backend: str) -> int:
-        return max_tokens if max_tokens != "auto" else BACKEND_BUDGETS.get(backend, DEFAULT_BUDGET)
-
-    backend, compared = backends[0], {}
-    if len(backends) > 1:
-        # Backends can differ several times over, and each slice of the slower one costs its share of the
-        # chunk's time: a quarter slice tells them apart, a close call is measured again.
-        options = {b: (b, "padded", default(b), 4) for b in backends}
-        backend = pick(options, backends[0], "backend")
-        compared = rates(options)
-    budget = default(backend)
-    first = strategies[0] if backend == "torch" else "padded"
-    if max_tokens == "auto" and device.type == "cuda":
-        import torch
-
-        per_token = _bytes_per_token(lambda b, how: measure(backend, how, b))
-        budget = gpu_budget(per_token, torch.cuda.mem_get_info(device)[0])
-    elif max_tokens == "auto":
-        budget = int(pick({str(b): (backend, first, b) for b in CPU_BUDGETS}, str(budget), "max_tokens"))
-    best = first
-    if backend == "torch" and len(strategies) > 1:
-        best = pick({how: (backend, how, budget) for how in strategies}, "padded", "strategy")
-    measured = {k: round(float(np.mean(v))) for k, v in samples.items()}
-    return Tuning(budget, best, backend, measured, notes, {b: round(r) for b, r in compared.items()}), left.unused
 
 
 class Slices:

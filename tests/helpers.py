@@ -113,7 +113,7 @@ def done_chunks(out: Path) -> int:
 
 
 def job_record(out: Path) -> dict:
-    """The output folder's job file: id, fingerprint, batching chosen by a probe."""
+    """The output folder's job record: id, fingerprint, batching chosen by a probe."""
     return json.loads((out / "_batchinfer.json").read_text())
 
 

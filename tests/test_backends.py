@@ -133,7 +133,7 @@ def test_a_failed_precision_check_falls_back_to_f32_with_a_note(sms_parquet, tin
     monkeypatch.setattr(
         backends, "precisions", lambda cfg, backend: ["bf16", "f32"] if backend == "openvino" else [None]
     )
-    monkeypatch.setattr("batchinfer.runners.base.agree", lambda how, ref, got: (False, {"labels_equal": 0.5}))
+    monkeypatch.setattr("batchinfer.backends.precision.agree", lambda how, ref, got: (False, {"labels_equal": 0.5}))
     notes = []
 
     class Log(Quiet):

@@ -183,6 +183,14 @@ def test_the_shipped_classifier_is_small_and_labels_messages_it_never_saw():
     assert set(labels) == {"ham", "spam"} and sum(a == b for a, b in zip(labels, gold)) / len(gold) >= 0.97
 
 
+@pytest.mark.parametrize(
+    "given, size", [("512MB", 512 * 10**6), ("4GB", 4 * 10**9), ("2GiB", 2 * 2**30), ("2 G", 2 * 10**9), (2048, 2048)]
+)
+def test_max_memory_is_read_into_bytes_by_the_config(given, size):
+    job = validate_job({**GOOD, "model": {"path": "m", "task": "generate"}, "generation": {"max_memory": given}})
+    assert job.generation.max_memory == size  # pydantic's ByteSize: the units as it reads them
+
+
 @pytest.mark.parametrize("given", [None, 1.5, True, [1], "lots", 0])
 def test_a_max_memory_that_is_no_size_is_one_line_naming_the_key(given):
     job = {**GOOD, "model": {"path": "m", "task": "generate"}, "generation": {"max_memory": given}}

@@ -13,7 +13,7 @@ from dataclasses import FrozenInstanceError, replace
 
 import pytest
 
-from batchinfer.control import Budget, Interrupted, StopFlag
+from batchinfer.control import Batching, Interrupted, StopFlag
 
 SCENARIO = textwrap.dedent(
     """
@@ -108,7 +108,7 @@ def test_a_block_that_swallows_the_stop_is_interrupted_on_the_way_out():
 
 
 def test_a_budget_is_a_value_keyed_by_its_tokens_and_strategy():
-    budget = Budget(4096, "padded")
+    budget = Batching(4096, "padded")
     assert budget.key == (4096, "padded") and budget.backend is budget.precision is None
     lowered = replace(budget, max_tokens=1024)  # after an out-of-memory batch: a new budget, the old one stays
     assert lowered.key == (1024, "padded") and budget.key == (4096, "padded")

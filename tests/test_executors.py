@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from batchinfer.control import Budget, Interrupted, Quiet, StopFlag
+from batchinfer.control import Batching, Interrupted, Quiet, StopFlag
 from batchinfer.errors import InputError
 from batchinfer.executors.local import LocalExecutor
 from batchinfer.output.records import ChunkRecord, ChunkResult
@@ -47,7 +47,7 @@ class Task:
         self.probes.append(probe)
         self.ran.append(loaded.name)
         tuning = None if loaded.name in self.empty or not probe else {"max_tokens": 64}
-        return ChunkResult(ChunkRecord(loaded.name, 10, 10, {}), Budget(64, "padded", "torch"), tuning)
+        return ChunkResult(ChunkRecord(loaded.name, 10, 10, {}), Batching(64, "padded", "torch"), tuning)
 
     def close(self):
         self.closed = True

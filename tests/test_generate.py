@@ -141,7 +141,7 @@ def test_generate_errors_are_clear(tmp_path, tiny_embed, tiny_llama, sms_table):
 
 
 def test_the_kv_cache_is_sized_from_the_job_not_the_machine():
-    from batchinfer.runners.generate import cache_blocks, kv_bytes_per_block
+    from batchinfer.runners.kv_cache import cache_blocks, kv_bytes_per_block
 
     # 300 prompts of 40 tokens with 32 new: one 256-token page each; 64 in flight.
     assert cache_blocks([72] * 300, 256, 64, 1000, 10**9) == 64
@@ -151,6 +151,27 @@ def test_the_kv_cache_is_sized_from_the_job_not_the_machine():
 
     config = LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
     assert kv_bytes_per_block(config, torch.float32, 256) == 2 * 2 * 2 * 16 * 256 * 4
+
+
+def test_engine_options_fill_what_batchinfer_sets_and_keep_what_the_job_sets():
+    from batchinfer.runners.kv_cache import engine_options, sized_by_user
+
+    job = {"page_size": 64, "use_cuda_graph": True}
+    options = engine_options(job, 8, 32, cpu=True, constrained=True, seeded=True)
+    assert options == {
+        "page_size": 64,
+        "use_cuda_graph": True,
+        "use_async_batching": False,  # masks need each step's tokens first
+        "max_requests_per_batch": 8,
+        "max_batch_tokens": 1024,
+    }
+    assert job == {"page_size": 64, "use_cuda_graph": True}  # the job's own options are not changed
+    assert engine_options({}, 4, None, cpu=False, constrained=False, seeded=False) == {
+        "max_requests_per_batch": 4,
+        "page_size": 256,
+    }
+    assert not sized_by_user(options) and sized_by_user({"num_blocks": 9})
+    assert sized_by_user({"max_memory_percent": 0.5})
 
 
 def test_ctrl_c_stops_generation_within_seconds_and_keeps_finished_chunks(tmp_path, sms_table, tiny_llama):
@@ -226,10 +247,14 @@ def test_generation_config_decodes_greedily_at_temperature_zero(tmp_path, tiny_l
     from batchinfer.runners import make_runner
 
     job = _job(tmp_path / "unused.parquet", tiny_llama, tmp_path / "out")
+    from batchinfer.runners.engine import generation_config
+
     runner = make_runner(job, tiny_llama)
-    greedy = runner.generation_config(job.generation, 5)
+    greedy = generation_config(runner.model, job.generation, 5, runner.pad_id)
     assert (greedy.max_new_tokens, greedy.do_sample, greedy.temperature, greedy.top_k) == (5, False, None, None)
-    sampled = runner.generation_config(job.generation.model_copy(update={"temperature": 0.7, "top_k": 0}), 9)
+    sampled = generation_config(
+        runner.model, job.generation.model_copy(update={"temperature": 0.7, "top_k": 0}), 9, runner.pad_id
+    )
     assert (sampled.max_new_tokens, sampled.do_sample, sampled.temperature, sampled.top_k) == (9, True, 0.7, None)
     assert sampled.pad_token_id == runner.pad_id
 
@@ -238,7 +263,7 @@ def test_rows_that_share_an_instruction_read_it_from_the_cache_and_get_the_same_
     from transformers import AutoTokenizer
 
     from batchinfer.dryrun import estimate_job
-    from batchinfer.runners.generate import SHARED_PAGE
+    from batchinfer.runners.continuous import SHARED_PAGE
     from batchinfer.runners.prefix import admission, page_hits
 
     instruction = "Reply to this text message as a friend would, in one short sentence, and never mention money. " * 3
@@ -331,7 +356,7 @@ def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_p
 
 def test_engine_passes_part_rows_only_by_what_the_engine_cannot_take_per_row():
     from batchinfer.config import GenerationConfig
-    from batchinfer.runners.generate import engine_passes
+    from batchinfer.runners.engine import engine_passes
 
     greedy = [GenerationConfig(seed=i, stop=[str(i)], top_p=0.5 + i / 10) for i in range(3)]
     hot = [GenerationConfig(temperature=0.8, seed=i) for i in range(3)] + [GenerationConfig(temperature=0.5)]

@@ -436,13 +436,13 @@ def _counting_passes(passes: list):
     """on_runner for run_job: counts the continuous-batching engine's passes (rows per pass) into `passes`."""
 
     def count(runner):
-        original = runner._continuous
+        original = runner.engine.run
 
-        def continuous(gen, prompts, *args):
-            passes.append(len(prompts))
-            return original(gen, prompts, *args)
+        def run(rows, *args):
+            passes.append(len(rows.prompts))
+            return original(rows, *args)
 
-        runner._continuous = continuous
+        runner.engine.run = run
         return runner
 
     return count

@@ -14,7 +14,7 @@ from helpers import make_job
 from batchinfer.driver import run_job
 from batchinfer.errors import OutputError, ResumeError
 from batchinfer.output.checkpoint import Checkpoint
-from batchinfer.output.formats import ParquetFormat
+from batchinfer.output.formats import ParquetOutput
 from batchinfer.output.layout import ERROR_SCHEMA
 from batchinfer.output.records import ChunkRecord
 from batchinfer.output.status import FolderStatus
@@ -51,7 +51,7 @@ def _open(folder, fingerprint=FINGERPRINT, restart=False, inputs=(), **start) ->
 
 def _finish(checkpoint: Checkpoint, report: dict) -> None:
     """The end of a run that wrote no format files: the report, and _SUCCESS when it is complete."""
-    checkpoint.finish({"device": "cpu", **report}, ParquetFormat(), final=True, idle=False)
+    checkpoint.finish({"device": "cpu", **report}, ParquetOutput(), final=True, idle=False)
 
 
 def _finished(folder, chunks=("00000-00000", "00000-00001")) -> Checkpoint:
@@ -315,21 +315,21 @@ def test_a_runs_markers_hold_its_records_alone_and_a_resume_reads_each_once(
 
 
 def test_a_format_writes_only_the_files_its_job_declared(tmp_path):
-    """What a job writes beside its parts is named in the job file before it is written, so a later run can
+    """What a job writes beside its parts is named in the job record before it is written, so a later run can
     prove the file is the job's; a name it did not declare is never written."""
-    from batchinfer.output.formats import RESULTS_JSONL, DeclaredFiles, JsonlFormat
+    from batchinfer.output.formats import RESULTS_JSONL, DeclaredFiles, JsonlOutput
 
-    with _open(tmp_path / "out", files=JsonlFormat.files) as out:
+    with _open(tmp_path / "out", files=JsonlOutput.files) as out:
         out.writer().write_chunk("00000-00000", pa.table({"row": [0, 1], "label": ["a", "b"]}), None)
         out.commit(ChunkRecord("00000-00000", rows=2, ok=2, errors={}))
         files = DeclaredFiles(out.folder, out.path, out.job)
-        assert JsonlFormat().finish(files) == {RESULTS_JSONL: 2}
+        assert JsonlOutput().finish(files) == {RESULTS_JSONL: 2}
         with pytest.raises(ValueError, match="not among the files this job declared"):
             files.write("notes.txt", lambda f: f.write(b"x"))
     lines = (tmp_path / "out" / RESULTS_JSONL).read_text().splitlines()
     assert [json.loads(line) for line in lines] == [{"row": 0, "label": "a"}, {"row": 1, "label": "b"}]
     assert not (tmp_path / "out" / "notes.txt").exists()
-    with _open(tmp_path / "out", files=JsonlFormat.files):  # the declared file is the job's: not refused
+    with _open(tmp_path / "out", files=JsonlOutput.files):  # the declared file is the job's: not refused
         pass
 
 

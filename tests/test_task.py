@@ -8,7 +8,7 @@ import pytest
 from helpers import make_job
 
 from batchinfer.chunk_task import TaskInputs, id_text, unreadable
-from batchinfer.control import Budget, Interrupted, StopFlag
+from batchinfer.control import Batching, Interrupted, StopFlag
 from batchinfer.errors import InputError
 from batchinfer.plan import Work, plan_chunks
 from batchinfer.sources import discover_shards, read_spec
@@ -40,7 +40,7 @@ def chunk_task(tmp_path, sms_table, tiny_embed):
         batching={"chunk_rows": 10, "max_tokens": 48, "max_rows": 4},
     )
     inputs = discover_shards(job.input, job.columns)
-    writer, budget = Writer(), Budget(48, "padded")
+    writer, budget = Writer(), Batching(48, "padded")
     spec = read_spec(job.input, job.columns, inputs.types)
     task = TaskInputs(job, tiny_embed, inputs.shards, spec, writer, budget).task(StopFlag())
     yield task, writer, plan_chunks([10], 10)[0]

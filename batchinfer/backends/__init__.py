@@ -1,8 +1,9 @@
 """Backends: the kernels below an encoder task. torch (CPU and CUDA; packed batches) loads through
 models.load_model; OpenVINO (CPU) converts that model once per model identity (openvino.py).
 
-`candidates` says which backends a job may run on here, the default first; `precisions` which inference
-precisions a backend may use, the default first; `load_encoders` loads them. Which one runs is settled by the
+A loaded backend is a `Backend`: the model a runner calls, and the precision it runs in. `candidates` says
+which backends a job may run on here, the default first; `precisions` which inference precisions a backend
+may use, the default first; `load_encoders` loads them. Which one runs is settled by the
 probe on the first chunk (runners/base.py) and recorded in the output folder like the batching choice.
 
 A warm run on OpenVINO alone of a runner whose head reads numpy (embed: pooled inside the graph) imports
@@ -14,13 +15,47 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from ..config import ModelConfig
 from ..errors import ConfigError, ModelError
 from . import folder, openvino
 
 BACKENDS = ("torch", "openvino")
+
+
+class Backend(Protocol):
+    """An encoder model on one backend, as a runner drives it: TorchBackend, openvino.OpenVINOModel (whose
+    model also takes numpy arrays and answers numpy, so a runner's numpy_head runs without torch)."""
+
+    name: str  # one of BACKENDS
+    precision: str | None  # what the next calls run in; None: the model's own dtype (torch)
+
+    @property
+    def model(self): ...  # called like a transformers model: keyword inputs -> outputs; has .config
+
+    def use(self, precision: str | None) -> None: ...  # run the next calls in `precision`
+    def keep(self, precision: str | None) -> None: ...  # settle on `precision` and free the others
+
+
+class TorchBackend:
+    """A transformers model as a Backend: one precision, the dtype it was loaded in."""
+
+    name, precision = "torch", None
+
+    def __init__(self, model):
+        self.model = model
+
+    def use(self, precision: str | None) -> None:
+        pass
+
+    def keep(self, precision: str | None) -> None:
+        pass
+
+
+def as_backends(models: dict) -> dict[str, Backend]:
+    """load_encoders' models by backend name → Backends (an OpenVINO model is one already)."""
+    return {name: TorchBackend(model) if name == "torch" else model for name, model in models.items()}
 
 
 def candidates(cfg: ModelConfig, device: str, packed: bool = False) -> list[str]:
@@ -110,19 +145,9 @@ def load_encoders(
     tokenizer = torch_model = of = None
     plain = numpy_head and not cfg.trust_remote_code and (path / "tokenizer.json").exists()
     if "openvino" in names:
-        config = folder.read_config(path) if plain else None
-        if not hasattr(config, "hidden_size"):  # none read, or a width transformers maps from another name
-            plain = False
-            import transformers
-
-            config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+        config, plain = _openvino_config(cfg, path, plain)
         of = openvino.conversion(model_identity(path), auto_class, output[0], _input_names(auto_class, config, pairs))
-        known = "torch" in names and openvino.known_faster(of)
-        if known:
-            winner, times = known
-            names, of = [winner], of if winner == "openvino" else None
-            faster, slower = ("OpenVINO", "torch") if winner == "openvino" else ("torch", "OpenVINO")
-            load["note"] = f"{slower} not loaded: {faster} ran this model at {times:.1f}x its speed on this CPU before"
+        names, of = _known_faster(names, of, load)
     if "torch" in names:
         tokenizer, torch_model, device = load_model(cfg, path)
         models["torch"] = torch_model
@@ -149,14 +174,43 @@ def load_encoders(
             names = ["torch"]
             if torch_model is None:
                 tokenizer, models["torch"], device = load_model(cfg, path)
-        if tokenizer is None and plain:
-            tokenizer = folder.read_tokenizer(path)
-        elif tokenizer is None:
-            import transformers
-
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+        if tokenizer is None:
+            tokenizer = _tokenizer(cfg, path, plain)
     load["load"] = round(time.perf_counter() - t0, 3)
     return tokenizer, {name: models[name] for name in names}, device, load
+
+
+def _openvino_config(cfg: ModelConfig, path: Path, plain: bool) -> tuple[object, bool]:
+    """The model's config for its conversion, and whether it was read as JSON alone (plain: the runner's head
+    reads numpy and the folder's files suffice) rather than through transformers."""
+    config = folder.read_config(path) if plain else None
+    if hasattr(config, "hidden_size"):
+        return config, plain
+    # none read, or a width transformers maps from another name
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code), False
+
+
+def _known_faster(names: list[str], of: dict, load: dict) -> tuple[list[str], dict | None]:
+    """The backends to load and the conversion to load (None: none) where one backend ran this model at
+    CLEAR_WIN times the other's speed on this CPU before: that one alone, with a note in `load` saying why."""
+    known = "torch" in names and openvino.known_faster(of)
+    if not known:
+        return names, of
+    winner, times = known
+    faster, slower = ("OpenVINO", "torch") if winner == "openvino" else ("torch", "OpenVINO")
+    load["note"] = f"{slower} not loaded: {faster} ran this model at {times:.1f}x its speed on this CPU before"
+    return [winner], of if winner == "openvino" else None
+
+
+def _tokenizer(cfg: ModelConfig, path: Path, plain: bool):
+    """The tokenizer of a run that loaded no torch model: from tokenizer.json (plain), else transformers'."""
+    if plain:
+        return folder.read_tokenizer(path)
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
 
 
 def _input_names(auto_class: str, config, pairs: bool) -> tuple[str, ...]:

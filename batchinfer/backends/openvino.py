@@ -87,11 +87,12 @@ class Device:
 
 
 class OpenVINOModel:
-    """A compiled OpenVINO model in place of a transformers model: `model(**inputs)` → an object with the
-    task's output, a torch tensor for torch tensors in and a numpy array for numpy arrays in (a runner whose
-    head reads numpy runs without torch). `precision` picks one of the compiled precisions."""
+    """A compiled OpenVINO model in place of a transformers model (a Backend, backends/__init__.py):
+    `model(**inputs)` → an object with the task's output, a torch tensor for torch tensors in and a numpy
+    array for numpy arrays in (a runner whose head reads numpy runs without torch), in one of the compiled
+    precisions (`use`)."""
 
-    backend = "openvino"
+    name = "openvino"
     device = Device()
 
     def __init__(self, config, compiled: dict, output: str, names: tuple[str, ...], seconds: dict, entry: Path):
@@ -111,6 +112,14 @@ class OpenVINOModel:
         if not isinstance(inputs["input_ids"], np.ndarray):  # torch tensors in, so torch is imported
             out = sys.modules["torch"].from_numpy(out)
         return SimpleNamespace(**{self.output: out})
+
+    @property
+    def model(self) -> OpenVINOModel:
+        return self
+
+    def use(self, precision: str | None) -> None:
+        """Run the next calls in `precision` (one compiled; None: the first)."""
+        self.precision = precision or next(iter(self.compiled))
 
     def keep(self, precision: str) -> None:
         """Use `precision` from now on and free the others."""

@@ -14,7 +14,6 @@ import signal
 import threading
 import time
 from collections import deque
-from dataclasses import replace
 from typing import Iterator
 
 from ..chunk_task import TaskInputs
@@ -52,9 +51,7 @@ class Worker:
         if self.failed:  # a replacement worker whose model did not load
             raise self.failed
         if tuning and not self.tuned:  # once: an out-of-memory may lower the budget afterwards
-            self.task.budget = replace(self.task.budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
-            if tuning.get("backend") in self.task.runner.models:  # the probe's backend, on every worker
-                self.task.runner.keep(tuning["backend"], tuning.get("precision"))
+            self.task.take(tuning)
             self.tuned = True
         with self.loading:
             loaded = self.task.load(work)

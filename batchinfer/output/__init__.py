@@ -1,4 +1,4 @@
-"""The output folder: part files, completion markers, the job file, the lock and the report.
+"""The output folder: part files, completion markers, the job record, the lock and the report.
 
     part-SSSSS-CCCCC.parquet          results of chunk C of shard S (lexical order = input order)
     _errors/part-SSSSS-CCCCC.parquet  rows that could not run, each with a reason
@@ -20,6 +20,6 @@ file's name), so batchinfer deletes or overwrites only what it can prove it wrot
 anything else is refused before any change, and so are /, the home folder and the input itself.
 
 The modules, bottom up: layout (names), records (ChunkRecord, ChunkResult), failures (errors in words),
-jobfile, lock, scan (one read of a folder), ownership, parts (part files), formats (one class per
+job_record, lock, scan (one read of a folder), ownership, parts (part files), formats (one class per
 output.format), checkpoint (what a run holds: lock, finished chunks, commit), status (read only).
 """

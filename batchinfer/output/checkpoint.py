@@ -18,7 +18,7 @@ from ..reasons import Reason
 from ..storage import open_folder, refuse_location
 from .failures import display_path, reach_error, writing
 from .formats import DeclaredFiles
-from .jobfile import create_job, save_job
+from .job_record import create_job, save_job
 from .layout import (
     BAD_RECORDS,
     ERROR_SCHEMA,
@@ -95,6 +95,10 @@ class Checkpoint:
     def job_id(self) -> str:
         return self.job["job_id"]
 
+    def _put(self, name: str, data: bytes) -> None:
+        """`name` written whole, through a temporary file that names this job (layout.tmp_prefix)."""
+        writing(self.path, lambda: self.folder.write(name, data, tmp=tmp_prefix(self.job_id)))
+
     @property
     def command(self) -> str:
         return self.job.get("command", "")
@@ -154,7 +158,6 @@ class Checkpoint:
         changed and the files it declares now."""
         job, done = found.job, found.done
         self.job, self.done = job, dict(done)
-        self.folder.tmp_prefix = tmp_prefix(self.job_id)
         changed = describe_changes(job["fingerprint"], fingerprint)
         if changed and (not done or set(changed) <= may_change):
             # Nothing done yet (a run that failed before its first chunk), or only what --retry-errors may
@@ -209,7 +212,7 @@ class Checkpoint:
             self._save({**self.job, "tuning": tuning})
         replaced = current_errors(self.done).get(record.retry_of) if record.retry_of else None
         record = record.committed(round(time.time(), 3))
-        writing(self.path, lambda: self.folder.write(marker_name(record.chunk), dumps(record.marker(self.job_id))))
+        self._put(marker_name(record.chunk), dumps(record.marker(self.job_id)))
         self.done[record.chunk] = record
         if replaced:
             self.folder.delete(error_part_name(replaced))
@@ -253,9 +256,9 @@ class Checkpoint:
         old = read_report(self.folder) if idle else None
         if old and isinstance(old.get("run"), dict):
             report = {**report, "run": old["run"], "device": old.get("device", report["device"])}
-        writing(self.path, lambda: self.folder.write(REPORT, dumps({"job_id": self.job_id, **report}, indent=2)))
+        self._put(REPORT, dumps({"job_id": self.job_id, **report}, indent=2))
         if success:
-            writing(self.path, lambda: self.folder.write(SUCCESS, dumps({"job_id": self.job_id})))
+            self._put(SUCCESS, dumps({"job_id": self.job_id}))
 
     def close(self) -> None:
         """Let go of the folder (the lock), whatever happened."""
@@ -285,7 +288,7 @@ def lost_chunks(done: dict[str, ChunkRecord], listing: dict[str, int], footers: 
 
 
 def _clear(folder, listing: dict[str, int]) -> None:
-    """--restart: remove this job's files. Markers go first and the job file last, so a crash on the
+    """--restart: remove this job's files. Markers go first and the job record last, so a crash on the
     way leaves a folder that still holds one consistent job."""
     for name in sorted(listing, key=lambda n: (not MARKER.fullmatch(n), n == JOB, n)):
         if name != LOCK:

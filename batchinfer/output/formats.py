@@ -1,4 +1,4 @@
-"""One class per output.format: the files each writes beside the Parquet parts (declared in the job file
+"""One class per output.format: the files each writes beside the Parquet parts (declared in the job record
 when the folder is opened, so they are provably the job's), and what it writes once the job is complete.
 The Parquet parts stay the checkpoint in every format."""
 
@@ -8,6 +8,7 @@ import json
 
 from ..openai_batch import error_lines, response_lines
 from .failures import writing
+from .layout import tmp_prefix
 from .parts import part_names, read_table
 
 RESULTS_JSONL = "_results.jsonl"  # the _ keeps Parquet readers of the folder off it
@@ -15,16 +16,17 @@ EXPORTED = "exported.json"  # the files `openai-batch -o` wrote outside the fold
 
 
 class DeclaredFiles:
-    """Writes the job's other files (those its job file declares), each whole."""
+    """Writes the job's other files (those its job record declares), each whole."""
 
     def __init__(self, folder, path, job: dict):
         self.folder, self.path, self.declared = folder, path, job.get("files", [])
+        self.tmp = tmp_prefix(job["job_id"])
 
     def write(self, name: str, fill) -> None:
         """`name`, written by fill(binary file)."""
         if name not in self.declared:
             raise ValueError(f"{name} is not among the files this job declared")
-        writing(self.path, lambda: self.folder.write_with(name, fill))
+        writing(self.path, lambda: self.folder.write_with(name, fill, tmp=self.tmp))
 
     def write_lines(self, name: str, convert, errors: bool = False) -> int:
         """`name`, from every result (or error) part in input order: each part's table → lines by
@@ -42,7 +44,7 @@ class DeclaredFiles:
         return count
 
 
-class ParquetFormat:
+class ParquetOutput:
     """The part files alone."""
 
     files: tuple[str, ...] = ()
@@ -51,7 +53,7 @@ class ParquetFormat:
         return {}
 
 
-class JsonlFormat:
+class JsonlOutput:
     """The parts, and every result row as one JSON line in _results.jsonl."""
 
     files = (RESULTS_JSONL,)
@@ -60,7 +62,7 @@ class JsonlFormat:
         return {RESULTS_JSONL: files.write_lines(RESULTS_JSONL, json_lines)}
 
 
-class OpenAIFormat:
+class OpenAIOutput:
     """The parts, and output.jsonl and errors.jsonl: what OpenAI's batch output_file and error_file hold."""
 
     files = ("output.jsonl", "errors.jsonl", EXPORTED)
@@ -78,11 +80,11 @@ class OpenAIFormat:
         }
 
 
-def output_format(job) -> ParquetFormat | JsonlFormat | OpenAIFormat:
+def output_format(job) -> ParquetOutput | JsonlOutput | OpenAIOutput:
     """The format object of a job's output.format."""
     if job.output.format == "openai":
-        return OpenAIFormat(job.model.path, job.model.task)
-    return JsonlFormat() if job.output.format == "jsonl" else ParquetFormat()
+        return OpenAIOutput(job.model.path, job.model.task)
+    return JsonlOutput() if job.output.format == "jsonl" else ParquetOutput()
 
 
 def json_lines(table) -> list[str]:

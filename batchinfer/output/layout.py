@@ -8,9 +8,9 @@ import re
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..storage import JOB_FILE
+from ..storage import JOB_RECORD
 
-JOB = JOB_FILE
+JOB = JOB_RECORD
 DONE = "_done"
 ERRORS = "_errors"
 REPORT = "_report.json"

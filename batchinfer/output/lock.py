@@ -29,17 +29,13 @@ class FolderLock:
     def __init__(self, folder, path, started: float | None = None):
         self.folder, self.path = folder, path  # path: shown in messages
         self.run_id = uuid.uuid4().hex
+        self.tmp = f".tmp-lock-{self.run_id}-"  # the lock's temporary files name its run (layout.CREATING)
         self.started = time.time() if started is None else started  # for `status`: the run's rate since then
         self._heartbeat: _Heartbeat | None = None
 
     def acquire(self) -> None:
-        saved_prefix = self.folder.tmp_prefix
-        self.folder.tmp_prefix = f".tmp-lock-{self.run_id}-"
-        try:
-            if not writing(self.path, lambda: self.folder.create(LOCK, self.content())):
-                self._take_over()
-        finally:
-            self.folder.tmp_prefix = saved_prefix
+        if not writing(self.path, lambda: self.folder.create(LOCK, self.content(), tmp=self.tmp)):
+            self._take_over()
         self._heartbeat = _Heartbeat(self)
 
     def _take_over(self) -> None:
@@ -58,7 +54,9 @@ class FolderLock:
                 "choose another output.path; batchinfer does not remove files it did not write",
             )
         content = self.content()
-        writing(self.path, lambda: self.folder.write(LOCK, content))  # left by a run that died: take it over
+        writing(
+            self.path, lambda: self.folder.write(LOCK, content, tmp=self.tmp)
+        )  # left by a run that died: take it over
         time.sleep(TAKEOVER_SETTLE)
         if (read_lock(self.folder.read(LOCK)) or {}).get("run_id") != self.run_id:
             holder = read_lock(self.folder.read(LOCK)) or {"pid": "?", "host": "?"}
@@ -118,7 +116,7 @@ class _Heartbeat:
                 if lock is None or lock.get("run_id") != self.lock.run_id:
                     self.lost = lock or {"pid": "?", "host": "?"}
                     return
-                folder.write(LOCK, self.lock.content())
+                folder.write(LOCK, self.lock.content(), tmp=self.lock.tmp)
             except OSError:
                 continue  # a passing storage error: try again at the next beat
 

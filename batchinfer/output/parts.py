@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .failures import writing
-from .layout import ERRORS, ID_KEY, PART, error_part_name, part_name
+from .layout import ERRORS, ID_KEY, PART, error_part_name, part_name, tmp_prefix
 
 
 class PartWriter:
@@ -25,7 +25,9 @@ class PartWriter:
 
     def write_table(self, name: str, table: pa.Table) -> None:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), ID_KEY: self.job_id.encode()})
-        writing(self.folder, lambda: self.folder.write_table(name, table, self.compression))
+        writing(
+            self.folder, lambda: self.folder.write_table(name, table, self.compression, tmp=tmp_prefix(self.job_id))
+        )
 
 
 def part_names(folder, errors: bool = False) -> list[str]:

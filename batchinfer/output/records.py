@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from ..control import Budget
+from ..control import Batching
 from .layout import error_part_name, part_name
 
 _OMITTED_WHEN_EMPTY = (
@@ -87,7 +87,7 @@ class ChunkResult:
     worker ended the chunk with, what a probe chose on it and notes for the run's log."""
 
     record: ChunkRecord
-    budget: Budget  # the worker's after this chunk
+    budget: Batching  # the worker's after this chunk
     tuning: dict | None = None
     notes: list[str] = field(default_factory=list)
 

@@ -1,4 +1,4 @@
-"""One read of an output folder: its job file, its listing, the completion markers of its job and the
+"""One read of an output folder: its job record, its listing, the completion markers of its job and the
 Parquet footers of the files batchinfer may have written, many small reads at once."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
 
-from .jobfile import read_job
+from .job_record import read_job
 from .layout import BAD_RECORDS, MARKER, PART, SKIPPED, marker_order
 from .records import ChunkRecord
 
@@ -29,7 +29,7 @@ class Scan:
 
 
 def scan(folder, path, footers: bool = True) -> Scan:
-    """The folder as it stands; markers and footers only when it holds a job (a damaged job file raises).
+    """The folder as it stands; markers and footers only when it holds a job (a damaged job record raises).
     footers: read the footers too (what checks parts against markers, and ownership, need)."""
     job = read_job(folder, path)
     listing = folder.list()

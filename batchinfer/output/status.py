@@ -27,7 +27,7 @@ class FolderStatus:
 
     @classmethod
     def read(cls, path: str | Path, options: dict | None = None) -> FolderStatus | None:
-        """None when the folder holds no batchinfer job; a damaged job file raises."""
+        """None when the folder holds no batchinfer job; a damaged job record raises."""
         folder = open_folder(str(path), options)
         found = scan(folder, display_path(path), footers=False)
         return cls(display_path(path), folder, found) if found.job is not None else None
@@ -97,7 +97,7 @@ class FolderStatus:
         return live_holder(self.folder)
 
     def updated(self) -> float:
-        """When the job last changed: its job file, or its latest commit."""
+        """When the job last changed: its job record, or its latest commit."""
         return max([self.folder.mtime(JOB) or 0.0] + [r.finished or 0.0 for r in self.done.values()])
 
     def parts(self, errors: bool = False) -> list[str]:
@@ -113,7 +113,7 @@ def describe_folder(
     path: str | Path, options: dict | None, fingerprint: dict, chunks_total: int
 ) -> tuple[str, FolderStatus | None]:
     """What a run of the job with `fingerprint` would find in the folder, without changing anything; raises
-    the errors a run would raise (foreign files, a damaged job file). Also the folder's status when it holds
+    the errors a run would raise (foreign files, a damaged job record). Also the folder's status when it holds
     this very job (None for a new folder or another job), read in the same pass."""
     shown = display_path(path)
     refuse_location(str(shown), ())

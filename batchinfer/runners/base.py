@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import copy
 import time
-from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
+from ..backends.precision import PRECISION_SAMPLE, SETTLE_SAMPLE, check_precision, describe_check
 from ..batching import padding_stats
 from ..recovery import run_resilient
 from ..tune import cut_batches, probe
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 
-if TYPE_CHECKING:  # imported where a model runs on it (and packing.py, all torch): see numpy_head
+if TYPE_CHECKING:  # torch is imported where a model runs on it (and packing.py, all torch): see numpy_head
     import torch
+
+    from ..backends import Backend
 
 
 class Pair(list):
@@ -39,7 +41,7 @@ class EncoderRunner:
     """Subclasses define `head(inputs, mask)` (the model's output for a batch, one entry per item) and
     `columns(results, texts, loaded)` (result columns from each row's item results, [rows][items]).
 
-    `packed` (set per batch) runs a batch as one unpadded sequence; see packing.py."""
+    `packed` (per batch, set by `lay_out`) runs a batch as one unpadded sequence; see packing.py."""
 
     packed = False
     pairs = False  # items are (text, text_pair): the converted model takes token type ids
@@ -53,7 +55,7 @@ class EncoderRunner:
     def load(cls, job, model_path, budget=None):
         """The runner for `job`, with its model loaded from `model_path` on every backend it may use; a
         budget that settled the backend and precision (a recorded probe) loads only that one."""
-        from ..backends import candidates, load_encoders, precisions
+        from ..backends import as_backends, candidates, load_encoders, precisions
         from ..models import device_type
         from ..tasks import TASKS
 
@@ -71,17 +73,16 @@ class EncoderRunner:
         )
         names = list(models)  # without torch where OpenVINO is known to be far faster here
         runner = cls(tokenizer, models[names[0]], device, job, model_path)
-        runner.models, runner.load_seconds = models, seconds
-        runner.precisions = {name: precisions(job.model, name) for name in names}
-        if budget is not None and budget.precision in runner.precisions[names[0]]:
-            runner.precisions[names[0]] = [budget.precision]
-        runner.use(names[0])
+        options = {name: precisions(job.model, name) for name in names}
+        if budget is not None and budget.precision in options[names[0]]:
+            options[names[0]] = [budget.precision]
+        runner.loaded(as_backends(models), options, seconds)
         return runner
 
     def __init__(self, tokenizer, model, device: torch.device, job, model_path=None):
         self.model = model
-        self.models = {getattr(model, "backend", "torch"): model}
-        self.precisions: dict[str, list] = {name: [None] for name in self.models}
+        self.backends: dict[str, Backend] = {}
+        self.precisions: dict[str, list] = {}
         self.load_seconds: dict[str, float] = {}
         self.device = device
         self.max_length = min(job.model.max_length, position_limit(model.config))
@@ -97,60 +98,56 @@ class EncoderRunner:
         a function of (hidden states, mask) computed inside the graph instead, or None."""
         return "logits", None
 
+    def loaded(self, backends: dict[str, Backend], precisions: dict[str, list], seconds: dict) -> None:
+        """The backends load() loaded (the first runs), each with the precisions it may use, default first."""
+        self.backends, self.precisions, self.load_seconds = backends, precisions, seconds
+        self.use(next(iter(backends)))
+
+    @property
+    def models(self) -> dict:
+        """backend name -> the model it calls (a transformers model for torch)."""
+        return {name: backend.model for name, backend in self.backends.items()}
+
     @property
     def backend(self) -> str:
-        return getattr(self.model, "backend", "torch")
+        return self._running.name
+
+    @property
+    def precision(self) -> str | None:
+        return self._running.precision
 
     def use(self, backend: str, precision: str | None = None) -> None:
         """Run the next batches on `backend` (one of those loaded), in `precision` (default: its first)."""
-        self.model = self.models[backend]
-        if hasattr(self.model, "precision"):
-            self.model.precision = precision or self.precisions[backend][0]
+        self._running = self.backends[backend]
+        self._running.use(precision or self.precisions[backend][0])
+        self.model = self._running.model
 
     def keep(self, backend: str, precision: str | None) -> None:
         """Settle on `backend` and `precision` and free every other model."""
         self.use(backend, precision)
-        self.models = {backend: self.model}
+        self.backends = {backend: self._running}
         self.precisions = {backend: [self.precision]}
-        if hasattr(self.model, "keep"):
-            self.model.keep(self.precision)
-
-    @property
-    def precision(self) -> str | None:
-        return getattr(self.model, "precision", None)
+        self._running.keep(self.precision)
 
     def check_precision(self, ids: list) -> tuple[str | None, dict]:
         """The first of this backend's precisions that gives this task's answers on the items `ids`, against
-        the last (f32), with the check's figures; f32 when none does. Ends with the chosen one in use."""
-        options = self.precisions[self.backend]
+        the last (f32), with the check's figures (backends/precision.py); f32 when none does. Ends with the
+        chosen one in use."""
+        options, backend = self.precisions[self.backend], self.backend
         if len(options) < 2:
             return options[0], {}
-        # Length-sorted batches of a few thousand tokens: f32 is the slow one, and padding would double it.
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        batches, batch = [], []
-        for i in order:
-            if batch and (len(batch) + 1) * len(ids[batch[0]]) > CHECK_BATCH_TOKENS:
-                batches.append(batch)
-                batch = []
-            batch.append(i)
-        batches.append(batch)
 
-        def results() -> list[np.ndarray]:
-            found = {}
-            for batch in batches:
-                found.update(zip(batch, self.run([ids[i] for i in batch])))
-            return [np.asarray(found[i], np.float32) for i in range(len(ids))]
+        def run_in(precision: str, batch: list) -> list:
+            self.use(backend, precision)
+            return self.run(batch)
 
-        self.use(self.backend, options[-1])
-        reference = results()
-        for precision in options[:-1]:
-            self.use(self.backend, precision)
-            ok, figure = agree(self.agreement, reference, results())
-            check = {"precision": precision, "against": options[-1], "items": len(ids), **figure}
-            if ok:
-                return precision, check
-        self.use(self.backend, options[-1])
-        return options[-1], {**check, "fell_back": True}
+        precision, check = check_precision(run_in, options, self.agreement, ids)
+        self.use(backend, precision)
+        return precision, check
+
+    def lay_out(self, strategy: str) -> None:
+        """Run the next batches padded or packed (batching.strategy, settled)."""
+        self.packed = strategy == "packed"
 
     def tokenize(self, texts: list) -> Tokens:
         return tokens_of(encode_capped(self.tokenizer, texts, self.max_length))
@@ -195,81 +192,29 @@ class EncoderRunner:
         """A loaded chunk's cut batches of items, each split and retried on failure → the result columns
         of the rows whose every item ran. With ctx.probe, a probe first settles `batching: auto` on slices
         of this chunk; the output carries its choice."""
-        prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
-        budget, rows, lowered_notes = ctx.budget, ctx.job.batching.max_rows, []
-        fits: int | None = None  # half the fewest padded tokens that ran out of memory in this chunk
-        lengths = tokens.lengths[index]
-        owners = tokens.owners()[index]
-        results: list = [None] * len(index)
-        ok = np.ones(len(index), dtype=bool)
-        totals = Counter()
-
-        def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
-            """Run batches of positions in `index` (on `backend`: the probe's candidates); keep results and
-            errors; return the seconds taken."""
-            nonlocal budget, fits
-            if backend is not None:
-                self.use(backend)
-            self.packed = strategy == "packed"
-            batches = [b for b in batches if len(b)]
-            t0 = time.perf_counter()
-            for batch in batches:
-                ctx.stop.check()
-                outcome = run_resilient(self.run, [tokens.ids[index[i]] for i in batch.tolist()])
-                for k, position in enumerate(batch.tolist()):
-                    results[position] = outcome.results[k]
-                for k, problem in outcome.failed.items():
-                    ok[batch[k]] = False
-                    prepared.errors.setdefault(int(prepared.rows[owners[batch[k]]]), problem)
-                if outcome.oom_tokens:  # lowered for the rest of the run; the probe's choice is held under it too
-                    fits = min(fits or outcome.oom_tokens, max(1, outcome.oom_tokens // 2))
-                    if fits < budget.max_tokens:
-                        note = f"out of memory at {outcome.oom_tokens} padded tokens: "
-                        note += f"max_tokens {budget.max_tokens} -> {fits}"
-                        budget = replace(budget, max_tokens=fits)
-                        lowered_notes.append(note)
-                        ctx.log(note + " for the rest of the run")
-                ctx.heap.check()
-                ctx.on_batch(len(batch), int(lengths[batch].sum()))
-            seconds = time.perf_counter() - t0
-            # Packed batches compute no padding in linear layers (attention re-pads, see packing.py).
-            if batches:
-                totals["padded"] += (
-                    int(lengths[np.concatenate(batches)].sum())
-                    if strategy == "packed"
-                    else padding_stats(lengths, batches)[1]
-                )
-            totals["seconds"] += seconds
-            return seconds
-
+        tokens, index, rows = loaded.tokens, loaded.index, ctx.job.batching.max_rows
+        loop = BatchLoop(self, loaded, ctx)
         tuning = None
         if (ctx.probe or self.unsettled) and len(index):
-            tuning, rest = self.settle(lengths, [tokens.ids[i] for i in index.tolist()], run, ctx)
-            if fits is not None:  # a budget that ran out of memory while the probe timed it is not chosen after all
-                tuning["max_tokens"] = min(tuning["max_tokens"], fits)
-            budget = replace(budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
-            run([rest[b] for b in self.cut(lengths[rest], budget.key, rows)], budget.strategy)
+            tuning, rest = self.settle(loop.lengths, [tokens.ids[i] for i in index.tolist()], loop.run, ctx)
+            if loop.fits is not None:  # a budget that ran out of memory while the probe timed it is not chosen
+                tuning["max_tokens"] = min(tuning["max_tokens"], loop.fits)
+            loop.budget = replace(loop.budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
+            loop.run([rest[b] for b in self.cut(loop.lengths[rest], loop.budget.key, rows)], loop.budget.strategy)
         else:  # cut again when a probe or an out-of-memory changed the budget after this chunk was read ahead
-            run(
-                loaded.batches if loaded.cut_with == budget.key else self.cut(lengths, budget.key, rows),
-                budget.strategy,
-            )
-        budget = replace(budget, backend=self.backend, precision=self.precision)
+            same = loaded.cut_with == loop.budget.key
+            loop.run(loaded.batches if same else self.cut(loop.lengths, loop.budget.key, rows), loop.budget.strategy)
         ctx.stop.check()
-        failed = set(owners[~ok].tolist())
-        items: dict[int, list] = {}
-        for position, text in enumerate(owners.tolist()):
-            if text not in failed:
-                items.setdefault(text, []).append(results[position])
+        items = loop.items()
         kept = np.fromiter(items, dtype=np.int64, count=len(items))
         return ChunkOutput(
             self.columns(list(items.values()), kept, loaded),
             kept,
-            round(totals["seconds"], 4),
-            totals["padded"],
+            round(loop.seconds, 4),
+            loop.padded,
             tuning=tuning,
-            budget=budget,
-            lowered=lowered_notes,
+            budget=replace(loop.budget, backend=self.backend, precision=self.precision),
+            lowered=loop.lowered,
         )
 
     def settle_default(self) -> dict:
@@ -365,41 +310,75 @@ class EncoderRunner:
         raise NotImplementedError
 
 
-PRECISION_SAMPLE = 48  # items a lower precision is checked on, against f32
-CHECK_BATCH_TOKENS = 2048
-SETTLE_SAMPLE = (  # serve's precision check: short and long, plain and odd
-    "Thanks for the quick delivery, the package arrived two days early and everything works.",
-    "refund pls",
-    "The committee postponed the vote on the new budget until after the regional elections in March, citing "
-    "unresolved questions about funding for schools, hospitals and the planned rail link to the airport.",
-    "Is this available in blue? Size M. ❤️",
-    "ERROR 503: upstream timed out after 30000 ms (retry 3/5)",
-    "Je voudrais annuler ma commande, s'il vous plaît.",
-    "no",
-    "Customer says the app crashes whenever they open the settings page on Android 14.",
-)
-COSINE_FLOOR = 0.9999  # embeddings (and score vectors) in a lower precision, against f32
-SCORE_TOLERANCE = 0.01  # a single relevance score
+class BatchLoop:
+    """One chunk's batches of items, run one after another (the probe's timed slices, then the rest). It owns
+    what they change: each item's result, the rows that failed, the budget an out-of-memory lowers for the
+    rest of the run, and the seconds and padded tokens spent."""
 
+    def __init__(self, runner: EncoderRunner, loaded: ChunkInput, ctx: ChunkContext):
+        self.runner, self.loaded, self.ctx = runner, loaded, ctx
+        index = loaded.index
+        self.budget = ctx.budget
+        self.fits: int | None = None  # half the fewest padded tokens that ran out of memory in this chunk
+        self.lengths = loaded.tokens.lengths[index]
+        self.owners = loaded.tokens.owners()[index]
+        self.results: list = [None] * len(index)
+        self.ok = np.ones(len(index), dtype=bool)
+        self.seconds, self.padded = 0.0, 0
+        self.lowered: list[str] = []  # what each out-of-memory lowered, for the record
 
-def agree(how: str, reference: list[np.ndarray], candidate: list[np.ndarray]) -> tuple[bool, dict]:
-    """Whether results in a lower precision give the task's answers (`how`: argmax, the labels each item's
-    output picks, per token where it is per token; cosine, every item's vector against f32; close, scores
-    within SCORE_TOLERANCE), with the figure that says so."""
-    if how == "argmax":
-        same = np.mean([np.array_equal(r.argmax(-1), c.argmax(-1)) for r, c in zip(reference, candidate)])
-        return bool(same == 1.0), {"labels_equal": round(float(same), 4)}
-    if how == "close":
-        worst = max(float(np.abs(r - c).max()) for r, c in zip(reference, candidate))
-        return worst <= SCORE_TOLERANCE, {"max_abs_diff": round(worst, 6)}
-    cosines = [float(r @ c / max(np.linalg.norm(r) * np.linalg.norm(c), 1e-12)) for r, c in zip(reference, candidate)]
-    return min(cosines) >= COSINE_FLOOR, {"min_cosine": round(min(cosines), 6)}
+    def run(self, batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
+        """Run batches of positions in the chunk's index (on `backend`: the probe's candidates); keep results
+        and errors; return the seconds taken."""
+        if backend is not None:
+            self.runner.use(backend)
+        self.runner.lay_out(strategy)
+        batches = [b for b in batches if len(b)]
+        t0 = time.perf_counter()
+        for batch in batches:
+            self.ctx.stop.check()
+            self.run_one(batch)
+            self.ctx.heap.check()
+            self.ctx.on_batch(len(batch), int(self.lengths[batch].sum()))
+        seconds = time.perf_counter() - t0
+        # Packed batches compute no padding in linear layers (attention re-pads, see packing.py).
+        if batches:
+            lengths = self.lengths
+            self.padded += (
+                int(lengths[np.concatenate(batches)].sum())
+                if strategy == "packed"
+                else padding_stats(lengths, batches)[1]
+            )
+        self.seconds += seconds
+        return seconds
 
+    def run_one(self, batch: np.ndarray) -> None:
+        """One batch, split and retried on failure (recovery.py): its results, its failed rows, and the budget
+        lowered below what ran out of memory; the probe's choice is held under it too."""
+        tokens, index, prepared = self.loaded.tokens, self.loaded.index, self.loaded.prepared
+        outcome = run_resilient(self.runner.run, [tokens.ids[index[i]] for i in batch.tolist()])
+        for k, position in enumerate(batch.tolist()):
+            self.results[position] = outcome.results[k]
+        for k, problem in outcome.failed.items():
+            self.ok[batch[k]] = False
+            prepared.errors.setdefault(int(prepared.rows[self.owners[batch[k]]]), problem)
+        if outcome.oom_tokens:
+            self.fits = min(self.fits or outcome.oom_tokens, max(1, outcome.oom_tokens // 2))
+            if self.fits < self.budget.max_tokens:
+                note = f"out of memory at {outcome.oom_tokens} padded tokens: "
+                note += f"max_tokens {self.budget.max_tokens} -> {self.fits}"
+                self.budget = replace(self.budget, max_tokens=self.fits)
+                self.lowered.append(note)
+                self.ctx.log(note + " for the rest of the run")
 
-def describe_check(check: dict) -> str:
-    figures = ", ".join(f"{k} {v}" for k, v in check.items() if k not in ("precision", "against", "fell_back"))
-    chosen = f"{check['against']} ({check['precision']} failed)" if check.get("fell_back") else check["precision"]
-    return f"{chosen}, checked against {check['against']}: {figures}"
+    def items(self) -> dict[int, list]:
+        """Each row whose every item ran (its position in the prepared texts) -> its items' results."""
+        failed = set(self.owners[~self.ok].tolist())
+        items: dict[int, list] = {}
+        for position, text in enumerate(self.owners.tolist()):
+            if text not in failed:
+                items.setdefault(text, []).append(self.results[position])
+        return items
 
 
 def tokens_of(encodings: list, owner: np.ndarray | None = None, pairs: bool = False) -> Tokens:

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..config import JobConfig
-from ..control import Budget, StopFlag
+from ..control import Batching, StopFlag
 from ..heap import HeapGuard
 from ..prepare import Prepared
 
@@ -72,7 +72,7 @@ class ChunkInput:
     tokens: Tokens
     index: np.ndarray  # positions in `tokens` that go to the model (the rest became errors)
     batches: list[np.ndarray]  # positions in `index`, as the model will see them
-    cut_with: tuple[int, str]  # the Budget.key the batches were cut with
+    cut_with: tuple[int, str]  # the Batching.key the batches were cut with
     row_settings: list | None = None  # per table row, what Runner.row_settings read (generate: max_new_tokens)
 
 
@@ -83,7 +83,7 @@ class ChunkContext:
     notes go, and whether to settle batching: auto."""
 
     job: JobConfig
-    budget: Budget
+    budget: Batching
     stop: StopFlag
     heap: HeapGuard
     log: Callable[[str], None]
@@ -101,7 +101,7 @@ class ChunkOutput:
     padded_tokens: int  # the tokens the model computed, padding included
     figures: dict = field(default_factory=dict)  # the task's own figures for the record (generated_tokens, ...)
     tuning: dict | None = None  # the probe's choice (batching: auto), when this chunk settled it
-    budget: Budget | None = None  # the budget the chunk ended with (a probe's choice, lowered on OOM); None: as given
+    budget: Batching | None = None  # the budget the chunk ended with (a probe's choice, lowered on OOM); None: as given
     lowered: list[str] = field(default_factory=list)  # each out-of-memory that lowered max_tokens in this chunk
 
 
@@ -120,7 +120,7 @@ class Runner(Protocol):
         setting is unusable is put in prepared.errors."""
 
     def cut(self, lengths: np.ndarray, budget: tuple[int, str], max_rows: int) -> list[np.ndarray]:
-        """Items of `lengths` tokens → batches (positions), as the runner runs them under a Budget.key."""
+        """Items of `lengths` tokens → batches (positions), as the runner runs them under a Batching.key."""
 
     def packing_problem(self) -> str | None:
         """Why batching.strategy: packed cannot run this runner's model, or None."""

@@ -39,8 +39,9 @@ class TooLarge(Exception):
 
 
 @dataclass
-class Request:
-    """One caller's rows; `future` resolves to (results in row order, {row: (reason, message)})."""
+class Submitted:
+    """One caller's rows as submitted to the batcher (not an HTTP request); `future` resolves to (results in
+    row order, {row: (reason, message)})."""
 
     size: int
     future: asyncio.Future
@@ -58,7 +59,7 @@ class Request:
 
 @dataclass
 class _Row:
-    request: Request
+    request: Submitted
     position: int
     ids: list
     arrived: float
@@ -121,11 +122,11 @@ class Batcher:
             with self._wake:
                 self._reserved -= tokens
 
-    def submit(self, items: list, loop: asyncio.AbstractEventLoop, reserved: int = 0) -> Request:
+    def submit(self, items: list, loop: asyncio.AbstractEventLoop, reserved: int = 0) -> Submitted:
         """Queue a request's items (token ids, one per row); raises Overloaded when the queue is full.
         reserved: the tokens this request holds already (Batcher.reserved)."""
         tokens = sum(len(item) for item in items)
-        request = Request(len(items), loop.create_future(), loop)
+        request = Submitted(len(items), loop.create_future(), loop)
         now = time.monotonic()
         with self._wake:
             self._admit(tokens, min(reserved, self.max_queue_tokens))  # as reserved() holds it
@@ -136,7 +137,7 @@ class Batcher:
             loop.call_soon(request.future.set_result, ([], {}))
         return request
 
-    def cancel(self, request: Request) -> None:
+    def cancel(self, request: Submitted) -> None:
         """Drop the rows of `request` that have not run (its caller went away): the queued ones now, the rest
         before each batch of the window being run."""
         with self._wake:
@@ -198,7 +199,7 @@ class Batcher:
 
     def _run(self, rows: list[_Row]) -> None:
         lengths = np.array([len(row.ids) for row in rows], dtype=np.int64)
-        self.runner.packed = self.strategy == "packed"
+        self.runner.lay_out(self.strategy)
         for batch in cut_batches(lengths, self.max_tokens, self.strategy, self.max_rows, self.runner.device):
             members = [rows[i] for i in batch.tolist() if not rows[i].request.cancelled]
             if not members:

@@ -89,11 +89,8 @@ class GenerateService:
             raise BadInput(f"serve runs generation.engine transformers (continuous batching), not {gen.engine}")
         constrained = importlib.util.find_spec("xgrammar") is not None  # masks take any request's response_format
         lengths = [job.model.max_length + gen.max_new_tokens] * rows
-        cb_config = runner.engine_config(gen, lengths, rows, constrained)
-        self.manager = runner.model.init_continuous_batching(
-            generation_config=runner.generation_config(gen, gen.max_new_tokens), continuous_batching_config=cb_config
-        )
-        self.masks = runner.masks(self.manager) if constrained else None
+        session = runner.engine.session(gen, lengths, rows, gen.max_new_tokens, constrained)
+        self.manager, self.masks = session.manager, session.masks
         self.manager.start()
 
     async def ask(self, body: GenerationSettings, prompt, chat: bool, max_tokens: int | None) -> Asked:

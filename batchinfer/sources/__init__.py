@@ -1,11 +1,11 @@
 """Shards on disk → row ranges as Arrow tables, every unusable row named. Knows nothing of models.
 
-One class per format: parquet.py, jsonl.py (and .jsonl.gz), hf.py (saved datasets), openai.py
-(OpenAI Batch API request lines). Discovery here expands input.path into shards in a stable order,
-opens each once (row count, content digest, columns, value types) and fixes the type of every id and
-kept column for the whole job. Each shard is stamped too (size, modification time, inode or ETag), and
-every reader checks the stamp before and after each read, so a file changed while the job runs stops
-its rows instead of mixing two versions.
+One class per format: parquet.py, jsonl.py (and .jsonl.gz), csv.py (CSV and TSV, and gzipped), hf.py
+(saved datasets), openai.py (OpenAI Batch API request lines). Discovery here expands input.path into
+shards in a stable order, opens each once (row count, content digest, columns, value types) and fixes
+the type of every id and kept column for the whole job. Each shard is stamped too (size, modification
+time, inode or ETag), and every reader checks the stamp before and after each read, so a file changed
+while the job runs stops its rows instead of mixing two versions.
 
 Discovery never reads batchinfer's own output back: it skips the job's output folder and any folder
 below the input that holds a batchinfer job (an output folder given as input.path itself is read, so
@@ -25,7 +25,7 @@ import pyarrow as pa
 from ..config import InputConfig
 from ..errors import InputError
 from ..storage import (
-    JOB_FILE,
+    JOB_RECORD,
     file_stamp,
     glob_base,
     glob_regex,
@@ -75,7 +75,7 @@ FORMATS = {
     "openai": OpenAIFormat(),
 }
 # Files and folders batchinfer writes into an output folder: a folder holding one is its output.
-JOB_MARKERS = (JOB_FILE, "_manifest.jsonl")
+JOB_MARKERS = (JOB_RECORD, "_manifest.jsonl")
 
 
 class Inputs(NamedTuple):

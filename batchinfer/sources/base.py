@@ -17,9 +17,9 @@ from typing import IO, Callable, Protocol
 import pyarrow as pa
 
 from ..errors import InputError
+from ..reasons import Problem
 from ..storage import file_stamp
 
-Problem = tuple[str, str]  # (reason, message)
 FULL_HASH_BYTES = 64 << 20  # files up to this size are identified by all their bytes
 KINDS_OF = {str: "str", bool: "bool", int: "int", float: "float", list: "list", dict: "dict"}
 INT64 = (-(1 << 63), (1 << 63) - 1)

@@ -28,10 +28,10 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from ..errors import InputError
-from ..reasons import Reason
+from ..lines import decompressed
+from ..reasons import Problem, Reason
 from ..storage import open_binary
-from .base import Problem, ReadSpec, RowBlock, Shard, ShardInfo, Tap, cast_columns, next_row
-from .jsonl import _Gunzip
+from .base import ReadSpec, RowBlock, Shard, ShardInfo, Tap, cast_columns, next_row
 
 BLOCK = 1 << 20
 _TEXT_HEAD = 200
@@ -148,7 +148,7 @@ def _open(path: str, spec: ReadSpec, digest=None, see=None) -> IO[bytes]:
     raw = open_binary(path, spec.options)
     if digest is not None:
         raw = Tap(raw, digest.update)
-    stream = _Gunzip(raw) if path.lower().endswith(".gz") else raw
+    stream = decompressed(raw, path)
     return Tap(stream, see) if see is not None else stream
 
 

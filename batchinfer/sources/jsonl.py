@@ -8,17 +8,15 @@ across consecutive chunks (a gzip needs no seeking).
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 from typing import IO
 
 import pyarrow as pa
 
-from ..lines import Oversized, count_lines, numbered_lines, parse_object, read_lines, sniff_field
+from ..lines import Oversized, count_lines, numbered_lines, open_lines, parse_object, read_lines, sniff_field
 from ..messages import message_problem
-from ..reasons import Reason
-from ..storage import open_binary
-from .base import Kinds, Problem, ReadSpec, RowBlock, Shard, ShardInfo, Tap, as_text, next_row
+from ..reasons import Problem, Reason
+from .base import Kinds, ReadSpec, RowBlock, Shard, ShardInfo, Tap, as_text, next_row
 
 _BLOCK = 1 << 20
 
@@ -166,23 +164,3 @@ def _value_problem(column: str, value, exc: BaseException) -> Problem:
             "which is not valid text",
         )
     return (Reason.BAD_JSON, f"field '{column}' does not fit the column's type: {type(exc).__name__}: {str(exc)[:200]}")
-
-
-def open_lines(path: str, options: dict | None = None) -> IO[bytes]:
-    """A shard's bytes, local or remote, decompressed when its name ends in .gz."""
-    raw = open_binary(path, options)
-    return _Gunzip(raw) if path.lower().endswith(".gz") else raw
-
-
-class _Gunzip(gzip.GzipFile):
-    """A GzipFile that closes the stream it reads from, too."""
-
-    def __init__(self, raw: IO[bytes]):
-        super().__init__(fileobj=raw, mode="rb")
-        self._raw = raw
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            self._raw.close()

@@ -11,8 +11,8 @@ import pyarrow as pa
 
 from ..lines import Oversized, parse_object, sniff_field
 from ..openai_batch import parse_request
-from ..reasons import Reason
-from .base import Problem, ReadSpec
+from ..reasons import Problem, Reason
+from .base import ReadSpec
 from .jsonl import JsonlFormat
 
 REQUEST_TYPES = {

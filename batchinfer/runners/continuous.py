@@ -1,0 +1,187 @@
+"""The continuous-batching engine: transformers' ContinuousBatchingManager (paged KV cache). Sequences are
+admitted and retired at every decoding step, so short completions never wait for long ones, and KV-cache
+memory, not a fixed batch size, bounds how many run at once. Offline runs a pass per chunk; serve keeps one
+running and adds each request to it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..config import GenerationConfig
+from ..errors import ModelError
+from ..sampling import SeededSampling
+from .engine import PassOutput, PassRows, generation_config
+from .kv_cache import cache_blocks, engine_options, kv_bytes_per_block, memory_budget, sized_by_user
+from .prefix import admission
+
+# Cache page (tokens) when rows may share a prefix: the engine shares whole pages, so transformers' default of 256
+# shares nothing of a prompt shorter than 257 tokens.
+SHARED_PAGE = 32
+
+
+@dataclass
+class Session:
+    """A continuous-batching manager, not yet started, and its grammar masks (None: no request is constrained)."""
+
+    manager: object
+    masks: object | None
+
+
+class ContinuousEngine:
+    def __init__(self, model, device: torch.device, options: dict, pad_id: int, grammars: Callable):
+        self.model, self.device, self.options, self.pad_id = model, device, options, pad_id
+        self.grammars = grammars  # () -> grammar.Grammars, built on first use
+        self.shared_page = options.get("page_size", SHARED_PAGE) if options.get("allow_block_sharing", True) else None
+
+    def config(self, gen: GenerationConfig, lengths: list[int], concurrency: int, constrained: bool, seeded: bool):
+        """transformers' ContinuousBatchingConfig for requests of `lengths` tokens (prompt plus new tokens),
+        `concurrency` of them in flight: the KV cache sized from them, unless engine_options size it."""
+        from transformers import ContinuousBatchingConfig
+
+        cpu = self.device.type == "cpu"
+        options = engine_options(self.options, concurrency, self.shared_page, cpu, constrained, seeded)
+        if not sized_by_user(options):
+            page = options["page_size"]
+            options["num_blocks"] = cache_blocks(
+                lengths,
+                page,
+                options["max_requests_per_batch"],
+                kv_bytes_per_block(self.model.config, self.model.dtype, page),
+                memory_budget(gen.max_memory, self.device),
+            )
+        try:
+            return ContinuousBatchingConfig(seed=gen.seed, **options)
+        except TypeError as exc:
+            raise ModelError(
+                f"generation.engine_options: {exc}",
+                "use fields of transformers.ContinuousBatchingConfig, e.g. num_blocks, max_batch_tokens",
+            ) from exc
+
+    def session(
+        self,
+        gen: GenerationConfig,
+        lengths: list[int],
+        concurrency: int,
+        max_new_tokens: int,
+        constrained: bool,
+        seeded: bool = False,
+    ) -> Session:
+        """A manager for requests of `lengths` tokens, with grammar masks installed when `constrained`."""
+        manager = self.model.init_continuous_batching(
+            generation_config=generation_config(self.model, gen, max_new_tokens, self.pad_id),
+            continuous_batching_config=self.config(gen, lengths, concurrency, constrained, seeded),
+        )
+        masks = None
+        if constrained:
+            from ..grammar import ContinuousMasks
+
+            masks = ContinuousMasks(self.grammars())
+            masks.install(manager, first=True)  # masks before temperature, top-k and top-p
+        return Session(manager, masks)
+
+    def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
+        """One engine pass (its rows share temperature and top_p); when it samples, each row draws with its
+        own seed (sampling.py)."""
+        settings, prompts, max_new, constraints = rows.settings, rows.prompts, rows.max_new, rows.constraints
+        gen = settings[0]
+        concurrency = min(len(prompts), gen.engine_options.get("max_requests_per_batch") or max_rows)
+        sampled = gen.temperature > 0
+        lengths = [len(p) + m for p, m in zip(prompts, max_new)]
+        started = time.perf_counter()
+        session = self.session(
+            gen, lengths, concurrency, max(max_new), any(c is not None for c in constraints), sampled
+        )
+        hits = count_prefix_hits(session.manager)
+        sampler = SeededSampling() if sampled else None
+        if sampler is not None:
+            sampler.install(session.manager)
+        admitted = _Rows(session, sampler, prompts, max_new, constraints, [s.seed for s in settings])
+        results = admitted.run(self.shared_page, check)
+        raw, first = [], []
+        for i in range(len(prompts)):
+            result = results.get(f"row-{i}")
+            if result is None:
+                raw.append(([], "the continuous batching engine stopped before this row finished"))
+                continue
+            raw.append((result.generated_tokens, result.error))
+            if result.timestamps:
+                first.append(result.timestamps[0] - started)
+        return PassOutput(raw, first, [hits.get(f"row-{i}", 0) for i in range(len(prompts))])
+
+
+class _Rows:
+    """One pass's rows, added to a manager: each with its constraint and seed, in the admission order that
+    lets rows sharing a first page read it from the cache (prefix.admission)."""
+
+    def __init__(self, session: Session, sampler, prompts, max_new, constraints, seeds):
+        self.session, self.sampler = session, sampler
+        self.prompts, self.max_new, self.constraints, self.seeds = prompts, max_new, constraints, seeds
+
+    def add(self, i: int, streaming: bool) -> None:
+        if self.constraints[i] is not None:
+            self.session.masks.add(f"row-{i}", self.constraints[i])
+        if self.sampler is not None:  # its own generator, whatever order the rows are admitted in
+            self.sampler.add(f"row-{i}", self.seeds[i])
+        self.session.manager.add_request(
+            self.prompts[i],
+            request_id=f"row-{i}",
+            max_new_tokens=self.max_new[i],
+            record_timestamps=True,
+            streaming=streaming,
+        )
+
+    def run(self, page: int | None, check: Callable[[], None]) -> dict:
+        """request id -> its finished result. Rows that share a first page wait until one of them is
+        prefilled: admitted together, each would compute it."""
+        manager, results = self.session.manager, {}
+        leaders, waited, followers = admission(self.prompts, page) if page else (range(len(self.prompts)), set(), [])
+        manager.start()
+        stopped = True
+        try:
+            for i in leaders:
+                self.add(i, streaming=i in waited)  # a waited-for leader streams: its first output says it is cached
+            prefilling = {f"row-{i}" for i in waited}
+            while len(results) < len(self.prompts):
+                check()
+                result = manager.get_result(timeout=0.1)
+                if result is not None:
+                    prefilling.discard(result.request_id)
+                    if result.is_finished():
+                        results[result.request_id] = result
+                elif not manager.is_running():
+                    break
+                if followers and not prefilling:
+                    for i in followers:
+                        self.add(i, streaming=False)
+                    followers = []
+            stopped = False
+        finally:  # on Ctrl-C drop the requests in flight at once, instead of finishing them (tens of seconds)
+            manager.stop(block=True, timeout=1 if stopped else None, hard_stop=stopped)
+            manager.destroy()
+        return results
+
+
+def count_prefix_hits(manager) -> dict[str, int]:
+    """request id -> the prompt tokens its paged cache found cached (shared blocks) instead of computing them,
+    filled while `manager` runs: the cache is built in the manager's thread, so its prefix search is wrapped
+    as it is built."""
+    hits: dict[str, int] = {}
+    create = manager._create_batch_processor
+
+    def created():
+        processor = create()
+        search = processor.cache.search_prefix_match
+
+        def counted(request_id: str, prompt_ids: list[int]) -> int:
+            hits[request_id] = found = search(request_id, prompt_ids)
+            return found
+
+        processor.cache.search_prefix_match = counted
+        return processor
+
+    manager._create_batch_processor = created
+    return hits

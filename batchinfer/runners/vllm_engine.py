@@ -1,0 +1,90 @@
+"""The vLLM engine: `vllm.LLM` on a GPU, for the same job file and the same output columns; every row
+with its own settings in one pass, and its prefix caching reusing what rows share."""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import torch
+
+from ..constrain import Constraint
+from ..errors import ModelError
+from .engine import PassOutput, PassRows
+
+VLLM_BLOCK = 16  # vLLM's default cache block (tokens)
+
+
+class VllmEngine:
+    def __init__(self, llm, options: dict, eos: set[int]):
+        self.llm, self.eos = llm, eos
+        self.shared_page = options.get("block_size", VLLM_BLOCK) if options.get("enable_prefix_caching", True) else None
+
+    def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
+        """One pass: vLLM takes each row's own settings (its seed, stop strings, temperature) and schedules
+        the rows itself (max_rows does not apply)."""
+        from vllm import SamplingParams  # checked importable when the runner was built
+
+        params = [
+            SamplingParams(
+                max_tokens=m,
+                temperature=gen.temperature,
+                top_p=gen.top_p,
+                top_k=gen.top_k or -1,
+                seed=gen.seed,
+                stop=gen.stop or None,
+                skip_special_tokens=True,
+                **vllm_structured(c),
+            )
+            for gen, m, c in zip(rows.settings, rows.max_new, rows.constraints)
+        ]
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in rows.prompts], params, use_tqdm=False)
+        hits = [getattr(o, "num_cached_tokens", None) or 0 for o in outputs]  # prefix caching's, per request
+        return PassOutput([(self.tokens(o.outputs[0]), None) for o in outputs], [], hits)
+
+    def tokens(self, output) -> list[int]:
+        """A vLLM completion's tokens, ending in an end token when vLLM says it stopped (finish_reason stop),
+        so that finish reads stop, not length, whether or not vLLM kept that token."""
+        tokens = list(output.token_ids)
+        if output.finish_reason == "stop" and self.eos and not (tokens and tokens[-1] in self.eos):
+            tokens.append(min(self.eos))
+        return tokens
+
+
+def vllm_structured(constraint: Constraint | None) -> dict:
+    """SamplingParams arguments that make vLLM follow `constraint`: structured_outputs (vLLM 0.10.2 and
+    later), else guided_decoding (earlier releases), with the same fields. Its outputs are checked
+    against the grammar afterwards like every engine's."""
+    if constraint is None:
+        return {}
+    fields = {
+        "json_schema": lambda: {"json": json.loads(constraint.spec)},
+        "json_object": lambda: {"json_object": True},
+        "choices": lambda: {"choice": json.loads(constraint.spec)},
+        "regex": lambda: {"regex": constraint.spec},
+    }[constraint.kind]()
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        from vllm.sampling_params import GuidedDecodingParams
+
+        return {"guided_decoding": GuidedDecodingParams(**fields)}
+    return {"structured_outputs": StructuredOutputsParams(**fields)}
+
+
+def load_vllm(path, engine_options: dict):
+    """vllm.LLM for a model folder, or a message saying what is missing."""
+    try:
+        from vllm import LLM
+    except ImportError as exc:
+        raise ModelError(
+            "generation.engine vllm needs vLLM, which is not installed",
+            "pip install 'batchinfer[vllm]' on a machine with a CUDA GPU, or use engine: transformers",
+        ) from exc
+    if not torch.cuda.is_available():
+        raise ModelError(
+            "generation.engine vllm needs a CUDA GPU, and none is visible",
+            "use generation.engine: transformers, which runs on CPU and GPU",
+        )
+    # rows that share a prefix (an instruction, a chat template's preamble) read its cached blocks
+    return LLM(model=str(path), **{"enable_prefix_caching": True, **engine_options})

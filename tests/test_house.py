@@ -1,0 +1,127 @@
+"""The shape the README promises of the code: functions small enough to read at once, state changed only by
+the object that owns it, and the declared protocols implemented as declared."""
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "batchinfer"
+MAX_LINES = 60
+# Still longer, to be cut; the list only shrinks.
+LONG: set[str] = set()
+# Objects of other libraries configured where batchinfer builds them: not batchinfer state.
+FOREIGN = {
+    "packing.repad": "the model's output object, re-padded in place of the packed one",
+    "runners.continuous.count_prefix_hits": "transformers' manager, its cache's prefix search wrapped to count hits",
+}
+
+
+def _functions():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f"{module}.{node.name}", node
+
+
+def test_no_function_is_longer_than_sixty_lines():
+    long = {name: fn.end_lineno - fn.lineno + 1 for name, fn in _functions() if fn.end_lineno - fn.lineno >= MAX_LINES}
+    assert set(long) <= LONG, f"over {MAX_LINES} lines: {long}; cut them into named steps"
+    assert not LONG - set(long), f"no longer long, take them off LONG: {sorted(LONG - set(long))}"
+
+
+def _sets_on(fn: ast.AST) -> list[str]:
+    """`x.attr = ...` where x is one of fn's parameters (not self or cls), or an object self holds."""
+    args = fn.args
+    params = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs} - {"self", "cls"}
+    found = []
+    for node in ast.walk(fn):
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            continue
+        for target in targets:
+            for leaf in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if not isinstance(leaf, ast.Attribute):
+                    continue
+                owner = leaf.value
+                held = (
+                    isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"
+                )
+                while isinstance(owner, ast.Attribute):
+                    owner = owner.value
+                if held or (isinstance(owner, ast.Name) and owner.id in params):
+                    found.append(ast.unparse(leaf))
+    return found
+
+
+def test_no_function_sets_attributes_of_an_object_it_was_handed():
+    """An object's state is changed by its own methods (a Folder's temporary prefix is an argument; a
+    runner's strategy is lay_out's), so that each piece of state has one owner."""
+    found = {}
+    for name, fn in _functions():
+        if name in FOREIGN or name.endswith(".__init__") and name.startswith("runners.token_classify"):
+            continue  # token_classify builds transformers' pipeline without its __init__
+        own_class_objects = [s for s in _sets_on(fn) if not s.startswith("request.")]  # batcher's own _Request
+        if own_class_objects:
+            found[name] = own_class_objects
+    assert not found, f"attributes set from outside their object: {found}"
+
+
+@pytest.mark.parametrize(
+    "protocol, classes",
+    [
+        ("batchinfer.storage:Folder", ["batchinfer.storage:LocalFolder", "batchinfer.storage:ObjectFolder"]),
+        (
+            "batchinfer.backends:Backend",
+            ["batchinfer.backends:TorchBackend", "batchinfer.backends.openvino:OpenVINOModel"],
+        ),
+        (
+            "batchinfer.runners.engine:Engine",
+            [
+                "batchinfer.runners.continuous:ContinuousEngine",
+                "batchinfer.runners.static:StaticEngine",
+                "batchinfer.runners.vllm_engine:VllmEngine",
+            ],
+        ),
+    ],
+)
+def test_each_declared_protocol_is_implemented_with_its_signatures(protocol, classes):
+    import importlib
+
+    def load(spec):
+        module, name = spec.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    declared = load(protocol)
+    methods = {n: v for n, v in vars(declared).items() if not n.startswith("_") and callable(v)}
+    fields = set(getattr(declared, "__annotations__", {})) | {
+        n for n, v in vars(declared).items() if isinstance(v, property)
+    }
+    for spec in classes:
+        cls = load(spec)
+        for name, method in methods.items():
+            assert callable(getattr(cls, name, None)), f"{spec} has no {name}"
+            want = list(inspect.signature(method).parameters)
+            assert list(inspect.signature(getattr(cls, name)).parameters) == want, f"{spec}.{name}: not {want}"
+        source = inspect.getsource(cls)
+        for name in fields:  # a class attribute, a property, or set in __init__
+            assert hasattr(cls, name) or f"self.{name}" in source, f"{spec} has no {name}"
+
+
+def test_one_name_means_one_thing():
+    """A class or type alias is defined in one module only: two ParquetFormat, Completions or Problem made a
+    reader ask which one is meant."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            named = isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            if isinstance(node, ast.ClassDef):
+                name = node.name
+            elif named and node.targets[0].id[:1].isupper() and not node.targets[0].id.isupper():
+                name = node.targets[0].id  # a type alias such as Problem = tuple[str, str]
+            else:
+                continue
+            where.setdefault(name, []).append(str(path.relative_to(PACKAGE)))
+    assert not {n: w for n, w in where.items() if len(w) > 1}
