@@ -31,6 +31,7 @@ app = typer.Typer(
 # No markup: messages carry paths, column names and values that may hold [brackets]; labels are styled Text.
 out = Console(soft_wrap=True, markup=False)
 err = Console(stderr=True, soft_wrap=True, markup=False)
+LOG_WIDTH = 200  # the summary's width where stderr is no terminal
 
 SetOption = typer.Option(
     None, "--set", metavar="KEY=VALUE", help="Override a job key, e.g. --set batching.max_tokens=8192 (repeatable)."
@@ -276,8 +277,8 @@ def execute(config, command: str, *, restart: bool, retry_errors: bool, progress
             f"already complete: {report['rows']:,} rows in {config.output.path} (use --restart to run it again)",
             highlight=False,
         )
-    else:
-        err.print(summary_table(report))
+    else:  # into a log (nohup, cron) at LOG_WIDTH: rich takes 80 columns where stderr is no terminal
+        (err if err.is_terminal else Console(stderr=True, markup=False, width=LOG_WIDTH)).print(summary_table(report))
     return report
 
 

@@ -540,6 +540,16 @@ def test_an_internal_error_says_how_to_see_it_in_plain_words(monkeypatch, tmp_pa
     assert "fix: rerun with --debug" in result.output and "[yellow]" not in result.output
 
 
+def test_the_summary_in_a_log_keeps_each_line_whole(tmp_path, sms_parquet, tiny_embed):
+    bad = sms_parquet / ("part-9-a-shard-whose-name-is-long-enough-to-pass-eighty-columns" + ".parquet")
+    bad.write_bytes(b"not parquet")
+    job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, tmp_path / "out", raw=True, input__on_bad_shard="skip"))
+    result = runner.invoke(app, ["run", str(job)])  # stderr is no terminal, as under nohup or cron
+    assert result.exit_code == 0, result.output
+    (skipped,) = [line for line in result.stderr.splitlines() if line.lstrip().startswith("skipped")]
+    assert skipped.rstrip().endswith(f"{bad.name}; see _errors/"), result.stderr  # one line, not cut at 80
+
+
 def test_progress_lines_come_batch_by_batch_inside_one_chunk_the_probes_too(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(  # one chunk of 600 rows, probed (batching: auto), in batches of at most 16 rows
