@@ -86,14 +86,7 @@ def test_openai_batch_command_writes_openai_shaped_lines(tmp_path, tiny_llama):
 
 def test_embeddings_requests(tmp_path, tiny_embed):
     lines = [
-        json.dumps(
-            {
-                "custom_id": f"e{i}",
-                "method": "POST",
-                "url": "/v1/embeddings",
-                "body": {"model": "text-embedding-3-small", "input": text},
-            }
-        )
+        _embedding_request(f"e{i}", text)
         for i, text in enumerate(["Ok lar... Joking wif u oni...", "Free entry in 2 a wkly comp"])
     ]
     path = tmp_path / "embed.jsonl"
@@ -143,17 +136,7 @@ def _killed_in_third_chunk(path, model, out, chunk_rows: int):
 
 
 def test_resume_neither_repeats_nor_loses_a_custom_id(tmp_path, tiny_llama):
-    lines = [
-        json.dumps(
-            {
-                "custom_id": f"r{i}",
-                "method": "POST",
-                "url": "/v1/completions",
-                "body": {"model": "x", "prompt": f"message number {i}", "max_tokens": 4},
-            }
-        )
-        for i in range(40)
-    ]
+    lines = [_completion(f"r{i}", f"message number {i}", model="x", max_tokens=4) for i in range(40)]
     path = tmp_path / "many.jsonl"
     path.write_text("\n".join(lines) + "\n")
     job = _killed_in_third_chunk(path, tiny_llama, tmp_path / "out", chunk_rows=10)
