@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
+import importlib
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -28,13 +31,84 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # No test races two runs, so none waits: conftest sets them to 0 in this process, BATCHINFER in the runs
 # the tests start. {module: attribute}
 SETTLE_WAITS = {"batchinfer.output.lock": "TAKEOVER_SETTLE", "batchinfer.storage": "ObjectFolder.SETTLE"}
-# The command line as users call it (python -m batchinfer runs the same app), its settle waits at 0
-BATCHINFER = [
-    sys.executable,
-    "-c",
-    "".join(f"import {module}; {module}.{name} = 0.0; " for module, name in SETTLE_WAITS.items())
-    + "from batchinfer.cli import app; app(prog_name='batchinfer')",
-]
+# The runs the tests start as processes of their own (to kill, to signal, to see exit codes and output) are
+# forked from a server that imported the command line, torch, transformers and the runners once: a new
+# interpreter spends about 6 CPU-s on those imports, which was a sixth of the suite. Each run is still a process
+# of its own, with its own signals, exit code, file descriptors and pid, running `batchinfer` as users call it
+# (cli.app). What a fresh interpreter alone shows (which modules a command imports) is tested with one.
+PRELOAD = ["helpers", "batchinfer.cli", "batchinfer.driver", "batchinfer.runners.embed", "batchinfer.runners.generate"]
+_FORKS = multiprocessing.get_context("forkserver")
+_FORKS.set_forkserver_preload(PRELOAD)
+
+
+def _cli_main(args: list[str], env: dict[str, str], stdout: str, stderr: str, prelude: str) -> None:
+    """In the forked process: the test's environment, output to its files unbuffered (as PYTHONUNBUFFERED),
+    the settle waits at 0, `prelude` run (a test's patch), then the command line; exit handlers run as at
+    the end of an interpreter (multiprocessing's children skip them)."""
+    os.environ.clear()
+    os.environ.update(env)
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or torch.get_num_threads()))
+    for fd, path in ((1, stdout), (2, stderr)):
+        target = os.open(path, os.O_WRONLY | os.O_APPEND)
+        os.dup2(target, fd)
+        os.close(target)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True, write_through=True)
+    for module, name in SETTLE_WAITS.items():
+        owner, _, attribute = name.rpartition(".")
+        target = importlib.import_module(module)
+        setattr(functools.reduce(getattr, owner.split("."), target) if owner else target, attribute, 0.0)
+    exec(prelude, {})
+    from batchinfer.cli import app
+
+    try:
+        app(args, prog_name="batchinfer")
+    finally:
+        atexit._run_exitfuncs()
+
+
+class Cli:
+    """`batchinfer ARGS` running as a forked process, with the face of a subprocess.Popen that run_until and
+    the tests use: pid, poll, send_signal, wait, kill, returncode. Its stdout and stderr go to two files."""
+
+    def __init__(self, args: list[str], stdout: str, stderr: str, prelude: str = ""):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = _FORKS.Process(target=_cli_main, args=([str(a) for a in args], env, stdout, stderr, prelude))
+        self.process.start()
+        self.pid = self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        if self.process.exitcode is None:
+            os.kill(self.pid, signum)
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(["batchinfer"], timeout)
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def run_cli(args: list[str], prelude: str = "", timeout: float = 300) -> subprocess.CompletedProcess:
+    """`batchinfer ARGS` to its end, as subprocess.run(..., capture_output=True, text=True) would give it."""
+    with tempfile.NamedTemporaryFile("w+") as out, tempfile.NamedTemporaryFile("w+") as err:
+        proc = Cli(args, out.name, err.name, prelude)
+        try:
+            proc.wait(timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return subprocess.CompletedProcess(["batchinfer", *args], proc.returncode, out.read(), err.read())
 
 
 class Crash(BaseException):  # not an Exception: nothing may catch it, as nothing catches a kill
@@ -70,21 +144,21 @@ class Stopped:
 
 
 def run_until(
-    command: list[str],
-    when: Callable[[subprocess.Popen], bool],
+    args: list[str],
+    when: Callable[[Cli], bool],
     signals: int | tuple[int, ...] = signal.SIGKILL,
     *,
+    prelude: str = "",
     delay: float = 0.0,
     apart: float = 0.5,
     timeout: float = 120,
 ) -> Stopped:
-    """Start `command`, poll `when(process)` until it holds (or the process ends, or `timeout` passes), wait
-    `delay` seconds, send `signals` (one, or several `apart` seconds apart), and wait for the exit."""
+    """Start `batchinfer ARGS` (after `prelude`), poll `when(process)` until it holds (or the process ends, or
+    `timeout` passes), wait `delay` seconds, send `signals` (one, or several `apart` seconds apart), and wait
+    for the exit."""
     signals = (signals,) if isinstance(signals, int) else signals
-    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a chatty process never blocks on it
-        proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-        )
+    with tempfile.NamedTemporaryFile("w+") as log:  # a file, not a pipe: a chatty process never blocks on it
+        proc = Cli(args, log.name, log.name, prelude)
         try:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and proc.poll() is None and not when(proc):

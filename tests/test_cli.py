@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
-from helpers import BATCHINFER, done_chunks, make_job, run_until, user_job, write_job
+from helpers import done_chunks, make_job, run_cli, run_until, user_job, write_job
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
@@ -104,14 +104,14 @@ def test_folder_in_use_is_refused_and_stale_lock_taken_over(tmp_path, sms_parque
 def test_signal_stops_cleanly_and_the_same_command_resumes(tmp_path, sms_parquet, tiny_embed, signum, code):
     # Kernels and batching pinned: what is signalled is a run, not the probe that `auto` starts with.
     job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, tmp_path / "out", raw=True, model__max_length=64))
-    command = [*BATCHINFER, "run", str(job), "--set", "batching.max_rows=1"]
+    command = ["run", str(job), "--set", "batching.max_rows=1"]
     stopped = run_until(command, lambda _: done_chunks(tmp_path / "out") > 0, signum)
     output = stopped.output
     assert stopped.returncode == code, output
     assert f"stopped on {signal.Signals(signum).name}" in output and "resume with: batchinfer run" in output
     done = done_chunks(tmp_path / "out")
     assert 1 <= done < 6
-    result = subprocess.run(command[:5], capture_output=True, text=True)
+    result = run_cli(command[:2])
     assert result.returncode == 0, result.stderr
     ids = ds.dataset(str(tmp_path / "out")).to_table().column("sms_id").to_pylist()
     assert len(ids) == len(set(ids)) == 600
@@ -136,7 +136,7 @@ def test_ctrl_c_during_discovery_of_a_large_jsonl_stops_at_once(tmp_path, sms_ta
         model={"path": str(tiny_embed), "task": "embed", "max_length": 64},
         output={"path": str(tmp_path / "out")},
     )
-    stopped = run_until([*BATCHINFER, "run", str(job)], lambda proc: _holds(proc.pid, shard), signal.SIGINT, timeout=60)
+    stopped = run_until(["run", str(job)], lambda proc: _holds(proc.pid, shard), signal.SIGINT, timeout=60)
     said = stopped.output
     assert stopped.returncode == 130 and stopped.seconds < 2, said  # was discovery, load, a batch
     assert "stopped on SIGINT" in said and "resume with: batchinfer run" in said
@@ -144,11 +144,11 @@ def test_ctrl_c_during_discovery_of_a_large_jsonl_stops_at_once(tmp_path, sms_ta
 
 
 SLOW_BATCH = """
-import sys, time
+import time
 from pathlib import Path
 from batchinfer.runners.base import EncoderRunner
 
-run, busy, done = EncoderRunner.run, Path(sys.argv[1]), Path(sys.argv[2]) / "_done"
+run, busy, done = EncoderRunner.run, Path(BUSY), Path(OUT) / "_done"
 
 def slow(self, ids):
     if not busy.exists() and done.exists() and any(done.iterdir()):  # after a chunk: a batch of a minute
@@ -157,8 +157,6 @@ def slow(self, ids):
     return run(self, ids)
 
 EncoderRunner.run = slow
-from batchinfer.cli import app
-app(sys.argv[3:], prog_name="batchinfer")
 """
 
 
@@ -172,12 +170,12 @@ def test_a_second_signal_exits_at_once_and_the_same_command_resumes(tmp_path, sm
         batching={"chunk_rows": 100, "max_rows": 50, "max_tokens": 4096, "strategy": "padded"},
         output={"path": str(tmp_path / "out")},
     )
-    script, busy = tmp_path / "slow.py", tmp_path / "busy"
-    script.write_text(SLOW_BATCH)
+    busy = tmp_path / "busy"
     stopped = run_until(
-        [sys.executable, str(script), str(busy), str(tmp_path / "out"), "run", str(job)],
+        ["run", str(job)],
         lambda _: busy.exists(),
         (signum, signum),  # the first waits for the batch in flight
+        prelude=f"BUSY, OUT = {str(busy)!r}, {str(tmp_path / 'out')!r}\n{SLOW_BATCH}",
     )
     said = stopped.output
     assert stopped.alive == [True, True]
@@ -189,7 +187,7 @@ def test_a_second_signal_exits_at_once_and_the_same_command_resumes(tmp_path, sm
         ds.dataset(str(part)).to_table()
     for marker in out.glob("_done/*.json"):
         json.loads(marker.read_text())
-    result = subprocess.run([*BATCHINFER, "run", str(job), "-q"], capture_output=True, text=True)
+    result = run_cli(["run", str(job), "-q"])
     assert result.returncode == 0, result.stderr
     ids = ds.dataset(str(out)).to_table().column("sms_id").to_pylist()
     assert len(ids) == len(set(ids)) == 200

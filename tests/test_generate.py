@@ -11,7 +11,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import BATCHINFER, EXAMPLES, make_job, run_until, write_job
+from helpers import EXAMPLES, make_job, run_until, write_job
 from helpers import generate_alone as _alone
 from helpers import prompt_table as _prompts
 
@@ -185,7 +185,7 @@ def test_ctrl_c_stops_generation_within_seconds_and_keeps_finished_chunks(tmp_pa
         output={"path": str(tmp_path / "out")},
     )
     stopped = run_until(
-        [*BATCHINFER, "run", str(job), "--progress", "lines"],
+        ["run", str(job), "--progress", "lines"],
         lambda _: any((tmp_path / "out" / "_done").glob("*.json")),
         signal.SIGINT,
         delay=0.5,  # inside the next chunk's generation

@@ -10,7 +10,6 @@ $BATCHINFER_MINILM), or random weights of its shape where only its tokenizer tra
 
 import random
 import signal
-import subprocess
 from functools import partial
 
 import numpy as np
@@ -19,7 +18,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import BATCHINFER, EXAMPLES, run_until, write_job
+from helpers import EXAMPLES, run_cli, run_until, write_job
 from helpers import make_job as _job
 from helpers import prompt_table as _prompts
 from helpers import read_output as _read
@@ -212,7 +211,7 @@ def test_kill_9_then_resume_on_cuda(tmp_path, minilm_path):
         output={"path": str(out)},
     )
     run_job(load_job(job, [f"output.path={tmp_path / 'reference'}"]))
-    command = [*BATCHINFER, "run", str(job), "-q"]
+    command = ["run", str(job), "-q"]
     rng = random.Random(16)
     for _ in range(2):
         target = len(_parts(out)) + rng.randint(1, 4)
@@ -225,7 +224,7 @@ def test_kill_9_then_resume_on_cuda(tmp_path, minilm_path):
         assert stopped.returncode == -signal.SIGKILL, stopped.output[-2000:]  # killed mid-run, not finished
         for part in _parts(out):
             pq.read_metadata(part)  # no part is visible half-written
-    finished = subprocess.run(command, capture_output=True, text=True, check=False)
+    finished = run_cli(command)
     assert finished.returncode == 0, finished.stderr[-2000:]
     resumed = ds.dataset(str(out), format="parquet").to_table()
     whole = ds.dataset(str(tmp_path / "reference"), format="parquet").to_table()

@@ -2,13 +2,12 @@
 
 import json
 import random
-import subprocess
 
 import numpy as np
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from helpers import BATCHINFER, done_chunks, run_until, write_job
+from helpers import done_chunks, run_cli, run_until, write_job
 
 from batchinfer.config import load_job
 from batchinfer.driver import run_job
@@ -36,7 +35,7 @@ def _kill_and_resume(tmp_path, sms_parquet, tiny_embed, kills: int, chunk_rows: 
     run_job(reference)
     total = -(-200 // chunk_rows) * 3  # three shards of 200 rows
     rng = random.Random(seed)
-    command = [*BATCHINFER, "run", str(job), "-q"]
+    command = ["run", str(job), "-q"]
     landed = []
     for _ in range(kills):
         target = done_chunks(tmp_path / "out") + rng.randint(0, 2)
@@ -50,7 +49,7 @@ def _kill_and_resume(tmp_path, sms_parquet, tiny_embed, kills: int, chunk_rows: 
         assert not (tmp_path / "out" / "_SUCCESS").exists()
     assert landed == [True] * kills  # every kill hit a run in progress, with chunks still to do
     assert 0 < done_chunks(tmp_path / "out") < total
-    finished = subprocess.run(command, capture_output=True, text=True)
+    finished = run_cli(command)
     assert finished.returncode == 0, finished.stderr
     resumed = ds.dataset(str(tmp_path / "out"), format="parquet").to_table()
     whole = ds.dataset(str(tmp_path / "reference"), format="parquet").to_table()

@@ -3,14 +3,13 @@ dies: a worker process killed with kill -9, the driver stopped by SIGTERM or kil
 
 import os
 import signal
-import subprocess
 import time
 from functools import partial
 
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
-from helpers import BATCHINFER, done_chunks, make_job, run_until, vectors, write_job
+from helpers import done_chunks, make_job, run_cli, run_until, vectors, write_job
 
 from batchinfer.config import validate_job
 from batchinfer.driver import run_job
@@ -98,7 +97,8 @@ def test_a_model_error_in_a_worker_is_the_same_message(cluster, sms_parquet, tin
     from batchinfer.errors import ModelError
 
     with pytest.raises(ModelError, match="sequence-classification head"):
-        run_job(validate_job(_job(sms_parquet, tiny_embed, tmp_path / "out", "classify", output__scores=True)))
+        job = _job(sms_parquet, tiny_embed, tmp_path / "out", "classify", output__scores=True, runtime__workers=1)
+        run_job(validate_job(job))
 
 
 def test_more_workers_than_the_cluster_holds_is_refused(cluster, sms_parquet, tiny_embed, tmp_path):
@@ -136,7 +136,7 @@ def test_sigterm_then_the_driver_killed_with_kill_9_then_the_same_command_finish
     # the output of an uninterrupted in-process run. The job file is local: --set makes it a Ray run.
     out = tmp_path / "out"
     job = write_job(tmp_path, **{**_job(sms_parquet, tiny_embed, out, batching__max_rows=2), "runtime": {}})
-    command = [*BATCHINFER, "run", str(job), "--set", "runtime.executor=ray", "--set", "runtime.workers=2"]
+    command = ["run", str(job), "--set", "runtime.executor=ray", "--set", "runtime.workers=1"]  # 2: the tests above
     stopped = run_until(command, lambda _: done_chunks(out) >= 1, signal.SIGTERM, timeout=180)
     output = stopped.output
     assert stopped.returncode == 143 and "stopped on SIGTERM" in output and "resume with: batchinfer run" in output
@@ -145,7 +145,7 @@ def test_sigterm_then_the_driver_killed_with_kill_9_then_the_same_command_finish
     assert not [n for n in ray.util.list_named_actors() if n.startswith("batchinfer-")]  # no worker left behind
     killed = run_until(command + ["-q"], lambda _: done_chunks(out) > first, timeout=180)
     assert first < done_chunks(out) < 12, killed.output  # the kill landed mid-run, after the resume got going
-    finished = subprocess.run(command + ["-q"], capture_output=True, text=True)
+    finished = run_cli(command + ["-q"])
     assert finished.returncode == 0, finished.stderr
     run_job(
         validate_job(_job(sms_parquet, tiny_embed, tmp_path / "whole", runtime__executor="local", batching__max_rows=2))

@@ -4,12 +4,9 @@ refused with 429, a bad body is a 400 naming the problem, SIGTERM drains the que
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -19,7 +16,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from helpers import generate_alone, make_job
+from helpers import Cli, generate_alone, make_job
 
 from batchinfer.driver import run_job
 from batchinfer.models import resolve_model_path
@@ -335,27 +332,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_real_server_drains_its_queue_on_sigterm(tiny_embed):
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "batchinfer",
-            "serve",
-            "--model",
-            str(tiny_embed),
-            "--task",
-            "embed",
-            "--port",
-            str(port),
-            "--set",
-            "serve.max_wait_ms=1500",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def test_a_real_server_drains_its_queue_on_sigterm(tiny_embed, tmp_path):
+    port, log = _free_port(), tmp_path / "serve.log"
+    log.touch()
+    args = ["serve", "--model", str(tiny_embed), "--task", "embed", "--port", str(port)]
+    proc = Cli([*args, "--set", "serve.max_wait_ms=1500"], str(log), str(log))
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 60
@@ -374,10 +355,11 @@ def test_a_real_server_drains_its_queue_on_sigterm(tiny_embed):
         time.sleep(0.5)  # the request waits in the queue (max_wait 1.5 s)
         proc.send_signal(signal.SIGTERM)
         sender.join(timeout=30)
-        output, _ = proc.communicate(timeout=30)
+        proc.wait(30)
     finally:
         if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
+            proc.kill()
+    output = log.read_text()
     assert answer["r"].status_code == 200 and len(answer["r"].json()["data"][0]["embedding"]) == 32
     assert proc.returncode == 0, output
 

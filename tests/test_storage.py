@@ -4,7 +4,6 @@ same output, resume and refusals as on local disk."""
 import io
 import json
 import os
-import subprocess
 import time
 from functools import partial
 
@@ -13,7 +12,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from helpers import BATCHINFER, make_job, run_until, write_job
+from helpers import make_job, run_cli, run_until, write_job
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
@@ -102,7 +101,7 @@ def test_kill_9_on_s3_then_the_same_command_resumes(s3, sms_table, tiny_embed, t
             batching={"chunk_rows": 20, "max_rows": 2, "max_tokens": 16384, "strategy": "padded"},
         ),
     )
-    command = [*BATCHINFER, "run", str(job), "-q"]
+    command = ["run", str(job), "-q"]
 
     def markers():
         listing = client.list_objects_v2(Bucket=bucket, Prefix="out/_done/")
@@ -111,7 +110,7 @@ def test_kill_9_on_s3_then_the_same_command_resumes(s3, sms_table, tiny_embed, t
     stopped = run_until(command, lambda _: markers() >= 3)
     killed_at = markers()
     assert 3 <= killed_at < 15, stopped.output  # the kill landed mid-run
-    finished = subprocess.run(command, capture_output=True, text=True)
+    finished = run_cli(command)
     assert finished.returncode == 0, finished.stderr
     ids = _table(f"s3://{bucket}/out").column("sms_id").to_pylist()
     expected = sms_table.column("sms_id").to_pylist()
