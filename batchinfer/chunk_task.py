@@ -105,7 +105,7 @@ class ChunkTask:
             block = self._readers[chunk.shard].read(chunk.start, chunk.stop)
         except READ_ERRORS as exc:
             self._readers.pop(chunk.shard).close()
-            block = unreadable(job, shard, chunk, exc)
+            block = unreadable(job, self.spec.columns, shard, chunk, exc)
         row_ids = np.arange(chunk.start, chunk.stop)
         if work.offsets is not None:
             block = RowBlock(
@@ -237,8 +237,9 @@ def check_strategy(job: JobConfig, runner: Runner) -> None:
             )
 
 
-def unreadable(job: JobConfig, shard: Shard, chunk: Chunk, exc: BaseException) -> RowBlock:
-    """A chunk whose rows cannot be read: stop (on_bad_shard: fail) or account every row as bad_shard."""
+def unreadable(job: JobConfig, columns: tuple[str, ...], shard: Shard, chunk: Chunk, exc: BaseException) -> RowBlock:
+    """A chunk whose rows cannot be read: stop (on_bad_shard: fail) or account every row as bad_shard, in
+    a table of the columns its reader would have given."""
     message = f"rows {chunk.start}-{chunk.stop - 1} of {shard.name} cannot be read: {describe_read_error(exc)}"
     if job.input.on_bad_shard == "fail":
         fix = (
@@ -248,7 +249,7 @@ def unreadable(job: JobConfig, shard: Shard, chunk: Chunk, exc: BaseException) -
             else "replace the file and rerun to resume"
         )
         raise InputError(message, f"{fix}, or set input.on_bad_shard: skip") from exc
-    table = pa.table({c: pa.nulls(chunk.rows, pa.string()) for c in job.columns})
+    table = pa.table({c: pa.nulls(chunk.rows, pa.string()) for c in columns})
     return RowBlock(table, {offset: (Reason.BAD_SHARD, message) for offset in range(chunk.rows)})
 
 

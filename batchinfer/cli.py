@@ -307,7 +307,7 @@ def validate(
     from .models import model_identity, pick_device, read_config, resolve_model_path
     from .output.status import describe_folder
     from .plan import fingerprint, plan_chunks
-    from .sources import discover_shards
+    from .sources import discover_shards, shard_contents
 
     with reported(debug):
         config = load_job(job, set_ or [])
@@ -322,7 +322,7 @@ def validate(
         folder, _ = describe_folder(
             config.output.path,
             config.output.storage_options,
-            fingerprint(config, model_identity(model_path), shards),
+            fingerprint(config, model_identity(model_path), shard_contents(shards)),
             len(chunks),
         )
         for shard in bad:

@@ -21,7 +21,6 @@ from pydantic import (
 
 from .constrain import GrammarLimits, response_format
 from .errors import ConfigError, shorten
-from .openai_batch import REQUEST_COLUMNS
 from .tasks import TASKS
 from .templates import template_fields
 
@@ -132,9 +131,9 @@ class InputConfig(Section):
 
     @property
     def columns(self) -> list[str]:
-        """Every input column the job reads, in a stable order."""
+        """Every input column the job names, in a stable order (an OpenAI source reads its request columns too)."""
         if self.format == "openai":
-            return list(dict.fromkeys(REQUEST_COLUMNS + list(self.kept)))
+            return list(self.kept)
         source = self.text_columns or [self.messages]
         wanted = source + ([self.id] if self.id else []) + list(self.kept)
         return list(dict.fromkeys(wanted))
@@ -536,7 +535,7 @@ class JobConfig(Section):
 
     @property
     def columns(self) -> list[str]:
-        """Every input column the job reads."""
+        """Every input column the job names (an OpenAI source adds the request columns it reads)."""
         extra = [self.max_new_tokens_column] if self.max_new_tokens_column else []
         return list(dict.fromkeys(self.input.columns + extra))
 

@@ -27,7 +27,7 @@ from .output.records import ChunkRecord
 from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
 from .reasons import RETRYABLE
 from .report import build_report
-from .sources import discover_shards, read_spec
+from .sources import discover_shards, read_spec, shard_contents
 from .tune import DEFAULT_BUDGET
 
 # What --retry-errors may change: the settings that decide whether a row fits, not what a row means. The
@@ -96,7 +96,7 @@ def _start(out, job, shards, model_id: str, limit, restart: bool, command: str, 
     chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows, limit)
     whole = plan_chunks([s.num_rows for s in shards], job.chunk_rows) if limit is not None else chunks
     out.start(
-        fingerprint(job, model_id, shards, limit),
+        fingerprint(job, model_id, shard_contents(shards), limit),
         restart,
         command,
         (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},

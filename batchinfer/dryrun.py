@@ -19,7 +19,7 @@ from .models import model_identity, resolve_model_path
 from .output.status import FolderStatus, describe_folder
 from .plan import fingerprint, plan_chunks
 from .prepare import prepare_rows
-from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec
+from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec, shard_contents
 
 
 def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[int, Counter, dict[str, str]]:
@@ -57,7 +57,7 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
     shards = inputs.shards
     chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows)
     rows = sum(s.num_rows for s in shards)
-    job_print = fingerprint(job, model_identity(model_path), shards)
+    job_print = fingerprint(job, model_identity(model_path), shard_contents(shards))
     folder, state = describe_folder(job.output.path, job.output.storage_options, job_print, len(chunks))
     aside = time.perf_counter()  # plan's own reading, which a run does not do
     earlier = folder_so_far(state, chunks)

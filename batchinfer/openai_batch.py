@@ -31,19 +31,6 @@ from .openai_requests import SETTINGS, describe
 from .openai_shapes import choice, completion, embedding_list, usage
 from .reasons import Reason
 
-REQUEST_COLUMNS = [
-    "custom_id",
-    "url",
-    "messages",
-    "prompt",
-    "prompts",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "stop",
-    "response_format",
-]
 TASK_OF_URL = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed"}
 MAX_INPUTS = 2048  # the texts OpenAI takes in one embeddings request
 

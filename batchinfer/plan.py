@@ -7,14 +7,10 @@ exactly the chunks the interrupted one did.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .config import InputConfig, JobConfig
 from .errors import shorten
 from .templates import chat_template
-
-if TYPE_CHECKING:  # the sources package imports every format's reader: status and export have no use for them
-    from .sources.base import Shard
 
 
 @dataclass(frozen=True)
@@ -76,10 +72,10 @@ DEFAULT_LINE_BYTES = InputConfig.model_fields["max_line_bytes"].default
 NOT_RESULTS = frozenset({"input.path", "model.path", "generation.max_memory"})
 
 
-def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int | None = None) -> dict:
+def fingerprint(job: JobConfig, model_id: str, contents: dict[str, str], limit: int | None = None) -> dict:
     """Everything that changes which rows there are or what a row's result is: the job's settings, the
-    model's identity (every byte of its weights), and what every shard holds (its rows and a digest of its
-    content), with chunk_rows, on which the chunks' names depend.
+    model's identity (every byte of its weights), and what every shard holds (`contents`: shard name ->
+    "rows:digest", as sources.shard_contents gives it), with chunk_rows, on which the chunks' names depend.
 
     Left out on purpose, since results do not depend on them (a user must be able to resume with a smaller
     max_tokens or max_memory after running out of memory): where the input and the model lie (their digests
@@ -92,7 +88,7 @@ def fingerprint(job: JobConfig, model_id: str, shards: list[Shard], limit: int |
     # grammar_seconds: how long a compile may take on this machine, which no completion depends on
     generation = gen.model_dump(exclude={"engine_options", "max_memory", "grammar_seconds"} | _unset_constraints(gen))
     return {
-        "input.shards": {s.name: f"{s.num_rows}:{s.digest}" for s in shards},
+        "input.shards": dict(contents),
         "input.text": job.input.text,
         "input.text_pair": job.input.text_pair,
         "input.messages": job.input.messages,

@@ -330,12 +330,12 @@ def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_p
         "model": {"path": "m", "task": "generate", "chat_template": str(tmp_path / "chat.jinja")},
         "output": {"path": "o"},
     }
-    before = fingerprint(validate_job(sections), "hash", [])
+    before = fingerprint(validate_job(sections), "hash", {})
     (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m['role'] }}{% endfor %}")
-    after = fingerprint(validate_job(sections), "hash", [])
+    after = fingerprint(validate_job(sections), "hash", {})
     assert before["model.chat_template"] != after["model.chat_template"]  # a changed file is a changed job
     assert "model.chat_template" not in fingerprint(
-        validate_job({**sections, "model": {"path": "m", "task": "generate"}}), "hash", []
+        validate_job({**sections, "model": {"path": "m", "task": "generate"}}), "hash", {}
     )
     for given, said in (
         (str(tmp_path / "none.jinja"), "is neither a Jinja template nor a file"),
@@ -343,7 +343,7 @@ def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_p
     ):
         sections["model"]["chat_template"] = given
         with pytest.raises(ConfigError, match=said):
-            fingerprint(validate_job(sections), "hash", [])
+            fingerprint(validate_job(sections), "hash", {})
     with pytest.raises(ConfigError, match="model.chat_template: only for model.task generate"):
         validate_job(
             {

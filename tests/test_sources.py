@@ -10,6 +10,7 @@ import pytest
 from batchinfer.config import InputConfig
 from batchinfer.errors import InputError
 from batchinfer.sources import READ_ERRORS, describe_read_error, discover_shards, open_reader, read_spec
+from batchinfer.sources.openai import REQUEST_COLUMNS
 
 ROWS = [{"id": i, "text": f"message number {i}", "label": i % 2} for i in range(50)]
 
@@ -608,3 +609,10 @@ def test_a_saved_dataset_with_a_damaged_state_file_is_a_bad_shard_not_an_interna
     with pytest.raises(InputError) as info:  # the only shard: no readable one is left
         discover_shards(InputConfig(path=str(tmp_path / "saved"), text="text", id="id", on_bad_shard="skip"))
     assert "saved cannot be read: its state.json or dataset_info.json is not JSON" in info.value.message
+
+
+def test_the_openai_source_says_which_request_columns_it_reads_and_the_job_names_what_it_keeps():
+    """The job file knows nothing of OpenAI's request lines: the source adds their columns, in front."""
+    cfg = InputConfig(path="requests.jsonl", format="openai", keep=["meta"])
+    assert cfg.columns == ["url", "meta"]
+    assert read_spec(cfg, [*cfg.columns, "limit"]).columns == (*REQUEST_COLUMNS, "meta", "limit")

@@ -15,6 +15,19 @@ from ..reasons import Problem, Reason
 from .base import ReadSpec
 from .jsonl import JsonlFormat
 
+REQUEST_COLUMNS = [  # what this source reads of a request line, in this order
+    "custom_id",
+    "url",
+    "messages",
+    "prompt",
+    "prompts",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "response_format",
+]
 REQUEST_TYPES = {
     "custom_id": pa.string(),
     "url": pa.string(),
