@@ -24,12 +24,12 @@ from pydantic import ValidationError
 
 from .constrain import response_format
 from .errors import InputError
-from .lines import open_lines, parse_object, read_lines
 from .messages import message_problem
 from .openai_api import CHAT, COMPLETIONS, EMBEDDINGS, chat_messages, unsupported
 from .openai_requests import SETTINGS, describe
 from .openai_shapes import choice, completion, embedding_list, usage
 from .reasons import Reason
+from .storage.lines import open_lines, parse_object, read_lines
 
 TASK_OF_URL = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed"}
 MAX_INPUTS = 2048  # the texts OpenAI takes in one embeddings request

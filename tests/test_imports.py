@@ -81,7 +81,10 @@ def test_no_import_inside_a_function_hides_a_cycle():
 
 def test_the_graph_is_read():
     graph = _graph(top_level_only=False)
-    assert "batchinfer.config" in graph["batchinfer.driver"] and "batchinfer.lines" in graph["batchinfer.sources.jsonl"]
+    assert (
+        "batchinfer.config" in graph["batchinfer.driver"]
+        and "batchinfer.storage.lines" in graph["batchinfer.sources.jsonl"]
+    )
 
 
 def test_the_output_layer_reaches_nothing_that_runs_chunks_or_talks_to_users():

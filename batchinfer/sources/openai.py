@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..lines import Oversized, parse_object, sniff_field
 from ..openai_batch import parse_request
 from ..reasons import Problem, Reason
+from ..storage.lines import Oversized, parse_object, sniff_field
 from .base import ReadSpec
 from .jsonl import JsonlFormat
 

@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .cache import cache_root
-from .errors import ConfigError, OutputError
+from ..cache import cache_root
+from ..errors import ConfigError, OutputError
 
 
 def is_uri(path: str) -> bool:

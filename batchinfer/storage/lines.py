@@ -18,8 +18,8 @@ from typing import IO, Iterator
 
 import numpy as np
 
-from .reasons import Problem, Reason
-from .storage import open_binary
+from ..reasons import Problem, Reason
+from . import open_binary
 
 BOM = b"\xef\xbb\xbf"
 BLANK = b" \t\r\n"  # JSON's whitespace: a line of nothing else is blank
