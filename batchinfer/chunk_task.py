@@ -157,7 +157,8 @@ class ChunkTask:
     ) -> ChunkResult:
         """Run one loaded chunk through the model and write its part files; return its ChunkResult.
 
-        probe: settle `batching: auto` on this chunk first (see tune.py); ChunkResult.tuning carries the choice.
+        probe: settle `batching: auto` on this chunk first (see batching/probe.py); ChunkResult.tuning carries
+        the choice.
         partial(rows, tokens): called after each batch with the chunk's rows and tokens run so far."""
         t0 = time.perf_counter()
         job = self.job

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from .backends import backend_is_open, precision_note
+from .batching.probe import DEFAULT_BUDGET
 from .chunk_task import TaskInputs
 from .config import JobConfig
 from .control import Batching, Progress, Quiet, StopFlag
@@ -28,7 +29,6 @@ from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
 from .reasons import RETRYABLE
 from .report import build_report
 from .sources import discover_shards, read_spec, shard_contents
-from .tune import DEFAULT_BUDGET
 
 # What --retry-errors may change: the settings that decide whether a row fits, not what a row means. The
 # error reasons such a change can cure are reasons.RETRYABLE; the others would only fail again.

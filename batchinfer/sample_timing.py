@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .batching.probe import CPU_BUDGETS, SAMPLE_TOKENS, Slices, cut_batches, probe
 from .chunk_task import TaskInputs
 from .config import JobConfig
 from .control import StopFlag
@@ -20,7 +21,6 @@ from .plan import Work
 from .report import prefix_saved, reuses_prefix
 from .runners.prefix import admission, page_hits
 from .sources import Inputs, read_spec
-from .tune import CPU_BUDGETS, SAMPLE_TOKENS, Slices, cut_batches, probe
 
 PROBE_TOKENS = SAMPLE_TOKENS * (len(CPU_BUDGETS) + 2)  # about what a run's probe times: each budget, then packed
 SAMPLED_CHUNKS = 40  # chunks the sample is read from: spread over the job, each read costs a shard's open and seek

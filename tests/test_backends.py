@@ -105,7 +105,7 @@ def test_openvino_cross_encoder_scores_token_entities_and_zero_shot_equal_torch(
 def test_auto_records_backend_and_precision_and_a_resume_reuses_them(
     sms_parquet, sms_table, tiny_embed, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("batchinfer.tune.SAMPLE_TOKENS", 300)
+    monkeypatch.setattr("batchinfer.batching.probe.SAMPLE_TOKENS", 300)
     job = make_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="auto")
     with pytest.raises(Crash):
         run_job(job, progress=CrashAfterChunks(1))

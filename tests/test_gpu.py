@@ -26,10 +26,10 @@ from helpers import read_output as _read
 from helpers import vectors as _vectors
 
 import batchinfer.packing
+from batchinfer.batching.probe import GPU_MEMORY_SHARE, GPU_PROBE_TOKENS
 from batchinfer.config import load_job, validate_job
 from batchinfer.driver import run_job
 from batchinfer.models import pick_dtype
-from batchinfer.tune import GPU_MEMORY_SHARE, GPU_PROBE_TOKENS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CUDA = torch.device("cuda")

@@ -138,8 +138,8 @@ def test_packed_job_equals_padded_job(request, sms_parquet, tmp_path, fixture, t
 
 
 def test_auto_probes_once_and_a_resume_reuses_its_choice(sms_parquet, sms_table, tiny_embed, tmp_path, monkeypatch):
-    monkeypatch.setattr("batchinfer.tune.SAMPLE_TOKENS", 300)  # six slices fit in the first 100-row chunk
-    monkeypatch.setattr("batchinfer.tune.MIN_SECONDS", 0.0)  # a tiny model: every slice counts, however short
+    monkeypatch.setattr("batchinfer.batching.probe.SAMPLE_TOKENS", 300)  # six slices fit in the first 100-row chunk
+    monkeypatch.setattr("batchinfer.batching.probe.MIN_SECONDS", 0.0)  # a tiny model: every slice counts, however short
     job = _job(sms_parquet, tiny_embed, tmp_path / "out", batching__max_tokens="auto", batching__strategy="auto")
     with pytest.raises(Crash):
         run_job(job, progress=CrashAfterChunks(1))

@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 
 from ..backends.precision import PRECISION_SAMPLE, SETTLE_SAMPLE, check_precision, describe_check
-from ..batching import padding_stats
+from ..batching.cut import padding_stats
+from ..batching.probe import cut_batches, probe
 from ..recovery import run_resilient
-from ..tune import cut_batches, probe
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 
 if TYPE_CHECKING:  # torch is imported where a model runs on it (and packing.py, all torch): see numpy_head
@@ -247,7 +247,7 @@ class EncoderRunner:
 
     def settle(self, lengths: np.ndarray, ids: list, run, ctx) -> tuple[dict, np.ndarray]:
         """Settle on the first chunk what the job leaves open: each backend's precision (checked against f32
-        on a sample of items), then the backend and batching (the probe, tune.py), and free what lost.
+        on a sample of items), then the backend and batching (the probe, batching/probe.py), and free what lost.
         lengths, ids: the chunk's items to run. Returns the choice, for the record, and the positions not
         run yet."""
         job, budget = ctx.job, ctx.budget

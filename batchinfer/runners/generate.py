@@ -17,7 +17,7 @@ import pyarrow as pa
 import torch
 from pydantic import ValidationError
 
-from ..batching import padding_stats
+from ..batching.cut import padding_stats
 from ..config import GenerationConfig
 from ..constrain import Constraint, job_constraint, response_format
 from ..errors import ConfigError

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..batching.probe import cut_batches
 from ..recovery import run_resilient
-from ..tune import cut_batches
 
 
 class Overloaded(Exception):

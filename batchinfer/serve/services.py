@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 from fastapi import Request
 
+from ..batching.probe import BACKEND_BUDGETS, DEFAULT_BUDGET
 from ..config import JobConfig
 from ..constrain import Constraint, response_format
 from ..openai_requests import GenerationSettings
@@ -20,7 +21,6 @@ from ..packing import supports_packing
 from ..prepare import Prepared
 from ..runners import make_runner
 from ..runners.protocol import ChunkInput, Tokens
-from ..tune import BACKEND_BUDGETS, DEFAULT_BUDGET
 from .batcher import Batcher, Overloaded
 from .bodies import Asked, BadInput, include_usage
 from .failures import Disconnected, EngineDown

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .batching import OVERHEAD_TOKENS, cut_packed, cut_padded
+from .cut import OVERHEAD_TOKENS, cut_packed, cut_padded
 
 if TYPE_CHECKING:  # imported where a GPU is measured: a warm OpenVINO run never imports torch
     import torch
