@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from .constrain import GrammarLimits, response_format
+from .constrained.spec import GrammarLimits, response_format
 from .errors import ConfigError, shorten
 from .tasks import TASKS
 from .templates import template_fields

@@ -62,7 +62,7 @@ FIELDS: dict[str, Field] = {
     "temperature": Field(GENERATE, SURFACES),
     "top_p": Field(GENERATE, SURFACES),
     "seed": Field(GENERATE, SURFACES),
-    "response_format": Field(GENERATE, SURFACES),  # constrained output (constrain.py)
+    "response_format": Field(GENERATE, SURFACES),  # constrained output (constrained/spec.py)
     "stream": Field(GENERATE, ("serve",), _at(False), "a batch file's responses are written whole"),
     "stream_options": Field(GENERATE, ("serve",), _unset, "a batch file's responses are not streamed"),
     "encoding_format": Field((EMBEDDINGS,), ("serve",), _at("float"), "batch output holds lists of floats"),

@@ -22,7 +22,7 @@ import time
 import pyarrow as pa
 from pydantic import ValidationError
 
-from .constrain import response_format
+from .constrained.spec import response_format
 from .errors import InputError
 from .messages import message_problem
 from .openai_api import CHAT, COMPLETIONS, EMBEDDINGS, chat_messages, unsupported

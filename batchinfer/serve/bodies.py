@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ..constrain import Constraint
+from ..constrained.spec import Constraint
 from ..errors import shorten
 from ..messages import is_blank
 from ..openai_requests import ChatSettings, GenerationSettings

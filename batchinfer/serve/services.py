@@ -15,7 +15,7 @@ from fastapi import Request
 
 from ..batching.probe import BACKEND_BUDGETS, DEFAULT_BUDGET
 from ..config import JobConfig
-from ..constrain import Constraint, response_format
+from ..constrained.spec import Constraint, response_format
 from ..openai_requests import GenerationSettings
 from ..packing import supports_packing
 from ..prepare import Prepared
@@ -125,7 +125,7 @@ class GenerateService:
             raise BadInput("response_format: constrained output needs xgrammar; pip install 'batchinfer[llm]'")
         if body.stop:
             raise BadInput("stop: a stop string could cut the response_format output; remove stop")
-        from ..grammar import Uncompilable
+        from ..constrained.grammar import Uncompilable
 
         try:
             await asyncio.to_thread(self.runner.grammars.compile, constraint)

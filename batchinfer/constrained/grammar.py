@@ -1,4 +1,4 @@
-"""Constraints (constrain.py) compiled with xgrammar for one tokenizer, and the masks that keep
+"""Constraints (constrained/spec.py) compiled with xgrammar for one tokenizer, and the masks that keep
 generation inside them: one grammar state per request, in transformers' continuous batching (its
 logits-processor hook) and in padded model.generate batches.
 
@@ -24,9 +24,9 @@ from concurrent.futures import Future
 import torch
 from transformers import LogitsProcessor
 
-from .constrain import Constraint, GrammarLimits
-from .errors import ModelError
+from ..errors import ModelError
 from .sampling import RequestHook
+from .spec import Constraint, GrammarLimits
 
 CACHE_BYTES = 512 << 20  # compiled grammars xgrammar keeps per tokenizer (its cache drops the least recent past it)
 TEXTS_CACHED = 256  # schemas' grammar text kept: xgrammar's cache starts after it (from_json_schema is not cached)
