@@ -155,7 +155,7 @@ def openai_batch(
     from .delivery import check_targets, deliver
     from .errors import ModelError
     from .models import read_config, resolve_model_path
-    from .openai_batch import task_of_requests
+    from .openai_compat.batch_files import task_of_requests
 
     with reported(debug):
         work = output.with_name(output.name + ".batchinfer")

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .messages import BLANK, is_blank, message_problem
-from .openai_batch import TASK_OF_URL
+from .openai_compat.batch_files import TASK_OF_URL
 from .reasons import Reason
 from .templates import template_parts
 

@@ -568,7 +568,7 @@ JSON = {"content-type": "application/json"}
 
 
 def test_settings_out_of_range_and_chat_without_a_template_are_400s_in_the_batch_files_words(tiny_llama_plain):
-    from batchinfer.openai_batch import parse_request
+    from batchinfer.openai_compat.batch_files import parse_request
 
     bad = ({"temperature": -1}, {"temperature": float("nan")}, {"top_p": 5}, {"max_tokens": 0}, {"seed": "7"})
 

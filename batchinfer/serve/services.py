@@ -16,7 +16,7 @@ from fastapi import Request
 from ..batching.probe import BACKEND_BUDGETS, DEFAULT_BUDGET
 from ..config import JobConfig
 from ..constrained.spec import Constraint, response_format
-from ..openai_requests import GenerationSettings
+from ..openai_compat.requests import GenerationSettings
 from ..packing import supports_packing
 from ..prepare import Prepared
 from ..runners import make_runner

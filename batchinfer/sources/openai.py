@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..openai_batch import parse_request
+from ..openai_compat.batch_files import parse_request
 from ..reasons import Problem, Reason
 from ..storage.lines import Oversized, parse_object, sniff_field
 from .base import ReadSpec

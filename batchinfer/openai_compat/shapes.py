@@ -1,5 +1,5 @@
 """OpenAI's response bodies, written once: serve's answers (serve/) and the lines of an OpenAI Batch output
-file (openai_batch.py) are built here. (What batchinfer does with each request field is openai_api.py.)
+file (batch_files.py) are built here. (What batchinfer does with each request field is fields.py.)
 
 Completions (`text_completion`), chat completions (`chat.completion`, streamed as `chat.completion.chunk`),
 embedding lists and model objects, as https://platform.openai.com/docs/api-reference gives them; `logprobs` is always

@@ -1,5 +1,5 @@
 """Every field of OpenAI's request bodies and what batchinfer does with it: one table, read by OpenAI Batch
-files (openai_batch.py) and by serve's endpoints (serve/).
+files (batch_files.py) and by serve's endpoints (serve/).
 
 A field is implemented (read and honoured), or taken only at a value that changes nothing (its default,
 or a field such as user or metadata that never changes an answer). Any other value, and any field the
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .reasons import Problem, Reason
+from ..reasons import Problem, Reason
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
 CLASSIFY, SCORE = "/classify", "/score"  # batchinfer's own endpoints (serve)

@@ -1,8 +1,8 @@
 """A completion request's settings as one pydantic model, checked against the ranges OpenAI documents
-(https://platform.openai.com/docs/api-reference/chat/create): OpenAI Batch lines (openai_batch.py) and
+(https://platform.openai.com/docs/api-reference/chat/create): OpenAI Batch lines (batch_files.py) and
 serve's bodies (serve/bodies.py) are both read by it, so both refuse the same values in the same words,
 `temperature: must be a number from 0 to 2 (got 5)`. The fields it does not declare are judged by
-openai_api.FIELDS (done, or refused by name).
+fields.FIELDS (done, or refused by name).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict
 from pydantic_core import PydanticCustomError
 
-from .errors import shorten
-from .openai_api import CHAT, COMPLETIONS
+from ..errors import shorten
+from .fields import CHAT, COMPLETIONS
 
 INT64 = 1 << 63  # a seed is stored in an int64 column, and torch and vLLM take no more
 
@@ -53,7 +53,7 @@ Count = Annotated[int | None, _range(1, INT64 - 1, kind="a whole number")]  # pa
 class GenerationSettings(BaseModel):
     """What a /v1/completions body may set, range-checked; strict: "0.5" is not a number, true not 1."""
 
-    model_config = ConfigDict(extra="allow", strict=True)  # other fields: openai_api.FIELDS
+    model_config = ConfigDict(extra="allow", strict=True)  # other fields: fields.FIELDS
 
     model: str | None = None
     max_tokens: Count = None

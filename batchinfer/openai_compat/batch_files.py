@@ -10,7 +10,7 @@ A list is one row, so one chunk holds all of it, answered by one line as OpenAI 
 (runners/embed.py), or a choice per prompt with its index and the usage summed (runners/generate.py).
 
 A line that is not a valid request becomes an error line; it never aborts the file. So does a line
-asking for what batchinfer does not do (openai_api.FIELDS: logprobs, n > 1, tools, ...).
+asking for what batchinfer does not do (fields.FIELDS: logprobs, n > 1, tools, ...).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import time
 import pyarrow as pa
 from pydantic import ValidationError
 
-from .constrained.spec import response_format
-from .errors import InputError
-from .messages import message_problem
-from .openai_api import CHAT, COMPLETIONS, EMBEDDINGS, chat_messages, unsupported
-from .openai_requests import SETTINGS, describe
-from .openai_shapes import choice, completion, embedding_list, usage
-from .reasons import Reason
-from .storage.lines import open_lines, parse_object, read_lines
+from ..constrained.spec import response_format
+from ..errors import InputError
+from ..messages import message_problem
+from ..reasons import Reason
+from ..storage.lines import open_lines, parse_object, read_lines
+from .fields import CHAT, COMPLETIONS, EMBEDDINGS, chat_messages, unsupported
+from .requests import SETTINGS, describe
+from .shapes import choice, completion, embedding_list, usage
 
 TASK_OF_URL = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed"}
 MAX_INPUTS = 2048  # the texts OpenAI takes in one embeddings request
