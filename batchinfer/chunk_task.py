@@ -19,14 +19,14 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from .config import JobConfig
 from .control import Batching, StopFlag
 from .errors import ConfigError, InputError, ModelError
 from .heap import HeapGuard
+from .job.config import JobConfig
+from .job.plan import Chunk, Work
 from .output.layout import ERROR_SCHEMA
 from .output.parts import PartWriter
 from .output.records import ChunkRecord, ChunkResult
-from .plan import Chunk, Work
 from .prepare import prepare_rows
 from .reasons import Reason
 from .runners.protocol import ChunkContext, ChunkInput, Runner

@@ -114,7 +114,7 @@ def run(
     debug: bool = DebugOption,
 ):
     """Run a job, or resume it where it stopped."""
-    from .config import load_job
+    from .job.config import load_job
 
     with reported(debug):
         overrides = list(set_ or []) + ([f"output.path={output}"] if output else [])
@@ -151,9 +151,9 @@ def openai_batch(
     """Run an OpenAI Batch API file locally: responses to OUTPUT, failed requests to OUTPUT's .errors.jsonl.
 
     Work is checkpointed in OUTPUT.batchinfer/; rerun the same command to resume."""
-    from .config import validate_with_overrides
     from .delivery import check_targets, deliver
     from .errors import ModelError
+    from .job.config import validate_with_overrides
     from .models import read_config, resolve_model_path
     from .openai_compat.batch_files import task_of_requests
 
@@ -302,11 +302,11 @@ def validate(
     debug: bool = DebugOption,
 ):
     """Check a job file, its input, its model (config only, no weights) and its output folder. Writes nothing."""
-    from .config import load_job
     from .dryrun import sample_problems
+    from .job.config import load_job
+    from .job.plan import fingerprint, plan_chunks
     from .models import model_identity, pick_device, read_config, resolve_model_path
     from .output.status import describe_folder
-    from .plan import fingerprint, plan_chunks
     from .sources import discover_shards, shard_contents
 
     with reported(debug):
@@ -347,8 +347,8 @@ def plan_command(
     debug: bool = DebugOption,
 ):
     """What a job will do, before any output is written: rows, tokens, chunks, padding, a time estimate."""
-    from .config import load_job
     from .dryrun import estimate_job
+    from .job.config import load_job
     from .show import plan_lines
 
     with reported(debug):
@@ -361,7 +361,7 @@ def plan_command(
 
 def _served_job(job: Optional[Path], model: Optional[str], task: Optional[str], sets: list[str], served):
     """The job serve runs: a job file's, or one built from --model and --task."""
-    from .config import load_job, validate_with_overrides
+    from .job.config import load_job, validate_with_overrides
 
     if job is not None:
         return load_job(job, sets)
@@ -447,7 +447,7 @@ def _graceful_server():
 @app.command()
 def schema():
     """Print the job file's JSON schema."""
-    from .config import JobConfig
+    from .job.config import JobConfig
 
     print(json.dumps(JobConfig.model_json_schema(), indent=2))
 

@@ -16,16 +16,16 @@ import pyarrow as pa
 from .backends import backend_is_open, precision_note
 from .batching.probe import DEFAULT_BUDGET
 from .chunk_task import TaskInputs
-from .config import JobConfig
 from .control import Batching, Progress, Quiet, StopFlag
 from .executors import make_executor
+from .job.config import JobConfig
+from .job.plan import Chunk, Work, fingerprint, plan_chunks, retry_name
 from .machine import Load, LoadWindow, process_age
 from .model_size import model_size
 from .models import check_chat_template, model_identity, read_config, resolve_model_path
 from .output.checkpoint import Checkpoint
 from .output.formats import output_format
 from .output.records import ChunkRecord
-from .plan import Chunk, Work, fingerprint, plan_chunks, retry_name
 from .reasons import RETRYABLE
 from .report import build_report
 from .sources import discover_shards, read_spec, shard_contents

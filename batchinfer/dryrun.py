@@ -12,12 +12,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from .config import JobConfig
+from .job.config import JobConfig
+from .job.plan import fingerprint, plan_chunks
 from .machine import Load
 from .model_size import model_size
 from .models import model_identity, resolve_model_path
 from .output.status import FolderStatus, describe_folder
-from .plan import fingerprint, plan_chunks
 from .prepare import prepare_rows
 from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec, shard_contents
 

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 from safetensors import SafetensorError
 
 from .cache import file_digest
-from .config import ModelConfig
 from .control import library_logs_shown
 from .errors import ModelError
-from .plan import IDENTITY
-from .tasks import model_spec
-from .templates import chat_template, no_chat_template
+from .job.config import ModelConfig
+from .job.plan import IDENTITY
+from .job.tasks import model_spec
+from .job.templates import chat_template, no_chat_template
 
 if TYPE_CHECKING:  # imported where a model loads on it: a warm OpenVINO run never imports torch
     import torch

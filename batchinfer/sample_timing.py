@@ -12,12 +12,12 @@ import numpy as np
 
 from .batching.probe import CPU_BUDGETS, SAMPLE_TOKENS, Slices, cut_batches, probe
 from .chunk_task import TaskInputs
-from .config import JobConfig
 from .control import StopFlag
 from .driver import settle_budget
+from .job.config import JobConfig
+from .job.plan import Work
 from .machine import LoadWindow, process_age
 from .packing import supports_packing
-from .plan import Work
 from .report import prefix_saved, reuses_prefix
 from .runners.prefix import admission, page_hits
 from .sources import Inputs, read_spec

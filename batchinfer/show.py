@@ -13,7 +13,7 @@ from .output.layout import REPORT
 from .output.records import ChunkRecord, current_errors
 
 if TYPE_CHECKING:
-    from .config import JobConfig
+    from .job.config import JobConfig
     from .output.status import FolderStatus
 
 

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import Crash, CrashAfterChunks, job_record, make_job, read_output, vectors, write_job
 
-from batchinfer.config import validate_job
 from batchinfer.control import Quiet
 from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
+from batchinfer.job.config import validate_job
 
 pytest.importorskip("openvino", reason="the OpenVINO backend needs the openvino package (pip install -e '.[cpu]')")
 
@@ -181,7 +181,7 @@ def test_dtype_auto_on_minilm_takes_bf16_where_the_cpu_has_it_and_says_why_not(
 @pytest.mark.parametrize("native", [True, False], ids=["bf16-cpu", "avx2-cpu"])
 def test_no_bf16_turns_off_bf16_on_any_cpu_and_keeps_its_rates_apart(monkeypatch, native):
     from batchinfer.backends import openvino, precisions
-    from batchinfer.config import ModelConfig
+    from batchinfer.job.config import ModelConfig
 
     # Both kinds of CPU, as OpenVINO describes them, whichever this machine is.
     monkeypatch.setattr(openvino, "_cpu_capabilities", lambda: ("FP32", "BF16") if native else ("FP32",))

@@ -529,12 +529,12 @@ def test_plan_says_when_the_machine_was_busy_and_counts_the_probe(monkeypatch, t
 
 
 def test_an_internal_error_says_how_to_see_it_in_plain_words(monkeypatch, tmp_path):
-    import batchinfer.config
+    import batchinfer.job.config
 
     def broken(*_):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(batchinfer.config, "load_job", broken)
+    monkeypatch.setattr(batchinfer.job.config, "load_job", broken)
     result = runner.invoke(app, ["run", str(tmp_path / "job.yaml")])
     assert result.exit_code == 1 and "internal error: RuntimeError: a bug" in result.output
     assert "fix: rerun with --debug" in result.output and "[yellow]" not in result.output

@@ -14,9 +14,9 @@ import pytest
 from helpers import make_job
 from helpers import read_output as _read
 
-from batchinfer.config import validate_job
 from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError
+from batchinfer.job.config import validate_job
 
 pytest.importorskip("xgrammar")
 

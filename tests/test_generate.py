@@ -15,9 +15,9 @@ from helpers import BATCHINFER, EXAMPLES, make_job, run_until, write_job
 from helpers import generate_alone as _alone
 from helpers import prompt_table as _prompts
 
-from batchinfer.config import validate_job
 from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
+from batchinfer.job.config import validate_job
 from batchinfer.output.records import ChunkRecord
 
 _job = partial(
@@ -322,7 +322,7 @@ def test_a_messages_job_on_a_model_without_a_chat_template_is_refused_before_it_
 
 
 def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_path):
-    from batchinfer.plan import fingerprint
+    from batchinfer.job.plan import fingerprint
 
     (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     sections = {
@@ -355,7 +355,7 @@ def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_p
 
 
 def test_engine_passes_part_rows_only_by_what_the_engine_cannot_take_per_row():
-    from batchinfer.config import GenerationConfig
+    from batchinfer.job.config import GenerationConfig
     from batchinfer.runners.engine import engine_passes
 
     greedy = [GenerationConfig(seed=i, stop=[str(i)], top_p=0.5 + i / 10) for i in range(3)]

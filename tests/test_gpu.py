@@ -27,8 +27,8 @@ from helpers import vectors as _vectors
 
 import batchinfer.packing
 from batchinfer.batching.probe import GPU_MEMORY_SHARE, GPU_PROBE_TOKENS
-from batchinfer.config import load_job, validate_job
 from batchinfer.driver import run_job
+from batchinfer.job.config import load_job, validate_job
 from batchinfer.models import pick_dtype
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -3,8 +3,8 @@ import shutil
 
 import pytest
 
-from batchinfer.config import ModelConfig
 from batchinfer.errors import ModelError
+from batchinfer.job.config import ModelConfig
 from batchinfer.models import check_model_folder, load_model, model_identity, pooling_of, resolve_model_path
 
 

@@ -13,8 +13,8 @@ from helpers import generate_alone as _alone
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
-from batchinfer.config import validate_job
 from batchinfer.driver import run_job
+from batchinfer.job.config import validate_job
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "openai" / "requests.jsonl"
 runner = CliRunner()

@@ -4,7 +4,7 @@ from functools import partial
 
 from helpers import make_job
 
-from batchinfer.plan import describe_changes, fingerprint, plan_chunks
+from batchinfer.job.plan import describe_changes, fingerprint, plan_chunks
 from batchinfer.sources import Shard, shard_contents
 
 
@@ -96,7 +96,7 @@ def test_settings_that_cannot_change_a_result_may_change_on_resume_and_those_tha
 def test_a_fingerprint_an_earlier_version_recorded_resumes_on_what_still_counts():
     """Earlier fingerprints held input.path, model.path and one `generation` dict with max_memory; a model
     hash without the sha256: prefix sampled large weights, and cannot vouch for the model."""
-    from batchinfer.plan import IDENTITY
+    from batchinfer.job.plan import IDENTITY
 
     shards = shard_contents([Shard("/d/a.parquet", "a.parquet", "parquet", 10, "aaa")])
     now = fingerprint(_generate(), IDENTITY + "1", shards)

@@ -2,9 +2,9 @@
 
 from collections import Counter
 
-from batchinfer.config import validate_job
+from batchinfer.job.config import validate_job
+from batchinfer.job.plan import plan_chunks
 from batchinfer.output.records import ChunkRecord
-from batchinfer.plan import plan_chunks
 from batchinfer.report import build_report
 
 

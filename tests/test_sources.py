@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchinfer.config import InputConfig
 from batchinfer.errors import InputError
+from batchinfer.job.config import InputConfig
 from batchinfer.sources import READ_ERRORS, describe_read_error, discover_shards, open_reader, read_spec
 from batchinfer.sources.openai import REQUEST_COLUMNS
 
@@ -174,8 +174,8 @@ HOSTILE = [
 
 
 def test_hostile_lines_cost_one_row_each_and_keep_their_ids(tmp_path, tiny_embed):
-    from batchinfer.config import validate_job
     from batchinfer.driver import run_job
+    from batchinfer.job.config import validate_job
 
     good = [json.dumps({"id": f"g{i}", "text": f"good row {i}", "label": i}).encode() for i in range(20)]
     lines = [line for pair in zip(good, [h[0] for h in HOSTILE] + [b""] * 20) for line in pair if line]
@@ -206,8 +206,8 @@ def test_hostile_lines_cost_one_row_each_and_keep_their_ids(tmp_path, tiny_embed
 def test_mixed_id_types_are_kept_as_their_text_with_one_schema(tmp_path, tiny_embed):
     import pyarrow.dataset as ds
 
-    from batchinfer.config import validate_job
     from batchinfer.driver import run_job
+    from batchinfer.job.config import validate_job
 
     ids = [f"h{i:06d}" if i % 7 else i for i in range(40)]  # strings, and an integer every 7th line
     rows = [{"id": v, "text": f"text {i}", "score": (None if i < 10 else i / 2)} for i, v in enumerate(ids)]
@@ -290,8 +290,8 @@ def test_csv_reads_every_row_in_order_with_kept_types(tmp_path, name):
 
 
 def test_csv_records_with_the_wrong_field_count_are_error_rows(tmp_path, tiny_embed):
-    from batchinfer.config import validate_job
     from batchinfer.driver import run_job
+    from batchinfer.job.config import validate_job
 
     lines = ["id,text,label", "1,first,0", "2,second,1,extra", "3,third", '4,"a, quoted",1', "5,,0", "6,sixth,x"]
     (tmp_path / "in").mkdir()

@@ -10,7 +10,7 @@ from helpers import make_job
 from batchinfer.chunk_task import TaskInputs, id_text, unreadable
 from batchinfer.control import Batching, Interrupted, StopFlag
 from batchinfer.errors import InputError
-from batchinfer.plan import Work, plan_chunks
+from batchinfer.job.plan import Work, plan_chunks
 from batchinfer.sources import discover_shards, read_spec
 
 BAD = {2: "null_text", 5: "empty_text", 8: "too_long"}  # offsets of the rows that never reach the model

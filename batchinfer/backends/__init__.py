@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol
 
-from ..config import ModelConfig
 from ..errors import ConfigError, ModelError
+from ..job.config import ModelConfig
 from . import folder, openvino
 
 BACKENDS = ("torch", "openvino")

@@ -8,8 +8,8 @@ from typing import Callable, Iterator, Protocol
 
 from ..chunk_task import TaskInputs
 from ..control import Progress, StopFlag
+from ..job.plan import Work
 from ..output.records import ChunkResult
-from ..plan import Work
 
 
 class Executor(Protocol):

@@ -9,8 +9,8 @@ from typing import Iterator
 
 from ..chunk_task import ChunkTask, Loaded
 from ..control import Progress
+from ..job.plan import Work
 from ..output.records import ChunkResult
-from ..plan import Work
 
 
 class LocalExecutor:

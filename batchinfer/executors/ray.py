@@ -19,8 +19,8 @@ from typing import Iterator
 from ..chunk_task import TaskInputs
 from ..control import Progress, StopFlag, library_logs_shown
 from ..errors import BatchinferError, ConfigError, ModelError
+from ..job.plan import Work
 from ..output.records import ChunkResult
-from ..plan import Work
 
 IN_FLIGHT = 2  # chunks per worker: one computing, one loading
 POLL = 0.25  # seconds between checks of the stop flag while chunks run

@@ -56,8 +56,8 @@ class EncoderRunner:
         """The runner for `job`, with its model loaded from `model_path` on every backend it may use; a
         budget that settled the backend and precision (a recorded probe) loads only that one."""
         from ..backends import as_backends, candidates, load_encoders, precisions
+        from ..job.tasks import TASKS
         from ..models import device_type
-        from ..tasks import TASKS
 
         names = candidates(job.model, device_type(job.model.device), job.batching.strategy == "packed")
         if budget is not None and budget.backend in names:

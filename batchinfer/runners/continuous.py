@@ -11,9 +11,9 @@ from typing import Callable
 
 import torch
 
-from ..config import GenerationConfig
 from ..constrained.sampling import SeededSampling
 from ..errors import ModelError
+from ..job.config import GenerationConfig
 from .engine import PassOutput, PassRows, generation_config
 from .kv_cache import cache_blocks, engine_options, kv_bytes_per_block, memory_budget, sized_by_user
 from .prefix import admission

@@ -10,8 +10,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from ..config import GenerationConfig
 from ..constrained.spec import Constraint
+from ..job.config import GenerationConfig
 
 
 @dataclass

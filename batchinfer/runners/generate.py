@@ -18,12 +18,12 @@ import torch
 from pydantic import ValidationError
 
 from ..batching.cut import padding_stats
-from ..config import GenerationConfig
 from ..constrained.spec import Constraint, job_constraint, response_format
 from ..errors import ConfigError
+from ..job.config import GenerationConfig
+from ..job.templates import chat_template, no_chat_template
 from ..prepare import Prepared, row_limits
 from ..reasons import Reason
-from ..templates import chat_template, no_chat_template
 from .base import encode_capped
 from .continuous import ContinuousEngine
 from .engine import Engine, PassRows, engine_passes

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import numpy as np
 import pyarrow as pa
 
-from ..config import JobConfig
 from ..control import Batching, StopFlag
 from ..heap import HeapGuard
+from ..job.config import JobConfig
 from ..prepare import Prepared
 
 if TYPE_CHECKING:  # a warm OpenVINO run never imports torch (backends/__init__.py)

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 
-from ..config import JobConfig
+from ..job.config import JobConfig
 from ..messages import message_problem
 from ..openai_compat.fields import CHAT, CLASSIFY, COMPLETIONS, EMBEDDINGS, SCORE, chat_messages, unsupported
 from ..openai_compat.shapes import embedding_list, model_object, usage

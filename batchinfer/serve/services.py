@@ -14,8 +14,8 @@ import pyarrow as pa
 from fastapi import Request
 
 from ..batching.probe import BACKEND_BUDGETS, DEFAULT_BUDGET
-from ..config import JobConfig
 from ..constrained.spec import Constraint, response_format
+from ..job.config import JobConfig
 from ..openai_compat.requests import GenerationSettings
 from ..packing import supports_packing
 from ..prepare import Prepared

@@ -22,8 +22,9 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
-from ..config import InputConfig
 from ..errors import InputError
+from ..job.config import InputConfig
+from ..job.templates import template_fields
 from ..storage import (
     JOB_RECORD,
     file_stamp,
@@ -34,7 +35,6 @@ from ..storage import (
     reach_problem,
     refuse_location,
 )
-from ..templates import template_fields
 from .base import (
     READ_ERRORS,
     BadShard,

@@ -19,8 +19,8 @@ from pydantic import (
     model_validator,
 )
 
-from .constrained.spec import GrammarLimits, response_format
-from .errors import ConfigError, shorten
+from ..constrained.spec import GrammarLimits, response_format
+from ..errors import ConfigError, shorten
 from .tasks import TASKS
 from .templates import template_fields
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from .errors import ConfigError, shorten
+from ..errors import ConfigError, shorten
 
 
 def template_fields(text: str) -> list[str]:

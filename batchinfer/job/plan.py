@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import shorten
 from .config import InputConfig, JobConfig
-from .errors import shorten
 from .templates import chat_template
 
 
