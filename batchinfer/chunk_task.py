@@ -27,11 +27,11 @@ from .job.plan import Chunk, Work
 from .output.layout import ERROR_SCHEMA
 from .output.parts import PartWriter
 from .output.records import ChunkRecord, ChunkResult
-from .prepare import prepare_rows
 from .reasons import Reason
 from .runners.protocol import ChunkContext, ChunkInput, Runner
 from .sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
 from .sources.base import ShardChanged, as_text
+from .sources.prepare import prepare_rows
 
 SCORE_LABELS = "labels"  # the key of the `scores` field's metadata that names its entries
 

@@ -151,10 +151,10 @@ def openai_batch(
     """Run an OpenAI Batch API file locally: responses to OUTPUT, failed requests to OUTPUT's .errors.jsonl.
 
     Work is checkpointed in OUTPUT.batchinfer/; rerun the same command to resume."""
+    from .backends.models import read_config, resolve_model_path
     from .delivery import check_targets, deliver
     from .errors import ModelError
     from .job.config import validate_with_overrides
-    from .models import read_config, resolve_model_path
     from .openai_compat.batch_files import task_of_requests
 
     with reported(debug):
@@ -302,10 +302,10 @@ def validate(
     debug: bool = DebugOption,
 ):
     """Check a job file, its input, its model (config only, no weights) and its output folder. Writes nothing."""
+    from .backends.models import model_identity, pick_device, read_config, resolve_model_path
     from .dryrun import sample_problems
     from .job.config import load_job
     from .job.plan import fingerprint, plan_chunks
-    from .models import model_identity, pick_device, read_config, resolve_model_path
     from .output.status import describe_folder
     from .sources import discover_shards, shard_contents
 
@@ -391,7 +391,7 @@ def serve(
     debug: bool = DebugOption,
 ):
     """Serve the model over HTTP, batching concurrent requests (pip install -e ".[serve]")."""
-    from .models import read_config, resolve_model_path
+    from .backends.models import read_config, resolve_model_path
 
     with reported(debug):
         try:

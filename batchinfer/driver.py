@@ -14,6 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 from .backends import backend_is_open, precision_note
+from .backends.model_size import model_size
+from .backends.models import check_chat_template, model_identity, read_config, resolve_model_path
 from .batching.probe import DEFAULT_BUDGET
 from .chunk_task import TaskInputs
 from .control import Batching, Progress, Quiet, StopFlag
@@ -21,8 +23,6 @@ from .executors import make_executor
 from .job.config import JobConfig
 from .job.plan import Chunk, Work, fingerprint, plan_chunks, retry_name
 from .machine import Load, LoadWindow, process_age
-from .model_size import model_size
-from .models import check_chat_template, model_identity, read_config, resolve_model_path
 from .output.checkpoint import Checkpoint
 from .output.formats import output_format
 from .output.records import ChunkRecord

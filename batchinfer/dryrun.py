@@ -12,14 +12,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from .backends.model_size import model_size
+from .backends.models import model_identity, resolve_model_path
 from .job.config import JobConfig
 from .job.plan import fingerprint, plan_chunks
 from .machine import Load
-from .model_size import model_size
-from .models import model_identity, resolve_model_path
 from .output.status import FolderStatus, describe_folder
-from .prepare import prepare_rows
 from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec, shard_contents
+from .sources.prepare import prepare_rows
 
 
 def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[int, Counter, dict[str, str]]:

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
-from .model_size import describe_size
+from .backends.model_size import describe_size
 from .show import prefix_line
 
 

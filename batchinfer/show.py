@@ -8,7 +8,7 @@ from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from .model_size import describe_size
+from .backends.model_size import describe_size
 from .output.layout import REPORT
 from .output.records import ChunkRecord, current_errors
 

@@ -258,7 +258,7 @@ def test_a_damaged_cache_entry_is_rebuilt_and_a_foreign_one_refused(
 
 def _is_for(entry, model) -> bool:
     """Whether a cache entry is the conversion of `model` (its key covers the model identity)."""
-    from batchinfer.models import model_identity
+    from batchinfer.backends.models import model_identity
 
     return json.loads((entry / "batchinfer.json").read_text())["model"] == model_identity(model)
 

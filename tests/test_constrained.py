@@ -186,7 +186,7 @@ def test_serve_answers_constrained_requests_as_the_offline_job(tmp_path, sms_tab
     pytest.importorskip("fastapi")
     import httpx
 
-    from batchinfer.models import resolve_model_path
+    from batchinfer.backends.models import resolve_model_path
     from batchinfer.serve import create_app
 
     prompts = _prompts(tmp_path, sms_table, n=4)
@@ -348,8 +348,8 @@ def test_serve_compiles_off_the_event_loop_once_per_schema_and_within_the_limits
 
     import httpx
 
+    from batchinfer.backends.models import resolve_model_path
     from batchinfer.constrained.grammar import Grammars
-    from batchinfer.models import resolve_model_path
     from batchinfer.serve import create_app
 
     calls, seen, compile = [], set(), Grammars._compile

@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import generate_alone, make_job
 
+from batchinfer.backends.models import resolve_model_path
 from batchinfer.driver import run_job
-from batchinfer.models import resolve_model_path
 
 pytest.importorskip("fastapi")
 from batchinfer.serve import create_app  # noqa: E402

@@ -22,8 +22,8 @@ from ..constrained.spec import Constraint, job_constraint, response_format
 from ..errors import ConfigError
 from ..job.config import GenerationConfig
 from ..job.templates import chat_template, no_chat_template
-from ..prepare import Prepared, row_limits
 from ..reasons import Reason
+from ..sources.prepare import Prepared, row_limits
 from .base import encode_capped
 from .continuous import ContinuousEngine
 from .engine import Engine, PassRows, engine_passes
@@ -57,7 +57,7 @@ class GenerateRunner:
             if job.model.chat_template is not None:
                 tokenizer.chat_template = chat_template(job.model.chat_template)
         else:
-            from ..models import load_model
+            from ..backends.models import load_model
 
             if job.model.backend == "openvino":
                 from ..backends import candidates

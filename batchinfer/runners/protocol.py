@@ -17,7 +17,7 @@ import pyarrow as pa
 from ..control import Batching, StopFlag
 from ..heap import HeapGuard
 from ..job.config import JobConfig
-from ..prepare import Prepared
+from ..sources.prepare import Prepared
 
 if TYPE_CHECKING:  # a warm OpenVINO run never imports torch (backends/__init__.py)
     import torch

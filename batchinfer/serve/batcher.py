@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..batching.probe import cut_batches
-from ..recovery import run_resilient
+from ..runners.recovery import run_resilient
 
 
 class Overloaded(Exception):

@@ -13,14 +13,14 @@ import numpy as np
 import pyarrow as pa
 from fastapi import Request
 
+from ..backends.packing import supports_packing
 from ..batching.probe import BACKEND_BUDGETS, DEFAULT_BUDGET
 from ..constrained.spec import Constraint, response_format
 from ..job.config import JobConfig
 from ..openai_compat.requests import GenerationSettings
-from ..packing import supports_packing
-from ..prepare import Prepared
 from ..runners import make_runner
 from ..runners.protocol import ChunkInput, Tokens
+from ..sources.prepare import Prepared
 from .batcher import Batcher, Overloaded
 from .bodies import Asked, BadInput, include_usage
 from .failures import Disconnected, EngineDown

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 from safetensors import SafetensorError
 
-from .cache import file_digest
-from .control import library_logs_shown
-from .errors import ModelError
-from .job.config import ModelConfig
-from .job.plan import IDENTITY
-from .job.tasks import model_spec
-from .job.templates import chat_template, no_chat_template
+from ..cache import file_digest
+from ..control import library_logs_shown
+from ..errors import ModelError
+from ..job.config import ModelConfig
+from ..job.plan import IDENTITY
+from ..job.tasks import model_spec
+from ..job.templates import chat_template, no_chat_template
 
 if TYPE_CHECKING:  # imported where a model loads on it: a warm OpenVINO run never imports torch
     import torch
@@ -189,7 +189,7 @@ def read_config(cfg: ModelConfig, path: Path):
     transformers' config classes imports torch) unless the model brings its own config class."""
     check_model_folder(path, cfg.allow_pickle)
     if not cfg.trust_remote_code:
-        from .backends.folder import read_config as read_json
+        from .folder import read_config as read_json
 
         config = read_json(path)
         check_head(config, cfg, path)

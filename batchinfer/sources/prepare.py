@@ -12,10 +12,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .job.templates import template_parts
-from .messages import BLANK, is_blank, message_problem
-from .openai_compat.batch_files import TASK_OF_URL
-from .reasons import Reason
+from ..job.templates import template_parts
+from ..messages import BLANK, is_blank, message_problem
+from ..openai_compat.batch_files import TASK_OF_URL
+from ..reasons import Reason
 
 
 @dataclass

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .reasons import Reason
+from ..reasons import Reason
 
 
 @dataclass
