@@ -236,7 +236,7 @@ def execute(config, command: str, *, restart: bool, retry_errors: bool, progress
     """Run a job showing progress; on SIGINT/SIGTERM stop cleanly and say how to resume; on a second
     one, exit at once (control.Signals)."""
     from .control import Interrupted, Signals, StopFlag
-    from .driver import run_job
+    from .execution.driver import run_job
     from .progress import summary_table
 
     def forced(signum: int) -> None:  # no console and no lock: the main thread may hold them

@@ -12,13 +12,13 @@ import numpy as np
 
 from .backends.packing import supports_packing
 from .batching.probe import CPU_BUDGETS, SAMPLE_TOKENS, Slices, cut_batches, probe
-from .chunk_task import TaskInputs
 from .control import StopFlag
-from .driver import settle_budget
+from .execution.chunk_task import TaskInputs
+from .execution.driver import settle_budget
+from .execution.report import prefix_saved, reuses_prefix
 from .job.config import JobConfig
 from .job.plan import Work
 from .machine import LoadWindow, process_age
-from .report import prefix_saved, reuses_prefix
 from .runners.prefix import admission, page_hits
 from .sources import Inputs, read_spec
 

@@ -15,8 +15,8 @@ import pytest
 from helpers import Crash, CrashAfterChunks, job_record, make_job, read_output, vectors, write_job
 
 from batchinfer.control import Quiet
-from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
+from batchinfer.execution.driver import run_job
 from batchinfer.job.config import validate_job
 
 pytest.importorskip("openvino", reason="the OpenVINO backend needs the openvino package (pip install -e '.[cpu]')")

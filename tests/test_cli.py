@@ -468,7 +468,7 @@ def test_plan_of_a_finished_job_answers_without_loading_the_model(tmp_path, sms_
     def no_load(*args, **kwargs):
         raise AssertionError("plan loaded the model of a finished job")
 
-    monkeypatch.setattr("batchinfer.chunk_task.TaskInputs.task", no_load)
+    monkeypatch.setattr("batchinfer.execution.chunk_task.TaskInputs.task", no_load)
     monkeypatch.setattr("batchinfer.dryrun.sample_problems", no_load)
     result = runner.invoke(app, ["plan", str(job)])
     assert result.exit_code == 0, result.output

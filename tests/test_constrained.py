@@ -14,8 +14,8 @@ import pytest
 from helpers import make_job
 from helpers import read_output as _read
 
-from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError
+from batchinfer.execution.driver import run_job
 from batchinfer.job.config import validate_job
 
 pytest.importorskip("xgrammar")

@@ -10,7 +10,7 @@ import pytest
 
 from batchinfer.control import Batching, Interrupted, Quiet, StopFlag
 from batchinfer.errors import InputError
-from batchinfer.executors.local import LocalExecutor
+from batchinfer.execution.executors.local import LocalExecutor
 from batchinfer.job.plan import Work, plan_chunks
 from batchinfer.output.records import ChunkRecord, ChunkResult
 

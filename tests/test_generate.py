@@ -15,8 +15,8 @@ from helpers import BATCHINFER, EXAMPLES, make_job, run_until, write_job
 from helpers import generate_alone as _alone
 from helpers import prompt_table as _prompts
 
-from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
+from batchinfer.execution.driver import run_job
 from batchinfer.job.config import validate_job
 from batchinfer.output.records import ChunkRecord
 

@@ -28,7 +28,7 @@ from helpers import vectors as _vectors
 import batchinfer.backends.packing
 from batchinfer.backends.models import pick_dtype
 from batchinfer.batching.probe import GPU_MEMORY_SHARE, GPU_PROBE_TOKENS
-from batchinfer.driver import run_job
+from batchinfer.execution.driver import run_job
 from batchinfer.job.config import load_job, validate_job
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

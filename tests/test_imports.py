@@ -82,7 +82,7 @@ def test_no_import_inside_a_function_hides_a_cycle():
 def test_the_graph_is_read():
     graph = _graph(top_level_only=False)
     assert (
-        "batchinfer.job.config" in graph["batchinfer.driver"]
+        "batchinfer.job.config" in graph["batchinfer.execution.driver"]
         and "batchinfer.storage.lines" in graph["batchinfer.sources.jsonl"]
     )
 

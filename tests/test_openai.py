@@ -13,7 +13,7 @@ from helpers import generate_alone as _alone
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
-from batchinfer.driver import run_job
+from batchinfer.execution.driver import run_job
 from batchinfer.job.config import validate_job
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "openai" / "requests.jsonl"

@@ -12,8 +12,8 @@ from helpers import vectors as _vectors
 
 import batchinfer.backends.packing
 from batchinfer.backends.packing import first_position, pack, packed_forward, supports_packing, varlen_supported
-from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError
+from batchinfer.execution.driver import run_job
 from batchinfer.runners.base import probe as engine_probe
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)

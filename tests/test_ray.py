@@ -12,7 +12,7 @@ import pyarrow.dataset as ds
 import pytest
 from helpers import BATCHINFER, done_chunks, make_job, run_until, vectors, write_job
 
-from batchinfer.driver import run_job
+from batchinfer.execution.driver import run_job
 from batchinfer.job.config import validate_job
 
 ray = pytest.importorskip("ray")

@@ -12,8 +12,8 @@ from helpers import read_output as _read
 from helpers import vectors as _vectors
 
 from batchinfer.control import Quiet
-from batchinfer.driver import run_job
 from batchinfer.errors import ResumeError
+from batchinfer.execution.driver import run_job
 from batchinfer.job.config import validate_job
 
 

@@ -22,7 +22,7 @@ import pytest
 from helpers import generate_alone, make_job
 
 from batchinfer.backends.models import resolve_model_path
-from batchinfer.driver import run_job
+from batchinfer.execution.driver import run_job
 
 pytest.importorskip("fastapi")
 from batchinfer.serve import create_app  # noqa: E402

@@ -174,7 +174,7 @@ HOSTILE = [
 
 
 def test_hostile_lines_cost_one_row_each_and_keep_their_ids(tmp_path, tiny_embed):
-    from batchinfer.driver import run_job
+    from batchinfer.execution.driver import run_job
     from batchinfer.job.config import validate_job
 
     good = [json.dumps({"id": f"g{i}", "text": f"good row {i}", "label": i}).encode() for i in range(20)]
@@ -206,7 +206,7 @@ def test_hostile_lines_cost_one_row_each_and_keep_their_ids(tmp_path, tiny_embed
 def test_mixed_id_types_are_kept_as_their_text_with_one_schema(tmp_path, tiny_embed):
     import pyarrow.dataset as ds
 
-    from batchinfer.driver import run_job
+    from batchinfer.execution.driver import run_job
     from batchinfer.job.config import validate_job
 
     ids = [f"h{i:06d}" if i % 7 else i for i in range(40)]  # strings, and an integer every 7th line
@@ -290,7 +290,7 @@ def test_csv_reads_every_row_in_order_with_kept_types(tmp_path, name):
 
 
 def test_csv_records_with_the_wrong_field_count_are_error_rows(tmp_path, tiny_embed):
-    from batchinfer.driver import run_job
+    from batchinfer.execution.driver import run_job
     from batchinfer.job.config import validate_job
 
     lines = ["id,text,label", "1,first,0", "2,second,1,extra", "3,third", '4,"a, quoted",1', "5,,0", "6,sixth,x"]

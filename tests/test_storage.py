@@ -17,8 +17,8 @@ from helpers import BATCHINFER, make_job, run_until, write_job
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
-from batchinfer.driver import run_job
 from batchinfer.errors import InputError, OutputError
+from batchinfer.execution.driver import run_job
 from batchinfer.job.config import validate_job
 from batchinfer.storage import glob_regex
 

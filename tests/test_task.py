@@ -7,9 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import make_job
 
-from batchinfer.chunk_task import TaskInputs, id_text, unreadable
 from batchinfer.control import Batching, Interrupted, StopFlag
 from batchinfer.errors import InputError
+from batchinfer.execution.chunk_task import TaskInputs, id_text, unreadable
 from batchinfer.job.plan import Work, plan_chunks
 from batchinfer.sources import discover_shards, read_spec
 

@@ -1,4 +1,4 @@
-"""The runner contract: what a chunk's run (chunk_task.py) hands a runner and what it gets back.
+"""The runner contract: what a chunk's run (execution/chunk_task.py) hands a runner and what it gets back.
 
 Every task's runner implements `Runner` (encoder tasks through runners/base.py's EncoderRunner,
 generation in runners/generate.py); the chunk's run calls nothing else and knows no task by name.

@@ -116,7 +116,7 @@ def offline_run(rows: list[str]) -> float:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from batchinfer.driver import run_job
+    from batchinfer.execution.driver import run_job
     from batchinfer.job.config import validate_job
 
     with tempfile.TemporaryDirectory() as work:

@@ -65,7 +65,7 @@ def data(shared: Path, rows: int) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def run_batchinfer(job: dict) -> float:
-    from batchinfer.driver import run_job
+    from batchinfer.execution.driver import run_job
     from batchinfer.job.config import validate_job
 
     started = time.perf_counter()

@@ -7,10 +7,10 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
+from ...control import Progress
+from ...job.plan import Work
+from ...output.records import ChunkResult
 from ..chunk_task import ChunkTask, Loaded
-from ..control import Progress
-from ..job.plan import Work
-from ..output.records import ChunkResult
 
 
 class LocalExecutor:

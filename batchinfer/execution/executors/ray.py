@@ -16,11 +16,11 @@ import time
 from collections import deque
 from typing import Iterator
 
+from ...control import Progress, StopFlag, library_logs_shown
+from ...errors import BatchinferError, ConfigError, ModelError
+from ...job.plan import Work
+from ...output.records import ChunkResult
 from ..chunk_task import TaskInputs
-from ..control import Progress, StopFlag, library_logs_shown
-from ..errors import BatchinferError, ConfigError, ModelError
-from ..job.plan import Work
-from ..output.records import ChunkResult
 
 IN_FLIGHT = 2  # chunks per worker: one computing, one loading
 POLL = 0.25  # seconds between checks of the stop flag while chunks run

@@ -6,10 +6,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Iterator, Protocol
 
+from ...control import Progress, StopFlag
+from ...job.plan import Work
+from ...output.records import ChunkResult
 from ..chunk_task import TaskInputs
-from ..control import Progress, StopFlag
-from ..job.plan import Work
-from ..output.records import ChunkResult
 
 
 class Executor(Protocol):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .job.config import JobConfig
-from .job.plan import Chunk
-from .job.tasks import LABEL_SCORING, model_spec
-from .output.records import ChunkRecord, current_errors
+from ..job.config import JobConfig
+from ..job.plan import Chunk
+from ..job.tasks import LABEL_SCORING, model_spec
+from ..output.records import ChunkRecord, current_errors
 
 
 def build_report(

@@ -19,19 +19,19 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from .control import Batching, StopFlag
-from .errors import ConfigError, InputError, ModelError
-from .heap import HeapGuard
-from .job.config import JobConfig
-from .job.plan import Chunk, Work
-from .output.layout import ERROR_SCHEMA
-from .output.parts import PartWriter
-from .output.records import ChunkRecord, ChunkResult
-from .reasons import Reason
-from .runners.protocol import ChunkContext, ChunkInput, Runner
-from .sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
-from .sources.base import ShardChanged, as_text
-from .sources.prepare import prepare_rows
+from ..control import Batching, StopFlag
+from ..errors import ConfigError, InputError, ModelError
+from ..heap import HeapGuard
+from ..job.config import JobConfig
+from ..job.plan import Chunk, Work
+from ..output.layout import ERROR_SCHEMA
+from ..output.parts import PartWriter
+from ..output.records import ChunkRecord, ChunkResult
+from ..reasons import Reason
+from ..runners.protocol import ChunkContext, ChunkInput, Runner
+from ..sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
+from ..sources.base import ShardChanged, as_text
+from ..sources.prepare import prepare_rows
 
 SCORE_LABELS = "labels"  # the key of the `scores` field's metadata that names its entries
 
@@ -59,7 +59,7 @@ class TaskInputs:
 
     def task(self, stop: StopFlag, worker: str = "local", wrap: Callable | None = None) -> ChunkTask:
         """A ChunkTask with its runner loaded in this process; `wrap` wraps the runner (tests crash a run)."""
-        from .runners import make_runner
+        from ..runners import make_runner
 
         runner = make_runner(self.job, self.model_path, self.budget)
         runner = wrap(runner) if wrap else runner

@@ -13,22 +13,22 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from .backends import backend_is_open, precision_note
-from .backends.model_size import model_size
-from .backends.models import check_chat_template, model_identity, read_config, resolve_model_path
-from .batching.probe import DEFAULT_BUDGET
+from ..backends import backend_is_open, precision_note
+from ..backends.model_size import model_size
+from ..backends.models import check_chat_template, model_identity, read_config, resolve_model_path
+from ..batching.probe import DEFAULT_BUDGET
+from ..control import Batching, Progress, Quiet, StopFlag
+from ..job.config import JobConfig
+from ..job.plan import Chunk, Work, fingerprint, plan_chunks, retry_name
+from ..machine import Load, LoadWindow, process_age
+from ..output.checkpoint import Checkpoint
+from ..output.formats import output_format
+from ..output.records import ChunkRecord
+from ..reasons import RETRYABLE
+from ..sources import discover_shards, read_spec, shard_contents
 from .chunk_task import TaskInputs
-from .control import Batching, Progress, Quiet, StopFlag
 from .executors import make_executor
-from .job.config import JobConfig
-from .job.plan import Chunk, Work, fingerprint, plan_chunks, retry_name
-from .machine import Load, LoadWindow, process_age
-from .output.checkpoint import Checkpoint
-from .output.formats import output_format
-from .output.records import ChunkRecord
-from .reasons import RETRYABLE
 from .report import build_report
-from .sources import discover_shards, read_spec, shard_contents
 
 # What --retry-errors may change: the settings that decide whether a row fits, not what a row means. The
 # error reasons such a change can cure are reasons.RETRYABLE; the others would only fail again.
