@@ -152,7 +152,7 @@ def openai_batch(
 
     Work is checkpointed in OUTPUT.batchinfer/; rerun the same command to resume."""
     from .backends.models import read_config, resolve_model_path
-    from .delivery import check_targets, deliver
+    from .commands.delivery import check_targets, deliver
     from .errors import ModelError
     from .job.config import validate_with_overrides
     from .openai_compat.batch_files import task_of_requests
@@ -303,7 +303,7 @@ def validate(
 ):
     """Check a job file, its input, its model (config only, no weights) and its output folder. Writes nothing."""
     from .backends.models import model_identity, pick_device, read_config, resolve_model_path
-    from .dryrun import sample_problems
+    from .commands.dryrun import sample_problems
     from .job.config import load_job
     from .job.plan import fingerprint, plan_chunks
     from .output.status import describe_folder
@@ -347,9 +347,9 @@ def plan_command(
     debug: bool = DebugOption,
 ):
     """What a job will do, before any output is written: rows, tokens, chunks, padding, a time estimate."""
-    from .dryrun import estimate_job
+    from .commands.dryrun import estimate_job
+    from .commands.show import plan_lines
     from .job.config import load_job
-    from .show import plan_lines
 
     with reported(debug):
         config = load_job(job, set_ or [])
@@ -458,11 +458,11 @@ def status(
     debug: bool = DebugOption,
 ):
     """Show how far a job's output folder is: chunks, rows, errors, the run holding it. Changes nothing."""
+    from .commands.show import status_lines
     from .errors import OutputError
     from .output.failures import reach_error
     from .output.layout import JOB, LEGACY
     from .output.status import FolderStatus
-    from .show import status_lines
     from .storage import is_uri
 
     with reported(debug):
@@ -499,7 +499,7 @@ def export(
     debug: bool = DebugOption,
 ):
     """Write a finished job's results as one file, in input order (CSV holds lists as JSON text)."""
-    from .export import export_folder
+    from .commands.export import export_folder
 
     with reported(debug):
         done = export_folder(folder, format, output, force, partial)

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .backends.model_size import describe_size
-from .show import prefix_line
+from .commands.show import prefix_line
 
 
 class _Rate(ProgressColumn):

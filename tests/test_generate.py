@@ -262,7 +262,7 @@ def test_generation_config_decodes_greedily_at_temperature_zero(tmp_path, tiny_l
 def test_rows_that_share_an_instruction_read_it_from_the_cache_and_get_the_same_text(sms_table, tmp_path, tiny_llama):
     from transformers import AutoTokenizer
 
-    from batchinfer.dryrun import estimate_job
+    from batchinfer.commands.dryrun import estimate_job
     from batchinfer.runners.continuous import SHARED_PAGE
     from batchinfer.runners.prefix import admission, page_hits
 

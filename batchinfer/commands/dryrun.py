@@ -1,7 +1,7 @@
 """`batchinfer plan`: what a job will do before a night is committed to it, and nothing written.
 
 Counts every shard's rows (from their metadata), says how the output folder stands and checks the first rows
-as a run prepares them; for the rows left, sample_timing.py tokenizes a sample of rows spread over the
+as a run prepares them; for the rows left, commands/sample_timing.py tokenizes a sample of rows spread over the
 chunks, cuts the sample's batches as the run would and times part of them on this machine. A finished job
 is answered without the model or torch.
 """
@@ -12,14 +12,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from .backends.model_size import model_size
-from .backends.models import model_identity, resolve_model_path
-from .job.config import JobConfig
-from .job.plan import fingerprint, plan_chunks
-from .machine import Load
-from .output.status import FolderStatus, describe_folder
-from .sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec, shard_contents
-from .sources.prepare import prepare_rows
+from ..backends.model_size import model_size
+from ..backends.models import model_identity, resolve_model_path
+from ..job.config import JobConfig
+from ..job.plan import fingerprint, plan_chunks
+from ..machine import Load
+from ..output.status import FolderStatus, describe_folder
+from ..sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec, shard_contents
+from ..sources.prepare import prepare_rows
 
 
 def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[int, Counter, dict[str, str]]:

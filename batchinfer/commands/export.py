@@ -13,13 +13,13 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from .errors import OutputError
-from .output.failures import reach_error
-from .output.formats import json_lines
-from .output.layout import SUCCESS
-from .output.status import FolderStatus
+from ..errors import OutputError
+from ..output.failures import reach_error
+from ..output.formats import json_lines
+from ..output.layout import SUCCESS
+from ..output.status import FolderStatus
+from ..storage import JOB_RECORD, LocalFolder
 from .show import without_limit
-from .storage import JOB_RECORD, LocalFolder
 
 FORMATS = ("parquet", "jsonl", "csv")
 EXPORT_KEY = b"batchinfer.export"  # a Parquet export's footer: the job it holds; what lets --force replace it

@@ -1,6 +1,6 @@
 """plan's measure of the rows left: the job's model loaded as a run loads it, a sample of rows from across the
 job read and tokenized by the chunk task, and a part of that sample timed on the model, probe included. This
-module loads torch and the model; dryrun.py imports it only when a job has rows left to run."""
+module loads torch and the model; commands/dryrun.py imports it only when a job has rows left to run."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends.packing import supports_packing
-from .batching.probe import CPU_BUDGETS, SAMPLE_TOKENS, Slices, cut_batches, probe
-from .control import StopFlag
-from .execution.chunk_task import TaskInputs
-from .execution.driver import settle_budget
-from .execution.report import prefix_saved, reuses_prefix
-from .job.config import JobConfig
-from .job.plan import Work
-from .machine import LoadWindow, process_age
-from .runners.prefix import admission, page_hits
-from .sources import Inputs, read_spec
+from ..backends.packing import supports_packing
+from ..batching.probe import CPU_BUDGETS, SAMPLE_TOKENS, Slices, cut_batches, probe
+from ..control import StopFlag
+from ..execution.chunk_task import TaskInputs
+from ..execution.driver import settle_budget
+from ..execution.report import prefix_saved, reuses_prefix
+from ..job.config import JobConfig
+from ..job.plan import Work
+from ..machine import LoadWindow, process_age
+from ..runners.prefix import admission, page_hits
+from ..sources import Inputs, read_spec
 
 PROBE_TOKENS = SAMPLE_TOKENS * (len(CPU_BUDGETS) + 2)  # about what a run's probe times: each budget, then packed
 SAMPLED_CHUNKS = 40  # chunks the sample is read from: spread over the job, each read costs a shard's open and seek

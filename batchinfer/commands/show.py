@@ -8,13 +8,13 @@ from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from .backends.model_size import describe_size
-from .output.layout import REPORT
-from .output.records import ChunkRecord, current_errors
+from ..backends.model_size import describe_size
+from ..output.layout import REPORT
+from ..output.records import ChunkRecord, current_errors
 
 if TYPE_CHECKING:
-    from .job.config import JobConfig
-    from .output.status import FolderStatus
+    from ..job.config import JobConfig
+    from ..output.status import FolderStatus
 
 
 def plan_lines(config: JobConfig, summary: dict) -> list[str]:

@@ -7,10 +7,10 @@ import hashlib
 import json
 import shutil
 
-from .errors import OutputError
-from .output.formats import EXPORTED, DeclaredFiles
-from .output.status import FolderStatus
-from .storage import TMP, LocalFolder
+from ..errors import OutputError
+from ..output.formats import EXPORTED, DeclaredFiles
+from ..output.status import FolderStatus
+from ..storage import TMP, LocalFolder
 
 
 def check_targets(work, targets: list) -> None:
