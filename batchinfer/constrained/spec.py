@@ -1,6 +1,6 @@
 """Constrained output, as asked: OpenAI's response_format, or the shorthands choices and regex, read
 into one Constraint. No package imports: the job file and request lines are checked without xgrammar,
-which compiles a Constraint per tokenizer (constrained/grammar.py)."""
+which compiles a Constraint per tokenizer (grammar.py)."""
 
 from __future__ import annotations
 

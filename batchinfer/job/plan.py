@@ -63,8 +63,8 @@ def plan_chunks(row_counts: list[int], chunk_rows: int, limit: int | None = None
     return chunks
 
 
-# Every model identity (models.model_identity) starts so. One that does not was recorded by an earlier batchinfer,
-# which hashed only samples of large weight files: it cannot show that the model is unchanged.
+# Every model identity (backends.models.model_identity) starts so. One that does not was recorded by an earlier
+# batchinfer, which hashed only samples of large weight files: it cannot show that the model is unchanged.
 IDENTITY = "sha256:"
 DEFAULT_LINE_BYTES = InputConfig.model_fields["max_line_bytes"].default
 # Keys that fingerprints of earlier versions held but that cannot change a row's result: where an old folder
