@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .config import TASK_COLUMNS, JobConfig, apply_override, load_job, validate_job
-from .driver import run_job
 from .errors import ConfigError, InputError
+from .execution.driver import run_job
+from .job.config import TASK_COLUMNS, JobConfig, apply_override, load_job, validate_job
 from .output.status import FolderStatus
 
 

@@ -114,7 +114,7 @@ def run(
     debug: bool = DebugOption,
 ):
     """Run a job, or resume it where it stopped."""
-    from .config import load_job
+    from .job.config import load_job
 
     with reported(debug):
         overrides = list(set_ or []) + ([f"output.path={output}"] if output else [])
@@ -151,11 +151,11 @@ def openai_batch(
     """Run an OpenAI Batch API file locally: responses to OUTPUT, failed requests to OUTPUT's .errors.jsonl.
 
     Work is checkpointed in OUTPUT.batchinfer/; rerun the same command to resume."""
-    from .config import validate_with_overrides
-    from .delivery import check_targets, deliver
+    from .backends.models import read_config, resolve_model_path
+    from .commands.delivery import check_targets, deliver
     from .errors import ModelError
-    from .models import read_config, resolve_model_path
-    from .openai_batch import task_of_requests
+    from .job.config import validate_with_overrides
+    from .openai_compat.batch_files import task_of_requests
 
     with reported(debug):
         work = output.with_name(output.name + ".batchinfer")
@@ -236,7 +236,7 @@ def execute(config, command: str, *, restart: bool, retry_errors: bool, progress
     """Run a job showing progress; on SIGINT/SIGTERM stop cleanly and say how to resume; on a second
     one, exit at once (control.Signals)."""
     from .control import Interrupted, Signals, StopFlag
-    from .driver import run_job
+    from .execution.driver import run_job
     from .progress import summary_table
 
     def forced(signum: int) -> None:  # no console and no lock: the main thread may hold them
@@ -302,12 +302,12 @@ def validate(
     debug: bool = DebugOption,
 ):
     """Check a job file, its input, its model (config only, no weights) and its output folder. Writes nothing."""
-    from .config import load_job
-    from .dryrun import sample_problems
-    from .models import model_identity, pick_device, read_config, resolve_model_path
+    from .backends.models import model_identity, pick_device, read_config, resolve_model_path
+    from .commands.dryrun import sample_problems
+    from .job.config import load_job
+    from .job.plan import fingerprint, plan_chunks
     from .output.status import describe_folder
-    from .plan import fingerprint, plan_chunks
-    from .sources import discover_shards
+    from .sources import discover_shards, shard_contents
 
     with reported(debug):
         config = load_job(job, set_ or [])
@@ -322,7 +322,7 @@ def validate(
         folder, _ = describe_folder(
             config.output.path,
             config.output.storage_options,
-            fingerprint(config, model_identity(model_path), shards),
+            fingerprint(config, model_identity(model_path), shard_contents(shards)),
             len(chunks),
         )
         for shard in bad:
@@ -347,9 +347,9 @@ def plan_command(
     debug: bool = DebugOption,
 ):
     """What a job will do, before any output is written: rows, tokens, chunks, padding, a time estimate."""
-    from .config import load_job
-    from .dryrun import estimate_job
-    from .show import plan_lines
+    from .commands.dryrun import estimate_job
+    from .commands.show import plan_lines
+    from .job.config import load_job
 
     with reported(debug):
         config = load_job(job, set_ or [])
@@ -361,7 +361,7 @@ def plan_command(
 
 def _served_job(job: Optional[Path], model: Optional[str], task: Optional[str], sets: list[str], served):
     """The job serve runs: a job file's, or one built from --model and --task."""
-    from .config import load_job, validate_with_overrides
+    from .job.config import load_job, validate_with_overrides
 
     if job is not None:
         return load_job(job, sets)
@@ -391,7 +391,7 @@ def serve(
     debug: bool = DebugOption,
 ):
     """Serve the model over HTTP, batching concurrent requests (pip install -e ".[serve]")."""
-    from .models import read_config, resolve_model_path
+    from .backends.models import read_config, resolve_model_path
 
     with reported(debug):
         try:
@@ -447,7 +447,7 @@ def _graceful_server():
 @app.command()
 def schema():
     """Print the job file's JSON schema."""
-    from .config import JobConfig
+    from .job.config import JobConfig
 
     print(json.dumps(JobConfig.model_json_schema(), indent=2))
 
@@ -458,11 +458,11 @@ def status(
     debug: bool = DebugOption,
 ):
     """Show how far a job's output folder is: chunks, rows, errors, the run holding it. Changes nothing."""
+    from .commands.show import status_lines
     from .errors import OutputError
     from .output.failures import reach_error
     from .output.layout import JOB, LEGACY
     from .output.status import FolderStatus
-    from .show import status_lines
     from .storage import is_uri
 
     with reported(debug):
@@ -499,7 +499,7 @@ def export(
     debug: bool = DebugOption,
 ):
     """Write a finished job's results as one file, in input order (CSV holds lists as JSON text)."""
-    from .export import export_folder
+    from .commands.export import export_folder
 
     with reported(debug):
         done = export_folder(folder, format, output, force, partial)

@@ -10,8 +10,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
-from .model_size import describe_size
-from .show import prefix_line
+from .backends.model_size import describe_size
+from .commands.show import prefix_line
 
 
 class _Rate(ProgressColumn):

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
 
-from batchinfer.config import validate_job
 from batchinfer.control import Quiet
+from batchinfer.job.config import validate_job
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # The output layer's settle waits, a second each in a real run: between taking over a dead run's lock, or

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import Crash, CrashAfterChunks, job_record, make_job, read_output, vectors, write_job
 
-from batchinfer.config import validate_job
 from batchinfer.control import Quiet
-from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
+from batchinfer.execution.driver import run_job
+from batchinfer.job.config import validate_job
 
 pytest.importorskip("openvino", reason="the OpenVINO backend needs the openvino package (pip install -e '.[cpu]')")
 
@@ -105,7 +105,7 @@ def test_openvino_cross_encoder_scores_token_entities_and_zero_shot_equal_torch(
 def test_auto_records_backend_and_precision_and_a_resume_reuses_them(
     sms_parquet, sms_table, tiny_embed, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("batchinfer.tune.SAMPLE_TOKENS", 300)
+    monkeypatch.setattr("batchinfer.batching.probe.SAMPLE_TOKENS", 300)
     job = make_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="auto")
     with pytest.raises(Crash):
         run_job(job, progress=CrashAfterChunks(1))
@@ -181,7 +181,7 @@ def test_dtype_auto_on_minilm_takes_bf16_where_the_cpu_has_it_and_says_why_not(
 @pytest.mark.parametrize("native", [True, False], ids=["bf16-cpu", "avx2-cpu"])
 def test_no_bf16_turns_off_bf16_on_any_cpu_and_keeps_its_rates_apart(monkeypatch, native):
     from batchinfer.backends import openvino, precisions
-    from batchinfer.config import ModelConfig
+    from batchinfer.job.config import ModelConfig
 
     # Both kinds of CPU, as OpenVINO describes them, whichever this machine is.
     monkeypatch.setattr(openvino, "_cpu_capabilities", lambda: ("FP32", "BF16") if native else ("FP32",))
@@ -258,7 +258,7 @@ def test_a_damaged_cache_entry_is_rebuilt_and_a_foreign_one_refused(
 
 def _is_for(entry, model) -> bool:
     """Whether a cache entry is the conversion of `model` (its key covers the model identity)."""
-    from batchinfer.models import model_identity
+    from batchinfer.backends.models import model_identity
 
     return json.loads((entry / "batchinfer.json").read_text())["model"] == model_identity(model)
 

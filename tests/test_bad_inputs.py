@@ -12,8 +12,8 @@ import pytest
 import yaml
 from helpers import make_job
 
-from batchinfer.driver import run_job
 from batchinfer.errors import InputError
+from batchinfer.execution.driver import run_job
 
 BAD = Path(__file__).resolve().parent / "data" / "bad"
 

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchinfer.batching import cut_packed, cut_padded, padding_stats
+from batchinfer.batching.cut import cut_packed, cut_padded, padding_stats
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=600), min_size=0, max_size=400)
 

@@ -466,8 +466,8 @@ def test_plan_of_a_finished_job_answers_without_loading_the_model(tmp_path, sms_
     def no_load(*args, **kwargs):
         raise AssertionError("plan loaded the model of a finished job")
 
-    monkeypatch.setattr("batchinfer.chunk_task.TaskInputs.task", no_load)
-    monkeypatch.setattr("batchinfer.dryrun.sample_problems", no_load)
+    monkeypatch.setattr("batchinfer.execution.chunk_task.TaskInputs.task", no_load)
+    monkeypatch.setattr("batchinfer.commands.dryrun.sample_problems", no_load)
     result = runner.invoke(app, ["plan", str(job)])
     assert result.exit_code == 0, result.output
     assert "time     nothing left to run: the output folder holds every row of this job" in result.output
@@ -477,7 +477,7 @@ def test_plan_of_a_finished_job_answers_without_loading_the_model(tmp_path, sms_
 def test_plan_tokenizes_the_sample_alone_and_times_a_bounded_part_of_it(tmp_path, sms_parquet, tiny_embed, monkeypatch):
     """plan of a million rows takes seconds: it reads the row counts, tokenizes --sample rows and runs about
     TIMED_TOKENS of them on the model (the probe's slices, then those again), however large the sample."""
-    from batchinfer import sample_timing
+    from batchinfer.commands import sample_timing
     from batchinfer.runners.base import EncoderRunner
 
     tokenized, computed = [], []
@@ -503,7 +503,7 @@ def test_plan_tokenizes_the_sample_alone_and_times_a_bounded_part_of_it(tmp_path
 
 
 def test_plan_says_when_the_machine_was_busy_and_counts_the_probe(monkeypatch, tmp_path, sms_parquet, tiny_embed):
-    from batchinfer import sample_timing
+    from batchinfer.commands import sample_timing
     from batchinfer.machine import Load
 
     class Busy:
@@ -527,12 +527,12 @@ def test_plan_says_when_the_machine_was_busy_and_counts_the_probe(monkeypatch, t
 
 
 def test_an_internal_error_says_how_to_see_it_in_plain_words(monkeypatch, tmp_path):
-    import batchinfer.config
+    import batchinfer.job.config
 
     def broken(*_):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(batchinfer.config, "load_job", broken)
+    monkeypatch.setattr(batchinfer.job.config, "load_job", broken)
     result = runner.invoke(app, ["run", str(tmp_path / "job.yaml")])
     assert result.exit_code == 1 and "internal error: RuntimeError: a bug" in result.output
     assert "fix: rerun with --debug" in result.output and "[yellow]" not in result.output

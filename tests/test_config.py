@@ -6,8 +6,8 @@ import pytest
 import yaml
 from helpers import check_readme_section
 
-from batchinfer.config import JobConfig, apply_override, load_job, reference_markdown, template_fields, validate_job
 from batchinfer.errors import ConfigError
+from batchinfer.job.config import JobConfig, apply_override, load_job, reference_markdown, template_fields, validate_job
 
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = {"input": {"path": "d", "text": "text"}, "model": {"path": "m", "task": "embed"}, "output": {"path": "o"}}

@@ -14,9 +14,9 @@ import pytest
 from helpers import make_job
 from helpers import read_output as _read
 
-from batchinfer.config import validate_job
-from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError
+from batchinfer.execution.driver import run_job
+from batchinfer.job.config import validate_job
 
 pytest.importorskip("xgrammar")
 
@@ -186,7 +186,7 @@ def test_serve_answers_constrained_requests_as_the_offline_job(tmp_path, sms_tab
     pytest.importorskip("fastapi")
     import httpx
 
-    from batchinfer.models import resolve_model_path
+    from batchinfer.backends.models import resolve_model_path
     from batchinfer.serve import create_app
 
     prompts = _prompts(tmp_path, sms_table, n=4)
@@ -253,8 +253,8 @@ def _nested(depth: int) -> dict:
 def _grammars(tiny_llama, **limits):
     from transformers import AutoTokenizer
 
-    from batchinfer.constrain import GrammarLimits
-    from batchinfer.grammar import Grammars
+    from batchinfer.constrained.grammar import Grammars
+    from batchinfer.constrained.spec import GrammarLimits
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
     settings = {"seconds": 10.0, "bytes": 1 << 18, "depth": 64, "choices": 5000, **limits}
@@ -262,8 +262,8 @@ def _grammars(tiny_llama, **limits):
 
 
 def test_a_constraint_past_the_size_limits_is_refused_before_it_compiles(tmp_path, sms_table, tiny_llama):
-    from batchinfer.constrain import choices, response_format
-    from batchinfer.grammar import Uncompilable
+    from batchinfer.constrained.grammar import Uncompilable
+    from batchinfer.constrained.spec import choices, response_format
 
     grammars = _grammars(tiny_llama, depth=20, choices=50, bytes=4000)
     deep = response_format(_with_schema(_nested(300)), "body.response_format")[0]  # 17 s to compile, unbounded
@@ -298,9 +298,9 @@ def test_each_schema_compiles_once_within_the_time_limit_and_the_cache_is_bounde
     import threading
     import time
 
-    from batchinfer import grammar
-    from batchinfer.constrain import choices, response_format
-    from batchinfer.grammar import Grammars, Uncompilable
+    from batchinfer.constrained import grammar
+    from batchinfer.constrained.grammar import Grammars, Uncompilable
+    from batchinfer.constrained.spec import choices, response_format
 
     monkeypatch.setattr(grammar, "CACHE_BYTES", 300_000)
     grammars = _grammars(tiny_llama, seconds=0.2)
@@ -348,8 +348,8 @@ def test_serve_compiles_off_the_event_loop_once_per_schema_and_within_the_limits
 
     import httpx
 
-    from batchinfer.grammar import Grammars
-    from batchinfer.models import resolve_model_path
+    from batchinfer.backends.models import resolve_model_path
+    from batchinfer.constrained.grammar import Grammars
     from batchinfer.serve import create_app
 
     calls, seen, compile = [], set(), Grammars._compile

@@ -10,9 +10,9 @@ import pytest
 
 from batchinfer.control import Batching, Interrupted, Quiet, StopFlag
 from batchinfer.errors import InputError
-from batchinfer.executors.local import LocalExecutor
+from batchinfer.execution.executors.local import LocalExecutor
+from batchinfer.job.plan import Work, plan_chunks
 from batchinfer.output.records import ChunkRecord, ChunkResult
-from batchinfer.plan import Work, plan_chunks
 
 WAIT = 2.0  # seconds a stand-in waits for what read-ahead should already have started
 

@@ -14,7 +14,7 @@ from helpers import user_job, write_job
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
-from batchinfer.export import export_folder
+from batchinfer.commands.export import export_folder
 
 runner = CliRunner()
 

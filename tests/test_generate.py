@@ -15,9 +15,9 @@ from helpers import EXAMPLES, make_job, run_until, write_job
 from helpers import generate_alone as _alone
 from helpers import prompt_table as _prompts
 
-from batchinfer.config import validate_job
-from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
+from batchinfer.execution.driver import run_job
+from batchinfer.job.config import validate_job
 from batchinfer.output.records import ChunkRecord
 
 _job = partial(
@@ -262,7 +262,7 @@ def test_generation_config_decodes_greedily_at_temperature_zero(tmp_path, tiny_l
 def test_rows_that_share_an_instruction_read_it_from_the_cache_and_get_the_same_text(sms_table, tmp_path, tiny_llama):
     from transformers import AutoTokenizer
 
-    from batchinfer.dryrun import estimate_job
+    from batchinfer.commands.dryrun import estimate_job
     from batchinfer.runners.continuous import SHARED_PAGE
     from batchinfer.runners.prefix import admission, page_hits
 
@@ -322,7 +322,7 @@ def test_a_messages_job_on_a_model_without_a_chat_template_is_refused_before_it_
 
 
 def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_path):
-    from batchinfer.plan import fingerprint
+    from batchinfer.job.plan import fingerprint
 
     (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     sections = {
@@ -330,12 +330,12 @@ def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_p
         "model": {"path": "m", "task": "generate", "chat_template": str(tmp_path / "chat.jinja")},
         "output": {"path": "o"},
     }
-    before = fingerprint(validate_job(sections), "hash", [])
+    before = fingerprint(validate_job(sections), "hash", {})
     (tmp_path / "chat.jinja").write_text("{% for m in messages %}{{ m['role'] }}{% endfor %}")
-    after = fingerprint(validate_job(sections), "hash", [])
+    after = fingerprint(validate_job(sections), "hash", {})
     assert before["model.chat_template"] != after["model.chat_template"]  # a changed file is a changed job
     assert "model.chat_template" not in fingerprint(
-        validate_job({**sections, "model": {"path": "m", "task": "generate"}}), "hash", []
+        validate_job({**sections, "model": {"path": "m", "task": "generate"}}), "hash", {}
     )
     for given, said in (
         (str(tmp_path / "none.jinja"), "is neither a Jinja template nor a file"),
@@ -343,7 +343,7 @@ def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_p
     ):
         sections["model"]["chat_template"] = given
         with pytest.raises(ConfigError, match=said):
-            fingerprint(validate_job(sections), "hash", [])
+            fingerprint(validate_job(sections), "hash", {})
     with pytest.raises(ConfigError, match="model.chat_template: only for model.task generate"):
         validate_job(
             {
@@ -355,7 +355,7 @@ def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_p
 
 
 def test_engine_passes_part_rows_only_by_what_the_engine_cannot_take_per_row():
-    from batchinfer.config import GenerationConfig
+    from batchinfer.job.config import GenerationConfig
     from batchinfer.runners.engine import engine_passes
 
     greedy = [GenerationConfig(seed=i, stop=[str(i)], top_p=0.5 + i / 10) for i in range(3)]

@@ -24,11 +24,11 @@ from helpers import prompt_table as _prompts
 from helpers import read_output as _read
 from helpers import vectors as _vectors
 
-import batchinfer.packing
-from batchinfer.config import load_job, validate_job
-from batchinfer.driver import run_job
-from batchinfer.models import pick_dtype
-from batchinfer.tune import GPU_MEMORY_SHARE, GPU_PROBE_TOKENS
+import batchinfer.backends.packing
+from batchinfer.backends.models import pick_dtype
+from batchinfer.batching.probe import GPU_MEMORY_SHARE, GPU_PROBE_TOKENS
+from batchinfer.execution.driver import run_job
+from batchinfer.job.config import load_job, validate_job
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CUDA = torch.device("cuda")
@@ -161,10 +161,10 @@ def test_packed_equals_padded_on_cuda(sms_parquet, minilm_path, tmp_path, monkey
     than padded bf16 is (a max-abs bound of 1e-3 would fail on bf16 rounding alone: packed and padded
     differ by up to 2.6e-3 on a CPU, where both run the same attention)."""
     calls = []
-    kernel = batchinfer.packing._varlen_attn()
+    kernel = batchinfer.backends.packing._varlen_attn()
     if kernel is not None:
         counted = lambda *a, **k: calls.append(1) or kernel(*a, **k)  # noqa: E731
-        monkeypatch.setattr(batchinfer.packing, "_varlen_attn", lambda: counted)
+        monkeypatch.setattr(batchinfer.backends.packing, "_varlen_attn", lambda: counted)
     flash_gpu = torch.cuda.get_device_capability(CUDA) >= (8, 0)
     torch_version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
     if torch_version >= (2, 10) and flash_gpu:

@@ -13,7 +13,7 @@ MAX_LINES = 60
 LONG: set[str] = set()
 # Objects of other libraries configured where batchinfer builds them: not batchinfer state.
 FOREIGN = {
-    "packing.repad": "the model's output object, re-padded in place of the packed one",
+    "backends.packing.repad": "the model's output object, re-padded in place of the packed one",
     "runners.continuous.count_prefix_hits": "transformers' manager, its cache's prefix search wrapped to count hits",
 }
 

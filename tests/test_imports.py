@@ -1,10 +1,12 @@
-"""The package's import graph: imports only go down, so there is no cycle, and no import inside a
-function hides one."""
+"""The package's import graph: imports only go down the layers of the README's map ("How the code is laid
+out"), so there is no cycle, and no import inside a function hides one."""
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "batchinfer"
+SECTION = "## How the code is laid out"
 
 
 def _module(path: Path) -> str:
@@ -44,6 +46,20 @@ def _imports(path: Path) -> dict[str, bool]:
     return found
 
 
+def _layers() -> dict[str, tuple[int, str]]:
+    """batchinfer module -> (its layer's place in the README's map, highest first; the layer's header): each
+    bold header, then the `- `path.py`:` lines of its modules."""
+    body = (PACKAGE.parent / "README.md").read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
+    layers: dict[str, tuple[int, str]] = {}
+    place, header = -1, None
+    for line in body.splitlines():
+        if line.startswith("**"):
+            place, header = place + 1, line.split("**")[1]
+        elif header and (found := re.match(r"- `((?:[a-z_]+/)*[a-z_]+\.py)`:", line)):
+            layers[_module(PACKAGE / found.group(1))] = (place, header)
+    return layers
+
+
 def _graph(top_level_only: bool) -> dict[str, set[str]]:
     graph = {}
     for path in PACKAGE.rglob("*.py"):
@@ -79,9 +95,27 @@ def test_no_import_inside_a_function_hides_a_cycle():
     assert cycle is None, " -> ".join(cycle)
 
 
+def test_imports_go_only_down_the_layers_of_the_readme_map():
+    """A module imports from its own layer or a lower one, at module level or inside a function."""
+    graph, layers = _graph(top_level_only=False), _layers()
+    layers.setdefault("batchinfer.__main__", layers["batchinfer.cli"])  # `python -m batchinfer`: the CLI
+    assert len({place for place, _ in layers.values()}) > 1, "the map's bold headers were not read as layers"
+    assert set(graph) <= set(layers), f"not in the map: {sorted(set(graph) - set(layers))}"
+    against = [
+        f"{module} ({layers[module][1]}) imports {target} ({layers[target][1]}, a higher layer)"
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if layers[target][0] < layers[module][0]
+    ]
+    assert not against, "imports against the README map's order:\n" + "\n".join(against)
+
+
 def test_the_graph_is_read():
     graph = _graph(top_level_only=False)
-    assert "batchinfer.config" in graph["batchinfer.driver"] and "batchinfer.lines" in graph["batchinfer.sources.jsonl"]
+    assert (
+        "batchinfer.job.config" in graph["batchinfer.execution.driver"]
+        and "batchinfer.storage.lines" in graph["batchinfer.sources.jsonl"]
+    )
 
 
 def test_the_output_layer_reaches_nothing_that_runs_chunks_or_talks_to_users():
@@ -95,6 +129,5 @@ def test_the_output_layer_reaches_nothing_that_runs_chunks_or_talks_to_users():
             if child not in reached:
                 reached.add(child)
                 todo.append(child)
-    above = ("driver", "chunk_task", "executors", "runners", "backends", "models", "report", "cli", "dryrun", "serve")
-    above += ("api", "export", "delivery")
+    above = ("execution", "runners", "backends", "cli", "commands", "serve", "api")
     assert sorted(m for m in reached if m.split(".")[1] in above) == []

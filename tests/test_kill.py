@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import done_chunks, run_cli, run_until, write_job
 
-from batchinfer.config import load_job
-from batchinfer.driver import run_job
+from batchinfer.execution.driver import run_job
+from batchinfer.job.config import load_job
 
 KILLS = 3  # random points in three runs; -m slow takes twenty
 

@@ -14,13 +14,13 @@ from helpers import EXAMPLES, Crash, CrashAfterChunks
 from helpers import make_job as _job
 from helpers import read_output as _read
 
-from batchinfer.config import validate_job
-from batchinfer.driver import run_job
-from batchinfer.dryrun import estimate_job
+from batchinfer.commands.dryrun import estimate_job
+from batchinfer.commands.show import plan_lines
 from batchinfer.errors import ConfigError, ModelError
+from batchinfer.execution.driver import run_job
+from batchinfer.job.config import validate_job
 from batchinfer.output.records import ChunkRecord
 from batchinfer.runners import make_runner, prefix
-from batchinfer.show import plan_lines
 
 LABELS = ["ham", "spam", "not sure"]
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from batchinfer.lines import (
+from batchinfer.storage.lines import (
     MAX_DEPTH,
     Oversized,
     count_lines,

@@ -8,7 +8,7 @@ import pytest
 import transformers
 from safetensors.torch import load_file
 
-from batchinfer.model_size import describe_size, model_size
+from batchinfer.backends.model_size import describe_size, model_size
 
 
 @pytest.mark.parametrize("fixture", ["tiny_embed", "tiny_classify", "tiny_llama"])

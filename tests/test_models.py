@@ -3,9 +3,9 @@ import shutil
 
 import pytest
 
-from batchinfer.config import ModelConfig
+from batchinfer.backends.models import check_model_folder, load_model, model_identity, pooling_of, resolve_model_path
 from batchinfer.errors import ModelError
-from batchinfer.models import check_model_folder, load_model, model_identity, pooling_of, resolve_model_path
+from batchinfer.job.config import ModelConfig
 
 
 def test_pkg_resolves_to_the_bundled_minilm(minilm_path):

@@ -13,8 +13,8 @@ from helpers import generate_alone as _alone
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
-from batchinfer.config import validate_job
-from batchinfer.driver import run_job
+from batchinfer.execution.driver import run_job
+from batchinfer.job.config import validate_job
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "openai" / "requests.jsonl"
 runner = CliRunner()
@@ -263,7 +263,7 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
     ],
 )
 def test_a_bad_setting_is_that_requests_error_line(body, said):
-    from batchinfer.openai_batch import parse_request
+    from batchinfer.openai_compat.batch_files import parse_request
 
     record = {"custom_id": "r", "method": "POST", "url": "/v1/completions", "body": body}
     reason, message = parse_request(record)[1]
@@ -333,7 +333,7 @@ HI = [{"role": "user", "content": "hi"}]
     ],
 )
 def test_a_field_batchinfer_does_not_implement_makes_the_request_an_error_line_naming_it(url, body, said):
-    from batchinfer.openai_batch import parse_request
+    from batchinfer.openai_compat.batch_files import parse_request
 
     reason, message = parse_request({"custom_id": "r", "method": "POST", "url": url, "body": body})[1]
     assert reason == "unsupported" and message.startswith(said), message
@@ -373,7 +373,7 @@ def test_a_field_batchinfer_does_not_implement_makes_the_request_an_error_line_n
     ],
 )
 def test_fields_at_values_that_change_nothing_are_taken(url, body):
-    from batchinfer.openai_batch import parse_request
+    from batchinfer.openai_compat.batch_files import parse_request
 
     row, problem = parse_request({"custom_id": "r", "method": "POST", "url": url, "body": body})
     assert problem is None, problem
@@ -576,7 +576,7 @@ def test_a_list_prompt_is_one_response_line_with_a_choice_per_prompt_and_survive
 
 
 def test_a_part_written_before_list_inputs_still_answers_one_vector():
-    from batchinfer.openai_batch import response_lines
+    from batchinfer.openai_compat.batch_files import response_lines
 
     old = pa.table({"custom_id": ["a"], "embedding": [[0.5, 0.25]], "prompt_tokens": [3]})  # one vector a row
     new = pa.table({"custom_id": ["a"], "embedding": [[[0.5, 0.25]]], "prompt_tokens": [3]})  # a list a row

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import make_job
 
-from batchinfer.driver import run_job
 from batchinfer.errors import OutputError, ResumeError
+from batchinfer.execution.driver import run_job
 from batchinfer.output.checkpoint import Checkpoint
 from batchinfer.output.formats import ParquetOutput
 from batchinfer.output.layout import ERROR_SCHEMA

@@ -10,10 +10,10 @@ from helpers import make_job as _job
 from helpers import read_output as _read
 from helpers import vectors as _vectors
 
-import batchinfer.packing
-from batchinfer.driver import run_job
+import batchinfer.backends.packing
+from batchinfer.backends.packing import first_position, pack, packed_forward, supports_packing, varlen_supported
 from batchinfer.errors import ConfigError
-from batchinfer.packing import first_position, pack, packed_forward, supports_packing, varlen_supported
+from batchinfer.execution.driver import run_job
 from batchinfer.runners.base import probe as engine_probe
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
@@ -88,8 +88,8 @@ def test_varlen_attention_layout_equals_padded(family, monkeypatch):
     base = base_cls(config).eval()
     assert not varlen_supported(base, torch.device("cpu"))  # no CPU kernel: packed CPU batches re-pad
     calls = []
-    monkeypatch.setattr(batchinfer.packing, "_varlen_attn", lambda: _reference_varlen(calls))
-    monkeypatch.setattr(batchinfer.packing, "varlen_supported", lambda model, device: True)
+    monkeypatch.setattr(batchinfer.backends.packing, "_varlen_attn", lambda: _reference_varlen(calls))
+    monkeypatch.setattr(batchinfer.backends.packing, "varlen_supported", lambda model, device: True)
     padded, mask = _padded(base, ROWS)
     packed = _packed(base, ROWS)
     assert len(calls) == config.num_hidden_layers and all(scale is not None for scale in calls)
@@ -138,8 +138,8 @@ def test_packed_job_equals_padded_job(request, sms_parquet, tmp_path, fixture, t
 
 
 def test_auto_probes_once_and_a_resume_reuses_its_choice(sms_parquet, sms_table, tiny_embed, tmp_path, monkeypatch):
-    monkeypatch.setattr("batchinfer.tune.SAMPLE_TOKENS", 300)  # six slices fit in the first 100-row chunk
-    monkeypatch.setattr("batchinfer.tune.MIN_SECONDS", 0.0)  # a tiny model: every slice counts, however short
+    monkeypatch.setattr("batchinfer.batching.probe.SAMPLE_TOKENS", 300)  # six slices fit in the first 100-row chunk
+    monkeypatch.setattr("batchinfer.batching.probe.MIN_SECONDS", 0.0)  # a tiny model: every slice counts, however short
     job = _job(sms_parquet, tiny_embed, tmp_path / "out", batching__max_tokens="auto", batching__strategy="auto")
     with pytest.raises(Crash):
         run_job(job, progress=CrashAfterChunks(1))

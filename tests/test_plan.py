@@ -4,8 +4,8 @@ from functools import partial
 
 from helpers import make_job
 
-from batchinfer.plan import describe_changes, fingerprint, plan_chunks
-from batchinfer.sources import Shard
+from batchinfer.job.plan import describe_changes, fingerprint, plan_chunks
+from batchinfer.sources import Shard, shard_contents
 
 
 def test_chunks_follow_shards_and_the_limit_cuts_the_last_one_short():
@@ -44,24 +44,24 @@ def test_the_fingerprint_names_what_changed_in_words():
         Shard("/d/a.parquet", "a.parquet", "parquet", 10, "aaa"),
         Shard("/d/b.jsonl", "b.jsonl", "jsonl", 4, "bbb"),
     ]
-    old = fingerprint(_job(), "sha256:1", shards)
-    assert describe_changes(old, fingerprint(_job(), "sha256:1", shards)) == {}
+    old = fingerprint(_job(), "sha256:1", shard_contents(shards))
+    assert describe_changes(old, fingerprint(_job(), "sha256:1", shard_contents(shards))) == {}
     rewritten = [
         shards[0],
         Shard("/d/b.jsonl", "b.jsonl", "jsonl", 4, "ccc"),
         Shard("/d/c.csv", "c.csv", "csv", 1, "d"),
     ]
-    changes = describe_changes(old, fingerprint(_job(model__max_length=64), "sha256:2", rewritten))
+    changes = describe_changes(old, fingerprint(_job(model__max_length=64), "sha256:2", shard_contents(rewritten)))
     assert changes["input.shards"] == "input: b.jsonl changed since this folder's first run; c.csv added"
     assert changes["model.max_length"] == "model.max_length: 256 -> 64"
     assert changes["model.hash"] == "model.hash: 'sha256:1' -> 'sha256:2'"
-    gone = describe_changes(old, fingerprint(_job(), "sha256:1", shards[:1]))
+    gone = describe_changes(old, fingerprint(_job(), "sha256:1", shard_contents(shards[:1])))
     assert gone == {"input.shards": "input: b.jsonl gone"}
 
 
 def test_batching_and_the_device_are_not_in_the_fingerprint():
-    base = fingerprint(_job(), "h", [])
-    assert describe_changes(base, fingerprint(_job(model__device="cpu"), "h", [])) == {}
+    base = fingerprint(_job(), "h", {})
+    assert describe_changes(base, fingerprint(_job(model__device="cpu"), "h", {})) == {}
     assert not any(key.startswith("batching.max") or key.startswith("runtime") for key in base)
 
 
@@ -71,7 +71,7 @@ _generate = partial(_job, model__task="generate", model__path="m")
 def test_settings_that_cannot_change_a_result_may_change_on_resume_and_those_that_can_may_not():
     """Lowering generation.max_memory after an out-of-memory, moving the input or the model, changing the
     engine's options: the same job. A result-changing key still refuses, and is named alone."""
-    shards = [Shard("/d/a.parquet", "a.parquet", "parquet", 10, "aaa")]
+    shards = shard_contents([Shard("/d/a.parquet", "a.parquet", "parquet", 10, "aaa")])
     base = fingerprint(_generate(generation={"max_memory": "4GB"}), "sha256:1", shards)
     same = [
         _generate(generation={"max_memory": "512MB"}),
@@ -96,9 +96,9 @@ def test_settings_that_cannot_change_a_result_may_change_on_resume_and_those_tha
 def test_a_fingerprint_an_earlier_version_recorded_resumes_on_what_still_counts():
     """Earlier fingerprints held input.path, model.path and one `generation` dict with max_memory; a model
     hash without the sha256: prefix sampled large weights, and cannot vouch for the model."""
-    from batchinfer.plan import IDENTITY
+    from batchinfer.job.plan import IDENTITY
 
-    shards = [Shard("/d/a.parquet", "a.parquet", "parquet", 10, "aaa")]
+    shards = shard_contents([Shard("/d/a.parquet", "a.parquet", "parquet", 10, "aaa")])
     now = fingerprint(_generate(), IDENTITY + "1", shards)
     generation = {k.removeprefix("generation."): v for k, v in now.items() if k.startswith("generation.")}
     earlier = {k: v for k, v in now.items() if not k.startswith("generation.")}

@@ -3,7 +3,7 @@ scoring); the cache pages a paged engine reuses of prompts that begin alike, and
 
 import numpy as np
 
-from batchinfer.report import prefix_saved
+from batchinfer.execution.report import prefix_saved
 from batchinfer.runners.prefix import (
     MIN_PREFIX_TOKENS,
     admission,

@@ -2,7 +2,7 @@
 
 import pyarrow as pa
 
-from batchinfer.prepare import is_blank, prepare_texts
+from batchinfer.sources.prepare import is_blank, prepare_texts
 
 
 def test_invisible_only_texts_are_empty_text():
@@ -38,7 +38,7 @@ def test_text_in_any_arrow_encoding_is_text_and_templates_write_numbers():
 
 
 def test_row_limits_and_odd_column_types_never_crash():
-    from batchinfer.prepare import row_limits
+    from batchinfer.sources.prepare import row_limits
 
     limits, problems = row_limits([3, "12", 4.0, None, "²", "9" * 5000, -1, True], "budget")
     assert limits[:4] == [3, 12, 4, None] and sorted(problems) == [4, 5, 6, 7]

@@ -11,8 +11,8 @@ import pyarrow.dataset as ds
 import pytest
 from helpers import done_chunks, make_job, run_cli, run_until, vectors, write_job
 
-from batchinfer.config import validate_job
-from batchinfer.driver import run_job
+from batchinfer.execution.driver import run_job
+from batchinfer.job.config import validate_job
 
 ray = pytest.importorskip("ray")
 

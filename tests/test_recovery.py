@@ -8,9 +8,9 @@ import pytest
 import torch
 from helpers import make_job
 
-from batchinfer.driver import run_job
 from batchinfer.errors import ModelError
-from batchinfer.recovery import is_oom, run_resilient
+from batchinfer.execution.driver import run_job
+from batchinfer.runners.recovery import is_oom, run_resilient
 
 
 def _fail_above(tokens: int, error=torch.OutOfMemoryError):

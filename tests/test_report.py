@@ -2,10 +2,10 @@
 
 from collections import Counter
 
-from batchinfer.config import validate_job
+from batchinfer.execution.report import build_report
+from batchinfer.job.config import validate_job
+from batchinfer.job.plan import plan_chunks
 from batchinfer.output.records import ChunkRecord
-from batchinfer.plan import plan_chunks
-from batchinfer.report import build_report
 
 
 def _record(chunk, rows, ok, errors=None, **extra):

@@ -11,10 +11,10 @@ from helpers import make_job as _job
 from helpers import read_output as _read
 from helpers import vectors as _vectors
 
-from batchinfer.config import validate_job
 from batchinfer.control import Quiet
-from batchinfer.driver import run_job
 from batchinfer.errors import ResumeError
+from batchinfer.execution.driver import run_job
+from batchinfer.job.config import validate_job
 
 
 def test_embed_output_schema_order_and_report(sms_parquet, sms_table, tiny_embed, tmp_path):

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import Cli, generate_alone, make_job
 
-from batchinfer.driver import run_job
-from batchinfer.models import resolve_model_path
+from batchinfer.backends.models import resolve_model_path
+from batchinfer.execution.driver import run_job
 
 pytest.importorskip("fastapi")
 from batchinfer.serve import create_app  # noqa: E402
@@ -550,7 +550,7 @@ JSON = {"content-type": "application/json"}
 
 
 def test_settings_out_of_range_and_chat_without_a_template_are_400s_in_the_batch_files_words(tiny_llama_plain):
-    from batchinfer.openai_batch import parse_request
+    from batchinfer.openai_compat.batch_files import parse_request
 
     bad = ({"temperature": -1}, {"temperature": float("nan")}, {"top_p": 5}, {"max_tokens": 0}, {"seed": "7"})
 

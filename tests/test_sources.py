@@ -7,9 +7,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchinfer.config import InputConfig
 from batchinfer.errors import InputError
+from batchinfer.job.config import InputConfig
 from batchinfer.sources import READ_ERRORS, describe_read_error, discover_shards, open_reader, read_spec
+from batchinfer.sources.openai import REQUEST_COLUMNS
 
 ROWS = [{"id": i, "text": f"message number {i}", "label": i % 2} for i in range(50)]
 
@@ -173,8 +174,8 @@ HOSTILE = [
 
 
 def test_hostile_lines_cost_one_row_each_and_keep_their_ids(tmp_path, tiny_embed):
-    from batchinfer.config import validate_job
-    from batchinfer.driver import run_job
+    from batchinfer.execution.driver import run_job
+    from batchinfer.job.config import validate_job
 
     good = [json.dumps({"id": f"g{i}", "text": f"good row {i}", "label": i}).encode() for i in range(20)]
     lines = [line for pair in zip(good, [h[0] for h in HOSTILE] + [b""] * 20) for line in pair if line]
@@ -205,8 +206,8 @@ def test_hostile_lines_cost_one_row_each_and_keep_their_ids(tmp_path, tiny_embed
 def test_mixed_id_types_are_kept_as_their_text_with_one_schema(tmp_path, tiny_embed):
     import pyarrow.dataset as ds
 
-    from batchinfer.config import validate_job
-    from batchinfer.driver import run_job
+    from batchinfer.execution.driver import run_job
+    from batchinfer.job.config import validate_job
 
     ids = [f"h{i:06d}" if i % 7 else i for i in range(40)]  # strings, and an integer every 7th line
     rows = [{"id": v, "text": f"text {i}", "score": (None if i < 10 else i / 2)} for i, v in enumerate(ids)]
@@ -289,8 +290,8 @@ def test_csv_reads_every_row_in_order_with_kept_types(tmp_path, name):
 
 
 def test_csv_records_with_the_wrong_field_count_are_error_rows(tmp_path, tiny_embed):
-    from batchinfer.config import validate_job
-    from batchinfer.driver import run_job
+    from batchinfer.execution.driver import run_job
+    from batchinfer.job.config import validate_job
 
     lines = ["id,text,label", "1,first,0", "2,second,1,extra", "3,third", '4,"a, quoted",1', "5,,0", "6,sixth,x"]
     (tmp_path / "in").mkdir()
@@ -608,3 +609,10 @@ def test_a_saved_dataset_with_a_damaged_state_file_is_a_bad_shard_not_an_interna
     with pytest.raises(InputError) as info:  # the only shard: no readable one is left
         discover_shards(InputConfig(path=str(tmp_path / "saved"), text="text", id="id", on_bad_shard="skip"))
     assert "saved cannot be read: its state.json or dataset_info.json is not JSON" in info.value.message
+
+
+def test_the_openai_source_says_which_request_columns_it_reads_and_the_job_names_what_it_keeps():
+    """The job file knows nothing of OpenAI's request lines: the source adds their columns, in front."""
+    cfg = InputConfig(path="requests.jsonl", format="openai", keep=["meta"])
+    assert cfg.columns == ["url", "meta"]
+    assert read_spec(cfg, [*cfg.columns, "limit"]).columns == (*REQUEST_COLUMNS, "meta", "limit")

@@ -16,9 +16,9 @@ from helpers import make_job, run_cli, run_until, write_job
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
-from batchinfer.config import validate_job
-from batchinfer.driver import run_job
 from batchinfer.errors import InputError, OutputError
+from batchinfer.execution.driver import run_job
+from batchinfer.job.config import validate_job
 from batchinfer.storage import glob_regex
 
 runner = CliRunner()

@@ -7,10 +7,10 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import make_job
 
-from batchinfer.chunk_task import TaskInputs, id_text, unreadable
 from batchinfer.control import Batching, Interrupted, StopFlag
 from batchinfer.errors import InputError
-from batchinfer.plan import Work, plan_chunks
+from batchinfer.execution.chunk_task import TaskInputs, id_text, unreadable
+from batchinfer.job.plan import Work, plan_chunks
 from batchinfer.sources import discover_shards, read_spec
 
 BAD = {2: "null_text", 5: "empty_text", 8: "too_long"}  # offsets of the rows that never reach the model
@@ -103,10 +103,10 @@ def test_an_unreadable_chunk_fails_with_its_rows_or_makes_each_row_a_bad_shard_e
     task, _, chunk = chunk_task
     shard = task.shards[0]
     with pytest.raises(InputError, match=r"rows 0-9 of rows.parquet cannot be read: OSError: torn") as info:
-        unreadable(task.job, shard, chunk, OSError("torn"))
+        unreadable(task.job, task.spec.columns, shard, chunk, OSError("torn"))
     assert "on_bad_shard: skip" in info.value.hint
     skipping = task.job.model_copy(update={"input": task.job.input.model_copy(update={"on_bad_shard": "skip"})})
-    block = unreadable(skipping, shard, chunk, OSError("torn"))
+    block = unreadable(skipping, task.spec.columns, shard, chunk, OSError("torn"))
     assert block.table.num_rows == 10 and sorted(block.bad_rows) == list(range(10))
     assert {reason for reason, _ in block.bad_rows.values()} == {"bad_shard"}
 

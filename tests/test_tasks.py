@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import Crash, CrashAfterChunks, make_job
 
-from batchinfer.driver import run_job
 from batchinfer.errors import ConfigError, ModelError
+from batchinfer.execution.driver import run_job
 
 
 def _pairs(sms_table, n=120):

@@ -3,8 +3,8 @@
 import numpy as np
 import torch
 
-from batchinfer import tune
-from batchinfer.tune import CPU_BUDGETS, GPU_PROBE_TOKENS, gpu_budget, probe
+from batchinfer.batching import probe as tune
+from batchinfer.batching.probe import CPU_BUDGETS, GPU_PROBE_TOKENS, gpu_budget, probe
 
 
 def test_the_probe_keeps_the_fastest_budget_and_runs_every_row_once(monkeypatch):
@@ -23,7 +23,7 @@ def test_the_probe_keeps_the_fastest_budget_and_runs_every_row_once(monkeypatch)
         speed = {2048: 500, 4096: 800, 8192: 1000, 16384: 850, 32768: 600}.get(cut.get("budget"), 500)
         return float(lengths[rows].sum() / (speed * (1.5 if strategy == "packed" else 1.0)))
 
-    monkeypatch.setattr("batchinfer.tune.cut_batches", cut_batches)
+    monkeypatch.setattr("batchinfer.batching.probe.cut_batches", cut_batches)
     tuning, rest = probe(lengths, run, "auto", "auto", 256, torch.device("cpu"), packable=True)
     assert tuning.max_tokens == 8192 and tuning.strategy == "packed"
     assert {f"padded@{b}" for b in CPU_BUDGETS} <= set(tuning.tokens_per_s)

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol
 
-from ..config import ModelConfig
 from ..errors import ConfigError, ModelError
+from ..job.config import ModelConfig
 from . import folder, openvino
 
 BACKENDS = ("torch", "openvino")
@@ -112,7 +112,7 @@ def precision_note(cfg: ModelConfig, backend: str | None, precision: str | None)
 
 def backend_is_open(job) -> bool:
     """Whether the probe has a backend or a precision to choose for this job on this machine."""
-    from ..models import device_type
+    from .models import device_type
 
     names = candidates(job.model, device_type(job.model.device), job.batching.strategy == "packed")
     return len(names) > 1 or any(len(precisions(job.model, name)) > 1 for name in names)
@@ -138,7 +138,7 @@ def load_encoders(
     precision it cannot compile) leaves torch to run the job, with a note that says why.
     numpy_head: the runner's head reads numpy, so OpenVINO alone runs without torch; its tokenizer and config
     are then read from the folder's files where it has tokenizer.json and no code of its own."""
-    from ..models import load_model, model_identity, pick_device
+    from .models import load_model, model_identity, pick_device
 
     t0 = time.perf_counter()
     models, load = {}, {}

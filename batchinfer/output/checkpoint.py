@@ -13,7 +13,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from ..errors import OutputError, ResumeError
-from ..plan import describe_changes
+from ..job.plan import describe_changes
 from ..reasons import Reason
 from ..storage import open_folder, refuse_location
 from .failures import display_path, reach_error, writing

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from ..openai_batch import error_lines, response_lines
+from ..openai_compat.batch_files import error_lines, response_lines
 from .failures import writing
 from .layout import tmp_prefix
 from .parts import part_names, read_table

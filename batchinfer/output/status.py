@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ..plan import describe_changes
+from ..job.plan import describe_changes
 from ..storage import open_folder, refuse_location
 from .checkpoint import lost_chunks, read_report
 from .failures import display_path, reach_error

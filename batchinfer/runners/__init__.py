@@ -1,4 +1,4 @@
-"""One runner per task (see tasks.py), found in one registry. A runner turns texts into tokens and
+"""One runner per task (see job/tasks.py), found in one registry. A runner turns texts into tokens and
 token batches into result columns; it knows nothing of files, chunks or order."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from ..config import JobConfig
+from ..job.config import JobConfig
 
 # task -> "module:class", imported when a job asks for it: generate's module loads transformers' continuous
 # batching (and torch's compiler with it), seconds that an encoder job's run or plan has no use for.

@@ -18,12 +18,12 @@ import numpy as np
 import pyarrow as pa
 
 from ..backends.precision import PRECISION_SAMPLE, SETTLE_SAMPLE, check_precision, describe_check
-from ..batching import padding_stats
-from ..recovery import run_resilient
-from ..tune import cut_batches, probe
+from ..batching.cut import padding_stats
+from ..batching.probe import cut_batches, probe
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
+from .recovery import run_resilient
 
-if TYPE_CHECKING:  # torch is imported where a model runs on it (and packing.py, all torch): see numpy_head
+if TYPE_CHECKING:  # torch is imported where a model runs on it (and backends/packing.py, all torch): see numpy_head
     import torch
 
     from ..backends import Backend
@@ -41,7 +41,7 @@ class EncoderRunner:
     """Subclasses define `head(inputs, mask)` (the model's output for a batch, one entry per item) and
     `columns(results, texts, loaded)` (result columns from each row's item results, [rows][items]).
 
-    `packed` (per batch, set by `lay_out`) runs a batch as one unpadded sequence; see packing.py."""
+    `packed` (per batch, set by `lay_out`) runs a batch as one unpadded sequence; see backends/packing.py."""
 
     packed = False
     pairs = False  # items are (text, text_pair): the converted model takes token type ids
@@ -56,8 +56,8 @@ class EncoderRunner:
         """The runner for `job`, with its model loaded from `model_path` on every backend it may use; a
         budget that settled the backend and precision (a recorded probe) loads only that one."""
         from ..backends import as_backends, candidates, load_encoders, precisions
-        from ..models import device_type
-        from ..tasks import TASKS
+        from ..backends.models import device_type
+        from ..job.tasks import TASKS
 
         names = candidates(job.model, device_type(job.model.device), job.batching.strategy == "packed")
         if budget is not None and budget.backend in names:
@@ -160,7 +160,7 @@ class EncoderRunner:
 
         with torch.inference_mode():
             if self.packed:
-                from ..packing import first_position, pack, packed_forward
+                from ..backends.packing import first_position, pack, packed_forward
 
                 inputs, packing = pack(ids, self.device, first_position(self.model.config))
                 if isinstance(ids[0], Pair):
@@ -178,13 +178,13 @@ class EncoderRunner:
         return cut_batches(lengths, *budget, max_rows, self.device)
 
     def packing_problem(self) -> str | None:
-        from ..packing import supports_packing  # torch's: a run on OpenVINO alone asks only with packed pinned
+        from ..backends.packing import supports_packing  # torch's: a run on OpenVINO alone asks only with packed pinned
 
         return supports_packing(self.model)
 
     @staticmethod
     def packable(model) -> bool:
-        from ..packing import supports_packing
+        from ..backends.packing import supports_packing
 
         return supports_packing(model) is None
 
@@ -247,7 +247,7 @@ class EncoderRunner:
 
     def settle(self, lengths: np.ndarray, ids: list, run, ctx) -> tuple[dict, np.ndarray]:
         """Settle on the first chunk what the job leaves open: each backend's precision (checked against f32
-        on a sample of items), then the backend and batching (the probe, tune.py), and free what lost.
+        on a sample of items), then the backend and batching (the probe, batching/probe.py), and free what lost.
         lengths, ids: the chunk's items to run. Returns the choice, for the record, and the positions not
         run yet."""
         job, budget = ctx.job, ctx.budget
@@ -341,7 +341,7 @@ class BatchLoop:
             self.ctx.heap.check()
             self.ctx.on_batch(len(batch), int(self.lengths[batch].sum()))
         seconds = time.perf_counter() - t0
-        # Packed batches compute no padding in linear layers (attention re-pads, see packing.py).
+        # Packed batches compute no padding in linear layers (attention re-pads, see backends/packing.py).
         if batches:
             lengths = self.lengths
             self.padded += (
@@ -353,7 +353,7 @@ class BatchLoop:
         return seconds
 
     def run_one(self, batch: np.ndarray) -> None:
-        """One batch, split and retried on failure (recovery.py): its results, its failed rows, and the budget
+        """One batch, split and retried on failure (runners/recovery.py): its results, its failed rows, and the budget
         lowered below what ran out of memory; the probe's choice is held under it too."""
         tokens, index, prepared = self.loaded.tokens, self.loaded.index, self.loaded.prepared
         outcome = run_resilient(self.runner.run, [tokens.ids[index[i]] for i in batch.tolist()])

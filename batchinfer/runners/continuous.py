@@ -11,9 +11,9 @@ from typing import Callable
 
 import torch
 
-from ..config import GenerationConfig
+from ..constrained.sampling import SeededSampling
 from ..errors import ModelError
-from ..sampling import SeededSampling
+from ..job.config import GenerationConfig
 from .engine import PassOutput, PassRows, generation_config
 from .kv_cache import cache_blocks, engine_options, kv_bytes_per_block, memory_budget, sized_by_user
 from .prefix import admission
@@ -77,7 +77,7 @@ class ContinuousEngine:
         )
         masks = None
         if constrained:
-            from ..grammar import ContinuousMasks
+            from ..constrained.grammar import ContinuousMasks
 
             masks = ContinuousMasks(self.grammars())
             masks.install(manager, first=True)  # masks before temperature, top-k and top-p
@@ -85,7 +85,7 @@ class ContinuousEngine:
 
     def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
         """One engine pass (its rows share temperature and top_p); when it samples, each row draws with its
-        own seed (sampling.py)."""
+        own seed (constrained/sampling.py)."""
         settings, prompts, max_new, constraints = rows.settings, rows.prompts, rows.max_new, rows.constraints
         gen = settings[0]
         concurrency = min(len(prompts), gen.engine_options.get("max_requests_per_batch") or max_rows)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pyarrow as pa
 
-from ..models import Pooling, pooling_of
+from ..backends.models import Pooling, pooling_of
 from .base import EncoderRunner, encode_capped, fixed_size_list, rows_of, tokens_of
 from .protocol import Tokens
 

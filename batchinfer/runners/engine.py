@@ -10,8 +10,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from ..config import GenerationConfig
-from ..constrain import Constraint
+from ..constrained.spec import Constraint
+from ..job.config import GenerationConfig
 
 
 @dataclass
@@ -59,7 +59,7 @@ def generation_config(model, gen: GenerationConfig, max_new_tokens: int, pad_id:
 def engine_passes(settings: list[GenerationConfig], engine: str, skip=()) -> list[list[int]]:
     """Row positions (but those in `skip`) grouped into the engine passes their settings need. vllm: one
     pass, every row with its own settings. transformers: one per (temperature, top_p), a row's seed being
-    its own inside the pass (sampling.py). static, the baseline: seeds one generator per batch, so sampled
+    its own inside the pass (constrained/sampling.py). static, the baseline: seeds one generator per batch, so sampled
     rows also part by seed. Greedy rows share one pass whatever their seed or top_p (neither changes a
     greedy completion), and stop strings never part rows: each row's are cut from its own text."""
     passes: dict[tuple, list[int]] = {}

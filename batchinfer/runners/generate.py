@@ -17,13 +17,13 @@ import pyarrow as pa
 import torch
 from pydantic import ValidationError
 
-from ..batching import padding_stats
-from ..config import GenerationConfig
-from ..constrain import Constraint, job_constraint, response_format
+from ..batching.cut import padding_stats
+from ..constrained.spec import Constraint, job_constraint, response_format
 from ..errors import ConfigError
-from ..prepare import Prepared, row_limits
+from ..job.config import GenerationConfig
+from ..job.templates import chat_template, no_chat_template
 from ..reasons import Reason
-from ..templates import chat_template, no_chat_template
+from ..sources.prepare import Prepared, row_limits
 from .base import encode_capped
 from .continuous import ContinuousEngine
 from .engine import Engine, PassRows, engine_passes
@@ -57,7 +57,7 @@ class GenerateRunner:
             if job.model.chat_template is not None:
                 tokenizer.chat_template = chat_template(job.model.chat_template)
         else:
-            from ..models import load_model
+            from ..backends.models import load_model
 
             if job.model.backend == "openvino":
                 from ..backends import candidates
@@ -86,7 +86,7 @@ class GenerateRunner:
         self._configs: dict[str, tuple] = {}  # a row's own settings (JSON) -> row_config's answer
         self.constraint = job_constraint(gen)  # every row's, unless an OpenAI request brings its own
         if self.constraint is not None:
-            from ..grammar import Uncompilable
+            from ..constrained.grammar import Uncompilable
 
             try:
                 self.grammars.compile(self.constraint)
@@ -96,8 +96,8 @@ class GenerateRunner:
 
     @functools.cached_property
     def grammars(self):
-        """xgrammar's compiler for this tokenizer, built on first use (grammar.py)."""
-        from ..grammar import Grammars
+        """xgrammar's compiler for this tokenizer, built on first use (constrained/grammar.py)."""
+        from ..constrained.grammar import Grammars
 
         config = getattr(self.model, "config", None)
         vocab = config.get_text_config().vocab_size if config is not None else len(self.tokenizer)
@@ -237,7 +237,7 @@ class GenerateRunner:
         None when free, or (reason, message) when its response_format cannot be compiled."""
         if "response_format" not in loaded.table.column_names:
             return [self.constraint] * len(index)
-        from ..grammar import Uncompilable
+        from ..constrained.grammar import Uncompilable
 
         rows = loaded.prepared.rows[loaded.tokens.owners()[index]]
         asked = loaded.table.column("response_format").take(pa.array(rows, pa.int64()))

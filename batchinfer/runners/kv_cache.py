@@ -16,7 +16,7 @@ def engine_options(
 ) -> dict:
     """`options` (generation.engine_options) with what batchinfer sets unless they say otherwise (pure).
     `constrained`: grammar masks run, which need each step's tokens before the next step is prepared.
-    `seeded`: each request draws with its own generator (sampling.py), on the host at every step, which a
+    `seeded`: each request draws with its own generator (constrained/sampling.py), on the host at every step, which a
     captured CUDA graph would not repeat. The KV cache's size is left to cache_blocks."""
     options = dict(options)
     if constrained:

@@ -1,4 +1,4 @@
-"""The runner contract: what a chunk's run (chunk_task.py) hands a runner and what it gets back.
+"""The runner contract: what a chunk's run (execution/chunk_task.py) hands a runner and what it gets back.
 
 Every task's runner implements `Runner` (encoder tasks through runners/base.py's EncoderRunner,
 generation in runners/generate.py); the chunk's run calls nothing else and knows no task by name.
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import numpy as np
 import pyarrow as pa
 
-from ..config import JobConfig
 from ..control import Batching, StopFlag
 from ..heap import HeapGuard
-from ..prepare import Prepared
+from ..job.config import JobConfig
+from ..sources.prepare import Prepared
 
 if TYPE_CHECKING:  # a warm OpenVINO run never imports torch (backends/__init__.py)
     import torch

@@ -56,7 +56,7 @@ class StaticEngine:
             return None
         from transformers import LogitsProcessorList
 
-        from ..grammar import StaticMasks
+        from ..constrained.grammar import StaticMasks
 
         return LogitsProcessorList([StaticMasks(self.grammars(), constraints)])
 

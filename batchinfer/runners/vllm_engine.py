@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from ..constrain import Constraint
+from ..constrained.spec import Constraint
 from ..errors import ModelError
 from .engine import PassOutput, PassRows
 

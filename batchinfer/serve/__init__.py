@@ -24,7 +24,7 @@ system once it has piled up (heap.HeapGuard).
     failures.py     what a request fails with, and the status and body each is answered with
     guard.py        the body-size bound and the memory hand-back around the app
     metrics.py      Prometheus metrics
-OpenAI's response shapes are ../openai_shapes.py, shared with OpenAI Batch output files.
+OpenAI's response shapes are ../openai_compat/shapes.py, shared with OpenAI Batch output files.
 """
 
 from .bodies import BadInput

@@ -1,4 +1,4 @@
-"""serve's request bodies (pydantic; a completion's settings are openai_requests.py's, as a batch line's),
+"""serve's request bodies (pydantic; a completion's settings are openai_compat/requests.py's, as a batch line's),
 the checks that turn a body that is valid JSON but not a valid request into one 400 naming what is wrong,
 and what a completion request is read into (Asked)."""
 
@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ..constrain import Constraint
+from ..constrained.spec import Constraint
 from ..errors import shorten
 from ..messages import is_blank
-from ..openai_requests import ChatSettings, GenerationSettings
+from ..openai_compat.requests import ChatSettings, GenerationSettings
 
 
 class BadInput(Exception):
@@ -22,7 +22,7 @@ class BadInput(Exception):
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")  # every field is judged by openai_api.FIELDS: done, or refused
+    model_config = ConfigDict(extra="allow")  # every field is judged by openai_compat.fields.FIELDS: done, or refused
 
 
 class EmbeddingsBody(_Body):

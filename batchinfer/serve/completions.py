@@ -1,5 +1,5 @@
 """/v1/completions and /v1/chat/completions answers from the generate service: whole, or as server-sent
-events (stream: true), in OpenAI's shapes (openai_shapes.py)."""
+events (stream: true), in OpenAI's shapes (openai_compat/shapes.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from ..openai_shapes import choice, completion, usage
+from ..openai_compat.shapes import choice, completion, usage
 from .bodies import Asked
 from .failures import GONE, Disconnected, EngineDown, Unanswered, error_body, gone
 from .metrics import Metrics

@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from ..openai_requests import describe
+from ..openai_compat.requests import describe
 from .batcher import Overloaded, TooLarge
 from .bodies import BadInput
 from .metrics import Metrics

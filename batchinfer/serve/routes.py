@@ -12,10 +12,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 
-from ..config import JobConfig
+from ..job.config import JobConfig
 from ..messages import message_problem
-from ..openai_api import CHAT, CLASSIFY, COMPLETIONS, EMBEDDINGS, SCORE, chat_messages, unsupported
-from ..openai_shapes import embedding_list, model_object, usage
+from ..openai_compat.fields import CHAT, CLASSIFY, COMPLETIONS, EMBEDDINGS, SCORE, chat_messages, unsupported
+from ..openai_compat.shapes import embedding_list, model_object, usage
 from .bodies import BadInput, ChatBody, ClassifyBody, CompletionBody, EmbeddingsBody, ScoreBody, check_unicode
 from .completions import Completions
 from .failures import Failures, NoModel

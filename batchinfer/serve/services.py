@@ -13,14 +13,14 @@ import numpy as np
 import pyarrow as pa
 from fastapi import Request
 
-from ..config import JobConfig
-from ..constrain import Constraint, response_format
-from ..openai_requests import GenerationSettings
-from ..packing import supports_packing
-from ..prepare import Prepared
+from ..backends.packing import supports_packing
+from ..batching.probe import BACKEND_BUDGETS, DEFAULT_BUDGET
+from ..constrained.spec import Constraint, response_format
+from ..job.config import JobConfig
+from ..openai_compat.requests import GenerationSettings
 from ..runners import make_runner
 from ..runners.protocol import ChunkInput, Tokens
-from ..tune import BACKEND_BUDGETS, DEFAULT_BUDGET
+from ..sources.prepare import Prepared
 from .batcher import Batcher, Overloaded
 from .bodies import Asked, BadInput, include_usage
 from .failures import Disconnected, EngineDown
@@ -125,7 +125,7 @@ class GenerateService:
             raise BadInput("response_format: constrained output needs xgrammar; pip install 'batchinfer[llm]'")
         if body.stop:
             raise BadInput("stop: a stop string could cut the response_format output; remove stop")
-        from ..grammar import Uncompilable
+        from ..constrained.grammar import Uncompilable
 
         try:
             await asyncio.to_thread(self.runner.grammars.compile, constraint)

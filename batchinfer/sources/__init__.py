@@ -22,8 +22,9 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
-from ..config import InputConfig
 from ..errors import InputError
+from ..job.config import InputConfig
+from ..job.templates import template_fields
 from ..storage import (
     JOB_RECORD,
     file_stamp,
@@ -34,7 +35,6 @@ from ..storage import (
     reach_problem,
     refuse_location,
 )
-from ..templates import template_fields
 from .base import (
     READ_ERRORS,
     BadShard,
@@ -46,12 +46,13 @@ from .base import (
     ShardInfo,
     describe_read_error,
     job_type,
+    shard_contents,
 )
 from .csv import CsvFormat
 from .hf import MARKERS as HF_MARKERS
 from .hf import HfFormat
 from .jsonl import JsonlFormat
-from .openai import REQUEST_TYPES, OpenAIFormat, find_repeats
+from .openai import REQUEST_COLUMNS, REQUEST_TYPES, OpenAIFormat, find_repeats
 from .parquet import ParquetFormat
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "discover_shards",
     "open_reader",
     "read_spec",
+    "shard_contents",
 ]
 
 FORMATS = {
@@ -85,15 +87,17 @@ class Inputs(NamedTuple):
 
 
 def read_spec(cfg: InputConfig, columns: list[str] | None = None, types: dict | None = None) -> ReadSpec:
-    types = dict(REQUEST_TYPES) if cfg.format == "openai" else dict(types or {})
+    columns = list(columns or cfg.columns)
+    if cfg.format == "openai":
+        columns, types = list(dict.fromkeys(REQUEST_COLUMNS + columns)), REQUEST_TYPES
     return ReadSpec(
-        tuple(columns or cfg.columns),
+        tuple(columns),
         tuple(cfg.text_columns),
         tuple(cfg.templated_columns),
         (cfg.messages,) if cfg.messages else (),
         cfg.id_column,
         cfg.max_line_bytes,
-        types,
+        dict(types or {}),
         dict(cfg.storage_options),
     )
 

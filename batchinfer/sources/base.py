@@ -38,6 +38,11 @@ class Shard:
     stamp: tuple[tuple[str, str], ...] = ()
 
 
+def shard_contents(shards: list[Shard]) -> dict[str, str]:
+    """Shard name -> "rows:digest": what each shard holds, as the job's fingerprint compares it."""
+    return {s.name: f"{s.num_rows}:{s.digest}" for s in shards}
+
+
 @dataclass(frozen=True)
 class BadShard:
     name: str

@@ -28,9 +28,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from ..errors import InputError
-from ..lines import decompressed
 from ..reasons import Problem, Reason
 from ..storage import open_binary
+from ..storage.lines import decompressed
 from .base import ReadSpec, RowBlock, Shard, ShardInfo, Tap, cast_columns, next_row
 
 BLOCK = 1 << 20

@@ -13,9 +13,9 @@ from typing import IO
 
 import pyarrow as pa
 
-from ..lines import Oversized, count_lines, numbered_lines, open_lines, parse_object, read_lines, sniff_field
 from ..messages import message_problem
 from ..reasons import Problem, Reason
+from ..storage.lines import Oversized, count_lines, numbered_lines, open_lines, parse_object, read_lines, sniff_field
 from .base import Kinds, ReadSpec, RowBlock, Shard, ShardInfo, Tap, as_text, next_row
 
 _BLOCK = 1 << 20

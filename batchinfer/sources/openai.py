@@ -9,12 +9,25 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..lines import Oversized, parse_object, sniff_field
-from ..openai_batch import parse_request
+from ..openai_compat.batch_files import parse_request
 from ..reasons import Problem, Reason
+from ..storage.lines import Oversized, parse_object, sniff_field
 from .base import ReadSpec
 from .jsonl import JsonlFormat
 
+REQUEST_COLUMNS = [  # what this source reads of a request line, in this order
+    "custom_id",
+    "url",
+    "messages",
+    "prompt",
+    "prompts",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "response_format",
+]
 REQUEST_TYPES = {
     "custom_id": pa.string(),
     "url": pa.string(),

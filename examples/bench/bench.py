@@ -400,7 +400,7 @@ def main() -> None:
         )
     )
     if args.set:
-        from batchinfer.config import apply_override
+        from batchinfer.job.config import apply_override
 
         data = yaml.safe_load(job.read_text())
         for item in args.set:

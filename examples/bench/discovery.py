@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchinfer.config import InputConfig
+from batchinfer.job.config import InputConfig
 from batchinfer.sources import discover_shards
 
 EXAMPLES = Path(__file__).resolve().parents[1]

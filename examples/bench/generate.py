@@ -74,8 +74,8 @@ def make_prompts(shared: Path, rows: int, folder: Path, fallback: bool = True) -
 
 
 def main() -> None:
-    from batchinfer.config import validate_job
-    from batchinfer.driver import run_job
+    from batchinfer.execution.driver import run_job
+    from batchinfer.job.config import validate_job
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=256)
@@ -165,8 +165,8 @@ def main() -> None:
 def shared_prefix(args) -> None:
     """Rows that share an instruction, generated with the engine's block sharing on and off, the settings taking
     turns so that a shared machine's drift treats them alike: generated tokens/s, rows/s, the prefix figures."""
-    from batchinfer.config import validate_job
-    from batchinfer.driver import run_job
+    from batchinfer.execution.driver import run_job
+    from batchinfer.job.config import validate_job
 
     sys.path.insert(0, str(HERE))
     from convert_smollm2 import ensure

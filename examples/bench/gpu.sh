@@ -49,7 +49,7 @@ export BATCHINFER_MINILM=$minilm  # tests/conftest.py's MiniLM where the gt-all-
     if [ "$device" != cpu ]; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; fi
     python3 - "$device" <<'PY'
 import sys, torch, transformers
-import batchinfer.packing as p
+import batchinfer.backends.packing as p
 print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}")
 if sys.argv[1] != "cpu":
     print(f"{torch.cuda.get_device_name()}, sm{''.join(map(str, torch.cuda.get_device_capability()))}, "

@@ -86,8 +86,8 @@ def run(data: Path, model: Path, out: Path, **sections) -> tuple[float, int, pa.
 def run_report(data: Path, model: Path, out: Path, **sections) -> dict:
     """One `batchinfer run` of `data` by `model` into `out`, batching pinned; sections: `section__key` settings.
     Returns its report."""
-    from batchinfer.config import validate_job
-    from batchinfer.driver import run_job
+    from batchinfer.execution.driver import run_job
+    from batchinfer.job.config import validate_job
 
     job = {
         "input": {"path": str(data), "id": "sms_id"},

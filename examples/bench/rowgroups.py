@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 READ = """
 import json, re, sys, time
 from pathlib import Path
-from batchinfer.config import InputConfig
+from batchinfer.job.config import InputConfig
 from batchinfer.sources import discover_shards, open_reader, read_spec
 
 cfg = InputConfig(path=sys.argv[1], text="text", id="id")

@@ -116,8 +116,8 @@ def offline_run(rows: list[str]) -> float:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from batchinfer.config import validate_job
-    from batchinfer.driver import run_job
+    from batchinfer.execution.driver import run_job
+    from batchinfer.job.config import validate_job
 
     with tempfile.TemporaryDirectory() as work:
         pq.write_table(pa.table({"text": rows}), Path(work) / "rows.parquet")

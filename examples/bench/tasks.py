@@ -65,8 +65,8 @@ def data(shared: Path, rows: int) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def run_batchinfer(job: dict) -> float:
-    from batchinfer.config import validate_job
-    from batchinfer.driver import run_job
+    from batchinfer.execution.driver import run_job
+    from batchinfer.job.config import validate_job
 
     started = time.perf_counter()
     report = run_job(validate_job(job))

@@ -1,0 +1,314 @@
+"""Find a model (folder, hub id, pkg:<module>), identify it, and load it on a device."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import pickle
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from safetensors import SafetensorError
+
+from ..cache import file_digest
+from ..control import library_logs_shown
+from ..errors import ModelError
+from ..job.config import ModelConfig
+from ..job.plan import IDENTITY
+from ..job.tasks import model_spec
+from ..job.templates import chat_template, no_chat_template
+
+if TYPE_CHECKING:  # imported where a model loads on it: a warm OpenVINO run never imports torch
+    import torch
+
+# Device nodes a GPU's driver makes (NVIDIA, ROCm, WSL's): without one, torch finds no GPU either.
+GPU_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
+@dataclass
+class Pooling:
+    mode: str = "mean"  # mean | cls | lasttoken
+    normalize: bool = False
+
+
+def resolve_model_path(spec: str) -> Path:
+    """The local folder behind model.path."""
+    if spec.startswith("pkg:"):
+        return _package_model(spec[4:])
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelError(f"model.path {spec} is a file", "point model.path at the folder holding config.json")
+        return path.resolve()
+    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise ModelError(
+            f"model folder {spec} does not exist", "check model.path; relative paths start at the current directory"
+        )
+    return _hub_snapshot(spec)
+
+
+def _package_model(module_name: str) -> Path:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelError(
+            f"model.path pkg:{module_name}: Python package '{module_name}' is not installed ({exc})",
+            f"pip install {module_name.replace('_', '-')}",
+        ) from exc
+    getter = getattr(module, "get_model_path", None)
+    path = Path(getter()) if callable(getter) else Path(module.__file__).parent / "model"
+    if not path.is_dir():
+        raise ModelError(
+            f"package '{module_name}' ships no model folder (looked at {path})",
+            "use a package with get_model_path(), or give the folder itself",
+        )
+    return path.resolve()
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(
+            snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "1_Pooling/*"])
+        )
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
+        raise ModelError(
+            f"model {repo_id} is not a local folder and could not be fetched from the hub ({type(exc).__name__})",
+            "on an offline machine, download the model elsewhere (hf download "
+            f"{repo_id} --local-dir DIR), copy DIR here, and set model.path to it",
+        ) from exc
+
+
+def check_model_folder(path: Path, allow_pickle: bool = False) -> None:
+    """Name what is missing and list what is there, before transformers gives a less helpful error."""
+    present = sorted(p.name for p in path.iterdir())
+    missing = []
+    if not (path / "config.json").exists():
+        missing.append("config.json")
+    pickles = sorted(p.name for p in path.glob("*.bin") if "model" in p.name)
+    if not any(path.glob("*.safetensors")):
+        if pickles and not allow_pickle:
+            raise ModelError(
+                f"model folder {path} has only pickle weights ({', '.join(pickles)}), and unpickling can run code",
+                "convert them to safetensors (model.save_pretrained(dir)), or set model.allow_pickle: true if you "
+                "trust where the model came from",
+            )
+        if not pickles:
+            missing.append("*.safetensors weights")
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        missing.append("tokenizer files (tokenizer.json)")
+    if missing:
+        raise ModelError(
+            f"model folder {path} is incomplete: missing {', '.join(missing)}; "
+            f"it holds: {', '.join(present) or 'nothing'}",
+            "point model.path at a folder saved with save_pretrained (model and tokenizer), with safetensors weights",
+        )
+
+
+# Small files that change what the model computes: a new tokenizer splits the same text differently.
+_RESULT_FILES = (
+    "config.json",
+    "modules.json",
+    "1_Pooling/config.json",
+    "sentence_bert_config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def model_identity(path: Path) -> str:
+    """A hash of everything in a model folder that shapes its results — config, tokenizer, generation
+    defaults, modeling code and every byte of the weights — so a resumed job can tell the model changed, and
+    a conversion cached for it is never served to another. Each weight file's digest is remembered
+    (cache.file_digest), so only the first start after a change reads the weights."""
+    digest = hashlib.sha256()
+    code = sorted(p.name for p in path.glob("*.py"))  # a model's own modeling code (trust_remote_code)
+    for name in [*_RESULT_FILES, *code]:
+        if (path / name).exists():
+            digest.update(name.encode() + (path / name).read_bytes())
+    for weights in sorted([*path.glob("*.safetensors"), *path.glob("*model*.bin")]):
+        digest.update(f"{weights.name}:{file_digest(weights)}".encode())
+    return IDENTITY + digest.hexdigest()[:24]
+
+
+def pooling_of(path: Path) -> Pooling:
+    """Pooling as the model's sentence-transformers config says; mean pooling without one."""
+    modules_file = path / "modules.json"
+    if not modules_file.exists():
+        return Pooling()
+    modules = json.loads(modules_file.read_text())
+    pooling = Pooling(normalize=any(m.get("type", "").endswith("Normalize") for m in modules))
+    for module in modules:
+        if module.get("type", "").endswith("Pooling"):
+            cfg_file = path / module.get("path", "") / "config.json"
+            cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+            if cfg.get("pooling_mode_cls_token"):
+                pooling.mode = "cls"
+            elif cfg.get("pooling_mode_lasttoken"):
+                pooling.mode = "lasttoken"
+            elif cfg.get("pooling_mode_max_tokens") or cfg.get("pooling_mode_mean_sqrt_len_tokens"):
+                raise ModelError(
+                    f"{cfg_file}: only mean, cls and lasttoken pooling are supported",
+                    "use a model with mean, CLS or last-token pooling",
+                )
+    return pooling
+
+
+def check_head(config, cfg: ModelConfig, path: Path) -> None:
+    """The model has the head its task needs (read from config.json: no weights are loaded)."""
+    task, spec = cfg.task, model_spec(cfg.task, cfg.labels)
+    found = ", ".join(config.architectures or [config.model_type])
+    if spec.head and not any(part in a for a in config.architectures or [] for part in spec.head):
+        raise ModelError(f"task {task} needs {spec.needs}, but {path} is a {found}", spec.head_fix)
+    if task == "zero-shot" and not any(str(label).lower().startswith("entail") for label in config.label2id):
+        raise ModelError(
+            f"task zero-shot needs an NLI model, whose labels name entailment; {path} has "
+            f"{', '.join(map(str, config.label2id)) or 'none'}",
+            spec.head_fix,
+        )
+
+
+def read_config(cfg: ModelConfig, path: Path):
+    """The model's config.json, checked against the task, without loading any weight; read as JSON (importing
+    transformers' config classes imports torch) unless the model brings its own config class."""
+    check_model_folder(path, cfg.allow_pickle)
+    if not cfg.trust_remote_code:
+        from .folder import read_config as read_json
+
+        config = read_json(path)
+        check_head(config, cfg, path)
+        return config
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"cannot read the model config in {path}: {exc}", "check that the folder was saved with save_pretrained"
+        ) from exc
+    check_head(config, cfg, path)
+    return config
+
+
+def check_chat_template(cfg: ModelConfig, path: Path, messages: str | None) -> None:
+    """Before the output folder is touched: model.chat_template reads and parses, and a job of chat messages
+    (input.messages, the column `messages`) has a template to format them, its own or the model's."""
+    if chat_template(cfg.chat_template) or not messages:
+        return
+    config = path / "tokenizer_config.json"
+    inline = config.exists() and json.loads(config.read_text()).get("chat_template")
+    if not (inline or (path / "chat_template.jinja").exists() or (path / "chat_template.json").exists()):
+        raise ModelError(*no_chat_template(f"input.messages ('{messages}')"))
+
+
+def quiet_libraries() -> None:
+    """No third-party progress bars, warnings or errors in a run's output (continuous batching logs psutil
+    notes on every run, at error level); `--debug` shows them."""
+    import logging
+
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    if library_logs_shown():
+        return
+    transformers.utils.logging.set_verbosity_error()
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
+
+
+def device_type(name: str) -> str:
+    """The kind of device model.device names ("cpu", "cuda", ...), asking torch only where a GPU may be there."""
+    if name == "auto" and not any(Path(node).exists() for node in GPU_NODES):
+        return "cpu"
+    return name.split(":")[0] if name != "auto" else pick_device(name).type
+
+
+def pick_device(name: str) -> torch.device:
+    import torch  # here, not at the top: plan and validate find and identify a model without torch (seconds)
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"model.device is {name}, but no CUDA GPU is visible", "set model.device: cpu (or auto)")
+    return device
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    import torch
+
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def load_model(cfg: ModelConfig, path: Path):
+    """(tokenizer, model, device) for the task; raises ModelError with what to do."""
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    quiet_libraries()
+    check_model_folder(path, cfg.allow_pickle)
+    use_safetensors = any(path.glob("*.safetensors"))
+    if not use_safetensors:
+        warnings.warn(
+            f"loading pickle weights from {path} (model.allow_pickle: true): unpickling can run code "
+            "from the file; convert the model to safetensors when you can",
+            stacklevel=2,
+        )
+    device = pick_device(cfg.device)
+    dtype = pick_dtype(cfg.dtype, device)
+    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    check_head(config, cfg, path)
+    loader = getattr(transformers, model_spec(cfg.task, cfg.labels).auto_class)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+        model = loader.from_pretrained(
+            path,
+            dtype=dtype,
+            attn_implementation="sdpa",
+            use_safetensors=use_safetensors,
+            trust_remote_code=cfg.trust_remote_code,
+        )
+    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as exc:
+        # RuntimeError: shapes that do not fit the config; the others: missing, truncated or corrupt files
+        raise ModelError(
+            f"cannot load the model in {path}: {type(exc).__name__}: {exc}",
+            "check that the folder was saved whole with save_pretrained (a weights file may be truncated)",
+        ) from exc
+    if cfg.quantize == "int8":
+        if device.type != "cpu":
+            raise ModelError(
+                "model.quantize: int8 is dynamic quantization for CPUs",
+                "set model.device: cpu, or remove model.quantize",
+            )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.ao.quantization announces its move to torchao
+            # Per-channel weight scales: cosine to fp32 0.965 (mean) on MiniLM, against 0.92 per-tensor.
+            qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear: qconfig}, dtype=torch.qint8)
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelError(
+            f"{path} has no fast tokenizer (tokenizer.json)", "save the tokenizer with a tokenizers backend"
+        )
+    if cfg.chat_template is not None:
+        tokenizer.chat_template = chat_template(cfg.chat_template)
+    return tokenizer, model.to(device).eval(), device

@@ -1,0 +1,227 @@
+"""batching: auto and model.backend: auto — a short probe on the job's own rows that picks the backend,
+max_tokens and the strategy.
+
+The probe runs the first chunk: each candidate setting gets its own slice of the chunk's rows, each slice
+with the chunk's mix of lengths, and is timed in real tokens per second; the rest of the chunk, and the job,
+run with the winner. Nothing is computed twice: the slices' results are the chunk's results. A candidate
+must beat the default by more than NOISE (10%) to replace it, and two leaders that close are measured again,
+so a busy machine does not pick a different setting every run. On a CPU the fastest budget wins (small
+enough to stay in cache, large enough to amortise per-batch overhead); on a GPU the budget is the largest
+whose activations fit in half the free memory, measured on one slice and scaled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from .cut import OVERHEAD_TOKENS, cut_packed, cut_padded
+
+if TYPE_CHECKING:  # imported where a GPU is measured: a warm OpenVINO run never imports torch
+    import torch
+
+CPU_BUDGETS = (2048, 4096, 8192, 16384, 32768)
+SAMPLE_TOKENS = 16384  # per candidate: ~2 s for MiniLM on 2 CPU cores, spent on real rows
+GPU_PROBE_TOKENS = 8192
+GPU_MEMORY_SHARE = 0.5  # of the memory free after loading the model: headroom for fragmentation and long rows
+GPU_MAX_BUDGET = 1 << 18
+DEFAULT_BUDGET = 16384  # when the probe cannot measure (too few rows), and the one a candidate must beat
+# OpenVINO's CPU kernels run small batches as fast as large ones (MiniLM, bf16, 2 cores: 4,096 tokens 15%
+# faster than 16,384), and a small budget keeps each batch's activations in cache.
+BACKEND_BUDGETS = {"openvino": 4096}
+
+
+@dataclass
+class Tuning:
+    max_tokens: int
+    strategy: str
+    backend: str = "torch"
+    # "padded@8192" (torch) or "openvino:padded@8192" -> tokens/s, averaged over repeats; only measurements
+    # long enough to tell (MIN_SECONDS) are kept
+    tokens_per_s: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    backends: dict[str, float] = field(default_factory=dict)  # each backend's tokens/s, where both were timed
+
+    def describe(self) -> str:
+        rates = ", ".join(f"{k} {v:,.0f}" for k, v in self.tokens_per_s.items())
+        return (
+            f"batching: {self.strategy}, max_tokens {self.max_tokens}, backend {self.backend}"
+            + (f" (tokens/s: {rates})" if rates else "")
+            + "".join(f"; {note}" for note in self.notes)
+        )
+
+
+def cut_batches(
+    lengths: np.ndarray, max_tokens: int, strategy: str, max_rows: int, device: torch.device
+) -> list[np.ndarray]:
+    if strategy == "packed":
+        return cut_packed(lengths, max_tokens, max_rows)
+    return cut_padded(lengths, max_tokens, max_rows, OVERHEAD_TOKENS.get(device.type, OVERHEAD_TOKENS["cuda"]))
+
+
+def gpu_budget(bytes_per_token: float, free_bytes: int) -> int:
+    """The largest power-of-two budget whose activations fit in GPU_MEMORY_SHARE of free memory."""
+    fits = GPU_MEMORY_SHARE * free_bytes / max(bytes_per_token, 1.0)
+    budget = GPU_PROBE_TOKENS
+    while budget * 2 <= min(fits, GPU_MAX_BUDGET):
+        budget *= 2
+    return budget
+
+
+# run(batches, strategy, backend) -> seconds: runs batches of positions and keeps their results.
+RunBatches = Callable[[list[np.ndarray], str, str], float]
+NOISE = 0.10  # rates closer than this are a tie: measured once more, and a tie that stays keeps the default
+MIN_SECONDS = 0.05  # a slice done faster than this measures per-batch overheads, not the model: not compared
+
+
+def probe(
+    lengths: np.ndarray,
+    run: RunBatches,
+    max_tokens: int | str,
+    strategy: str,
+    max_rows: int,
+    device: torch.device,
+    packable: bool,
+    backends: tuple[str, ...] = ("torch",),
+) -> tuple[Tuning, np.ndarray]:
+    """Settle `auto` in the backend, max_tokens and strategy on the first chunk's rows (their token `lengths`),
+    among `backends` (the default first).
+
+    Each candidate runs its own slice of about SAMPLE_TOKENS tokens, whose results are kept, so every row
+    still runs exactly once; every slice holds the chunk's mix of lengths (Slices), so candidates compare
+    equal work. In turn: the backend (each at the default budget, padded), the budget on
+    that backend, then padded against packed (torch only). A candidate replaces the default only when it is
+    faster by more than NOISE; the two leaders are measured again when they are that close. Returns the
+    choice and the positions not yet run."""
+    strategies = (
+        ["padded", "packed"] if strategy == "auto" and packable else [strategy if strategy != "auto" else "padded"]
+    )
+    # A small first chunk (a short shard) still gets a slice per candidate (and two repeats), each noisier.
+    budgets = 0 if max_tokens != "auto" else (1 if device.type == "cuda" else len(CPU_BUDGETS))
+    count = budgets + len(strategies) + (len(backends) if len(backends) > 1 else 0) + 2
+    slice_tokens = min(SAMPLE_TOKENS, int(lengths.sum()) // (count + 1))
+    return Probe(lengths, run, max_tokens, max_rows, device, backends, strategies, slice_tokens).settle()
+
+
+class Probe:
+    """One probe over a chunk's rows. It owns what its measurements share: the rows not yet taken (`left`),
+    the rates measured so far (`samples`: key -> tokens/s per slice) and what it notes for the user."""
+
+    def __init__(self, lengths, run: RunBatches, max_tokens, max_rows, device, backends, strategies, slice_tokens):
+        self.lengths, self.run, self.max_tokens, self.max_rows = lengths, run, max_tokens, max_rows
+        self.device, self.backends, self.strategies = device, backends, strategies
+        self.slice_tokens = slice_tokens  # tokens per candidate's slice
+        self.left = Slices(lengths)
+        self.samples: dict[str, list[float]] = {}
+        self.notes: list[str] = []
+
+    def settle(self) -> tuple[Tuning, np.ndarray]:
+        """The backend, then the budget on it, then the strategy; and the positions not yet run."""
+        for backend in self.backends:  # warm-up (first-call allocations, kernel choice), kept like the rest
+            self.run([self.left.take_rows(8)], self.strategies[0] if backend == "torch" else "padded", backend)
+        backend, compared = self.backends[0], {}
+        if len(self.backends) > 1:
+            # Backends can differ several times over, and each slice of the slower one costs its share of the
+            # chunk's time: a quarter slice tells them apart, a close call is measured again.
+            options = {b: (b, "padded", self.default(b), 4) for b in self.backends}
+            backend = self.pick(options, self.backends[0], "backend")
+            compared = self.rates(options)
+        budget = self.default(backend)
+        first = self.strategies[0] if backend == "torch" else "padded"
+        if self.max_tokens == "auto" and self.device.type == "cuda":
+            import torch
+
+            per_token = _bytes_per_token(lambda b, how: self.measure(backend, how, b))
+            budget = gpu_budget(per_token, torch.cuda.mem_get_info(self.device)[0])
+        elif self.max_tokens == "auto":
+            budget = int(self.pick({str(b): (backend, first, b) for b in CPU_BUDGETS}, str(budget), "max_tokens"))
+        best = first
+        if backend == "torch" and len(self.strategies) > 1:
+            best = self.pick({how: (backend, how, budget) for how in self.strategies}, "padded", "strategy")
+        measured = {k: round(float(np.mean(v))) for k, v in self.samples.items()}
+        backends = {b: round(r) for b, r in compared.items()}
+        return Tuning(budget, best, backend, measured, self.notes, backends), self.left.unused
+
+    @staticmethod
+    def key(backend: str, how: str, budget: int, share: int = 1) -> str:
+        name = f"{how}@{budget}" if backend == "torch" else f"{backend}:{how}@{budget}"
+        return name + (f" (1/{share} slice)" if share > 1 else "")
+
+    def default(self, backend: str) -> int:
+        return self.max_tokens if self.max_tokens != "auto" else BACKEND_BUDGETS.get(backend, DEFAULT_BUDGET)
+
+    def measure(self, backend: str, how: str, budget: int, share: int = 1) -> None:
+        """Run a fresh slice (1/share of one) with this setting; keep its rate if it took long enough to tell."""
+        part = self.left.take(self.slice_tokens // share)
+        if not len(part):
+            return
+        batches = cut_batches(self.lengths[part], budget, how, self.max_rows, self.device)
+        seconds = self.run([part[b] for b in batches], how, backend)
+        if seconds >= MIN_SECONDS:
+            rate = float(self.lengths[part].sum() / seconds)
+            self.samples.setdefault(self.key(backend, how, budget, share), []).append(rate)
+
+    def rates(self, options: dict[str, tuple]) -> dict[str, float]:
+        found = {name: self.samples.get(self.key(*setting)) for name, setting in options.items()}
+        return {name: float(np.mean(values)) for name, values in found.items() if values}
+
+    def pick(self, options: dict[str, tuple], default: str, what: str) -> str:
+        """The option (name -> (backend, how, budget[, share of a slice])) that is clearly fastest, else
+        `default`."""
+        for setting in options.values():
+            if self.key(*setting) not in self.samples:
+                self.measure(*setting)
+        measured = self.rates(options)
+        ranked = sorted(measured, key=measured.get, reverse=True)
+        if len(ranked) > 1 and measured[ranked[1]] > measured[ranked[0]] * (1 - NOISE):
+            for name in ranked[:2]:  # within noise of each other: once more each
+                self.measure(*options[name])
+            measured = self.rates(options)
+            ranked = sorted(measured, key=measured.get, reverse=True)
+        if len(measured) < len(options):
+            self.notes.append(f"{what}: too little work to measure every candidate, {default} kept")
+            return default
+        best = ranked[0]
+        if best != default and measured[best] <= measured[default] * (1 + NOISE):
+            self.notes.append(f"{what}: no candidate clearly faster than {default}, kept")
+            return default
+        return best
+
+
+class Slices:
+    """A chunk's rows handed out in slices that each hold the chunk's mix of lengths: a systematic sample of
+    the rows not yet taken, in length order. Attention costs more per token on long rows, and the few longest
+    rows cost most: random slices of a few hundred rows held different numbers of them and rated one kernel
+    up to 1.2x apart from itself (lognormal lengths); these stay within 5%."""
+
+    def __init__(self, lengths: np.ndarray):
+        self.lengths = lengths
+        self.unused = np.argsort(lengths, kind="stable")  # positions not yet taken, shortest first
+
+    def take(self, tokens: int) -> np.ndarray:
+        """About `tokens` tokens' worth of rows (at least one while any is left)."""
+        if not len(self.unused):
+            return self.unused
+        return self.take_rows(max(1, round(tokens / float(self.lengths[self.unused].mean()))))
+
+    def take_rows(self, count: int) -> np.ndarray:
+        n = len(self.unused)
+        count = min(count, n)
+        picked = ((np.arange(count) + 0.5) * n / max(count, 1)).astype(np.int64)  # one row from each of `count` strata
+        part = self.unused[picked]
+        self.unused = np.delete(self.unused, picked)
+        return part
+
+
+def _bytes_per_token(measure: Callable[[int, str], None]) -> float:
+    """Peak activation memory per padded token, from one padded slice cut at GPU_PROBE_TOKENS."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    measure(GPU_PROBE_TOKENS, "padded")
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / GPU_PROBE_TOKENS

@@ -1,0 +1,67 @@
+"""`openai-batch -o RESULTS.jsonl`: the finished folder's output.jsonl and errors.jsonl copied to where the
+user asked, replacing a file there only if batchinfer wrote it (the folder keeps their digests)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+from ..errors import OutputError
+from ..output.formats import EXPORTED, DeclaredFiles
+from ..output.status import FolderStatus
+from ..storage import TMP, LocalFolder
+
+
+def check_targets(work, targets: list) -> None:
+    """Before any work: refuse to overwrite a file that batchinfer did not write there itself."""
+    known = _exported(work)
+    for target in targets:
+        if target.is_dir():
+            raise OutputError(
+                f"-o {target} is a folder; -o names the results file (errors go next to it)",
+                f"give a file path, e.g. -o {target / 'results.jsonl'}",
+            )
+        if target.exists() and known.get(str(target.resolve())) != _digest(target):
+            raise OutputError(
+                f"{target} exists and was not written by batchinfer (or was changed since)",
+                "give another -o path, or move the file away",
+            )
+
+
+def deliver(work, targets: dict, lines: dict[str, int]) -> None:
+    """Move the folder's output.jsonl and errors.jsonl to where the user asked ({name: path}), each whole or
+    not at all, so no second copy stays in the work folder; a file of no lines is not written (and one an
+    earlier run wrote there is removed). Notes what was written, so a rerun may replace it."""
+    known = _exported(work)
+    state = FolderStatus.read(work)
+    files = DeclaredFiles(state.folder, state.path, state.job)
+    for name, target in targets.items():
+        key = str(target.resolve())
+        if lines.get(name):
+            with open(work / name, "rb") as source:
+                LocalFolder(str(target.parent)).write_with(
+                    target.name, lambda f, source=source: shutil.copyfileobj(source, f), tmp=TMP
+                )
+            known[key] = _digest(target)
+        elif key in known:  # none this time: an earlier run's file would tell of failures there are not
+            if target.exists() and known[key] == _digest(target):
+                target.unlink()
+            known.pop(key)
+        files.write(EXPORTED, lambda f: f.write(json.dumps(known, indent=2).encode()))
+        state.folder.delete(name)  # delivered: the results live at -o only
+
+
+def _exported(work) -> dict:
+    try:
+        return json.loads((work / EXPORTED).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _digest(path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,108 @@
+"""`batchinfer plan`: what a job will do before a night is committed to it, and nothing written.
+
+Counts every shard's rows (from their metadata), says how the output folder stands and checks the first rows
+as a run prepares them; for the rows left, commands/sample_timing.py tokenizes a sample of rows spread over the
+chunks, cuts the sample's batches as the run would and times part of them on this machine. A finished job
+is answered without the model or torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from ..backends.model_size import model_size
+from ..backends.models import model_identity, resolve_model_path
+from ..job.config import JobConfig
+from ..job.plan import fingerprint, plan_chunks
+from ..machine import Load
+from ..output.status import FolderStatus, describe_folder
+from ..sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec, shard_contents
+from ..sources.prepare import prepare_rows
+
+
+def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[int, Counter, dict[str, str]]:
+    """Read the first `rows` rows and prepare them as a run would, without the model: how many were read,
+    how many of them would go to _errors/ by reason, and one message per reason. Catches a job whose
+    every row fails (a text column that holds numbers, a template over the wrong column) before a night."""
+    spec = read_spec(job.input, job.columns, inputs.types)
+    seen, reasons, examples = 0, Counter(), {}
+    for shard in inputs.shards:
+        if seen >= rows:
+            break
+        take = min(rows - seen, shard.num_rows)
+        if not take:
+            continue  # an empty shard: look at the next
+        reader = open_reader(shard, spec)
+        try:
+            block = reader.read(0, take)
+        except READ_ERRORS:
+            continue  # the run reports an unreadable shard in its own words
+        finally:
+            reader.close()
+        for reason, message in prepare_rows(job, block.table, block.bad_rows).errors.values():
+            reasons[reason] += 1
+            examples.setdefault(reason, f"{shard.name}: {message}")
+        seen += take
+    return seen, reasons, examples
+
+
+def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
+    """`batchinfer plan`'s summary of a job: its input and chunks, what the output folder holds, the tokens of a
+    sample of its rows, the batches they cut into and (timed) how long the rows left will take. Writes nothing."""
+    started = time.perf_counter()
+    inputs = discover_shards(job.input, job.columns, output=job.output.path)
+    model_path = resolve_model_path(job.model.path)
+    shards = inputs.shards
+    chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows)
+    rows = sum(s.num_rows for s in shards)
+    job_print = fingerprint(job, model_identity(model_path), shard_contents(shards))
+    folder, state = describe_folder(job.output.path, job.output.storage_options, job_print, len(chunks))
+    aside = time.perf_counter()  # plan's own reading, which a run does not do
+    earlier = folder_so_far(state, chunks)
+    summary = {
+        "shards": len(shards),
+        "skipped_shards": len(inputs.bad),
+        "rows": rows,
+        "rows_left": rows - earlier.rows,
+        "chunks": len(chunks),
+        "output": folder,
+        "model_size": model_size(model_path),
+    }
+    if not summary["rows_left"]:  # a finished job: no row to check, sample or time, no model to load
+        return {**summary, "sample_check": (0, Counter(), {}), "estimate": {}}
+    summary["sample_check"] = sample_problems(job, inputs)
+    aside = time.perf_counter() - aside
+
+    # the model, torch and a timed sample: only for rows left to run
+    from .sample_timing import time_on_sample
+
+    return time_on_sample(job, inputs, model_path, chunks, earlier, summary, started, aside, sample, timed)
+
+
+@dataclass
+class SoFar:
+    """What an output folder already holds of this job: rows done, the probe's recorded choice, and the rate
+    (rows/s, end to end) and machine load its last working run measured."""
+
+    rows: int = 0
+    tuning: dict | None = None
+    rate: float | None = None
+    run_rows: int = 0
+    load: Load | None = None
+    finished: float | None = None
+
+
+def folder_so_far(state: FolderStatus | None, chunks: list) -> SoFar:
+    """What the folder holds of this job (state: its status when it holds this very job, else None)."""
+    if state is None:
+        return SoFar()
+    done = state.done
+    planned = {c.name: c.rows for c in chunks}
+    rows = sum(r.rows for n, r in done.items() if not r.retry_of and r.rows >= planned.get(n, 1 << 62))
+    report = state.report() or {}
+    run = report.get("run") if isinstance(report.get("run"), dict) else {}
+    rate = run.get("rows_per_s") if isinstance(run.get("rows_per_s"), (int, float)) and run.get("rows", 0) else None
+    finished = max((r.finished or 0.0 for r in done.values()), default=None)
+    return SoFar(rows, state.tuning, rate or None, run.get("rows", 0), Load.from_dict(run.get("machine")), finished)

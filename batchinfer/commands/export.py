@@ -1,0 +1,150 @@
+"""`batchinfer export OUT --format parquet|jsonl|csv -o FILE`: a finished output folder as one file, in input
+order, for users who want a single file. Reads the folder only; writes FILE whole or not at all, never inside
+an output folder, and replaces (--force) only a file an export wrote."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from ..errors import OutputError
+from ..output.failures import reach_error
+from ..output.formats import json_lines
+from ..output.layout import SUCCESS
+from ..output.status import FolderStatus
+from ..storage import JOB_RECORD, LocalFolder
+from .show import without_limit
+
+FORMATS = ("parquet", "jsonl", "csv")
+EXPORT_KEY = b"batchinfer.export"  # a Parquet export's footer: the job it holds; what lets --force replace it
+PARTIAL_KEY = b"batchinfer.export.partial"  # beside it in an export of an unfinished folder: "2/6 chunks"
+TMP_PREFIX = ".tmp-export-"  # FILE is written as .tmp-export-XXXXXXXX-FILE beside it, then renamed
+
+
+@dataclass(frozen=True)
+class Exported:
+    rows: int
+    partial: str | None = None  # what an export of an unfinished folder holds, e.g. "2/6 chunks"; None: all
+
+
+def export_folder(folder: str, fmt: str, target: Path, force: bool = False, partial: bool = False) -> Exported:
+    """Every result row of the finished job in `folder` into `target`. partial: of an unfinished one (a trial
+    run with --limit, or a run stopped), the chunks it finished, said in the result and a Parquet footer."""
+    if fmt not in FORMATS:
+        raise OutputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", "write e.g. --format parquet")
+    check_target(target, fmt, force)
+    try:
+        state = FolderStatus.read(folder)
+        lost = state.lost() if state is not None else {}
+    except OSError as exc:
+        raise reach_error(folder, exc, "read", "check the path or URL and the credentials") from exc
+    if state is None:
+        raise OutputError(f"{folder} holds no batchinfer run", "give the output.path of a finished job")
+    command = state.command or "batchinfer run JOB.yaml"
+    chunks = sum(1 for r in state.done.values() if not r.retry_of)
+    total = state.extent.get("job_chunks", state.extent.get("chunks", "?"))
+    held = None
+    if state.stray_markers() or not state.succeeded():
+        if not partial or state.stray_markers():
+            raise OutputError(
+                f"{folder} is not a finished job ({chunks}/{total} chunks done, no {SUCCESS} for the whole job): "
+                "an export would miss rows",
+                f"finish it ({without_limit(command)}), then export; or export what it holds now with --partial",
+            )
+        held = f"{chunks}/{total} chunks"
+    if lost:  # the check a run makes when it opens the folder: every committed part there, this job's, whole
+        problems = list(dict.fromkeys(lost.values()))
+        raise OutputError(
+            f"{folder} lost rows of {len(lost)} finished chunk(s): {'; '.join(problems[:3])}"
+            f"{' and more' if len(problems) > 3 else ''}; an export would miss them",
+            f"rerun {command}: it runs those chunks again; then export",
+        )
+    parts = state.parts()
+    if not parts:
+        raise OutputError(f"{folder} holds no result rows (every row is in _errors/)", "see batchinfer status")
+    rows = 0
+
+    def tables():
+        nonlocal rows
+        for part in parts:
+            table = state.read_table(part).replace_schema_metadata(None)  # the job id marks the folder's files only
+            rows += table.num_rows
+            yield table
+
+    marks = {EXPORT_KEY: state.job["job_id"].encode(), **({PARTIAL_KEY: held.encode()} if held else {})}
+    fill = {"parquet": functools.partial(_parquet, metadata=marks), "jsonl": _jsonl, "csv": _csv}[fmt]
+    out = LocalFolder(str(target.parent.resolve()))
+    try:
+        out.make()
+        for stale in out.temps_of(target.name, tmp=TMP_PREFIX):  # an export killed mid-write (kill -9 runs no cleanup)
+            out.delete(stale)
+        if force:
+            out.write_with(target.name, lambda f: fill(tables(), f), tmp=TMP_PREFIX)
+        elif not out.create_with(target.name, lambda f: fill(tables(), f), tmp=TMP_PREFIX):
+            raise OutputError(f"{target} exists", "give another -o path, or add --force to replace it")
+    except OSError as exc:
+        raise OutputError(f"cannot write {target}: {exc.strerror or exc}", "choose a writable -o path") from exc
+    return Exported(rows, held)
+
+
+def check_target(target: Path, fmt: str, force: bool) -> None:
+    """Before any work: -o names a file outside every output folder, absent, or (--force) one an export wrote."""
+    if target.is_dir():
+        raise OutputError(f"-o {target} is a folder", f"give a file path, e.g. -o {target / f'results.{fmt}'}")
+    where = target.resolve()  # a link into an output folder leads inside it
+    for parent in where.parents:
+        if (parent / JOB_RECORD).is_file():
+            raise OutputError(
+                f"-o {target} lies inside {parent}, a batchinfer output folder: the folder's readers (and a run) "
+                "would take the file for part of the job",
+                f"write it outside that folder, e.g. -o {parent.parent / where.name}",
+            )
+    if not (target.exists() or target.is_symlink()):
+        return
+    if not force:  # create_with below still guards a race
+        raise OutputError(f"{target} exists", "give another -o path, or add --force to replace it")
+    if target.is_symlink() or not exported(target):
+        raise OutputError(
+            f"{target} exists and batchinfer cannot tell that an export wrote it: --force replaces only a Parquet "
+            f"file of batchinfer export (its footer says so){'; it is a symbolic link' if target.is_symlink() else ''}",
+            "give another -o path, or move the file away yourself",
+        )
+
+
+def exported(path: Path) -> bool:
+    """Whether `path` is a Parquet file that batchinfer export wrote (a JSONL or CSV file cannot say so)."""
+    try:
+        metadata = pq.read_metadata(path)
+    except (OSError, pa.ArrowException):
+        return False
+    return EXPORT_KEY in (metadata.metadata or {})
+
+
+def _parquet(tables, f, metadata: dict[bytes, bytes]) -> None:
+    writer = None
+    for table in tables:
+        table = table.replace_schema_metadata(metadata)
+        writer = writer or pq.ParquetWriter(f, table.schema, compression="zstd")
+        writer.write_table(table)
+    writer.close()
+
+
+def _jsonl(tables, f) -> None:
+    for table in tables:
+        f.write("".join(line + "\n" for line in json_lines(table)).encode())
+
+
+def _csv(tables, f) -> None:
+    """Lists and structs (embeddings, scores, entities) as JSON text: CSV has no nested values."""
+    for i, table in enumerate(tables):
+        for k, field in enumerate(table.schema):
+            if pa.types.is_nested(field.type):
+                values = [json.dumps(v, ensure_ascii=False) for v in table.column(k).to_pylist()]
+                table = table.set_column(k, field.name, pa.array(values, pa.string()))
+        pacsv.write_csv(table, f, pacsv.WriteOptions(include_header=i == 0))

@@ -1,0 +1,274 @@
+"""plan's measure of the rows left: the job's model loaded as a run loads it, a sample of rows from across the
+job read and tokenized by the chunk task, and a part of that sample timed on the model, probe included. This
+module loads torch and the model; commands/dryrun.py imports it only when a job has rows left to run."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from ..backends.packing import supports_packing
+from ..batching.probe import CPU_BUDGETS, SAMPLE_TOKENS, Slices, cut_batches, probe
+from ..control import StopFlag
+from ..execution.chunk_task import TaskInputs
+from ..execution.driver import settle_budget
+from ..execution.report import prefix_saved, reuses_prefix
+from ..job.config import JobConfig
+from ..job.plan import Work
+from ..machine import LoadWindow, process_age
+from ..runners.prefix import admission, page_hits
+from ..sources import Inputs, read_spec
+
+PROBE_TOKENS = SAMPLE_TOKENS * (len(CPU_BUDGETS) + 2)  # about what a run's probe times: each budget, then packed
+SAMPLED_CHUNKS = 40  # chunks the sample is read from: spread over the job, each read costs a shard's open and seek
+# Tokens of the sample run on the model (the probe's slices, then the whole of them with its choice): a
+# systematic part holding the sample's mix of lengths, so that plan's time does not grow with --sample. Both
+# passes: about 4 s for the shipped one-layer classifier on a 2-core AVX2 EPYC (OpenVINO f32, ~4,000 tokens/s).
+TIMED_TOKENS = 8192
+
+
+def time_on_sample(
+    job: JobConfig,
+    inputs: Inputs,
+    model_path: Path,
+    chunks: list,
+    earlier,
+    summary: dict,
+    started: float,
+    aside: float,
+    sample: int,
+    timed: bool,
+) -> dict:
+    """The rest of plan's summary of a job with rows left (`summary`: what dryrun.estimate_job counted): the
+    sample's tokens, the batches they cut into and (timed) the time for the rows left. `earlier`: what the
+    folder holds of the job (dryrun.SoFar); `started`: when plan began, `aside`: seconds of plan's own
+    reading since, which a run does not do."""
+    rows = summary["rows"]
+    budget, auto = settle_budget(job, earlier.tuning)
+    spec = read_spec(job.input, job.columns, inputs.types)
+    task = TaskInputs(job, model_path, inputs.shards, spec, None, budget).task(StopFlag())  # writes nothing: no writer
+    runner = task.runner
+    # What a run spends before its first batch: the process's start and imports, discovery, the model's load.
+    startup = (process_age() or time.perf_counter() - started) - aside
+    sampled = sample_tokens(task, chunks, sample)
+    lengths, seen = sampled.lengths, sampled.seen
+    summary["sampled_rows"] = seen
+    if not len(lengths):
+        return summary
+    summary.update(token_figures(sampled, rows))
+    if sampled.prefix is not None or reuses_prefix(job):  # label scoring: computed once per chunk
+        summary["prefix"] = scaled_prefix(sampled.prefix, rows / max(seen, 1))
+    if job.model.task == "generate":
+        page = runner.shared_page()
+        if page:  # read from the engine's cache pages
+            summary["prefix"] = estimate_prefix(sampled, page, rows, len(chunks), summary["tokens"])
+        return summary
+    probing = auto and earlier.tuning is None
+    if timed:
+        summary["estimate"], key = estimate_time(
+            runner, job, budget, sampled, probing, summary, earlier, startup, chunks[0].rows
+        )
+        budget = replace(budget, max_tokens=key[0], strategy=key[1])
+    batches = cut_batches(lengths, *budget.key, job.batching.max_rows, runner.device)
+    # packed batches lay rows end to end: the model computes no padding
+    padded = int(lengths.sum()) if budget.strategy == "packed" else sum(int(lengths[b].max()) * len(b) for b in batches)
+    summary["batching"] = {
+        "max_tokens": budget.max_tokens,
+        "strategy": budget.strategy,
+        "batches": len(batches),
+        "padding_efficiency": float(lengths.sum() / padded) if padded else 1.0,
+        "source": "recorded" if earlier.tuning else ("probe" if probing and timed else "job"),
+    }
+    return summary
+
+
+def token_figures(sampled: Sampled, rows: int) -> dict:
+    """The sample's tokens per row, the job's tokens (its `rows`, the usable share of them) and the shares of
+    items cut at max_length and of rows that would fail."""
+    lengths, seen = sampled.lengths, sampled.seen
+    share_ok = len(lengths) / max(seen, 1)
+    return {
+        "tokens_per_row": {
+            "mean": float(lengths.mean()),
+            "p50": int(np.percentile(lengths, 50)),
+            "p95": int(np.percentile(lengths, 95)),
+            "max": int(lengths.max()),
+        },
+        "tokens": int(lengths.mean() * rows * share_ok),
+        "truncated_share": sampled.truncated / len(lengths),
+        "error_share": sampled.errors / max(seen, 1),
+    }
+
+
+@dataclass
+class Sampled:
+    """Rows tokenized from across the job, as a run reads them."""
+
+    items: list  # the items that would run, as the runner tokenized them
+    lengths: np.ndarray  # tokens per item that would run (a prefix computed once not counted)
+    truncated: int  # items cut at max_length
+    errors: int  # rows that would go to _errors/
+    seen: int  # rows read
+    reading: float  # seconds spent reading, preparing and tokenizing
+    prefix: dict | None  # what a prefix common to the sample saved it (Tokens.prefix_reused)
+    chunk_texts: list[int]  # the sampled texts (items, for generation) of each chunk read, in order
+
+
+def sample_tokens(task, chunks: list, sample: int) -> Sampled:
+    """About `sample` rows from the start of chunks spread over the job, read by the chunk task and tokenized
+    together, as one chunk (a prefix that the job's prompts share is found on them as a chunk's run finds it)."""
+    # SAMPLED_CHUNKS of them, more where chunks are too small to hold the sample
+    spread = min(len(chunks), sample, max(SAMPLED_CHUNKS, -(-sample // max(chunks[0].rows, 1))))
+    per_chunk = max(1, sample // spread)
+    picks = np.linspace(0, len(chunks) - 1, num=spread).round().astype(int)
+    texts, errors, seen, reading, chunk_texts = [], 0, 0, 0.0, []
+    for index in dict.fromkeys(picks.tolist()):
+        chunk = chunks[index]
+        offsets = list(range(min(per_chunk, chunk.rows)))
+        loaded = task.load(Work(chunk, chunk.name, offsets))
+        owners = np.unique(loaded.tokens.owners()[loaded.index]).tolist()
+        texts += [loaded.prepared.texts[t] for t in owners]
+        chunk_texts.append(len(owners))
+        errors += len(loaded.prepared.errors)
+        seen += len(offsets)
+        reading += loaded.seconds
+        if seen >= sample:
+            break
+    task.close()
+    tokens = task.runner.tokenize(texts)
+    every = np.arange(len(tokens.ids))
+    truncated = int(tokens.truncated.sum())
+    prefix = tokens.prefix_reused(every)
+    return Sampled(tokens.ids, tokens.lengths, truncated, errors, seen, reading, prefix, chunk_texts)
+
+
+def scaled_prefix(prefix: dict | None, scale: float) -> dict:
+    """The report's `prefix` figures of a sample's (a record's shape), its rows and tokens scaled to the job's
+    (`scale`: the job's rows per sampled row)."""
+    figures = prefix_saved([prefix] if prefix else [])
+    return {**figures, "rows": int(figures["rows"] * scale), "saved_tokens": int(figures["saved_tokens"] * scale)}
+
+
+def estimate_prefix(sampled: Sampled, page: int, rows: int, chunks: int, tokens: int) -> dict:
+    """What the engine's block sharing will save over the job, as the report's `prefix` says it: each sampled
+    chunk's rows admitted as a run admits them; a chunk starts with an empty cache, so its first row reads
+    nothing, and every other row what the sample's followers read on average (the sample as one chunk when it
+    took one row a chunk). `tokens`: the job's prompt tokens."""
+    ends = np.cumsum(sampled.chunk_texts).tolist()
+    prompts = [sampled.items[start:end] for start, end in zip([0, *ends], ends)]
+    groups = prompts if any(len(chunk) > 1 for chunk in prompts) else [sampled.items]
+    hits = []
+    for ids in groups:
+        leaders, _, followers = admission(ids, page)
+        hits.append(page_hits([ids[i] for i in leaders + followers], page))
+    later = [h for chunk in hits for h in chunk[1:]]
+    others = max(rows - chunks, 0)
+    figures = {"tokens": 0, "rows": 0, "saved_tokens": 0, "prompt_tokens": tokens}
+    if later:
+        figures |= {
+            "tokens": max(later),
+            "rows": round(others * sum(1 for h in later if h) / len(later)),
+            "saved_tokens": round(others * sum(later) / len(later)),
+        }
+    return prefix_saved([figures])
+
+
+def estimate_time(
+    runner,
+    job: JobConfig,
+    budget,
+    sampled: Sampled,
+    probing: bool,
+    summary: dict,
+    earlier,
+    startup: float,
+    first_chunk_rows: int,
+):
+    """The time for the rows left: start-up, the probe where the run will probe, and the work at the model's rate
+    on TIMED_TOKENS of the sample (or at the rate this job ran at here). Returns the estimate and the batching
+    it was timed with."""
+    lengths = sampled.lengths
+    window = LoadWindow()
+    timed = Slices(lengths).take(TIMED_TOKENS)
+    items = [sampled.items[i] for i in timed.tolist()]
+    measured = time_sample(runner, items, lengths[timed], budget, job, probing, lengths.mean() * first_chunk_rows)
+    load = window.stop()
+    tokens_left = lengths.mean() * summary["rows_left"] * len(lengths) / max(sampled.seen, 1)
+    model_rate = measured["tokens_per_s"]
+    read_rate = float(lengths.sum() / sampled.reading) if sampled.reading else float("inf")
+    # On a CPU reading and tokenizing share the cores with the model; on a GPU they overlap with it.
+    work = tokens_left / model_rate + (tokens_left / read_rate if runner.device.type == "cpu" else 0.0)
+    estimate = {
+        "device": f"{runner.device} ({runner.backend}{' ' + runner.precision if runner.precision else ''})",
+        "tokens_per_s": model_rate,
+        "timed_tokens": int(lengths[timed].sum()),
+        "read_tokens_per_s": read_rate,
+        "startup_s": startup,
+        "probe_s": measured["probe_s"] if probing and summary["rows_left"] else None,
+        "work_s": work,
+        "rate_from": "sample",
+        "load": load,
+    }
+    # What this job ran at here, end to end, is better than a sample, once that run went past its first chunk
+    # (which carries the probe, and a --limit run may hold no more).
+    if earlier.rate and earlier.run_rows > job.chunk_rows and summary["rows_left"]:
+        estimate.update(work_s=summary["rows_left"] / earlier.rate, rate_from="folder", rows_per_s=earlier.rate)
+        estimate["folder_load"] = earlier.load
+        estimate["folder_finished"] = earlier.finished
+    estimate["seconds"] = (
+        estimate["startup_s"] + (estimate["probe_s"] or 0.0) + estimate["work_s"] if summary["rows_left"] else 0.0
+    )
+    return estimate, measured["budget"]
+
+
+def time_sample(
+    runner, ids: list, lengths: np.ndarray, budget, job: JobConfig, probing: bool, first_chunk: float
+) -> dict:
+    """The model's rate on the sample's items (`ids`, of `lengths` tokens; a prefix they share computed once, as
+    a run computes it), cut as the run would cut them. probing: first run the run's own probe on the sample, as the
+    run does on its first chunk, then time the sample with its choice; probe_s is what the probe adds to the
+    work it does (the settings that lose, the warm-up), scaled to the probe of a first chunk of `first_chunk`
+    tokens."""
+    runner.settle_precisions()  # each backend's precision, checked as a run checks it
+    if not probing:  # the backend a run would take: the recorded one, or the default
+        runner.keep(next(iter(runner.models)), runner.precisions[next(iter(runner.models))][0])
+    rows = job.batching.max_rows
+
+    def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
+        if backend is not None:
+            runner.use(backend)
+        runner.lay_out(strategy)
+        t0 = time.perf_counter()
+        for batch in batches:
+            if len(batch):
+                runner.run([ids[i] for i in batch.tolist()])
+        return time.perf_counter() - t0
+
+    run([np.arange(min(8, len(ids)))], budget.strategy)  # warm-up
+    rest, probe_wall, key = np.arange(len(lengths)), 0.0, budget.key
+    if probing:
+        t0 = time.perf_counter()
+        tuning, rest = probe(
+            lengths,
+            run,
+            job.batching.max_tokens,
+            job.batching.strategy,
+            rows,
+            runner.device,
+            "torch" in runner.models and supports_packing(runner.models["torch"]) is None,
+            tuple(runner.models),
+        )
+        runner.keep(tuning.backend, runner.precisions[tuning.backend][0])
+        probe_wall, key = time.perf_counter() - t0, (tuning.max_tokens, tuning.strategy)
+    # The whole sample with the choice: the probe's slices are small, and what it left over smaller still.
+    everything = np.arange(len(lengths))
+    seconds = run([everything[b] for b in cut_batches(lengths, *key, rows, runner.device)], key[1])
+    rate = float(lengths.sum() / max(seconds, 1e-9))
+    probe_tokens = int(lengths.sum()) - int(lengths[rest].sum()) if probing else 0
+    extra = max(probe_wall - probe_tokens / rate, 0.0)
+    # The sample's probe cut smaller slices than a run's first chunk gives it; its extra cost grows with them.
+    scale = max(1.0, min(PROBE_TOKENS, first_chunk) / probe_tokens) if probe_tokens else 1.0
+    return {"tokens_per_s": rate, "probe_s": extra * scale, "budget": key}

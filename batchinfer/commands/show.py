@@ -1,0 +1,194 @@
+"""What `batchinfer plan` and `batchinfer status` print: their lines, from the dry run's summary and a folder's
+read-only status. Pure: values in, strings out; cli.py prints them."""
+
+from __future__ import annotations
+
+import shlex
+from collections import Counter
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from ..backends.model_size import describe_size
+from ..output.layout import REPORT
+from ..output.records import ChunkRecord, current_errors
+
+if TYPE_CHECKING:
+    from ..job.config import JobConfig
+    from ..output.status import FolderStatus
+
+
+def plan_lines(config: JobConfig, summary: dict) -> list[str]:
+    """plan: the input, its tokens, the batches, the time estimate and the output folder."""
+    lines: list[str] = []
+    lines.append(
+        f"input    {summary['shards']} shard(s), {summary['rows']:,} rows, {summary['chunks']} chunk(s) "
+        f"of {config.chunk_rows:,} rows"
+        + (f"; {summary['skipped_shards']} shard(s) skipped" if summary["skipped_shards"] else ""),
+    )
+    lines.append(f"model    {config.model.path}: {describe_size(summary['model_size'])}")
+    if "tokens" in summary:
+        t = summary["tokens_per_row"]
+        lines.append(
+            f"tokens   about {summary['tokens']:,} (from {summary['sampled_rows']:,} sampled rows: mean "
+            f"{t['mean']:.0f}, median {t['p50']}, p95 {t['p95']}, max {t['max']} per row; "
+            f"{summary['truncated_share']:.1%} cut at max_length, {summary['error_share']:.1%} error rows)",
+        )
+    if "prefix" in summary:
+        # label scoring computes it once per chunk; generation reads it from the engine's cache pages
+        reused = summary["prefix"]["saved_tokens"]
+        lines.append(f"prefix   {prefix_line(summary['prefix'])}" + (", estimated on the sample" if reused else ""))
+    if "batching" in summary:
+        b = summary["batching"]
+        lines.append(
+            f"batches  {b['strategy']}, max_tokens {b['max_tokens']:,}: padding efficiency "
+            f"{b['padding_efficiency']:.3f} on the sample ({BATCHING_SOURCE[b['source']]})",
+        )
+    if "estimate" in summary:
+        lines += estimate_lines(summary)
+    elif config.model.task == "generate":
+        lines.append(
+            "time     generation time depends on what the model writes: try `batchinfer run JOB --limit 100`",
+        )
+    lines.append(f"output   {config.output.path}: {summary['output']}")
+    return lines
+
+
+NO_PREFIX = "none reused: the sampled prompts share no start long enough to reuse (put a shared instruction first)"
+
+
+def prefix_line(prefix: dict) -> str:
+    """A report's (or plan's) `prefix` figures in words, for either task: a prefix computed once (label
+    scoring) or read from the engine's cache (generation), and its share of the prompt tokens in full."""
+    if not prefix["saved_tokens"]:
+        return NO_PREFIX
+    return (
+        f"{prefix['tokens']:,} tokens that the prompts start with, reused for {prefix['rows']:,} rows: "
+        f"{prefix['saved_tokens']:,} prompt tokens not computed again "
+        f"({prefix['saved_share']:.1%} of the prompt tokens)"
+    )
+
+
+def status_lines(state: FolderStatus) -> list[str]:
+    """status: chunks, rows and errors done, the run holding the folder, what is damaged or lost, what to run next."""
+    lines: list[str] = []
+    done = state.done
+    errors: Counter = Counter()
+    for name in current_errors(done).values():
+        errors.update(done[name].errors)
+    lost = state.lost()
+    chunks = [r for name, r in done.items() if not r.retry_of and name not in lost]
+    holder = state.holder()
+    stray = state.stray_markers()
+    complete = state.succeeded() and not stray and not lost
+    extent = state.extent
+    limit, rows = extent.get("limit"), sum(r.rows for r in chunks)
+    total, total_rows = extent.get("job_chunks", extent.get("chunks", "?")), extent.get("job_rows", extent.get("rows"))
+    lines.append(
+        f"chunks  {len(chunks)}/{total} done"
+        + (" (complete)" if complete else "")
+        + (f" (--limit {limit:,}: {extent['chunks']} chunk(s), the first {extent['rows']:,} rows)" if limit else "")
+    )
+    share = f"/{total_rows:,} done ({rows / total_rows:.1%})" if total_rows else " done"
+    passes = [r for r in done.values() if r.base not in lost]
+    lines.append(f"rows    {rows:,}{share}, {sum(r.ok for r in passes):,} ok")
+    lines.append(f"errors  {', '.join(f'{k} {v:,}' for k, v in sorted(errors.items())) or 'none'}")
+    if skipped := state.skipped_shards():
+        names = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+        lines.append(f"skipped {len(skipped)} shard(s) (input.on_bad_shard: skip): {names}")
+    lines.append(f"updated {datetime.fromtimestamp(state.updated()).isoformat(timespec='seconds')}")
+    lines.append(f"active  {'yes, pid ' + str(holder['pid']) + ' on ' + holder['host'] if holder else 'no'}")
+    if holder and isinstance(holder.get("started"), (int, float)):
+        lines.append(running_rate(holder["started"], done, extent.get("rows", 0) - rows))
+    if state.report_damaged():
+        lines.append(
+            f"report  {REPORT} is damaged, so batchinfer cannot tell it is its own: a run refuses the "
+            "folder until you move that file away",
+        )
+    if stray:
+        shown = ", ".join(stray[:3]) + (f" and {len(stray) - 3} more" if len(stray) > 3 else "")
+        lines.append(
+            f"damaged {shown}: not a completion marker of this job, so its chunk counts as not done and a "
+            "run refuses the folder until you move the file(s) away",
+        )
+    if lost:
+        shown = "; ".join(f"chunk {chunk}: {problem}" for chunk, problem in list(lost.items())[:3])
+        lines.append(
+            f"lost    {len(lost)} finished chunk(s) whose rows are not all there ({shown}"
+            f"{' and more' if len(lost) > 3 else ''}): they count as not done; the next run redoes those whose "
+            "part is missing and refuses a file that is not this job's until you move it away",
+        )
+    command = state.command or "batchinfer run JOB.yaml (the same job file and --set options)"
+    if limit and not holder and len(chunks) >= extent["chunks"]:  # the limited run is done: go on past it
+        lines.append(f"go on   {without_limit(command)} (the whole job), or the same with a larger --limit")
+    elif not complete and not holder:
+        lines.append(f"resume  {command}")
+    return lines
+
+
+BATCHING_SOURCE = {
+    "recorded": "the probe's choice, recorded in the output folder",
+    "probe": "the probe's choice on the sample; the run probes its first chunk",
+    "job": "as the job sets it",
+}
+
+
+def estimate_lines(summary: dict) -> list[str]:
+    """plan's time estimate: for the rows left, start-up and probe included, and how busy the machine was."""
+    e, left = summary["estimate"], summary["rows_left"]
+    if not left:
+        return ["time     nothing left to run: the output folder holds every row of this job"]
+    what = f"{left:,} rows" + (" left" if left < summary["rows"] else "")
+    parts = [f"{_duration(e['startup_s'])} start-up (imports, discovery and model load, as this process took them)"]
+    if e["probe_s"] is not None:
+        parts.append(f"{_duration(e['probe_s'])} for the batching probe")
+    if e["rate_from"] == "folder":
+        finished = datetime.fromtimestamp(e["folder_finished"]).isoformat(timespec="minutes")
+        parts.append(
+            f"{_duration(e['work_s'])} at {e['rows_per_s']:,.1f} rows/s, the rate the folder's last run measured "
+            f"(up to {finished})"
+        )
+    else:
+        parts.append(
+            f"{_duration(e['work_s'])} of work at {e['tokens_per_s']:,.0f} tokens/s on {e['device']} "
+            f"(the model on {e['timed_tokens']:,} tokens of the sample; reading and tokenizing at "
+            f"{e['read_tokens_per_s']:,.0f} tokens/s)"
+        )
+    lines = [f"time     about {_duration(e['seconds'])} for {what}: " + ", ".join(parts)]
+    for label, load in (("this estimate", e["load"]), ("the folder's rate", e.get("folder_load"))):
+        if load is not None and load.busy() and (label == "this estimate" or e["rate_from"] == "folder"):
+            lines.append(
+                f"note     the machine was busy while {label} was measured: {load.describe()}; on a quiet "
+                f"machine the work may run up to {load.slowdown():.1f}x faster"
+            )
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    hours, rest = divmod(round(seconds), 3600)
+    if hours:
+        return f"{hours} h {rest // 60:02d} min"
+    return f"{rest // 60} min {rest % 60:02d} s" if rest >= 60 else f"{rest} s"
+
+
+def running_rate(started: float, done: dict[str, ChunkRecord], rows_left: int) -> str:
+    """status of a running job: its rate since it started, from the markers it committed, and the time left."""
+    since = datetime.fromtimestamp(started).isoformat(timespec="seconds")
+    mine = [r for r in done.values() if (r.finished or 0.0) >= started]
+    if not mine:
+        return f"rate    no chunk committed yet by the run that started at {since}"
+    rows = sum(r.rows for r in mine)
+    rate = rows / max(max(r.finished for r in mine) - started, 1e-9)
+    return (
+        f"rate    {rate:,.1f} rows/s since the run started at {since} ({rows:,} rows committed); "
+        f"about {_duration(max(rows_left, 0) / rate)} left"
+    )
+
+
+def without_limit(command: str) -> str:
+    """A saved run command without its --limit N: the command that continues a limited job to its end."""
+    words, kept = shlex.split(command), []
+    for i, word in enumerate(words):
+        if word == "--limit" or word.startswith("--limit=") or (i and words[i - 1] == "--limit"):
+            continue
+        kept.append(word)
+    return shlex.join(kept)

@@ -1,0 +1,311 @@
+"""One chunk, start to end: read → prepare → tokenize → batch → run → write its part files → its record.
+
+A ChunkTask holds a loaded runner and plain, picklable inputs (the job, the shards, the read spec,
+where the output goes); it knows nothing of who calls it, nor which task runs: what differs between tasks
+is the runner's to say (runners/protocol.py). `load` does everything up to the model and
+`run` the rest, so an executor can load the next chunk while this one computes. The record it
+returns is committed by the driver, which alone writes completion markers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from ..control import Batching, StopFlag
+from ..errors import ConfigError, InputError, ModelError
+from ..heap import HeapGuard
+from ..job.config import JobConfig
+from ..job.plan import Chunk, Work
+from ..output.layout import ERROR_SCHEMA
+from ..output.parts import PartWriter
+from ..output.records import ChunkRecord, ChunkResult
+from ..reasons import Reason
+from ..runners.protocol import ChunkContext, ChunkInput, Runner
+from ..sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
+from ..sources.base import ShardChanged, as_text
+from ..sources.prepare import prepare_rows
+
+SCORE_LABELS = "labels"  # the key of the `scores` field's metadata that names its entries
+
+
+@dataclass(kw_only=True)
+class Loaded(ChunkInput):
+    """A chunk read, prepared and tokenized: everything up to the model, and where its rows came from."""
+
+    work: Work
+    shard: Shard
+    row_ids: np.ndarray  # [table rows] each row's index in its shard
+    seconds: float
+
+
+@dataclass
+class TaskInputs:
+    """What every chunk task of a job is built from: plain, picklable values (Ray ships them to workers)."""
+
+    job: JobConfig
+    model_path: Path
+    shards: list[Shard]
+    spec: ReadSpec
+    writer: PartWriter
+    budget: Batching
+
+    def task(self, stop: StopFlag, worker: str = "local", wrap: Callable | None = None) -> ChunkTask:
+        """A ChunkTask with its runner loaded in this process; `wrap` wraps the runner (tests crash a run)."""
+        from ..runners import make_runner
+
+        runner = make_runner(self.job, self.model_path, self.budget)
+        runner = wrap(runner) if wrap else runner
+        return ChunkTask(self.job, self.shards, self.spec, runner, self.writer, self.budget, stop, worker)
+
+
+class ChunkTask:
+    def __init__(
+        self,
+        job: JobConfig,
+        shards: list[Shard],
+        spec: ReadSpec,
+        runner: Runner,
+        writer: PartWriter,
+        budget: Batching,
+        stop: StopFlag,
+        worker: str = "local",
+    ):
+        self.job, self.shards, self.spec, self.runner, self.writer = job, shards, spec, runner, writer
+        self.budget, self.stop, self.worker = budget, stop, worker
+        self.heap = HeapGuard()
+        self._readers: dict[int, object] = {}
+        check_strategy(job, runner)
+
+    def take(self, tuning: dict) -> None:
+        """Run the next chunks with a probe's choice made elsewhere (another worker's first chunk): its
+        budget, and its backend and precision where this worker loaded that backend."""
+        self.budget = replace(self.budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
+        if tuning.get("backend") in self.runner.models:
+            self.runner.keep(tuning["backend"], tuning.get("precision"))
+
+    # --- up to the model --------------------------------------------------------------------------------------
+
+    def load(self, work: Work) -> Loaded:
+        t0 = time.perf_counter()
+        job, chunk = self.job, work.chunk
+        shard = self.shards[chunk.shard]
+        if chunk.shard not in self._readers:  # one open reader, kept while its shard's chunks run
+            self.close()
+            self._readers[chunk.shard] = open_reader(shard, self.spec)
+        self.stop.check()
+        try:
+            block = self._readers[chunk.shard].read(chunk.start, chunk.stop)
+        except READ_ERRORS as exc:
+            self._readers.pop(chunk.shard).close()
+            block = unreadable(job, self.spec.columns, shard, chunk, exc)
+        row_ids = np.arange(chunk.start, chunk.stop)
+        if work.offsets is not None:
+            block = RowBlock(
+                block.table.take(pa.array(work.offsets, pa.int64())),
+                {i: block.bad_rows[o] for i, o in enumerate(work.offsets) if o in block.bad_rows},
+            )
+            row_ids = row_ids[work.offsets]
+        self.stop.check()
+        prepared = prepare_rows(job, block.table, block.bad_rows)
+        settings = self.runner.row_settings(job, block.table, prepared)
+        self.stop.check()
+        tokens = self.runner.tokenize(prepared.texts)
+        self.stop.check()
+        owners = tokens.owners()
+        if job.model.truncation == "error":
+            for i in np.flatnonzero(tokens.truncated).tolist():
+                prepared.errors[int(prepared.rows[owners[i]])] = (
+                    Reason.TOO_LONG,
+                    f"text is longer than max_length={self.runner.max_length} tokens",
+                )
+        # the items of rows with no error so far (a row whose text was too long loses all its items)
+        failed = np.isin(
+            prepared.rows[owners], np.fromiter(prepared.errors, dtype=np.int64, count=len(prepared.errors))
+        )
+        index = np.flatnonzero(~failed) if len(owners) else np.zeros(0, dtype=np.int64)
+        cut_with = self.budget.key
+        return Loaded(
+            table=block.table,
+            prepared=prepared,
+            tokens=tokens,
+            index=index,
+            batches=self.runner.cut(tokens.lengths[index], cut_with, job.batching.max_rows),
+            cut_with=cut_with,
+            row_settings=settings,
+            work=work,
+            shard=shard,
+            row_ids=row_ids,
+            seconds=time.perf_counter() - t0,
+        )
+
+    # --- the model and the part files ------------------------------------------------------------------------
+
+    def run(
+        self,
+        loaded: Loaded,
+        probe: bool = False,
+        log: Callable[[str], None] = lambda message: None,
+        partial: Callable[[int, int], None] | None = None,
+    ) -> ChunkResult:
+        """Run one loaded chunk through the model and write its part files; return its ChunkResult.
+
+        probe: settle `batching: auto` on this chunk first (see batching/probe.py); ChunkResult.tuning carries
+        the choice.
+        partial(rows, tokens): called after each batch with the chunk's rows and tokens run so far."""
+        t0 = time.perf_counter()
+        job = self.job
+        prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
+        ctx = ChunkContext(job, self.budget, self.stop, self.heap, log, probe)
+        if partial:
+            ctx.on_batch = _rows_so_far(loaded.work.rows, len(index), partial)
+        out = self.runner.run_chunk(loaded, ctx)
+        self.budget = out.budget or self.budget  # the next chunk is cut with what this one ended with
+        kept = out.kept
+        owners = tokens.owners()
+        sent = np.unique(owners[index])  # the rows (positions in the chunk's texts) that went to the model
+        errors = [prepared.errors.get(int(prepared.rows[t]), ("", "")) for t in np.setdiff1d(sent, kept)]
+        model_errors = [message for reason, message in errors if reason == Reason.MODEL_ERROR]
+        if len(sent) > 1 and len(model_errors) == len(sent):
+            raise ModelError(
+                f"the model failed on every row of chunk {loaded.work.name}: {model_errors[0]}",
+                "this is no problem of single rows; check model.device, model.dtype and the model folder",
+            )
+        real = int(tokens.lengths[index].sum())
+        cut = np.zeros(len(prepared.texts), dtype=bool)
+        np.logical_or.at(cut, owners, tokens.truncated)  # a row is cut when any of its items is
+        rows = prepared.rows[kept]
+        table = name_scores(result_table(job, loaded, rows, out.columns, cut[kept]), self.runner)
+        errors, carried = error_table(job, loaded), loaded.work.carry
+        if carried is not None and carried.num_rows:  # a retry keeps the error rows it did not run again
+            errors = carried if errors is None else pa.concat_tables([errors, carried]).sort_by("row")
+        self.writer.write_chunk(loaded.work.name, table, errors)
+        self.heap.trim()
+        record = ChunkRecord(
+            chunk=loaded.work.name,
+            retry_of=loaded.work.retry_of,
+            rows=loaded.work.rows,
+            ok=table.num_rows,
+            errors=dict(
+                Counter(reason for reason, _ in prepared.errors.values())
+                + Counter(carried.column("reason").to_pylist() if carried is not None else [])
+            ),
+            truncated=int(cut[kept].sum()) if job.model.truncation is True else 0,
+            tokens=real,
+            padded_tokens=out.padded_tokens,
+            model_seconds=out.model_seconds,
+            # label scoring's prefix computed once; a runner's own figures (generation's cache pages) take its place
+            **{"prefix": tokens.prefix_reused(index, kept), **out.figures},
+            seconds=round(loaded.seconds + time.perf_counter() - t0, 4),
+            worker=self.worker,
+            max_tokens_lowered=out.lowered,
+        )
+        return ChunkResult(record, self.budget, out.tuning)
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+
+def _rows_so_far(rows: int, items: int, partial: Callable[[int, int], None]) -> Callable[[int, int], None]:
+    """Per-batch (items, tokens) → partial(the chunk's rows so far, its tokens so far). A row may be several
+    items (zero-shot: one per label), so rows count in proportion to the chunk's items run."""
+    done = [0, 0]
+
+    def on_batch(batch_items: int, batch_tokens: int) -> None:
+        done[0] += batch_items
+        done[1] += batch_tokens
+        partial(rows * done[0] // max(items, 1), done[1])
+
+    return on_batch
+
+
+def check_strategy(job: JobConfig, runner: Runner) -> None:
+    if job.batching.strategy == "packed":
+        reason = runner.packing_problem()
+        if reason:
+            raise ConfigError(
+                f"batching.strategy: packed does not work with this model: {reason}",
+                "set batching.strategy: padded (or auto)",
+            )
+
+
+def unreadable(job: JobConfig, columns: tuple[str, ...], shard: Shard, chunk: Chunk, exc: BaseException) -> RowBlock:
+    """A chunk whose rows cannot be read: stop (on_bad_shard: fail) or account every row as bad_shard, in
+    a table of the columns its reader would have given."""
+    message = f"rows {chunk.start}-{chunk.stop - 1} of {shard.name} cannot be read: {describe_read_error(exc)}"
+    if job.input.on_bad_shard == "fail":
+        fix = (
+            "the finished chunks hold rows of the file as it was: once it stays put, rerun with --restart to run "
+            "the job on it as it is now"
+            if isinstance(exc, ShardChanged)
+            else "replace the file and rerun to resume"
+        )
+        raise InputError(message, f"{fix}, or set input.on_bad_shard: skip") from exc
+    table = pa.table({c: pa.nulls(chunk.rows, pa.string()) for c in columns})
+    return RowBlock(table, {offset: (Reason.BAD_SHARD, message) for offset in range(chunk.rows)})
+
+
+def result_table(
+    job: JobConfig, loaded: Loaded, rows: np.ndarray, task_columns: dict, truncated: np.ndarray
+) -> pa.Table:
+    take = pa.array(rows, pa.int64())
+    columns = {
+        "source": pa.repeat(pa.scalar(loaded.shard.name), len(rows)),
+        "row": pa.array(loaded.row_ids[rows], pa.int64()),
+    }
+    if job.input.id_column:
+        columns[job.input.id_column] = loaded.table.column(job.input.id_column).take(take)
+    for name, as_name in job.input.kept.items():
+        columns[as_name] = loaded.table.column(name).take(take)
+    columns.update(task_columns)
+    if job.model.truncation is True:
+        columns["truncated"] = pa.array(truncated, pa.bool_())
+    return pa.table(columns)
+
+
+def name_scores(table: pa.Table, runner: Runner) -> pa.Table:
+    """The `scores` column with what each of its entries stands for in its field's metadata: {labels:
+    JSON list}, read with pyarrow.parquet.read_schema(part).field("scores").metadata."""
+    labels = runner.score_labels
+    if labels is None or "scores" not in table.column_names:
+        return table
+    i = table.schema.get_field_index("scores")
+    field = table.schema.field(i).with_metadata({SCORE_LABELS: json.dumps(labels, ensure_ascii=False)})
+    return table.set_column(i, field, table.column(i))
+
+
+def error_table(job: JobConfig, loaded: Loaded) -> pa.Table | None:
+    errors = loaded.prepared.errors
+    if not errors:
+        return None
+    offsets = sorted(errors)
+    ids = None
+    if job.input.id_column:
+        ids = id_text(loaded.table.column(job.input.id_column).take(pa.array(offsets, pa.int64())))
+    return pa.table(
+        {
+            "id": ids if ids is not None else pa.nulls(len(offsets), pa.string()),
+            "source": pa.repeat(pa.scalar(loaded.shard.name), len(offsets)),
+            "row": pa.array(loaded.row_ids[offsets], pa.int64()),
+            "reason": pa.array([errors[o][0] for o in offsets], pa.string()),
+            "message": pa.array([errors[o][1] for o in offsets], pa.string()),
+        },
+        schema=ERROR_SCHEMA,
+    )
+
+
+def id_text(ids: pa.ChunkedArray) -> pa.Array:
+    """Ids for the error table's text column, each exactly as the input gives it."""
+    try:
+        return ids.cast(pa.string())
+    except (pa.ArrowException, TypeError):  # a list or object column used as id
+        return pa.array([as_text(v) for v in ids.to_pylist()], pa.string())

@@ -1,0 +1,101 @@
+"""Totals of a job from its chunk records, and the rates of this run. Pure: no I/O."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..job.config import JobConfig
+from ..job.plan import Chunk
+from ..job.tasks import LABEL_SCORING, model_spec
+from ..output.records import ChunkRecord, current_errors
+
+
+def build_report(
+    job: JobConfig,
+    chunks: list[Chunk],
+    done: dict[str, ChunkRecord],
+    run: Counter,
+    seconds: float,
+    device: str,
+    workers: dict[str, Counter] | None = None,
+) -> dict:
+    """Totals over every finished chunk and retry; rates over what this run processed.
+
+    run: this run's rows, tokens, model-busy seconds, generated tokens and `loop` (seconds from the
+    first chunk handed out to the last one committed); workers: the same per worker."""
+    planned = {c.name for c in chunks}
+    records = [r for r in done.values() if r.base in planned]  # a larger earlier run's aside
+    chunk_records = [r for r in records if not r.retry_of]
+    errors: Counter = Counter()
+    for chunk, name in current_errors(done).items():
+        if chunk in planned:
+            errors.update(done[name].errors)
+    tokens = sum(r.tokens for r in records)
+    padded = sum(r.padded_tokens for r in records)
+    loop = run.get("loop", 0.0)
+    report = {
+        "output": job.output.path,
+        "task": job.model.task,
+        "model": job.model.path,
+        "device": device,
+        "complete": len(chunk_records) == len(chunks),
+        "chunks_done": len(chunk_records),
+        "chunks_total": len(chunks),
+        "rows": sum(r.rows for r in chunk_records),
+        "rows_ok": sum(r.ok for r in records),
+        "rows_error": sum(errors.values()),
+        "errors_by_reason": dict(sorted(errors.items())),
+        "truncated": sum(r.truncated for r in records),
+        "tokens": tokens,
+        "padding_efficiency": round(tokens / padded, 4) if padded else 1.0,
+        "run": {
+            "rows": run.get("rows", 0),
+            "seconds": round(seconds, 3),
+            "rows_per_s": _rate(run.get("rows", 0), loop),
+            "tokens_per_s": _rate(run.get("tokens", 0), loop),
+            # of the workers' time: 1.0 when every worker computed from the first chunk to the last
+            "model_busy": round(run.get("busy", 0.0) / loop / max(1, len(workers or {})), 3) if loop else 0.0,
+        },
+    }
+    if workers and set(workers) != {"local"}:
+        report["run"]["workers"] = {
+            name: {"chunks": w["chunks"], "rows": w["rows"], "rows_per_s": _rate(w["rows"], loop)}
+            for name, w in sorted(workers.items())
+        }
+    if reuses_prefix(job) or any(r.prefix for r in records):
+        report["prefix"] = prefix_saved([r.prefix for r in records if r.prefix])
+    if job.model.task == "generate":
+        first = sorted(r.first_token_seconds for r in records if r.first_token_seconds is not None)
+        report["generated_tokens"] = sum(r.generated_tokens or 0 for r in records)
+        report["run"]["generated_tokens_per_s"] = _rate(run.get("generated", 0), loop)
+        report["run"]["time_to_first_token_s"] = first[len(first) // 2] if first else None
+    return report
+
+
+def reuses_prefix(job: JobConfig) -> bool:
+    """Whether the job's task computes a prompt prefix that its rows share once (label scoring), so that its
+    report says what that saved even when nothing was shared. (Generation's records carry `prefix` whenever
+    the engine shares cache pages, runners/generate.py.)"""
+    return model_spec(job.model.task, job.model.labels) is LABEL_SCORING
+
+
+def prefix_saved(prefixes: list[dict]) -> dict:
+    """What shared prompt prefixes saved, from records' (or a plan's sample's) `prefix` figures, for either task:
+    the length most rows ran after, the rows that reused one, the prompt tokens not computed again, and their
+    share of the prompt tokens the rows had in full (each figure's `prompt_tokens`, the saved ones included:
+    label scoring's record `tokens` leave the prefix out, generation's count it, so neither is the base)."""
+    lengths: Counter = Counter()
+    for prefix in prefixes:
+        lengths[prefix["tokens"]] += prefix["rows"]
+    saved = sum(prefix["saved_tokens"] for prefix in prefixes)
+    prompt = sum(prefix["prompt_tokens"] for prefix in prefixes)
+    return {
+        "tokens": lengths.most_common(1)[0][0] if lengths else 0,
+        "rows": sum(lengths.values()),
+        "saved_tokens": saved,
+        "saved_share": round(saved / prompt, 4) if prompt else 0.0,
+    }
+
+
+def _rate(amount: float, seconds: float) -> float:
+    return round(amount / seconds, 1) if seconds else 0.0

@@ -1,0 +1,175 @@
+"""Shards → chunks, and the job fingerprint that decides whether a folder's chunks can be reused.
+
+Chunk boundaries depend on the shards' row counts and chunk_rows alone, so a resumed run plans
+exactly the chunks the interrupted one did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import shorten
+from .config import InputConfig, JobConfig
+from .templates import chat_template
+
+
+@dataclass(frozen=True)
+class Chunk:
+    shard: int
+    index: int
+    start: int
+    stop: int
+
+    @property
+    def name(self) -> str:
+        # Zero-padded so that lexical order of part files is input order.
+        return f"{self.shard:05d}-{self.index:05d}"
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class Work:
+    """What one pass through the pipeline processes: a whole chunk, or some of its rows again."""
+
+    chunk: Chunk
+    name: str  # the part file's name: the chunk's, or "<chunk>-r<generation>" for a retry
+    offsets: list[int] | None = None  # rows of the chunk to run, counted from its start; None: all
+    retry_of: str | None = None
+    carry: object = None  # a retry: the error rows (a pyarrow Table) it does not run again, kept in its error file
+
+    @property
+    def rows(self) -> int:
+        return self.chunk.rows if self.offsets is None else len(self.offsets)
+
+
+def retry_name(chunk: str, generation: int) -> str:
+    return f"{chunk}-r{generation}"
+
+
+def plan_chunks(row_counts: list[int], chunk_rows: int, limit: int | None = None) -> list[Chunk]:
+    """Chunks of `chunk_rows` rows, shard by shard. With `limit`, only those holding the first `limit`
+    rows, the last one cut short; a later run without the limit runs that one again in full."""
+    chunks, left = [], limit if limit is not None else sum(row_counts)
+    for shard, count in enumerate(row_counts):
+        for index, start in enumerate(range(0, count, chunk_rows)):
+            if left <= 0:
+                return chunks
+            stop = min(start + chunk_rows, count, start + left)
+            chunks.append(Chunk(shard, index, start, stop))
+            left -= stop - start
+    return chunks
+
+
+# Every model identity (backends.models.model_identity) starts so. One that does not was recorded by an earlier
+# batchinfer, which hashed only samples of large weight files: it cannot show that the model is unchanged.
+IDENTITY = "sha256:"
+DEFAULT_LINE_BYTES = InputConfig.model_fields["max_line_bytes"].default
+# Keys that fingerprints of earlier versions held but that cannot change a row's result: where an old folder
+# has them, they are not compared. (input.path and model.path: the shards' and the model's digests say it all.)
+NOT_RESULTS = frozenset({"input.path", "model.path", "generation.max_memory"})
+
+
+def fingerprint(job: JobConfig, model_id: str, contents: dict[str, str], limit: int | None = None) -> dict:
+    """Everything that changes which rows there are or what a row's result is: the job's settings, the
+    model's identity (every byte of its weights), and what every shard holds (`contents`: shard name ->
+    "rows:digest", as sources.shard_contents gives it), with chunk_rows, on which the chunks' names depend.
+
+    Left out on purpose, since results do not depend on them (a user must be able to resume with a smaller
+    max_tokens or max_memory after running out of memory): where the input and the model lie (their digests
+    are here), batching limits and strategy, the device and backend (agreement is checked), the KV cache's
+    memory and engine options, the grammar compile time limit, the executor and its workers, the output's
+    compression, progress, the cache.
+    """
+    gen = job.generation
+    # constraint keys only when set, so the fingerprints of jobs from before they existed still match
+    # grammar_seconds: how long a compile may take on this machine, which no completion depends on
+    generation = gen.model_dump(exclude={"engine_options", "max_memory", "grammar_seconds"} | _unset_constraints(gen))
+    return {
+        "input.shards": dict(contents),
+        "input.text": job.input.text,
+        "input.text_pair": job.input.text_pair,
+        "input.messages": job.input.messages,
+        "input.id": job.input.id,
+        "input.keep": job.input.kept,
+        # which lines are too_long errors; only off its default, so that fingerprints from before still match
+        **({"input.max_line_bytes": lines} if (lines := job.input.max_line_bytes) != DEFAULT_LINE_BYTES else {}),
+        "model.hash": model_id,
+        "model.task": job.model.task,
+        **(
+            {
+                "model.labels": job.model.labels,
+                "model.hypothesis_template": job.model.hypothesis_template,
+                "model.multi_label": job.model.multi_label,
+            }
+            if job.model.task == "zero-shot"
+            else {}
+        ),
+        **(
+            {"model.labels": job.model.labels, "model.label_norm": job.model.label_norm}
+            if job.model.task == "classify" and job.model.labels
+            else {}
+        ),
+        # only when set, so that the fingerprints of jobs from before the key existed still match
+        **({"model.chat_template": chat_template(job.model.chat_template)} if job.model.chat_template else {}),
+        "model.max_length": job.model.max_length,
+        "model.truncation": job.model.truncation,
+        "model.dtype": job.model.dtype,
+        "model.quantize": job.model.quantize,
+        "batching.chunk_rows": job.chunk_rows,
+        "output.scores": job.output.scores,
+        **({"output.aggregation": job.output.aggregation} if job.model.task == "token-classify" else {}),
+        **({f"generation.{key}": value for key, value in generation.items()} if job.model.task == "generate" else {}),
+        "limit": limit,
+    }
+
+
+def _unset_constraints(gen) -> set[str]:
+    return {key for key in ("response_format", "choices", "regex") if not getattr(gen, key)}
+
+
+def describe_changes(old: dict, new: dict) -> dict[str, str]:
+    """Each fingerprint key that differs, with what changed, in words a user can act on. `old` may be a
+    fingerprint of an earlier version: its `generation` dict is read key by key, and NOT_RESULTS not compared."""
+    old, new = _comparable(old), _comparable(new)
+    changes = {}
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key), new.get(key)
+        if before == after:
+            continue
+        if key == "input.shards" and isinstance(before, dict) and isinstance(after, dict):
+            changes[key] = _shard_changes(before, after)
+        elif key == "model.hash" and not str(before).startswith(IDENTITY) and str(after).startswith(IDENTITY):
+            changes[key] = (
+                "model.hash: recorded by an earlier batchinfer, which hashed only samples of large weight files "
+                "and so cannot show that the model is the same"
+            )
+        else:
+            changes[key] = f"{key}: {shorten(before)} -> {shorten(after)}"
+    return changes
+
+
+def _comparable(found: dict) -> dict:
+    flat = {key: value for key, value in found.items() if key != "generation" and key not in NOT_RESULTS}
+    if isinstance(found.get("generation"), dict):
+        flat.update(
+            {f"generation.{k}": v for k, v in found["generation"].items() if f"generation.{k}" not in NOT_RESULTS}
+        )
+    return flat
+
+
+def _shard_changes(before: dict[str, str], after: dict[str, str]) -> str:
+    def names(found: list[str]) -> str:
+        return ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+
+    changed = [n for n in after if n in before and before[n] != after[n]]
+    added = [n for n in after if n not in before]
+    gone = [n for n in before if n not in after]
+    parts = [
+        f"{names(changed)} changed since this folder's first run" if changed else "",
+        f"{names(added)} added" if added else "",
+        f"{names(gone)} gone" if gone else "",
+    ]
+    return "input: " + "; ".join(p for p in parts if p)

@@ -1,0 +1,182 @@
+"""OpenAI Batch API files: request lines in, response lines out, run on your own hardware.
+
+A request line is {custom_id, method, url, body} (https://platform.openai.com/docs/guides/batch);
+url is /v1/chat/completions, /v1/completions or /v1/embeddings. Each line becomes one row:
+
+    custom_id | url | messages (chat) | prompt (completions, embeddings) | prompts (a list input or prompt)
+    | max_tokens | temperature | top_p | seed | stop | response_format (JSON text)
+
+A list is one row, so one chunk holds all of it, answered by one line as OpenAI answers: a vector per text
+(runners/embed.py), or a choice per prompt with its index and the usage summed (runners/generate.py).
+
+A line that is not a valid request becomes an error line; it never aborts the file. So does a line
+asking for what batchinfer does not do (fields.FIELDS: logprobs, n > 1, tools, ...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import pyarrow as pa
+from pydantic import ValidationError
+
+from ..constrained.spec import response_format
+from ..errors import InputError
+from ..messages import message_problem
+from ..reasons import Reason
+from ..storage.lines import open_lines, parse_object, read_lines
+from .fields import CHAT, COMPLETIONS, EMBEDDINGS, chat_messages, unsupported
+from .requests import SETTINGS, describe
+from .shapes import choice, completion, embedding_list, usage
+
+TASK_OF_URL = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed"}
+MAX_INPUTS = 2048  # the texts OpenAI takes in one embeddings request
+
+
+def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
+    """One request line (already JSON) → a flat row, or the reason it is not a valid request."""
+    custom_id = record.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return {}, (Reason.BAD_REQUEST, "custom_id is missing or not a string")
+    row = {"custom_id": custom_id}
+    url, body = record.get("url"), record.get("body")
+    if record.get("method", "POST") != "POST":
+        return row, (Reason.BAD_REQUEST, f"method {record.get('method')!r} is not POST")
+    if url not in TASK_OF_URL:
+        return row, (Reason.BAD_REQUEST, f"url {url!r} is not one of {', '.join(TASK_OF_URL)}")
+    if not isinstance(body, dict):
+        return row, (Reason.BAD_REQUEST, "body is missing or not an object")
+    row["url"] = url
+    if url in SETTINGS:
+        try:
+            settings = SETTINGS[url].model_validate(body)
+        except ValidationError as exc:
+            return row, (Reason.BAD_REQUEST, describe(exc.errors(), "body."))
+        row |= {
+            "max_tokens": settings.limit(),
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "seed": settings.seed,
+            "stop": settings.stop,
+        }
+    if problem := unsupported(url, body, "batch"):
+        return row, problem
+    if url == CHAT:
+        row["messages"], problem = chat_messages(body.get("messages"), "body.messages")
+        if problem := problem or message_problem(row["messages"], "body.messages"):
+            return row, problem if problem[0] == Reason.UNSUPPORTED else (Reason.BAD_REQUEST, problem[1])
+    else:
+        prompt = body.get("input") if url == EMBEDDINGS else body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        field = "body.input" if url == EMBEDDINGS else "body.prompt"
+        if isinstance(prompt, list):
+            if problem := _inputs_problem(prompt, field):
+                return row, problem
+            row["prompts"] = prompt
+        elif prompt is not None and not isinstance(prompt, str):
+            return row, (Reason.BAD_REQUEST, f"{field} must be text, not {type(prompt).__name__}")
+        else:
+            row["prompt"] = prompt
+    row["response_format"], problem = response_format_column(body)
+    return row, problem
+
+
+def _inputs_problem(texts: list, field: str) -> tuple[str, str] | None:
+    """Why a list input is no request batchinfer runs: empty, past MAX_INPUTS, or not all text (OpenAI's
+    token arrays are not read)."""
+    if not texts:
+        return Reason.BAD_REQUEST, f"{field}: an empty list; give a text or a list of texts"
+    if len(texts) > MAX_INPUTS:
+        message = f"{field}: {len(texts):,} texts, more than the {MAX_INPUTS} one request may hold; split it"
+        return Reason.BAD_REQUEST, message
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            return Reason.BAD_REQUEST, f"{field}[{i}] must be text, not {type(text).__name__}"
+    return None
+
+
+def response_format_column(body: dict) -> tuple[str | None, tuple[str, str] | None]:
+    """body.response_format → the request row's response_format (compact JSON; None for plain text), or
+    why the request is refused. Only completions are constrained; a stop string could cut the output."""
+    value = body.get("response_format")
+    constraint, problem = response_format(value, "body.response_format")
+    if problem:
+        return None, (Reason.BAD_REQUEST, problem)
+    if constraint is None:
+        return None, None
+    if body.get("stop"):
+        return None, (Reason.BAD_REQUEST, "body.stop: a stop string could cut the response_format output; remove stop")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False), None
+
+
+def _stable_id(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
+
+
+def response_lines(table: pa.Table, model: str, task: str) -> list[str]:
+    """Result rows → OpenAI batch output lines (chat.completion, text_completion or embedding list)."""
+    created = int(time.time())
+    lines = []
+    for row in table.to_pylist():
+        request_id = _stable_id(row["custom_id"], model)
+        if task == "embed":
+            vectors = row["embedding"]
+            if vectors and not isinstance(vectors[0], list):  # a part written before list inputs: one vector
+                vectors = [vectors]
+            body = embedding_list(vectors, model, row["prompt_tokens"])
+        else:
+            chat = row["url"] == CHAT
+            texts, reasons = row["text"], row["finish_reason"]
+            if not isinstance(texts, list):  # a part written before list prompts: one choice
+                texts, reasons = [texts], [reasons]
+            choices = [choice(chat, t, r, index=i) for i, (t, r) in enumerate(zip(texts, reasons))]
+            body = completion(chat, request_id, created, model, choices)
+            body["usage"] = usage(row["prompt_tokens"], row["completion_tokens"])
+        response = {"status_code": 200, "request_id": request_id, "body": body}
+        lines.append(
+            json.dumps(
+                {"id": f"batch_req_{request_id}", "custom_id": row["custom_id"], "response": response, "error": None},
+                ensure_ascii=False,
+            )
+        )
+    return lines
+
+
+def error_lines(errors: pa.Table, model: str) -> list[str]:
+    """Error rows → OpenAI batch error lines: {id, custom_id, response: null, error: {code, message}}."""
+    lines = []
+    for row in errors.to_pylist():
+        custom_id = row["id"]
+        # By the request's line, not its custom_id: a duplicate_id line shares its custom_id with a response.
+        key = _stable_id("error", row["source"], str(row["row"]), model)
+        lines.append(
+            json.dumps(
+                {
+                    "id": f"batch_req_{key}",
+                    "custom_id": custom_id,
+                    "response": None,
+                    "error": {"code": row["reason"], "message": row["message"]},
+                },
+                ensure_ascii=False,
+            )
+        )
+    return lines
+
+
+def task_of_requests(path) -> str:
+    """The task a request file needs, from the url of its first valid line."""
+    if not path.is_file():
+        raise InputError(f"request file {path} does not exist", "give the path of an OpenAI Batch API .jsonl file")
+    with open_lines(str(path)) as stream:
+        for line in read_lines(stream, 8 << 20):
+            record, _ = parse_object(line, 8 << 20)
+            url = record.get("url") if record else None
+            if url in TASK_OF_URL:
+                return TASK_OF_URL[url]
+    raise InputError(
+        f"{path} holds no request line with a url of {', '.join(TASK_OF_URL)}",
+        "give a file of OpenAI Batch API requests: {custom_id, method, url, body} per line",
+    )

@@ -1,0 +1,66 @@
+"""Running a batch so that one bad batch never fails the job.
+
+On out-of-memory the batch is split in two and each half retried, down to single rows; a row that
+still does not fit is reported as `oom`. Any other model failure is isolated the same way and
+reported as `model_error`, so one poisonous row costs that row alone.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..reasons import Reason
+
+
+@dataclass
+class BatchOutcome:
+    results: list  # one per row; rows listed in `failed` hold None
+    failed: dict[int, tuple[str, str]] = field(default_factory=dict)  # position -> (reason, message)
+    oom_tokens: int | None = None  # smallest padded size that ran out of memory
+
+
+def is_oom(exc: BaseException) -> bool:
+    torch = _torch()
+    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    # CPU allocators raise a plain RuntimeError.
+    return isinstance(exc, (RuntimeError, MemoryError)) and (
+        isinstance(exc, MemoryError) or "out of memory" in text or "can't allocate memory" in text
+    )
+
+
+def run_resilient(run: Callable[[list], list], rows: list) -> BatchOutcome:
+    """run(rows) → one result per row; on failure halves the batch down to single rows."""
+    outcome = BatchOutcome([None] * len(rows))
+
+    def attempt(lo: int, hi: int) -> None:
+        try:
+            outcome.results[lo:hi] = list(run(rows[lo:hi]))
+            return
+        except Exception as exc:  # noqa: BLE001 - any failure is narrowed down to the rows that cause it
+            oom = is_oom(exc)
+            if oom:
+                padded = (hi - lo) * max(len(r) for r in rows[lo:hi])
+                outcome.oom_tokens = min(outcome.oom_tokens or padded, padded)
+                torch = _torch()
+                if torch is not None and torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            if hi - lo == 1:
+                reason = Reason.OOM if oom else Reason.MODEL_ERROR
+                outcome.failed[lo] = (reason, f"{type(exc).__name__}: {str(exc)[:300]}")
+                return
+        mid = (lo + hi) // 2
+        attempt(lo, mid)
+        attempt(mid, hi)
+
+    attempt(0, len(rows))
+    return outcome
+
+
+def _torch():
+    """torch where the model runs on it, else None: a run on OpenVINO never imports torch (its errors are
+    none of torch's), so neither does this."""
+    return sys.modules.get("torch")

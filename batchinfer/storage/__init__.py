@@ -1,0 +1,549 @@
+"""Files by path or URI: the filesystem behind an input or output path, and an output folder with the
+few operations the commit protocol needs (whole-file writes, create-if-absent, listing, delete).
+
+Local folders write through a temporary file, fsync and rename, so a file is either whole under its
+final name or absent; the writer names its temporary files (`tmp`, a prefix that says whose they are).
+Imports only the leaves cache and errors.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import re
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import IO, Callable, Protocol
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from ..cache import cache_root
+from ..errors import ConfigError, OutputError
+
+
+def is_uri(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def local_path(path: str) -> Path:
+    return Path(path.removeprefix("file://")).expanduser()
+
+
+GCS_RETRY_SECONDS = 30
+
+
+def filesystem(path: str, options: dict | None = None) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path inside it) for a local path or a URI: s3:// and gs:// through pyarrow's own
+    clients (credentials and endpoint from the standard environment, or `options`: the arguments of
+    pyarrow.fs.S3FileSystem / GcsFileSystem), any other scheme through fsspec."""
+    if not is_uri(path):
+        return pafs.LocalFileSystem(), str(local_path(path).resolve())
+    scheme, _, rest = path.partition("://")
+    rest = rest.rstrip("/")
+    if scheme in ("gs", "gcs"):
+        # pyarrow's client retries for 15 minutes by default, so a machine without credentials or network
+        # would sit silent that long; half a minute of retries still rides out a blip.
+        options = {"retry_time_limit": GCS_RETRY_SECONDS, **(options or {})}
+        if isinstance(options["retry_time_limit"], (int, float)):
+            options["retry_time_limit"] = timedelta(seconds=options["retry_time_limit"])
+        return pafs.GcsFileSystem(**options), rest
+    if scheme == "s3" and options:
+        return pafs.S3FileSystem(**options), rest
+    if scheme in ("s3", "hdfs"):
+        fs, inner = pafs.FileSystem.from_uri(path)
+        return fs, inner.rstrip("/")
+    import fsspec
+
+    try:
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem(scheme, **(options or {})))), rest
+    except (ValueError, ImportError) as exc:  # a scheme fsspec does not know, or whose package is missing
+        raise ConfigError(
+            f"{path}: no filesystem for the scheme {scheme}:// ({str(exc)[:200]})",
+            "use a local path, s3:// or gs://, or install the fsspec package for that scheme (e.g. adlfs for az://)",
+        ) from None
+
+
+def join(base: str, *names: str) -> str:
+    return "/".join([base.rstrip("/"), *names])
+
+
+_FILESYSTEMS: dict[tuple, pafs.FileSystem] = {}
+
+
+def input_filesystem(path: str, options: dict | None = None) -> tuple[pafs.FileSystem, str]:
+    """filesystem(), with one client per scheme, bucket and options for all the shards of a job."""
+    if not is_uri(path):
+        return filesystem(path)
+    scheme, _, rest = path.partition("://")
+    environment = sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "GOOGLE_", "GCS_")))
+    key = (scheme, rest.split("/", 1)[0], json.dumps(options or {}, sort_keys=True), tuple(environment))
+    if key not in _FILESYSTEMS:
+        _FILESYSTEMS[key] = filesystem(f"{scheme}://{rest.split('/', 1)[0]}", options)[0]
+    return _FILESYSTEMS[key], _inner(path)
+
+
+def list_files(path: str, options: dict | None = None) -> list[str]:
+    """Every file below a folder URL (paths inside the filesystem), or [path] for a file; [] if nothing."""
+    fs, inner = input_filesystem(path, options)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.File:
+        return [inner]
+    selector = pafs.FileSelector(inner, recursive=True, allow_not_found=True)
+    found = sorted(i.path for i in fs.get_file_info(selector) if i.type == pafs.FileType.File)
+    bucket = inner.split("/", 1)[0]
+    if not found and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"the bucket {bucket} does not exist")
+    return found
+
+
+def glob_regex(pattern: str) -> re.Pattern:
+    """A glob as a regex over whole paths: * and ? stay within a folder, ** crosses folders."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
+            end = pattern.index("]", i + 1)
+            out.append("[" + pattern[i + 1 : end].replace("!", "^", 1) + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out))
+
+
+def reach_problem(exc: BaseException) -> tuple[str, str] | None:
+    """A storage error in words, with the fix: a missing bucket, refused credentials; else None."""
+    text = str(exc)
+    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text or ("bucket" in text and "does not exist" in text):
+        return "the bucket does not exist", "create the bucket, or fix the path"
+    if "Could not create a OAuth2 access token" in text:
+        return (
+            "no Google Cloud credentials were found (or the auth server cannot be reached)",
+            "set GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login`, or give the "
+            "job's storage_options",
+        )
+    if any(
+        code in text
+        for code in (
+            "ACCESS_DENIED",
+            "INVALID_ACCESS_KEY",
+            "SIGNATURE_DOES_NOT_MATCH",
+            "AccessDenied",
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "403",
+        )
+    ):
+        return (
+            f"access denied ({text[:160]})",
+            "check the credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+            "(or GOOGLE_APPLICATION_CREDENTIALS), or the job's storage_options",
+        )
+    return None
+
+
+def _inner(uri: str) -> str:
+    """The path inside its filesystem of an s3://bucket/key style URI: bucket/key."""
+    return uri.partition("://")[2].rstrip("/")
+
+
+def open_binary(path: str, options: dict | None = None) -> IO[bytes]:
+    """A file's bytes, read sequentially and buffered (readline works), local or remote."""
+    if not is_uri(path):
+        return open(local_path(path), "rb")
+    fs, inner = input_filesystem(path, options)
+    return io.BufferedReader(fs.open_input_stream(inner, compression=None), buffer_size=1 << 20)
+
+
+def modified(path: str, options: dict | None = None) -> float | None:
+    """A file's modification time (seconds), local or remote; None when the store gives none."""
+    if not is_uri(path):
+        return local_path(path).stat().st_mtime
+    fs, inner = input_filesystem(path, options)
+    info = fs.get_file_info(inner)
+    return info.mtime.timestamp() if info.mtime else None
+
+
+def open_random(path: str, options: dict | None = None) -> pa.NativeFile:
+    """A file opened for reads at any offset (a Parquet footer, its row groups), local or remote, as a
+    pyarrow file (its reads release the GIL)."""
+    fs, inner = input_filesystem(path, options)
+    return fs.open_input_file(inner)
+
+
+# Keys of an object's info (fsspec clients: s3fs, gcsfs, adlfs, ...) that change with every new version.
+VERSION_KEYS = ("ETag", "etag", "VersionId", "version_id", "generation", "content_md5", "blob_id")
+
+
+def file_stamp(path: str, options: dict | None = None) -> dict[str, str]:
+    """What tells a file's version apart without reading it: its size and modification time, with its
+    inode on a local disk (a file renamed over it is another file) or its ETag, version or generation
+    where the object store's client gives one; for a local folder (a saved dataset), all of that for
+    every file in it. Raises FileNotFoundError when the file is gone."""
+    if not is_uri(path):
+        target = local_path(path)
+        if target.is_dir():
+            digest = hashlib.blake2b(digest_size=16)
+            for file in sorted(f for f in target.rglob("*") if f.is_file()):
+                digest.update(f"{file.relative_to(target)}:{_local_stamp(file)}\n".encode())
+            return {"files": digest.hexdigest()}
+        size, modified_ns, inode = _local_stamp(target).split(":", 2)
+        return {"size": size, "modified": modified_ns, "file": inode}
+    fs, inner = input_filesystem(path, options)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(errno.ENOENT, "no such file", path)
+    stamp = {"size": str(info.size), "modified": str(info.mtime_ns or "")}
+    store = getattr(getattr(fs, "handler", None), "fs", None)  # an fsspec client behind pyarrow
+    if store is not None:
+        details = store.info(inner)
+        stamp.update({key.lower(): str(details[key]) for key in VERSION_KEYS if details.get(key)})
+    return stamp
+
+
+def _local_stamp(path: Path) -> str:
+    # No device number: Ray workers on other machines see a shared mount under another one.
+    st = path.stat()
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+def same_or_inside(inner: str, outer: str) -> bool:
+    """Whether local path `inner` is `outer` or lies below it."""
+    inner_path, outer_path = local_path(inner).resolve(), local_path(outer).resolve()
+    return inner_path == outer_path or outer_path in inner_path.parents
+
+
+JOB_RECORD = "_batchinfer.json"  # the job record at the top of every batchinfer output folder (not the YAML job file)
+
+
+def refuse_location(output: str, inputs: tuple[str, ...]) -> None:
+    """/, the home folder, a folder holding the input or batchinfer's cache and a folder inside another job's
+    output are never output folders (the other job would take the new one for files it did not write). Here, not
+    in output/, because discovery asks it before any output folder exists: sources depend on storage, not output/."""
+    resolved = None if is_uri(output) else local_path(output).resolve()
+    if resolved is not None and resolved in (Path(resolved.anchor), Path.home().resolve()):
+        what = "the root folder" if resolved == Path(resolved.anchor) else "your home folder"
+        raise OutputError(f"output.path {output} is {what}", "give the job a folder of its own, e.g. out/my-job")
+    for path in inputs:
+        if (
+            path.rstrip("/") == output.rstrip("/")
+            or path.startswith(output.rstrip("/") + "/")
+            or (resolved is not None and not is_uri(path) and same_or_inside(path, output))
+        ):
+            raise OutputError(
+                f"output.path {output} holds the input {path}",
+                "write the output to a folder of its own, outside the input",
+            )
+    if resolved is not None and resolved.exists() and not resolved.is_dir():
+        raise OutputError(
+            f"output.path {output} is a file; batchinfer writes a folder there", "choose a new folder for output.path"
+        )
+    # Refused, not ignored: Parquet readers of the folder would take the cache's files for parts.
+    if resolved is not None and same_or_inside(str(cache_root()), str(resolved)):
+        raise OutputError(
+            f"batchinfer's cache {cache_root()} ($BATCHINFER_CACHE) lies inside output.path {output}, where its files "
+            "would be taken for files this job did not write",
+            "set BATCHINFER_CACHE to a folder outside the output, e.g. ~/.cache/batchinfer",
+        )
+    for parent in resolved.parents if resolved is not None else ():
+        if (parent / JOB_RECORD).is_file():
+            raise OutputError(
+                f"output.path {output} lies inside {parent}, the output folder of another batchinfer job",
+                f"write to a folder outside {parent}, e.g. {parent.parent / resolved.name}",
+            )
+
+
+def glob_base(pattern: str) -> str:
+    """The folder part of a path before its first wildcard: data/*/x.parquet → data/ (the path itself
+    when it has none)."""
+    wildcard = [pattern.index(ch) for ch in "*?[" if ch in pattern]
+    return pattern[: pattern.rfind("/", 0, min(wildcard)) + 1] if wildcard else pattern
+
+
+TMP = ".tmp-"  # the prefix of temporary files no job owns (a file written beside a user's own)
+
+
+class Folder(Protocol):
+    """An output folder (LocalFolder, ObjectFolder): names are relative, with / between parts; every write
+    leaves the file whole under its name or absent. `tmp` is the prefix of the temporary files a local
+    write goes through: it names the writer (layout.tmp_prefix: the job), so a leftover is provably its."""
+
+    def exists(self) -> bool: ...
+    def make(self) -> None: ...
+    def list(self) -> dict[str, int]: ...  # every file below: name -> size
+    def folders(self) -> list[str]: ...  # folders below, deepest first (an object store has none)
+    def read(self, name: str) -> bytes | None: ...
+    def mtime(self, name: str) -> float | None: ...
+    def parquet_metadata(self, name: str) -> pq.FileMetaData | None: ...
+    def write(self, name: str, data: bytes, *, tmp: str) -> None: ...
+    def write_with(self, name: str, fill: Callable[[IO[bytes]], object], *, tmp: str) -> None: ...
+    def write_table(self, name: str, table: pa.Table, compression: str | None, *, tmp: str) -> None: ...
+    def create(self, name: str, data: bytes, *, tmp: str) -> bool: ...  # False: it existed
+    def create_with(self, name: str, fill: Callable[[IO[bytes]], object], *, tmp: str) -> bool: ...
+    def delete(self, name: str) -> None: ...
+    def remove_folder(self, name: str) -> None: ...
+
+
+class LocalFolder:
+    """An output folder on a local disk (Folder)."""
+
+    def __init__(self, path: str):
+        self.path = local_path(path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def make(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def list(self) -> dict[str, int]:
+        """Every file below the folder: relative name -> size."""
+        found = {}
+        for root, dirs, files in os.walk(self.path):
+            dirs.sort()
+            for name in files:
+                full = Path(root) / name
+                try:
+                    found[full.relative_to(self.path).as_posix()] = full.stat().st_size
+                except FileNotFoundError:  # removed while listing
+                    continue
+        return found
+
+    def folders(self) -> list[str]:
+        """Relative names of the folders below, deepest first."""
+        return [
+            Path(root).relative_to(self.path).as_posix()
+            for root, _, _ in os.walk(self.path, topdown=False)
+            if Path(root) != self.path
+        ]
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            return (self.path / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def mtime(self, name: str) -> float | None:
+        try:
+            return (self.path / name).stat().st_mtime
+        except FileNotFoundError:
+            return None
+
+    def parquet_metadata(self, name: str) -> pq.FileMetaData | None:
+        """The footer of a Parquet file, or None when it is not one (or not whole)."""
+        try:
+            return pq.read_metadata(self.path / name)
+        except (OSError, pa.ArrowException):
+            return None
+
+    def write(self, name: str, data: bytes, *, tmp: str) -> None:
+        self._atomic(name, lambda f: f.write(data), tmp)
+
+    def write_with(self, name: str, fill, *, tmp: str) -> None:
+        """Write `name` whole from fill(binary file), for content too large to hold in memory."""
+        self._atomic(name, fill, tmp)
+
+    def write_table(self, name: str, table: pa.Table, compression: str | None, *, tmp: str) -> None:
+        self._atomic(name, lambda f: pq.write_table(table, f, compression=compression), tmp)
+
+    def create(self, name: str, data: bytes, *, tmp: str) -> bool:
+        """Write `name` only if it does not exist, content and all at once; False if it existed."""
+        return self.create_with(name, lambda f: f.write(data), tmp=tmp)
+
+    def create_with(self, name: str, fill, *, tmp: str) -> bool:
+        """create(), with the content written by fill(binary file)."""
+        target = self.path / name
+        written = self._write_tmp(target, fill, tmp)
+        try:
+            os.link(written, target)  # fails if target exists: no window in which it is there but empty
+            _fsync_dir(target.parent)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            written.unlink(missing_ok=True)
+
+    def temps_of(self, name: str, *, tmp: str) -> list[str]:
+        """The temporary files of `name` with the prefix `tmp` (as _write_tmp names them), such as those
+        a writer killed mid-write left: its own, and no other file."""
+        target = self.path / name
+        own = re.compile(re.escape(tmp) + r"[0-9a-f]{8}-" + re.escape(target.name))
+        found = target.parent.iterdir() if target.parent.is_dir() else ()
+        mine = [p for p in found if own.fullmatch(p.name) and p.is_file() and not p.is_symlink()]
+        return [p.relative_to(self.path).as_posix() for p in mine]
+
+    def delete(self, name: str) -> None:
+        (self.path / name).unlink(missing_ok=True)
+
+    def remove_folder(self, name: str) -> None:
+        try:
+            (self.path / name).rmdir()
+        except OSError:  # not empty or gone: leave it
+            pass
+
+    def _atomic(self, name: str, write, prefix: str) -> None:
+        target = self.path / name
+        tmp = self._write_tmp(target, write, prefix)
+        try:
+            os.replace(tmp, target)
+            _fsync_dir(target.parent)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _write_tmp(self, target: Path, write, prefix: str) -> Path:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # The prefix says whose file it is; the random part keeps two writers of one file apart.
+        tmp = target.with_name(f"{prefix}{uuid.uuid4().hex[:8]}-{target.name}")
+        try:
+            with open(tmp, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
+
+
+class ObjectFolder:
+    """An output folder on an object store (s3://, gs://, ...), through pyarrow.fs (Folder). An object store
+    has no rename and no append, so every file is uploaded whole in one request, from memory or from a local
+    temporary file: it exists complete or not at all, and nothing temporary is written here (`tmp` is unused).
+    Create-if-absent is write, wait, read back."""
+
+    SETTLE = 1.0  # seconds between writing a create-if-absent object and reading it back
+
+    def __init__(self, uri: str, options: dict | None = None):
+        self.uri = uri.rstrip("/")
+        self.options = options or {}
+        self.fs, self.base = filesystem(uri, options)
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def __reduce__(self):  # filesystems reconnect in the process that unpickles them
+        return type(self), (self.uri, self.options)
+
+    def _path(self, name: str) -> str:
+        return join(self.base, name)
+
+    def exists(self) -> bool:
+        return bool(self.list())
+
+    def make(self) -> None:
+        bucket = self.base.split("/", 1)[0]
+        if self.fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"the bucket {bucket} does not exist")
+
+    def list(self) -> dict[str, int]:
+        selector = pafs.FileSelector(self.base, recursive=True, allow_not_found=True)
+        prefix = self.base.rstrip("/") + "/"
+        return {
+            info.path[len(prefix) :]: info.size
+            for info in self.fs.get_file_info(selector)
+            if info.type == pafs.FileType.File and info.path.startswith(prefix)
+        }
+
+    def folders(self) -> list[str]:
+        return []
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            with self.fs.open_input_stream(self._path(name)) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def mtime(self, name: str) -> float | None:
+        info = self.fs.get_file_info(self._path(name))
+        return info.mtime.timestamp() if info.mtime else None
+
+    def parquet_metadata(self, name: str) -> pq.FileMetaData | None:
+        """The footer alone: a ranged read of the object's end, not the object."""
+        try:
+            return pq.read_metadata(self._path(name), filesystem=self.fs)
+        except (OSError, pa.ArrowException):
+            return None
+
+    def write(self, name: str, data: bytes, *, tmp: str = "") -> None:
+        with self.fs.open_output_stream(self._path(name)) as f:
+            f.write(data)
+
+    def write_with(self, name: str, fill, *, tmp: str = "") -> None:
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(prefix="batchinfer-") as tmp:
+            fill(tmp)
+            tmp.flush()
+            pafs.copy_files(
+                tmp.name, self._path(name), source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs
+            )
+
+    def write_table(self, name: str, table: pa.Table, compression: str | None, *, tmp: str = "") -> None:
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table, buffer, compression=compression)
+        self.write(name, buffer.getvalue().to_pybytes())
+
+    def create(self, name: str, data: bytes, *, tmp: str = "") -> bool:
+        """Write `name` only if it does not exist; False if it did or another writer won the race.
+        Two writers that both found it absent both write; the one whose content is read back after
+        SETTLE seconds won (a writer takes well under SETTLE from its check to its write)."""
+        if self.read(name) is not None:
+            return False
+        self.write(name, data)
+        time.sleep(self.SETTLE)
+        return self.read(name) == data
+
+    def create_with(self, name: str, fill, *, tmp: str = "") -> bool:
+        """create(), with the content written by fill(binary file): held in memory, as create's is."""
+        buffer = io.BytesIO()
+        fill(buffer)
+        return self.create(name, buffer.getvalue())
+
+    def delete(self, name: str) -> None:
+        try:
+            self.fs.delete_file(self._path(name))
+        except FileNotFoundError:
+            pass
+
+    def remove_folder(self, name: str) -> None:
+        pass
+
+
+def open_folder(path: str, options: dict | None = None) -> Folder:
+    """The output folder at a local path or a URI."""
+    return ObjectFolder(path, options) if is_uri(path) else LocalFolder(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_disk_full(exc: OSError) -> bool:
+    return exc.errno == errno.ENOSPC
