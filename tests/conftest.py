@@ -106,14 +106,8 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session", autouse=True)
 def conversion_cache(tmp_path_factory) -> Path:
     """OpenVINO conversions of the session's models go to a folder of the session's own (the CLI tests'
-    processes inherit it), never to the user's cache. The pytest-xdist workers of one session share it, as the
-    workers of one machine do in a Ray run: the session's tiny models are the same bytes on every worker, so
-    each converts once, and the cache's file lock keeps two workers from converting one at the same time."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        folder = tmp_path_factory.getbasetemp().parent / "batchinfer-cache"  # the session's, above each worker's
-        folder.mkdir(exist_ok=True)
-    else:
-        folder = tmp_path_factory.mktemp("batchinfer-cache")
+    processes inherit it), never to the user's cache."""
+    folder = tmp_path_factory.mktemp("batchinfer-cache")
     os.environ["BATCHINFER_CACHE"] = str(folder)
     return folder
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -36,7 +37,10 @@ SETTLE_WAITS = {"batchinfer.output.lock": "TAKEOVER_SETTLE", "batchinfer.storage
 # interpreter spends about 6 CPU-s on those imports, which was a sixth of the suite. Each run is still a process
 # of its own, with its own signals, exit code, file descriptors and pid, running `batchinfer` as users call it
 # (cli.app). What a fresh interpreter alone shows (which modules a command imports) is tested with one.
-PRELOAD = ["helpers", "batchinfer.cli", "batchinfer.driver", "batchinfer.runners.embed", "batchinfer.runners.generate"]
+PRELOAD = ["batchinfer.cli", "batchinfer.execution.driver", "batchinfer.runners.embed", "batchinfer.runners.generate"]
+# the forkserver skips a module it cannot import without a word: a moved one is named here instead
+assert all(importlib.util.find_spec(name) for name in PRELOAD), PRELOAD
+PRELOAD.append("helpers")
 _FORKS = multiprocessing.get_context("forkserver")
 _FORKS.set_forkserver_preload(PRELOAD)
 
