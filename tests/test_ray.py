@@ -61,36 +61,32 @@ class KillWorkerAfter:
             self.killed.append(name)
 
 
-# classify: labels and named scores come back from the workers as in-process; an embed job's vectors are
-# compared to an in-process run's by the SIGTERM and kill -9 test below
-def test_ray_output_equals_the_in_process_output(cluster, sms_parquet, tmp_path, tiny_classify):
+# One Ray run proves both (each Ray run costs actor starts): a classify job's labels and named scores come back
+# from two workers as in-process, though a worker's process was killed with kill -9 mid-run; an embed job's
+# vectors are compared to an in-process run's by the SIGTERM and kill -9 test below
+def test_ray_output_equals_the_in_process_output_though_a_worker_is_killed_with_kill_9(
+    cluster, sms_parquet, sms_table, tmp_path, tiny_classify, capfd
+):
     job = partial(_job, sms_parquet, tiny_classify, task="classify", output__scores=True)
     local = run_job(validate_job(job(out=tmp_path / "local", runtime__executor="local")))
-    report = run_job(validate_job(job(out=tmp_path / "ray")))
-    assert report["complete"] and report["rows"] == local["rows"] == 600 and report["device"] == "cpu x2 (ray)"
-    assert sorted(report["run"]["workers"]) == ["ray-0", "ray-1"]
-    assert sum(w["rows"] for w in report["run"]["workers"].values()) == 600
-    ours, theirs = _read(tmp_path / "ray"), _read(tmp_path / "local")
-    assert ours.column("sms_id").to_pylist() == theirs.column("sms_id").to_pylist()  # each once, input order
-    assert ours.column("label").to_pylist() == theirs.column("label").to_pylist()
-    assert ours.schema.field("scores").metadata == theirs.schema.field("scores").metadata  # the label names
-    assert np.abs(vectors(ours, "scores") - vectors(theirs, "scores")).max() < 1e-5
-
-
-def test_a_worker_killed_with_kill_9_costs_only_its_chunks_in_flight(
-    cluster, sms_parquet, sms_table, tiny_embed, tmp_path, capfd
-):
     progress = KillWorkerAfter(3)
-    report = run_job(validate_job(_job(sms_parquet, tiny_embed, tmp_path / "out")), progress=progress)
-    assert progress.killed and report["complete"] and report["rows"] == report["rows_ok"] == 600
+    report = run_job(validate_job(job(out=tmp_path / "ray")), progress=progress)
+    assert progress.killed and report["complete"] and report["rows"] == report["rows_ok"] == local["rows"] == 600
+    workers = report["run"]["workers"]
+    assert report["device"] == "cpu x2 (ray)" and sorted(workers)[:2] == ["ray-0", "ray-1"] and len(workers) == 3
+    assert sum(w["rows"] for w in workers.values()) == 600  # the killed worker's rows in flight counted once
     time.sleep(1)  # the raylet's own message about the dead worker comes from a thread of Ray's driver
     shown = capfd.readouterr()
     assert "worker died" not in (shown.out + shown.err).lower() and "\x1b[" not in shown.out + shown.err
     died = [note for note in progress.notes if "died" in note]
     assert len(died) == 1 and len(died[0]) < 120, died  # one line of batchinfer's instead
-    ids = _read(tmp_path / "out").column("sms_id").to_pylist()
-    assert ids == sms_table.column("sms_id").to_pylist()[:600]
-    assert done_chunks(tmp_path / "out") == 12
+    assert done_chunks(tmp_path / "ray") == 12
+    ours, theirs = _read(tmp_path / "ray"), _read(tmp_path / "local")
+    ids = sms_table.column("sms_id").to_pylist()[:600]
+    assert ours.column("sms_id").to_pylist() == theirs.column("sms_id").to_pylist() == ids  # each once, in order
+    assert ours.column("label").to_pylist() == theirs.column("label").to_pylist()
+    assert ours.schema.field("scores").metadata == theirs.schema.field("scores").metadata  # the label names
+    assert np.abs(vectors(ours, "scores") - vectors(theirs, "scores")).max() < 1e-5
 
 
 def test_a_model_error_in_a_worker_is_the_same_message(cluster, sms_parquet, tiny_embed, tmp_path):
