@@ -166,7 +166,7 @@ def test_a_second_signal_exits_at_once_and_the_same_command_resumes(tmp_path, sm
     job = write_job(
         tmp_path,
         input={"path": str(sms_parquet / "part-0.parquet"), "text": "text", "id": "sms_id"},
-        model={"path": str(tiny_embed), "task": "embed", "max_length": 64},
+        model={"path": str(tiny_embed), "task": "embed", "max_length": 64, "backend": "torch"},  # a run, not a probe
         batching={"chunk_rows": 100, "max_rows": 50, "max_tokens": 4096, "strategy": "padded"},
         output={"path": str(tmp_path / "out")},
     )
