@@ -193,6 +193,7 @@ def main() -> None:
     spam = sum(label == "spam" for label in table.column("label").to_pylist())
     print(f"\nprompt {best!r}, {args.rows} rows ({spam} spam):\n")
     print("| method | accuracy | AUC | valid label | rows/s |\n|---|---|---|---|---|")
+    measure(work, model, rows(8, True), best, "label scoring", {})  # unprinted: the process's imports, first calls
     for method in [m for m in args.methods.split(",") if m]:
         variants = {"": True}
         if method == "label scoring":
