@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib
 import importlib.util
 import json
 import multiprocessing
 import os
+import pkgutil
 import signal
 import subprocess
 import sys
@@ -29,7 +29,7 @@ from batchinfer.job.config import validate_job
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # The output layer's settle waits, a second each in a real run: between taking over a dead run's lock, or
 # creating an object on a store, and reading it back, so that of two runs racing there one alone goes on.
-# No test races two runs, so none waits: conftest sets them to 0 in this process, BATCHINFER in the runs
+# No test races two runs, so none waits: conftest sets them to 0 in this process, _cli_main in the runs
 # the tests start. {module: attribute}
 SETTLE_WAITS = {"batchinfer.output.lock": "TAKEOVER_SETTLE", "batchinfer.storage": "ObjectFolder.SETTLE"}
 # The runs the tests start as processes of their own (to kill, to signal, to see exit codes and output) are
@@ -53,15 +53,14 @@ def _cli_main(args: list[str], env: dict[str, str], stdout: str, stderr: str, pr
     os.environ.update(env)
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or torch.get_num_threads()))
     for fd, path in ((1, stdout), (2, stderr)):
-        target = os.open(path, os.O_WRONLY | os.O_APPEND)
+        target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         os.dup2(target, fd)
         os.close(target)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True, write_through=True)
     for module, name in SETTLE_WAITS.items():
         owner, _, attribute = name.rpartition(".")
-        target = importlib.import_module(module)
-        setattr(functools.reduce(getattr, owner.split("."), target) if owner else target, attribute, 0.0)
+        setattr(pkgutil.resolve_name(f"{module}:{owner}" if owner else module), attribute, 0.0)
     exec(prelude, {})
     from batchinfer.cli import app
 
@@ -73,20 +72,29 @@ def _cli_main(args: list[str], env: dict[str, str], stdout: str, stderr: str, pr
 
 class Cli:
     """`batchinfer ARGS` running as a forked process, with the face of a subprocess.Popen that run_until and
-    the tests use: pid, poll, send_signal, wait, kill, returncode. Its stdout and stderr go to two files."""
+    the tests use: pid, poll, send_signal, wait, kill, returncode. Its stdout and stderr go to two files. As a
+    context manager, as Popen's, except that leaving it kills a run still going (a test that failed midway)."""
 
     def __init__(self, args: list[str], stdout: str, stderr: str, prelude: str = ""):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = dict(os.environ)
         self.process = _FORKS.Process(target=_cli_main, args=([str(a) for a in args], env, stdout, stderr, prelude))
         self.process.start()
         self.pid = self.process.pid
+
+    def __enter__(self) -> Cli:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.poll() is None:
+            self.kill()
+            self.wait()
 
     @property
     def returncode(self) -> int | None:
         return self.process.exitcode
 
     def poll(self) -> int | None:
-        return self.process.exitcode
+        return self.returncode
 
     def send_signal(self, signum: int) -> None:
         if self.process.exitcode is None:
@@ -105,13 +113,8 @@ class Cli:
 def run_cli(args: list[str], prelude: str = "", timeout: float = 300) -> subprocess.CompletedProcess:
     """`batchinfer ARGS` to its end, as subprocess.run(..., capture_output=True, text=True) would give it."""
     with tempfile.NamedTemporaryFile("w+") as out, tempfile.NamedTemporaryFile("w+") as err:
-        proc = Cli(args, out.name, err.name, prelude)
-        try:
+        with Cli(args, out.name, err.name, prelude) as proc:
             proc.wait(timeout)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         return subprocess.CompletedProcess(["batchinfer", *args], proc.returncode, out.read(), err.read())
 
 
@@ -162,8 +165,7 @@ def run_until(
     for the exit."""
     signals = (signals,) if isinstance(signals, int) else signals
     with tempfile.NamedTemporaryFile("w+") as log:  # a file, not a pipe: a chatty process never blocks on it
-        proc = Cli(args, log.name, log.name, prelude)
-        try:
+        with Cli(args, log.name, log.name, prelude) as proc:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and proc.poll() is None and not when(proc):
                 time.sleep(0.01)
@@ -177,10 +179,6 @@ def run_until(
                 sent = time.perf_counter()
             proc.wait(timeout)
             seconds = time.perf_counter() - sent
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         log.seek(0)
         return Stopped(proc.returncode, log.read(), alive, seconds)
 

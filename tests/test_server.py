@@ -334,11 +334,9 @@ def _free_port() -> int:
 
 def test_a_real_server_drains_its_queue_on_sigterm(tiny_embed, tmp_path):
     port, log = _free_port(), tmp_path / "serve.log"
-    log.touch()
     args = ["serve", "--model", str(tiny_embed), "--task", "embed", "--port", str(port)]
-    proc = Cli([*args, "--set", "serve.max_wait_ms=1500"], str(log), str(log))
     base = f"http://127.0.0.1:{port}"
-    try:
+    with Cli([*args, "--set", "serve.max_wait_ms=1500"], str(log), str(log)) as proc:
         deadline = time.time() + 60
         while time.time() < deadline:
             with contextlib.suppress(httpx.HTTPError):
@@ -356,9 +354,6 @@ def test_a_real_server_drains_its_queue_on_sigterm(tiny_embed, tmp_path):
         proc.send_signal(signal.SIGTERM)
         sender.join(timeout=30)
         proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     output = log.read_text()
     assert answer["r"].status_code == 200 and len(answer["r"].json()["data"][0]["embedding"]) == 32
     assert proc.returncode == 0, output

@@ -253,6 +253,13 @@ class Compare:
         shutil.rmtree(folder, ignore_errors=True)
         return folder
 
+    def equal_rows(self, case: tuple[str, str], cells: dict, tables: dict, reference: tuple[str, Path]) -> None:
+        """Two rows: old's output against new's, and new's against `reference` (its name, a folder new wrote)."""
+        same, note = compare_tables(tables["old"], tables["new"])
+        same_ref, note_ref = compare_tables(tables["new"], read_folder(reference[1]))
+        self.row(case[0], cells["old"], cells["new"], same)
+        self.row(case[1], f"old = new: {note}", f"{reference[0]}: {note_ref}", same and same_ref)
+
     def checked(self, side: Side, done: subprocess.CompletedProcess, what: str) -> bool:
         if done.returncode != 0:
             self.detail(f"{what}, {side.name}: exit code {done.returncode}", done.stdout + done.stderr)
@@ -306,14 +313,11 @@ class Compare:
         whole = self.sides["new"].cli("run", job, "--output", whole_out, "-q")
         self.checked(self.sides["new"], whole, "uninterrupted run")
         self.finished = whole_out
-        same, note = compare_tables(tables["old"], tables["new"])
-        same_whole, note_whole = compare_tables(tables["new"], read_folder(whole_out))
-        self.row("1. embed, kill -9 then resume (torch pinned, 3,000 rows)", cells["old"], cells["new"], same)
-        self.row(
-            "1b. resumed vs uninterrupted (new)",
-            f"old = new: {note}",
-            f"resumed = uninterrupted: {note_whole}",
-            same_whole and same,
+        self.equal_rows(
+            ("1. embed, kill -9 then resume (torch pinned, 3,000 rows)", "1b. resumed vs uninterrupted (new)"),
+            cells,
+            tables,
+            ("resumed = uninterrupted", whole_out),
         )
 
     def probe(self) -> None:
@@ -382,14 +386,11 @@ class Compare:
         if tables["old"] is None or tables["new"] is None:
             self.row("3. classify on Ray, 2 workers (scores)", cells["old"], cells["new"], False)
             return
-        same, note = compare_tables(tables["old"], tables["new"])
-        same_local, note_local = compare_tables(tables["new"], read_folder(local_out))
-        self.row("3. classify on Ray, 2 workers (scores)", cells["old"], cells["new"], same)
-        self.row(
-            "3b. Ray vs in-process (new)",
-            f"old = new: {note}",
-            f"Ray = in-process at 1 thread: {note_local}",
-            same and same_local,
+        self.equal_rows(
+            ("3. classify on Ray, 2 workers (scores)", "3b. Ray vs in-process (new)"),
+            cells,
+            tables,
+            ("Ray = in-process at 1 thread", local_out),
         )
 
     def openai_batch(self) -> None:
