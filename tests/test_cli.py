@@ -57,6 +57,11 @@ def test_output_option_and_schema(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["run", str(job), "-q", "--output", str(tmp_path / "other")])
     assert result.exit_code == 0 and (tmp_path / "other" / "_SUCCESS").exists() and not (tmp_path / "out").exists()
+    # validate and plan take --output as run does, so a printed resume line pastes into them
+    for command in ("validate", "plan"):
+        result = runner.invoke(app, [command, str(job), "--output", str(tmp_path / "other")])
+        assert result.exit_code == 0, result.output
+        assert "holds this job, complete: 6/6 chunks done" in result.output and not (tmp_path / "out").exists()
     schema = json.loads(runner.invoke(app, ["schema"]).output)
     assert set(schema["properties"]) == {"input", "model", "batching", "generation", "output", "runtime", "serve"}
 
