@@ -4,7 +4,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from helpers import check_readme_section
+from helpers import check_docs_section
 
 from batchinfer.errors import ConfigError
 from batchinfer.job.config import JobConfig, apply_override, load_job, reference_markdown, template_fields, validate_job
@@ -30,14 +30,14 @@ def test_every_shipped_job_finds_its_input_and_model(job, monkeypatch):
 
     from batchinfer.cli import app
 
-    monkeypatch.chdir(ROOT)  # the README runs them from the repository root
+    monkeypatch.chdir(ROOT)  # the docs run them from the repository root
     result = CliRunner().invoke(app, ["validate", str(job.relative_to(ROOT))])
     assert result.exit_code == 0, result.output
 
 
-def test_readme_reference_is_generated_from_the_models():
-    """Regenerate with: BATCHINFER_UPDATE_README=1 python -m pytest tests/test_config.py"""
-    check_readme_section("reference", reference_markdown())
+def test_job_file_reference_is_generated_from_the_models():
+    """Regenerate with: BATCHINFER_UPDATE_DOCS=1 python -m pytest tests/test_config.py"""
+    check_docs_section("job-file.md", "reference", reference_markdown())
 
 
 def test_unknown_key_names_key_and_suggests():

@@ -1,4 +1,4 @@
-"""The job file: typed, documented, strict. Every field's description is the reference in the README."""
+"""The job file: typed, documented, strict. Every field's description is the job-file reference (docs/job-file.md)."""
 
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ class ModelConfig(Section):
         default_factory=list,
         description="task zero-shot: the candidate labels, e.g. [billing, shipping, refund]; every row is scored "
         "against each. task classify with a causal LM: the labels scored by their likelihood after each row's "
-        "prompt (label scoring, see the README), written as the label would follow the prompt.",
+        "prompt (label scoring, see the Tasks page), written as the label would follow the prompt.",
     )
     label_norm: Literal["none", "tokens", "chars"] = Field(
         default="none",
@@ -709,7 +709,7 @@ def validate_job(data: dict, origin: str = "job", overridden: list[str] = ()) ->
         what = f"--set on {origin} is not valid" if by_set == len(lines) else f"{origin} is not a valid job"
         raise ConfigError(
             f"{what}:\n" + "\n".join(f"  {line}" for line in lines),
-            ("fix the --set value; " if by_set else "") + "see `batchinfer schema` or the README's job-file reference",
+            ("fix the --set value; " if by_set else "") + "see `batchinfer schema` or docs/job-file.md",
         ) from None
 
 
@@ -760,7 +760,7 @@ def _describe(loc: list[str]) -> str:
 
 
 def reference_markdown() -> str:
-    """The job-file reference for the README, generated from the models so the two cannot drift."""
+    """The job-file reference (docs/job-file.md), generated from the models so the two cannot drift."""
     out = []
     for section, field in JobConfig.model_fields.items():
         model = field.annotation
