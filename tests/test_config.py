@@ -7,7 +7,15 @@ import yaml
 from helpers import check_docs_section
 
 from batchinfer.errors import ConfigError
-from batchinfer.job.config import JobConfig, apply_override, load_job, reference_markdown, template_fields, validate_job
+from batchinfer.job.config import (
+    JobConfig,
+    apply_override,
+    load_job,
+    reference_markdown,
+    template_fields,
+    validate_job,
+    validate_with_overrides,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = {"input": {"path": "d", "text": "text"}, "model": {"path": "m", "task": "embed"}, "output": {"path": "o"}}
@@ -199,3 +207,14 @@ def test_a_max_memory_that_is_no_size_is_one_line_naming_the_key(given):
     assert f"generation.max_memory: write a size such as 2GB, 512MB or 2147483648 (bytes), or auto (got {given!r})" in (
         message
     )
+
+
+def test_keep_that_is_no_list_says_how_to_write_one():
+    """One line naming the key with a list to copy, not one per type of the union in pydantic's words."""
+    message = _error({**GOOD, "input": {"path": "d", "text": "t", "keep": "dataset"}})
+    assert "input.keep: write a list of columns such as [dataset], or a mapping" in message
+    assert "list[str]" not in message and "dict[str,str]" not in message and "Input should be" not in message
+    with pytest.raises(ConfigError) as info:
+        validate_with_overrides(GOOD, ["input.keep=dataset"], "job.yaml")
+    assert info.value.message.count("input.keep") == 1 and "--set input.keep: write a list" in info.value.message
+    assert "list[str]" not in _error({**GOOD, "input": {"path": "d", "text": "t", "keep": [1]}})

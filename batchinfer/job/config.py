@@ -94,6 +94,18 @@ class InputConfig(Section):
         "AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS, ...), which keeps secrets out of job files.",
     )
 
+    @field_validator("keep", mode="before")  # before: one line naming the key, not one per type of the union
+    @classmethod
+    def _keep_shape(cls, value):
+        columns = [*value, *value.values()] if isinstance(value, dict) else value
+        if isinstance(columns, list) and all(isinstance(column, str) for column in columns):
+            return value
+        example = f"[{value}]" if isinstance(value, str) and value.strip() else "[label]"
+        raise ValueError(
+            f"write a list of columns such as {example}, or a mapping {{column: output name}} such as "
+            "{label: gold_label}"
+        )
+
     @field_validator("text", "text_pair")
     @classmethod
     def _template_parses(cls, value: str | None) -> str | None:
