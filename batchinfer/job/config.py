@@ -498,6 +498,12 @@ class RuntimeConfig(Section):
 
 
 class ServeConfig(Section):
+    model_name: str | None = Field(
+        default=None,
+        description="batchinfer serve: the model id clients send and the server names (/v1/models, each answer's "
+        "model). Default: the model folder's name (a hub id or pkg: path as written). Requests may also name the "
+        "model by its model.path.",
+    )
     max_wait_ms: float = Field(
         default=5.0,
         ge=0,
