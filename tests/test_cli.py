@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 from helpers import done_chunks, make_job, run_cli, run_until, user_job, write_job
 from typer.testing import CliRunner
@@ -250,6 +251,13 @@ def test_the_report_and_summary_give_the_whole_jobs_rate_over_its_runs(tmp_path,
     assert whole["seconds"] > first["job"]["seconds"] and whole["rows_per_s"] == round(600 / whole["seconds"], 1)
     assert f"whole job           600 rows in {whole['seconds']:.1f} s of 2 runs" in result.output
     assert "600 (600 ok, 0 errors)" in result.output
+
+
+def test_the_summary_counts_one_error_in_the_singular(tmp_path, tiny_embed):
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["one", "  ", "three"]}), tmp_path / "rows.parquet")
+    job = make_job(tmp_path / "rows.parquet", tiny_embed, tmp_path / "out", input__id="id", input__keep=None, raw=True)
+    result = runner.invoke(app, ["run", str(write_job(tmp_path, job)), "--progress", "none"])
+    assert result.exit_code == 0 and "3 (2 ok, 1 error)" in result.output, result.output
 
 
 def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_parquet, tiny_embed):
