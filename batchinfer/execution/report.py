@@ -19,8 +19,7 @@ def build_report(
     device: str,
     workers: dict[str, Counter] | None = None,
 ) -> dict:
-    """Totals over every finished chunk and retry; rates over what this run processed (`run`) and over every run
-    that committed the job's chunks (`job`).
+    """Totals over every finished chunk and retry; rates over this run (`run`) and every run of the job (`job`).
 
     run: this run's rows, tokens, model-busy seconds, generated tokens and `loop` (seconds from the
     first chunk handed out to the last one committed); workers: the same per worker."""
@@ -31,8 +30,7 @@ def build_report(
     for chunk, name in current_errors(done).items():
         if chunk in planned:
             errors.update(done[name].errors)
-    tokens = sum(r.tokens for r in records)
-    padded = sum(r.padded_tokens for r in records)
+    tokens, padded = sum(r.tokens for r in records), sum(r.padded_tokens for r in records)
     loop = run.get("loop", 0.0)
     report = {
         "output": job.output.path,
