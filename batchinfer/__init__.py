@@ -2,6 +2,8 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+from . import machine  # noqa: F401 - first, so that start-up figures count from the package's import
+
 try:
     __version__ = version("batchinfer")
 except PackageNotFoundError:  # run from a source tree that is not installed

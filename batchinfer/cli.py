@@ -36,10 +36,16 @@ LOG_WIDTH = 200  # the summary's width where stderr is no terminal
 SetOption = typer.Option(
     None, "--set", metavar="KEY=VALUE", help="Override a job key, e.g. --set batching.max_tokens=8192 (repeatable)."
 )
+OutputOption = typer.Option(None, "--output", "-o", help="The output folder, in place of output.path.")
 DebugOption = typer.Option(False, "--debug", help="Show the full traceback of an error.")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress (--progress none).")
 ProgressOption = typer.Option("auto", "--progress", help="auto (a bar on a terminal, else lines), bar, lines or none.")
 EveryOption = typer.Option(30.0, "--every", min=0.0, help="Seconds between progress lines (--progress lines).")
+
+
+def with_output(sets: Optional[List[str]], output: Optional[str]) -> list[str]:
+    """The --set overrides, and --output as the override of output.path (as `run` prints it in a resume line)."""
+    return list(sets or []) + ([f"output.path={output}"] if output else [])
 
 
 def _version(value: bool) -> None:
@@ -101,7 +107,7 @@ def run(
         help="Run the rows in _errors/ again, e.g. after "
         "raising model.max_length; only max_length, truncation and dtype may change.",
     ),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this folder instead of output.path."),
+    output: Optional[str] = OutputOption,
     limit: Optional[int] = typer.Option(
         None,
         "--limit",
@@ -117,8 +123,7 @@ def run(
     from .job.config import load_job
 
     with reported(debug):
-        overrides = list(set_ or []) + ([f"output.path={output}"] if output else [])
-        config = load_job(job, overrides)
+        config = load_job(job, with_output(set_, output))
         command = (
             resume_command(["run", str(job)], set_ or [], output)
             + (" --retry-errors" if retry_errors else "")
@@ -299,6 +304,7 @@ def exit_at_once(code: int) -> None:
 def validate(
     job: Path = typer.Argument(..., help="The job file (YAML)."),
     set_: Optional[List[str]] = SetOption,
+    output: Optional[str] = OutputOption,
     debug: bool = DebugOption,
 ):
     """Check a job file, its input, its model (config only, no weights) and its output folder. Writes nothing."""
@@ -310,7 +316,7 @@ def validate(
     from .sources import discover_shards, shard_contents
 
     with reported(debug):
-        config = load_job(job, set_ or [])
+        config = load_job(job, with_output(set_, output))
         inputs = discover_shards(config.input, config.columns, output=config.output.path)
         shards, bad = inputs.shards, inputs.bad
         model_path = resolve_model_path(config.model.path)
@@ -343,6 +349,7 @@ def validate(
 def plan_command(
     job: Path = typer.Argument(..., help="The job file (YAML)."),
     set_: Optional[List[str]] = SetOption,
+    output: Optional[str] = OutputOption,
     sample: int = typer.Option(2000, "--sample", min=1, help="Rows to tokenize and time."),
     debug: bool = DebugOption,
 ):
@@ -352,7 +359,7 @@ def plan_command(
     from .job.config import load_job
 
     with reported(debug):
-        config = load_job(job, set_ or [])
+        config = load_job(job, with_output(set_, output))
         summary = estimate_job(config, sample)
         say_sample_problems(*summary["sample_check"])
         for line in plan_lines(config, summary):

@@ -8,6 +8,10 @@ import os
 import time
 from dataclasses import dataclass
 
+# When batchinfer was first imported: the package imports this module first, so that start-up figures count
+# from there. Not the process's start: a shell running `pip install ... && batchinfer run` may exec batchinfer in
+# its own process, whose start (/proc/self/stat) is the shell's, before the install.
+IMPORTED = time.monotonic()
 BUSY_CORES = 0.25  # other processes' share of the cores (in cores) from which a measurement is flagged
 _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
@@ -24,16 +28,10 @@ def _cpu_ticks() -> dict[str, int] | None:
     return dict(zip(_FIELDS, map(int, first[1 : 1 + len(_FIELDS)])))
 
 
-def process_age() -> float | None:
-    """Seconds since this process started (its imports included); None where /proc is not there."""
-    try:
-        with open("/proc/self/stat") as f:
-            started = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks after boot
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-    except (OSError, IndexError, ValueError):
-        return None
-    return max(uptime - started / os.sysconf("SC_CLK_TCK"), 0.0)
+def process_age() -> float:
+    """Seconds since batchinfer was first imported in this process: its imports, torch's included, but not the
+    interpreter's own start (tens of milliseconds)."""
+    return time.monotonic() - IMPORTED
 
 
 def _own_cpu() -> float:

@@ -142,12 +142,16 @@ def summary_table(report: dict) -> Table:
     errors = ", ".join(f"{k} {v:,}" for k, v in report["errors_by_reason"].items()) or "none"
     limit = report.get("limit")
     status = "complete" if report["complete"] else f"{report['chunks_done']}/{report['chunks_total']} chunks"
+    bad, job = report["rows_error"], report.get("job") or {}
+    # the job's rows and rate over every run that committed its chunks, after a Ctrl-C and a resume
+    whole = f"{job.get('rows', 0):,} rows in {job.get('seconds', 0):.1f} s of {job.get('runs', 0)} runs"
     rows = [
         ("status", f"{status}: the first {limit:,} rows (--limit)" if limit else status),
-        ("rows", f"{report['rows']:,} ({report['rows_ok']:,} ok, {report['rows_error']:,} errors)"),
+        ("rows", f"{report['rows']:,} ({report['rows_ok']:,} ok, {bad:,} error{'s' * (bad != 1)})"),
         ("errors", errors),
         ("truncated", f"{report['truncated']:,}"),
         ("this run", f"{run['rows']:,} rows in {run['seconds']:.1f} s on {report['device']}"),
+        *([("whole job", f"{whole}, {job['rows_per_s']:,.1f} rows/s")] if job.get("runs", 0) > 1 else []),
         *([("model", describe_size(report["model_size"]))] if "model_size" in report else []),
         ("throughput", f"{run['rows_per_s']:,.1f} rows/s, {run['tokens_per_s']:,.0f} input tokens/s"),
         ("padding efficiency", f"{report['padding_efficiency']:.3f} (real / padded tokens)"),

@@ -1,7 +1,7 @@
 """Why a row is in _errors/: every reason code, what it means, and whether --retry-errors runs it again.
 
 Error rows carry these codes in their `reason` column, and `_report.json`, the summary and `status` count
-them. The README's table of reasons is generated from REASONS, so the two cannot drift."""
+them. The table of reasons in docs/troubleshooting.md is generated from REASONS, so the two cannot drift."""
 
 from __future__ import annotations
 
@@ -60,6 +60,6 @@ RETRYABLE = frozenset(code for code, reason in REASONS.items() if reason.retryab
 
 
 def reasons_markdown() -> str:
-    """The README's table of reasons."""
+    """The table of reasons in docs/troubleshooting.md."""
     rows = [f"| `{code}` | {r.meaning} | {'yes' if r.retryable else 'no'} |" for code, r in REASONS.items()]
     return "\n".join(["| reason | meaning | `--retry-errors` runs it again |", "|---|---|---|", *rows])

@@ -300,14 +300,15 @@ def generate_alone(model_path, prompt_ids: list[int], max_new: int) -> list[int]
     return list(_generate_alone(str(model_path), tuple(prompt_ids), max_new))
 
 
-def check_readme_section(name: str, generated: str) -> None:
-    """The README between <!-- NAME:start --> and <!-- NAME:end --> is `generated`; with
-    BATCHINFER_UPDATE_README=1 it is rewritten to it first."""
-    path = Path(__file__).resolve().parent.parent / "README.md"
-    readme = path.read_text()
+def check_docs_section(page: str, name: str, generated: str) -> None:
+    """docs/PAGE between <!-- NAME:start --> and <!-- NAME:end --> is `generated`; with
+    BATCHINFER_UPDATE_DOCS=1 it is rewritten to it first."""
+    path = Path(__file__).resolve().parent.parent / "docs" / page
+    text = path.read_text()
     start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
-    current = readme[readme.index(start) + len(start) : readme.index(end)]
-    if os.environ.get("BATCHINFER_UPDATE_README"):
-        path.write_text(readme.replace(current, generated + "\n"))
+    first, last = text.index(start) + len(start), text.index(end)
+    current = text[first:last]
+    if os.environ.get("BATCHINFER_UPDATE_DOCS"):
+        path.write_text(text[:first] + generated + "\n" + text[last:])
         current = generated + "\n"
-    assert current == generated + "\n", f"README {name} section is stale: rerun with BATCHINFER_UPDATE_README=1"
+    assert current == generated + "\n", f"docs/{page} {name} section is stale: rerun with BATCHINFER_UPDATE_DOCS=1"

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 from helpers import done_chunks, make_job, run_cli, run_until, user_job, write_job
 from typer.testing import CliRunner
@@ -57,6 +58,11 @@ def test_output_option_and_schema(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["run", str(job), "-q", "--output", str(tmp_path / "other")])
     assert result.exit_code == 0 and (tmp_path / "other" / "_SUCCESS").exists() and not (tmp_path / "out").exists()
+    # validate and plan take --output as run does, so a printed resume line pastes into them
+    for command in ("validate", "plan"):
+        result = runner.invoke(app, [command, str(job), "--output", str(tmp_path / "other")])
+        assert result.exit_code == 0, result.output
+        assert "holds this job, complete: 6/6 chunks done" in result.output and not (tmp_path / "out").exists()
     schema = json.loads(runner.invoke(app, ["schema"]).output)
     assert set(schema["properties"]) == {"input", "model", "batching", "generation", "output", "runtime", "serve"}
 
@@ -80,6 +86,9 @@ def test_changed_job_names_keys_and_restart(tmp_path, sms_parquet, tiny_embed):
     assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
     result = runner.invoke(app, ["run", str(job), "-q", "--set", "input.text={text}!"])
     assert result.exit_code == 1 and "input.text: 'text' -> '{text}!'" in result.output and "--restart" in result.output
+    # a new folder keeps the other job's results, --restart deletes them: the safe fix comes first
+    fix = result.output.split("fix:", 1)[1]
+    assert fix.index("--output NEW_FOLDER") < fix.index("--restart")
     assert runner.invoke(app, ["run", str(job), "-q", "--set", "input.text={text}!", "--restart"]).exit_code == 0
 
 
@@ -227,6 +236,30 @@ def test_status_knows_the_total_before_the_first_chunk(tmp_path, sms_parquet, ti
     assert "chunks  0/6 done" in result.output and f"active  yes, pid {os.getpid()}" in result.output
 
 
+def test_the_report_and_summary_give_the_whole_jobs_rate_over_its_runs(tmp_path, sms_parquet, tiny_embed):
+    """`run` is the last invocation's; `job` counts every run that committed chunks, from each one's start to its
+    last commit (a --limit trial and the rest here; a Ctrl-C and a resume alike), and the summary says it."""
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows, chunks of 100
+    assert runner.invoke(app, ["run", str(job), "--limit", "200", "--progress", "none"]).exit_code == 0
+    first = json.loads((tmp_path / "out" / "_report.json").read_text())
+    assert first["job"]["runs"] == 1 and first["job"]["rows"] == 200 and first["run"]["rows"] == 200
+    result = runner.invoke(app, ["run", str(job), "--progress", "none"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "_report.json").read_text())
+    whole = report["job"]
+    assert report["run"]["rows"] == 400 and whole["runs"] == 2 and whole["rows"] == 600
+    assert whole["seconds"] > first["job"]["seconds"] and whole["rows_per_s"] == round(600 / whole["seconds"], 1)
+    assert f"whole job           600 rows in {whole['seconds']:.1f} s of 2 runs" in result.output
+    assert "600 (600 ok, 0 errors)" in result.output
+
+
+def test_the_summary_counts_one_error_in_the_singular(tmp_path, tiny_embed):
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["one", "  ", "three"]}), tmp_path / "rows.parquet")
+    job = make_job(tmp_path / "rows.parquet", tiny_embed, tmp_path / "out", input__id="id", input__keep=None, raw=True)
+    result = runner.invoke(app, ["run", str(write_job(tmp_path, job)), "--progress", "none"])
+    assert result.exit_code == 0 and "3 (2 ok, 1 error)" in result.output, result.output
+
+
 def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows, chunks of 100
     result = runner.invoke(app, ["run", str(job), "--limit", "250", "--progress", "none"])
@@ -299,6 +332,7 @@ def test_validate_reads_the_head_and_the_output_folder_and_a_failed_run_leaves_n
     assert result.exit_code == 0 and "holds this job: 1/6 chunks done" in result.output
     result = runner.invoke(app, ["validate", str(job), "--set", "model.max_length=32"])
     assert "different job" in result.output and "model.max_length: 64 -> 32" in result.output
+    assert result.output.index("--output NEW_FOLDER") < result.output.index("--restart")  # keeping them first
     result = runner.invoke(app, ["run", str(job), "-q", "--set", "model.max_length=32"])
     assert result.exit_code == 1 and "model.max_length: 64 -> 32" in result.output
     assert "limit: " not in result.output  # dropping --limit continues a job; it is not what refuses it

@@ -4,10 +4,18 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from helpers import check_readme_section
+from helpers import check_docs_section
 
 from batchinfer.errors import ConfigError
-from batchinfer.job.config import JobConfig, apply_override, load_job, reference_markdown, template_fields, validate_job
+from batchinfer.job.config import (
+    JobConfig,
+    apply_override,
+    load_job,
+    reference_markdown,
+    template_fields,
+    validate_job,
+    validate_with_overrides,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = {"input": {"path": "d", "text": "text"}, "model": {"path": "m", "task": "embed"}, "output": {"path": "o"}}
@@ -30,14 +38,14 @@ def test_every_shipped_job_finds_its_input_and_model(job, monkeypatch):
 
     from batchinfer.cli import app
 
-    monkeypatch.chdir(ROOT)  # the README runs them from the repository root
+    monkeypatch.chdir(ROOT)  # the docs run them from the repository root
     result = CliRunner().invoke(app, ["validate", str(job.relative_to(ROOT))])
     assert result.exit_code == 0, result.output
 
 
-def test_readme_reference_is_generated_from_the_models():
-    """Regenerate with: BATCHINFER_UPDATE_README=1 python -m pytest tests/test_config.py"""
-    check_readme_section("reference", reference_markdown())
+def test_job_file_reference_is_generated_from_the_models():
+    """Regenerate with: BATCHINFER_UPDATE_DOCS=1 python -m pytest tests/test_config.py"""
+    check_docs_section("job-file.md", "reference", reference_markdown())
 
 
 def test_unknown_key_names_key_and_suggests():
@@ -199,3 +207,14 @@ def test_a_max_memory_that_is_no_size_is_one_line_naming_the_key(given):
     assert f"generation.max_memory: write a size such as 2GB, 512MB or 2147483648 (bytes), or auto (got {given!r})" in (
         message
     )
+
+
+def test_keep_that_is_no_list_says_how_to_write_one():
+    """One line naming the key with a list to copy, not one per type of the union in pydantic's words."""
+    message = _error({**GOOD, "input": {"path": "d", "text": "t", "keep": "dataset"}})
+    assert "input.keep: write a list of columns such as [dataset], or a mapping" in message
+    assert "list[str]" not in message and "dict[str,str]" not in message and "Input should be" not in message
+    with pytest.raises(ConfigError) as info:
+        validate_with_overrides(GOOD, ["input.keep=dataset"], "job.yaml")
+    assert info.value.message.count("input.keep") == 1 and "--set input.keep: write a list" in info.value.message
+    assert "list[str]" not in _error({**GOOD, "input": {"path": "d", "text": "t", "keep": [1]}})

@@ -1,4 +1,4 @@
-"""The shape the README promises of the code: functions small enough to read at once, state changed only by
+"""The shape docs/architecture.md promises of the code: functions small enough to read at once, state changed only by
 the object that owns it, and the declared protocols implemented as declared."""
 
 import ast

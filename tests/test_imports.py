@@ -1,5 +1,5 @@
-"""The package's import graph: imports only go down the layers of the README's map ("How the code is laid
-out"), so there is no cycle, and no import inside a function hides one."""
+"""The package's import graph: imports only go down the layers of the map in docs/architecture.md ("How the
+code is laid out"), so there is no cycle, and no import inside a function hides one."""
 
 import ast
 import re
@@ -47,9 +47,9 @@ def _imports(path: Path) -> dict[str, bool]:
 
 
 def _layers() -> dict[str, tuple[int, str]]:
-    """batchinfer module -> (its layer's place in the README's map, highest first; the layer's header): each
+    """batchinfer module -> (its layer's place in the map, highest first; the layer's header): each
     bold header, then the `- `path.py`:` lines of its modules."""
-    body = (PACKAGE.parent / "README.md").read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
+    body = (PACKAGE.parent / "docs" / "architecture.md").read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
     layers: dict[str, tuple[int, str]] = {}
     place, header = -1, None
     for line in body.splitlines():
@@ -95,7 +95,7 @@ def test_no_import_inside_a_function_hides_a_cycle():
     assert cycle is None, " -> ".join(cycle)
 
 
-def test_imports_go_only_down_the_layers_of_the_readme_map():
+def test_imports_go_only_down_the_layers_of_the_map():
     """A module imports from its own layer or a lower one, at module level or inside a function."""
     graph, layers = _graph(top_level_only=False), _layers()
     layers.setdefault("batchinfer.__main__", layers["batchinfer.cli"])  # `python -m batchinfer`: the CLI
@@ -107,7 +107,7 @@ def test_imports_go_only_down_the_layers_of_the_readme_map():
         for target in sorted(targets)
         if layers[target][0] < layers[module][0]
     ]
-    assert not against, "imports against the README map's order:\n" + "\n".join(against)
+    assert not against, "imports against the map's order:\n" + "\n".join(against)
 
 
 def test_the_graph_is_read():

@@ -2,7 +2,7 @@ import ast
 import re
 from pathlib import Path
 
-from helpers import check_readme_section
+from helpers import check_docs_section
 
 from batchinfer.reasons import REASONS, RETRYABLE, reasons_markdown
 
@@ -10,9 +10,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "batchinfer"
 
 
-def test_readme_reason_table_is_generated_from_the_table():
-    """Regenerate with: BATCHINFER_UPDATE_README=1 python -m pytest tests/test_reasons.py"""
-    check_readme_section("reasons", reasons_markdown())
+def test_reason_table_is_generated_from_the_table():
+    """Regenerate with: BATCHINFER_UPDATE_DOCS=1 python -m pytest tests/test_reasons.py"""
+    check_docs_section("troubleshooting.md", "reasons", reasons_markdown())
 
 
 # A code-like literal (snake_case) that is the first of a (reason, message) pair whose message is built, not

@@ -175,13 +175,18 @@ def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
                 "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}
             )
             hot = await client.post("/v1/completions", json={"prompt": "x", "temperature": 0.9})
+            # what changes nothing under greedy decoding is taken, as a client's defaults send it
+            greedy = await client.post(
+                "/v1/completions",
+                json={"prompt": "Hello there", "max_tokens": 8, "temperature": 0, "top_p": 0.5, "seed": 3},
+            )
             odd = [
                 await client.post("/v1/completions", json={"prompt": "x", **extra})
                 for extra in ({"n": 3}, {"stream": "yes"}, {"max_tokens": 10**11}, {"n": None})
             ]
-            return plain, chunks, chat, hot, odd
+            return plain, chunks, chat, hot, greedy, odd
 
-    plain, chunks, chat, hot, odd = asyncio.run(go())
+    plain, chunks, chat, hot, greedy, odd = asyncio.run(go())
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
@@ -194,6 +199,8 @@ def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
     assert hot.status_code == 400 and "temperature" in hot.json()["error"]["message"]
+    assert "decodes greedily (temperature 0) for every request" in hot.json()["error"]["message"]
+    assert greedy.status_code == 200 and greedy.json()["choices"][0]["text"] == plain[0].json()["choices"][0]["text"]
     assert [o.status_code for o in odd] == [400, 400, 200, 200]  # n and stream are not guessed at
     assert odd[0].json()["error"]["message"].startswith("unsupported: n (one completion per request")
     context = json.loads((tiny_llama / "config.json").read_text())["max_position_embeddings"]
@@ -588,7 +595,8 @@ def test_the_openai_client_lists_models_and_embeds_lists_and_reads_errors_with_t
         async with _client(job) as client:
             openai, api = _openai_client(client)
             listed = await api.models.list()
-            one = await api.models.retrieve(job.model.path)  # a path: its slashes are quoted
+            one = await api.models.retrieve(tiny_embed.name)  # a folder is named by its name
+            by_path = await api.models.retrieve(job.model.path)  # or by its path: the slashes are quoted
             with pytest.raises(openai.NotFoundError) as missing:
                 await api.models.retrieve("gpt-4o")
             vectors = await api.embeddings.create(input=["one", "two words"], model="any")  # base64 by default
@@ -600,11 +608,27 @@ def test_the_openai_client_lists_models_and_embeds_lists_and_reads_errors_with_t
             curl = await client.post("/v1/embeddings", content=b'{"input": "one"}')  # as curl -d sends it
             form = await client.post("/v1/embeddings", data={"input": "one"})
             nowhere = await client.post("/v1/nothing", json={"input": "x"})
-            return listed, one, missing.value, vectors, floats, bad.value, refused.value, curl, form, nowhere
+        async with _client(_serving(tiny_embed, "embed", model_name="minilm")) as named:  # serve.model_name
+            renamed = (await named.get("/v1/models")).json()["data"][0]["id"]
+        return (
+            listed,
+            one,
+            by_path,
+            missing.value,
+            vectors,
+            floats,
+            bad.value,
+            refused.value,
+            curl,
+            form,
+            nowhere,
+            renamed,
+        )
 
-    listed, one, missing, vectors, floats, bad, refused, curl, form, nowhere = asyncio.run(go())
-    assert [m.id for m in listed.data] == [job.model.path] and listed.data[0].object == "model"
-    assert one.id == job.model.path and one.owned_by == "batchinfer" and one.created > 0
+    listed, one, by_path, missing, vectors, floats, bad, refused, curl, form, nowhere, renamed = asyncio.run(go())
+    assert renamed == "minilm"
+    assert [m.id for m in listed.data] == [tiny_embed.name] and listed.data[0].object == "model"
+    assert one.id == by_path.id == tiny_embed.name and one.owned_by == "batchinfer" and one.created > 0
     assert missing.status_code == 404 and "gpt-4o" in missing.message
     assert [d.index for d in vectors.data] == [0, 1] and len(vectors.data[0].embedding) == len(floats.data[0].embedding)
     assert np.allclose(vectors.data[0].embedding, floats.data[0].embedding, atol=1e-6)

@@ -230,7 +230,7 @@ def test_mixed_id_types_are_kept_as_their_text_with_one_schema(tmp_path, tiny_em
 
 
 def test_jsonl_ids_that_are_numbers_are_written_as_their_value(tmp_path):
-    # As README says: a JSON number id is its value (1.50 is 1.5), a string id is its exact text.
+    # As docs/output.md says: a JSON number id is its value (1.50 is 1.5), a string id is its exact text.
     (tmp_path / "a.jsonl").write_text('{"id": 1.50, "t": "a"}\n{"id": 1e3, "t": "b"}\n{"id": 2, "t": "c"}\n')
     (tmp_path / "b.jsonl").write_text('{"id": "a", "t": "d"}\n{"id": 1.50, "t": "e"}\n{"id": "1.50", "t": "f"}\n')
     for name, ids in (("a.jsonl", ["1.5", "1000.0", "2"]), ("b.jsonl", ["a", "1.5", "1.50"])):

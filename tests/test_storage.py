@@ -64,7 +64,7 @@ def test_s3_to_s3_equals_a_local_run_and_is_read_from_the_bucket(s3, sms_table, 
     assert np.array_equal(
         np.array(remote.column("embedding").to_pylist()), np.array(here.column("embedding").to_pylist())
     )
-    dataset = ds.dataset(f"s3://{bucket}/out/")  # noqa: F841 - the README's form (AWS_ENDPOINT_URL); DuckDB scans it
+    dataset = ds.dataset(f"s3://{bucket}/out/")  # noqa: F841 - docs/scale-out.md's form (AWS_ENDPOINT_URL); DuckDB scans it
     assert duckdb.sql("SELECT count(DISTINCT sms_id) FROM dataset").fetchall() == [(300,)]
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]}
     assert "out/_SUCCESS" in keys and "out/_batchinfer.json" in keys and not any(".tmp" in k for k in keys)

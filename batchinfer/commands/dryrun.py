@@ -51,7 +51,6 @@ def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[in
 def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
     """`batchinfer plan`'s summary of a job: its input and chunks, what the output folder holds, the tokens of a
     sample of its rows, the batches they cut into and (timed) how long the rows left will take. Writes nothing."""
-    started = time.perf_counter()
     inputs = discover_shards(job.input, job.columns, output=job.output.path)
     model_path = resolve_model_path(job.model.path)
     shards = inputs.shards
@@ -78,7 +77,7 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
     # the model, torch and a timed sample: only for rows left to run
     from .sample_timing import time_on_sample
 
-    return time_on_sample(job, inputs, model_path, chunks, earlier, summary, started, aside, sample, timed)
+    return time_on_sample(job, inputs, model_path, chunks, earlier, summary, aside, sample, timed)
 
 
 @dataclass

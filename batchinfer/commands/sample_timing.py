@@ -37,22 +37,20 @@ def time_on_sample(
     chunks: list,
     earlier,
     summary: dict,
-    started: float,
     aside: float,
     sample: int,
     timed: bool,
 ) -> dict:
     """The rest of plan's summary of a job with rows left (`summary`: what dryrun.estimate_job counted): the
     sample's tokens, the batches they cut into and (timed) the time for the rows left. `earlier`: what the
-    folder holds of the job (dryrun.SoFar); `started`: when plan began, `aside`: seconds of plan's own
-    reading since, which a run does not do."""
+    folder holds of the job (dryrun.SoFar); `aside`: seconds of plan's own reading, which a run does not do."""
     rows = summary["rows"]
     budget, auto = settle_budget(job, earlier.tuning)
     spec = read_spec(job.input, job.columns, inputs.types)
     task = TaskInputs(job, model_path, inputs.shards, spec, None, budget).task(StopFlag())  # writes nothing: no writer
     runner = task.runner
-    # What a run spends before its first batch: the process's start and imports, discovery, the model's load.
-    startup = (process_age() or time.perf_counter() - started) - aside
+    # What a run spends before its first batch: batchinfer's imports, discovery, the model's load.
+    startup = process_age() - aside
     sampled = sample_tokens(task, chunks, sample)
     lengths, seen = sampled.lengths, sampled.seen
     summary["sampled_rows"] = seen

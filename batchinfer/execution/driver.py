@@ -224,14 +224,16 @@ def _count(record: ChunkRecord, run_stats: Counter, workers: dict[str, Counter])
 
 
 def startup_figures(started: float, opened: float, load: dict) -> dict:
-    """Seconds spent before the first chunk runs: from the process's start to run_job (imports), finding the
+    """Seconds spent before the first chunk runs: from batchinfer's import to run_job (imports), finding the
     shards and opening the output, loading the model (converting and compiling it: `load`)."""
-    now = time.perf_counter()
-    figures = {"discover_open_s": round(opened - started, 3), "load_s": round(now - opened, 3), "load": load}
-    age = process_age()
-    if age is not None:
-        figures.update(imports_s=round(age - (now - started), 3), to_first_chunk_s=round(age, 3))
-    return figures
+    now, age = time.perf_counter(), process_age()
+    return {
+        "discover_open_s": round(opened - started, 3),
+        "load_s": round(now - opened, 3),
+        "load": load,
+        "imports_s": round(age - (now - started), 3),
+        "to_first_chunk_s": round(age, 3),
+    }
 
 
 def settle_budget(job: JobConfig, recorded: dict | None) -> tuple[Batching, bool]:

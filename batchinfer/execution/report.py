@@ -19,7 +19,7 @@ def build_report(
     device: str,
     workers: dict[str, Counter] | None = None,
 ) -> dict:
-    """Totals over every finished chunk and retry; rates over what this run processed.
+    """Totals over every finished chunk and retry; rates over this run (`run`) and every run of the job (`job`).
 
     run: this run's rows, tokens, model-busy seconds, generated tokens and `loop` (seconds from the
     first chunk handed out to the last one committed); workers: the same per worker."""
@@ -30,8 +30,7 @@ def build_report(
     for chunk, name in current_errors(done).items():
         if chunk in planned:
             errors.update(done[name].errors)
-    tokens = sum(r.tokens for r in records)
-    padded = sum(r.padded_tokens for r in records)
+    tokens, padded = sum(r.tokens for r in records), sum(r.padded_tokens for r in records)
     loop = run.get("loop", 0.0)
     report = {
         "output": job.output.path,
@@ -57,6 +56,7 @@ def build_report(
             "model_busy": round(run.get("busy", 0.0) / loop / max(1, len(workers or {})), 3) if loop else 0.0,
         },
     }
+    report["job"] = whole_job(records)
     if workers and set(workers) != {"local"}:
         report["run"]["workers"] = {
             name: {"chunks": w["chunks"], "rows": w["rows"], "rows_per_s": _rate(w["rows"], loop)}
@@ -70,6 +70,17 @@ def build_report(
         report["run"]["generated_tokens_per_s"] = _rate(run.get("generated", 0), loop)
         report["run"]["time_to_first_token_s"] = first[len(first) // 2] if first else None
     return report
+
+
+def whole_job(records: list[ChunkRecord]) -> dict:
+    """The rows of every run that committed the job's chunks (after a Ctrl-C and a resume, or a --limit trial
+    and the rest), and their seconds: each run's from its start (the folder opened) to its last commit."""
+    last: dict[float, float] = {}
+    timed = [r for r in records if r.run_started is not None and r.finished is not None]
+    for record in timed:
+        last[record.run_started] = max(last.get(record.run_started, 0.0), record.finished)
+    rows, seconds = sum(r.rows for r in timed), sum(end - start for start, end in last.items())
+    return {"runs": len(last), "rows": rows, "seconds": round(seconds, 3), "rows_per_s": _rate(rows, seconds)}
 
 
 def reuses_prefix(job: JobConfig) -> bool:

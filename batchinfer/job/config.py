@@ -1,4 +1,4 @@
-"""The job file: typed, documented, strict. Every field's description is the reference in the README."""
+"""The job file: typed, documented, strict. Every field's description is the job-file reference (docs/job-file.md)."""
 
 from __future__ import annotations
 
@@ -94,6 +94,18 @@ class InputConfig(Section):
         "AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS, ...), which keeps secrets out of job files.",
     )
 
+    @field_validator("keep", mode="before")  # before: one line naming the key, not one per type of the union
+    @classmethod
+    def _keep_shape(cls, value):
+        columns = [*value, *value.values()] if isinstance(value, dict) else value
+        if isinstance(columns, list) and all(isinstance(column, str) for column in columns):
+            return value
+        example = f"[{value}]" if isinstance(value, str) and value.strip() else "[label]"
+        raise ValueError(
+            f"write a list of columns such as {example}, or a mapping {{column: output name}} such as "
+            "{label: gold_label}"
+        )
+
     @field_validator("text", "text_pair")
     @classmethod
     def _template_parses(cls, value: str | None) -> str | None:
@@ -157,7 +169,7 @@ class ModelConfig(Section):
         default_factory=list,
         description="task zero-shot: the candidate labels, e.g. [billing, shipping, refund]; every row is scored "
         "against each. task classify with a causal LM: the labels scored by their likelihood after each row's "
-        "prompt (label scoring, see the README), written as the label would follow the prompt.",
+        "prompt (label scoring, see the Tasks page), written as the label would follow the prompt.",
     )
     label_norm: Literal["none", "tokens", "chars"] = Field(
         default="none",
@@ -486,6 +498,12 @@ class RuntimeConfig(Section):
 
 
 class ServeConfig(Section):
+    model_name: str | None = Field(
+        default=None,
+        description="batchinfer serve: the model id clients send and the server names (/v1/models, each answer's "
+        "model). Default: the model folder's name (a hub id or pkg: path as written). Requests may also name the "
+        "model by its model.path.",
+    )
     max_wait_ms: float = Field(
         default=5.0,
         ge=0,
@@ -709,7 +727,7 @@ def validate_job(data: dict, origin: str = "job", overridden: list[str] = ()) ->
         what = f"--set on {origin} is not valid" if by_set == len(lines) else f"{origin} is not a valid job"
         raise ConfigError(
             f"{what}:\n" + "\n".join(f"  {line}" for line in lines),
-            ("fix the --set value; " if by_set else "") + "see `batchinfer schema` or the README's job-file reference",
+            ("fix the --set value; " if by_set else "") + "see `batchinfer schema` or docs/job-file.md",
         ) from None
 
 
@@ -760,7 +778,7 @@ def _describe(loc: list[str]) -> str:
 
 
 def reference_markdown() -> str:
-    """The job-file reference for the README, generated from the models so the two cannot drift."""
+    """The job-file reference (docs/job-file.md), generated from the models so the two cannot drift."""
     out = []
     for section, field in JobConfig.model_fields.items():
         model = field.annotation

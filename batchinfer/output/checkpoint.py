@@ -168,7 +168,9 @@ class Checkpoint:
             changed.pop("limit", None)  # any limit may continue a job; only the other changes refuse it
             raise ResumeError(
                 f"{self.path} holds results of a different job ({'; '.join(changed.values())})",
-                "rerun with --restart to discard them and start over, or --output NEW_FOLDER to keep them",
+                # the folder's results are another job's: keeping them comes first, deleting them second
+                "write this job to a new folder with --output NEW_FOLDER, which keeps them; or, to delete them "
+                "and run this job here, --restart",
             )
         if set(files) - set(self.job.get("files", [])):  # declared before it is ever written
             self._save({**self.job, "files": sorted(set(self.job.get("files", [])) | set(files))})
@@ -211,7 +213,7 @@ class Checkpoint:
         if tuning:
             self._save({**self.job, "tuning": tuning})
         replaced = current_errors(self.done).get(record.retry_of) if record.retry_of else None
-        record = record.committed(round(time.time(), 3))
+        record = record.committed(round(time.time(), 3), round(self.lock.started, 3))
         self._put(marker_name(record.chunk), dumps(record.marker(self.job_id)))
         self.done[record.chunk] = record
         if replaced:

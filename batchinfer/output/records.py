@@ -16,6 +16,7 @@ _OMITTED_WHEN_EMPTY = (
     "first_token_seconds",
     "max_tokens_lowered",
     "finished",
+    "run_started",
     "prefix",
 )
 
@@ -46,6 +47,9 @@ class ChunkRecord:
     # in full, the saved ones included}
     prefix: dict[str, int] | None = None
     finished: float | None = None  # when it was committed (time.time())
+    # when the run that committed it started (time.time()): a job's seconds are its runs', each from its start
+    # to its last commit, whatever stopped it
+    run_started: float | None = None
 
     @property
     def base(self) -> str:
@@ -77,8 +81,8 @@ class ChunkRecord:
             record = replace(record, prefix={**record.prefix, "prompt_tokens": full})
         return record
 
-    def committed(self, when: float) -> ChunkRecord:
-        return replace(self, finished=when)
+    def committed(self, when: float, run_started: float | None) -> ChunkRecord:
+        return replace(self, finished=when, run_started=run_started)
 
 
 @dataclass

@@ -135,7 +135,7 @@ def describe_folder(
     if changed and found.done:
         return (
             f"holds {chunks} finished chunk(s) of a different job ({'; '.join(changed.values())}): the run "
-            "will refuse; add --restart to discard them, or --output NEW_FOLDER"
+            "will refuse; write to a new folder with --output NEW_FOLDER, or delete them with --restart"
         ), state
     if chunks >= chunks_total:
         return f"holds this job, complete: {chunks}/{chunks_total} chunks done; a run has nothing left to do", state

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import time
+from pathlib import Path
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -64,9 +65,18 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     return app
 
 
+def served_name(job: JobConfig) -> str:
+    """The model's id to clients: serve.model_name, else a local folder's name (a client names its model in a
+    word, not by a path on the server's disk), else model.path as written (a hub id, pkg:module)."""
+    if job.serve.model_name:
+        return job.serve.model_name
+    path = Path(job.model.path)
+    return path.resolve().name if path.is_dir() else job.model.path
+
+
 class Routes:
     def __init__(self, job: JobConfig, service: EncoderService | GenerateService, metrics: Metrics):
-        self.job, self.service, self.metrics, self.model = job, service, metrics, job.model.path
+        self.job, self.service, self.metrics, self.model = job, service, metrics, served_name(job)
         self.created = int(time.time())
         self.completer = Completions(service, metrics, self.model) if job.model.task == "generate" else None
 
@@ -91,7 +101,7 @@ class Routes:
         return {"object": "list", "data": [model_object(self.model, self.created)]}
 
     async def model_of(self, model: str):
-        if model != self.model:
+        if model not in (self.model, self.job.model.path):
             raise NoModel(repr(model), self.model)
         return model_object(self.model, self.created)
 

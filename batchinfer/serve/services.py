@@ -16,7 +16,7 @@ from fastapi import Request
 from ..backends.packing import supports_packing
 from ..batching.probe import BACKEND_BUDGETS, DEFAULT_BUDGET
 from ..constrained.spec import Constraint, response_format
-from ..job.config import JobConfig
+from ..job.config import GREEDY_BELOW, JobConfig
 from ..openai_compat.requests import GenerationSettings
 from ..runners import make_runner
 from ..runners.protocol import ChunkInput, Tokens
@@ -134,18 +134,21 @@ class GenerateService:
         return constraint
 
     def check(self, temperature: float | None, top_p: float | None, seed: int | None) -> None:
-        """Decoding settings are the server's (one engine runs every request): a request may only repeat them.
-        A seed changes nothing when decoding is greedy."""
+        """Decoding settings are the server's (one engine runs every request): a request may repeat them, and
+        may send what changes nothing under them: on a greedy server, a greedy temperature (below GREEDY_BELOW,
+        as the job file reads it) with any top_p and seed, as an OpenAI Batch file's greedy rows run together."""
         gen = self.job.generation
-        seed = None if gen.temperature == 0 else seed
+        if gen.temperature == 0 and (temperature or 0.0) < GREEDY_BELOW:
+            return
         for name, asked, served in (
             ("temperature", temperature, gen.temperature),
             ("top_p", top_p, gen.top_p),
             ("seed", seed, gen.seed),
         ):
             if asked is not None and abs(asked - served) > 1e-9:
+                how = "greedily (temperature 0)" if name == "temperature" and served == 0 else f"with {name} {served}"
                 raise BadInput(
-                    f"{name}: this server decodes with {name} {served}; start it with "
+                    f"{name}: this server decodes {how} for every request; start it with "
                     f"--set generation.{name}={asked}, or leave {name} out"
                 )
 

@@ -1,0 +1,115 @@
+"""The documentation cannot drift: the CLI reference is every command's --help, the site builds strictly (a
+broken link or anchor fails), and every snippet in the README runs after its command 1."""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import typer.main
+from helpers import check_docs_section
+from typer.testing import CliRunner
+
+from batchinfer.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _help(args: list[str]) -> str:
+    # terminal_width pins click's wrapping, so the page does not depend on the terminal that regenerates it.
+    result = CliRunner().invoke(app, [*args, "--help"], prog_name="batchinfer", terminal_width=100)
+    assert result.exit_code == 0, result.output
+    return result.output.rstrip()
+
+
+def cli_reference_markdown() -> str:
+    """`batchinfer --help`, then each command's --help, in the app's order."""
+    sections = [("batchinfer", [])] + [(f"batchinfer {name}", [name]) for name in typer.main.get_command(app).commands]
+    return "\n\n".join(f"## `{title}`\n\n```text\n{_help(args)}\n```" for title, args in sections)
+
+
+def test_cli_reference_is_every_commands_help():
+    """Regenerate with: BATCHINFER_UPDATE_DOCS=1 python -m pytest tests/test_docs.py"""
+    check_docs_section("cli.md", "cli", cli_reference_markdown())
+
+
+def _mkdocs_build(root: Path, site: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's banner about its successor, not a warning
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+
+
+def test_the_site_builds_strictly(tmp_path):
+    """mkdocs.yml's validation turns a missing page, link or anchor into a warning, and --strict makes a warning
+    fail the build."""
+    result = _mkdocs_build(ROOT, tmp_path / "site")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "site" / "cli" / "index.html").exists()
+
+
+def test_the_strict_build_fails_on_a_broken_link(tmp_path):
+    """The check above can fail: the same build over a copy of docs/ with one link to a page that is not there."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("_pending"))
+    page = tmp_path / "docs" / "never.md"
+    page.write_text(page.read_text() + "\nSee [nowhere](nowhere.md).\n")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    result = _mkdocs_build(tmp_path, tmp_path / "site")
+    assert result.returncode != 0
+    assert "nowhere.md" in result.stderr
+
+
+def _readme_blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", (ROOT / "README.md").read_text(), flags=re.M | re.S)
+
+
+def test_the_readme_is_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 160
+
+
+def test_the_readme_python_snippets_need_only_command_1(tmp_path):
+    """Every ```python block of the README runs after command 1's job, from the repository root, with the
+    packages command 1 installs (`.[minilm,cpu]`). The test extra adds others (pandas, through datasets): the
+    snippet's own imports of those fail here as they would for a new user. (Only the snippet's: transformers
+    probes for optional packages, which a finder that hid them from everyone would break.)"""
+    blocks = _readme_blocks("python")
+    assert blocks, "the README has no Python snippet"
+    hidden = sorted({"pandas", "polars", "duckdb", "datasets", "sentence_transformers", "ray", "fastapi", "openai"})
+    guard = (
+        "import builtins\n\n"
+        "real_import = builtins.__import__\n\n\n"
+        "def snippet_import(name, globals=None, *args, **kwargs):\n"
+        f"    if (globals or {{}}).get('__name__') == '__main__' and name.partition('.')[0] in {hidden!r}:\n"
+        "        raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "    return real_import(name, globals, *args, **kwargs)\n\n\n"
+        "builtins.__import__ = snippet_import\n"
+    )
+    for block in blocks:
+        script = tmp_path / "snippet.py"
+        # The snippet writes where the README says, but under tmp_path, and reads the job from the checkout.
+        script.write_text(guard + block.replace('"out/', f'"{tmp_path}/out/').replace("'out/", f"'{tmp_path}/out/"))
+        result = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True)
+        assert result.returncode == 0, f"README snippet failed:\n{block}\n{result.stderr[-3000:]}"
+
+
+def test_the_readme_commands_name_only_real_commands_and_options():
+    """Every `batchinfer ...` line of the README's shell snippets parses: its command and options exist (each
+    is invoked with --help appended, which click answers only once every option before it is known)."""
+    lines = [
+        line.split("#", 1)[0].strip()
+        for block in _readme_blocks("bash")
+        for line in block.splitlines()
+        if line.strip().startswith("batchinfer ")
+    ]
+    assert lines
+    for line in lines:
+        args = [a for a in shlex.split(line)[1:] if a not in ("&&",)]
+        result = CliRunner().invoke(app, [*args, "--help"], prog_name="batchinfer")
+        assert result.exit_code == 0, f"{line}: {result.output}"
