@@ -174,3 +174,18 @@ def test_a_module_batchinfer_does_not_run_is_refused_naming_it(sentence_models, 
     with pytest.raises(ModelError, match=message) as info:
         read_config(ModelConfig(path=str(model), task="embed"), model)
     assert "sentence-transformers" in info.value.hint
+
+
+def test_the_identity_covers_a_dense_heads_weights_and_the_default_prompt(sentence_models, tmp_path):
+    """A resume never mixes vectors of two heads or two prompts (the identity is in the job's fingerprint)."""
+    from batchinfer.backends.models import model_identity
+
+    dense, prompted = tmp_path / "dense", tmp_path / "prompted"
+    shutil.copytree(sentence_models["cls_dense_tanh"], dense)
+    shutil.copytree(sentence_models["default_prompt"], prompted)
+    before = model_identity(dense), model_identity(prompted)
+    weights = bytearray((dense / "2_Dense" / "model.safetensors").read_bytes())
+    weights[-1] ^= 1
+    (dense / "2_Dense" / "model.safetensors").write_bytes(bytes(weights))
+    _edit_json(prompted / "config_sentence_transformers.json", prompts={"query": "passage: "})
+    assert model_identity(dense) != before[0] and model_identity(prompted) != before[1]

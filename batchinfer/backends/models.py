@@ -19,7 +19,7 @@ from ..job.config import ModelConfig
 from ..job.plan import IDENTITY
 from ..job.tasks import model_spec
 from ..job.templates import chat_template, no_chat_template
-from .sentence_modules import module_folders, sentence_model
+from .sentence_modules import result_files, sentence_model
 
 if TYPE_CHECKING:  # imported where a model loads on it: a warm OpenVINO run never imports torch
     import torch
@@ -138,11 +138,9 @@ def model_identity(path: Path) -> str:
             digest.update(name.encode() + (path / name).read_bytes())
     for weights in sorted([*path.glob("*.safetensors"), *path.glob("*model*.bin")]):
         digest.update(f"{weights.name}:{file_digest(weights)}".encode())
-    for folder in module_folders(path):  # a sentence-transformers Dense or LayerNorm: its config and weights
-        for file in sorted(
-            p for p in folder.glob("*") if p.is_file() and p.relative_to(path).as_posix() not in _RESULT_FILES
-        ):
-            digest.update(f"{file.relative_to(path).as_posix()}:{file_digest(file)}".encode())
+    for file in result_files(path):  # a sentence-transformers Dense head's weights, its default prompt
+        if (name := file.relative_to(path).as_posix()) not in _RESULT_FILES:
+            digest.update(f"{name}:{file_digest(file)}".encode())
     return IDENTITY + digest.hexdigest()[:24]
 
 

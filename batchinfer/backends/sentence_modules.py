@@ -164,13 +164,19 @@ def _step(name: str, config: dict, folder: str, where: str, after_pooling: bool)
     return _dense(config, folder, where) if name == "Dense" else Normalize()
 
 
-def module_folders(path: Path) -> list[Path]:
-    """The folders of the modules after the Transformer (their configs and weights shape the results)."""
+def result_files(path: Path) -> list[Path]:
+    """The sentence-transformers files beside the model's own that shape its results: each module folder's
+    config and weights (a Dense head), and config_sentence_transformers.json where it names a default prompt."""
     try:
         modules = json.loads((path / "modules.json").read_text())
-        return [path / m["path"] for m in modules if isinstance(m, dict) and m.get("path")]
-    except (OSError, ValueError, TypeError, KeyError):
+        inside = [Path(m["path"]) for m in modules if isinstance(m, dict) and m.get("path")]
+        folders = [path / folder for folder in inside if not folder.is_absolute() and ".." not in folder.parts]
+        prompts = path / "config_sentence_transformers.json"
+        prompted = prompts.exists() and json.loads(prompts.read_text()).get("default_prompt_name") is not None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return []
+    files = sorted(file for folder in folders if folder.is_dir() for file in folder.iterdir() if file.is_file())
+    return [*files, *([prompts] if prompted else [])]
 
 
 def weights_of(path: Path, step: Dense | LayerNorm) -> Path:
