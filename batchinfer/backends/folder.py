@@ -14,7 +14,7 @@ from ..errors import ModelError
 def read_tokenizer(path: Path) -> SimpleNamespace:
     """What a runner reads of transformers' fast tokenizer: `backend_tokenizer` (tokenizers.Tokenizer, from
     tokenizer.json) and `pad_token_id` (the pad token tokenizer_config.json or special_tokens_map.json
-    names, else tokenizer.json's padding id, else None)."""
+    names, else tokenizer.json's padding id, else None) and `truncation_side` (tokenizer_config.json's)."""
     from tokenizers import Tokenizer
 
     try:
@@ -31,7 +31,8 @@ def read_tokenizer(path: Path) -> SimpleNamespace:
     pad_id = tokenizer.token_to_id(pad) if isinstance(pad, str) else None
     if pad_id is None and tokenizer.padding:
         pad_id = tokenizer.padding.get("pad_id")
-    return SimpleNamespace(backend_tokenizer=tokenizer, pad_token_id=pad_id)
+    side = _json(path / "tokenizer_config.json").get("truncation_side", "right")  # transformers' default: right
+    return SimpleNamespace(backend_tokenizer=tokenizer, pad_token_id=pad_id, truncation_side=side)
 
 
 def read_config(path: Path) -> SimpleNamespace:

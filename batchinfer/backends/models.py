@@ -7,7 +7,6 @@ import importlib
 import json
 import pickle
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,18 +19,13 @@ from ..job.config import ModelConfig
 from ..job.plan import IDENTITY
 from ..job.tasks import model_spec
 from ..job.templates import chat_template, no_chat_template
+from .sentence_modules import result_files, sentence_model
 
 if TYPE_CHECKING:  # imported where a model loads on it: a warm OpenVINO run never imports torch
     import torch
 
 # Device nodes a GPU's driver makes (NVIDIA, ROCm, WSL's): without one, torch finds no GPU either.
 GPU_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
-
-
-@dataclass
-class Pooling:
-    mode: str = "mean"  # mean | cls | lasttoken
-    normalize: bool = False
 
 
 def resolve_model_path(spec: str) -> Path:
@@ -144,35 +138,18 @@ def model_identity(path: Path) -> str:
             digest.update(name.encode() + (path / name).read_bytes())
     for weights in sorted([*path.glob("*.safetensors"), *path.glob("*model*.bin")]):
         digest.update(f"{weights.name}:{file_digest(weights)}".encode())
+    for file in result_files(path):  # a sentence-transformers Dense head's weights, its default prompt
+        if (name := file.relative_to(path).as_posix()) not in _RESULT_FILES:
+            digest.update(f"{name}:{file_digest(file)}".encode())
     return IDENTITY + digest.hexdigest()[:24]
 
 
-def pooling_of(path: Path) -> Pooling:
-    """Pooling as the model's sentence-transformers config says; mean pooling without one."""
-    modules_file = path / "modules.json"
-    if not modules_file.exists():
-        return Pooling()
-    modules = json.loads(modules_file.read_text())
-    pooling = Pooling(normalize=any(m.get("type", "").endswith("Normalize") for m in modules))
-    for module in modules:
-        if module.get("type", "").endswith("Pooling"):
-            cfg_file = path / module.get("path", "") / "config.json"
-            cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
-            if cfg.get("pooling_mode_cls_token"):
-                pooling.mode = "cls"
-            elif cfg.get("pooling_mode_lasttoken"):
-                pooling.mode = "lasttoken"
-            elif cfg.get("pooling_mode_max_tokens") or cfg.get("pooling_mode_mean_sqrt_len_tokens"):
-                raise ModelError(
-                    f"{cfg_file}: only mean, cls and lasttoken pooling are supported",
-                    "use a model with mean, CLS or last-token pooling",
-                )
-    return pooling
-
-
 def check_head(config, cfg: ModelConfig, path: Path) -> None:
-    """The model has the head its task needs (read from config.json: no weights are loaded)."""
+    """The model has the head its task needs (read from config.json and, to embed, the sentence-transformers
+    modules: no weights are loaded)."""
     task, spec = cfg.task, model_spec(cfg.task, cfg.labels)
+    if task == "embed":
+        sentence_model(path)  # refuses a module it cannot run
     found = ", ".join(config.architectures or [config.model_type])
     if spec.head and not any(part in a for a in config.architectures or [] for part in spec.head):
         raise ModelError(f"task {task} needs {spec.needs}, but {path} is a {found}", spec.head_fix)

@@ -153,8 +153,9 @@ def conversion(identity: str, auto_class: str, output: str, names: tuple[str, ..
 
 def load(config, of: dict, precisions: list[str], torch_model, head=None) -> OpenVINOModel:
     """The conversion `of` (see conversion()), from the cache or converted now from `torch_model` (a callable
-    that loads it, called only on a cache miss), compiled in each of `precisions`. head: computed inside the
-    graph from the hidden states and mask, in place of the model output `of["output"]` (which then names it)."""
+    that loads it, called only on a cache miss), compiled in each of `precisions`. head: builds a torch module
+    (only on a cache miss) computed inside the graph from the hidden states and mask, in place of the model
+    output `of["output"]` (which then names it)."""
     import openvino as ov
 
     seconds = {}
@@ -263,11 +264,12 @@ def _convert(model, of: dict, entry: Path, head=None) -> None:
         def __init__(self):
             super().__init__()
             self.model = model  # a submodule: the tracer takes its weights as parameters
+            self.head = head() if head else None  # the same for the head's (a Dense layer's)
 
         def forward(self, input_ids, attention_mask, token_type_ids=None):
             types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, **types)
-            return head(out.last_hidden_state, attention_mask) if head else getattr(out, of["output"])
+            return self.head(out.last_hidden_state, attention_mask) if self.head else getattr(out, of["output"])
 
     names = tuple(of["inputs"])
     example = {name: torch.ones(2, 8, dtype=torch.long) for name in names}

@@ -85,17 +85,26 @@ class EncoderRunner:
         self.precisions: dict[str, list] = {}
         self.load_seconds: dict[str, float] = {}
         self.device = device
-        self.max_length = min(job.model.max_length, position_limit(model.config))
         # The Rust tokenizer, truncating but never padding: padding happens per batch, after sorting.
         self.tokenizer = copy.deepcopy(tokenizer.backend_tokenizer)
-        self.tokenizer.enable_truncation(self.max_length)
         self.tokenizer.no_padding()
+        self.truncation_side = getattr(tokenizer, "truncation_side", "right")  # the tokenizer's own: right or left
+        self.truncate(min(job.model.max_length, position_limit(model.config)))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def truncate(self, max_length: int) -> None:
+        """Cut items to `max_length` tokens, from the side the tokenizer cuts."""
+        self.max_length = max_length
+        self.tokenizer.enable_truncation(max_length, direction=self.truncation_side)
+
+    def encode(self, texts: list, **options) -> list:
+        """The tokenizer's encodings of `texts` (or pairs), truncated."""
+        return encode_capped(self.tokenizer, texts, self.max_length, self.truncation_side == "left", **options)
 
     @classmethod
     def converted_output(cls, model_path) -> tuple[str, object]:
         """What a converted model (OpenVINO) returns: the name of the model output the task's head reads, and
-        a function of (hidden states, mask) computed inside the graph instead, or None."""
+        a function that builds a torch module of (hidden states, mask) computed inside the graph instead, or None."""
         return "logits", None
 
     def loaded(self, backends: dict[str, Backend], precisions: dict[str, list], seconds: dict) -> None:
@@ -150,7 +159,7 @@ class EncoderRunner:
         self.packed = strategy == "packed"
 
     def tokenize(self, texts: list) -> Tokens:
-        return tokens_of(encode_capped(self.tokenizer, texts, self.max_length))
+        return tokens_of(self.encode(texts))
 
     def run(self, ids: list[list[int]]) -> list:
         """One batch of items → one result per item, in the same order."""

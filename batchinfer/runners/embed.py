@@ -1,4 +1,4 @@
-"""task: embed — one vector per row, pooled as the model's sentence-transformers config says (with
+"""task: embed — one vector per row, as the model's sentence-transformers modules compute it (with
 output.format openai, each row's prompt_tokens too). In an OpenAI Batch file a request may give a list of
 texts: each is an item of its row, batched with every other item, and the row's vectors come back
 together (in the chunk that holds the row, so none is lost or repeated on resume); that job's embedding
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pyarrow as pa
 
-from ..backends.models import Pooling, pooling_of
-from .base import EncoderRunner, encode_capped, fixed_size_list, rows_of, tokens_of
+from ..backends.sentence_modules import SentenceModel, sentence_model
+from .base import EncoderRunner, fixed_size_list, rows_of, tokens_of
 from .protocol import Tokens
 
-if TYPE_CHECKING:  # pool() runs on torch; on OpenVINO the graph pools and this module needs no torch
+if TYPE_CHECKING:  # the head runs on torch; on OpenVINO it runs inside the graph and this module needs no torch
     import torch
 
 
@@ -28,29 +28,36 @@ class EmbedRunner(EncoderRunner):
 
     @classmethod
     def converted_output(cls, model_path: Path) -> tuple[str, Callable | None]:
-        # Pooled inside the converted graph: [b, h] leaves it instead of [b, L, h] (MiniLM: 10% faster).
-        pooling = pooling_of(model_path)
-        return f"pooled:{pooling.mode}:{pooling.normalize}", functools.partial(pool, pooling=pooling)
+        # The modules after the encoder run inside the converted graph: [b, width] leaves it instead of
+        # [b, L, h] (MiniLM: 10% faster); the key names them and their weights.
+        sentence = sentence_model(model_path)
+        return f"pooled:{sentence.key(model_path)}", functools.partial(build_head, sentence, model_path)
 
     def __init__(self, tokenizer, model, device, job, model_path: Path):
         super().__init__(tokenizer, model, device, job)
-        self.pooling = pooling_of(model_path)
-        self.width = model.config.hidden_size
+        self.sentence, self.path = sentence_model(model_path), model_path
+        self.width = self.sentence.width(model.config.hidden_size)
+        # The model's own max_seq_length caps model.max_length (a longer row is cut and flagged truncated).
+        self.truncate(min(self.max_length, self.sentence.max_seq_length or self.max_length))
+        if self.sentence.lower_case:
+            lower_case(self.tokenizer)
         self.usage = job.output.format == "openai"  # OpenAI's embedding answers count each request's tokens
         self.lists = job.input.format == "openai"  # a request's input may be a list of texts
 
     def tokenize(self, texts: list) -> Tokens:
+        prompt = self.sentence.prompt  # the model's default prompt, before each text as encode() puts it
         if not self.lists:
-            return super().tokenize(texts)
+            return tokens_of(self.encode([prompt + text for text in texts]))
         items = [text if isinstance(text, list) else [text] for text in texts]
         owner = np.repeat(np.arange(len(items)), [len(texts) for texts in items])
-        return tokens_of(encode_capped(self.tokenizer, list(chain(*items)), self.max_length), owner)
+        return tokens_of(self.encode([prompt + text for text in chain(*items)]), owner)
 
     def head(self, inputs: dict, mask) -> list:
         out = self.model(**inputs)
         if hasattr(out, "pooled"):  # OpenVINO's graph pooled: numpy out for numpy in
             return list(np.asarray(out.pooled, dtype=np.float32))  # [b] x [hidden]
-        return list(pool(out.last_hidden_state, mask, self.pooling).cpu().numpy())
+        hidden = out.last_hidden_state
+        return list(build_head(self.sentence, self.path, str(hidden.device))(hidden, mask).cpu().numpy())
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
         if self.lists:  # [rows] x [texts] x [hidden]
@@ -67,17 +74,19 @@ class EmbedRunner(EncoderRunner):
         return columns
 
 
-def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:
-    """hidden: [b, L, h], mask: [b, L] → [b, h], as the model's sentence-transformers config pools."""
-    import torch
+def build_head(sentence: SentenceModel, path: Path, device: str = "cpu") -> torch.nn.Module:
+    """The torch module of (hidden [b, L, h], mask [b, L]) → [b, width] that the model's sentence-transformers
+    modules make of the encoder's output."""
+    from .sentence_head import sentence_head
 
-    if pooling.mode == "cls":
-        pooled = hidden[:, 0]
-    elif pooling.mode == "lasttoken":
-        last = mask.sum(dim=1) - 1  # right padding: the last real token of each row
-        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-    else:
-        weights = mask.unsqueeze(-1).to(hidden.dtype)  # [b, L, 1]
-        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-    pooled = pooled.float()
-    return torch.nn.functional.normalize(pooled, p=2, dim=1) if pooling.normalize else pooled
+    return sentence_head(sentence, path, device)
+
+
+def lower_case(tokenizer) -> None:
+    """Lowercase before the tokenizer's own normalizer, as sentence-transformers does for do_lower_case."""
+    from tokenizers.normalizers import Lowercase, Sequence
+
+    normalizer = tokenizer.normalizer
+    parts = list(normalizer) if isinstance(normalizer, Sequence) else [] if normalizer is None else [normalizer]
+    if not any(isinstance(part, Lowercase) for part in parts):
+        tokenizer.normalizer = Sequence([Lowercase(), *parts])

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .base import EncoderRunner, encode_capped, fixed_size_list, head_labels, rows_of, tokens_of
+from .base import EncoderRunner, fixed_size_list, head_labels, rows_of, tokens_of
 from .protocol import Tokens
 
 # CrossEncoder's activation, by the class name its config stores (sentence_transformers.activation_fn).
@@ -32,7 +32,7 @@ class ScoreRunner(EncoderRunner):
         self.scores = job.output.scores
 
     def tokenize(self, texts: list) -> Tokens:  # (text, text_pair) tuples, cut longest first
-        return tokens_of(encode_capped(self.tokenizer, texts, self.max_length), pairs=True)
+        return tokens_of(self.encode(texts), pairs=True)
 
     def sample_inputs(self) -> list:
         texts = super().sample_inputs()

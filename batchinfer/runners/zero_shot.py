@@ -13,7 +13,7 @@ import pyarrow as pa
 import torch
 
 from ..errors import ModelError
-from .base import EncoderRunner, encode_capped, fixed_size_list, tokens_of
+from .base import EncoderRunner, fixed_size_list, tokens_of
 from .protocol import Tokens
 
 
@@ -44,7 +44,7 @@ class ZeroShotRunner(EncoderRunner):
     def tokenize(self, texts: list[str]) -> Tokens:
         pairs = [(text, hypothesis) for text in texts for hypothesis in self.hypotheses]
         owner = np.repeat(np.arange(len(texts)), len(self.labels))
-        return tokens_of(encode_capped(self.tokenizer, pairs, self.max_length), owner, pairs=True)
+        return tokens_of(self.encode(pairs), owner, pairs=True)
 
     def head(self, inputs: dict, mask: torch.Tensor) -> list:
         return list(self.model(**inputs).logits.float().cpu().numpy())  # [b] x [classes]
