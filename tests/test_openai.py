@@ -582,3 +582,31 @@ def test_a_part_written_before_list_inputs_still_answers_one_vector():
     new = pa.table({"custom_id": ["a"], "embedding": [[[0.5, 0.25]]], "prompt_tokens": [3]})  # a list a row
     old_body, new_body = (json.loads(response_lines(t, "m", "embed")[0])["response"]["body"] for t in (old, new))
     assert old_body == new_body and old_body["data"] == [{"object": "embedding", "index": 0, "embedding": [0.5, 0.25]}]
+
+
+def test_a_file_that_appears_at_the_target_during_the_run_is_never_replaced(tmp_path, tiny_embed, monkeypatch):
+    import batchinfer.cli as cli
+
+    path = tmp_path / "embed.jsonl"
+    path.write_text(_embedding_request("e0", "Ok lar... Joking wif u oni...") + "\n")
+    target = tmp_path / "out.jsonl"
+    real = cli.execute
+
+    def someone_writes_the_target(*args, **kwargs):  # the user's own file, saved there while the run computes
+        report = real(*args, **kwargs)
+        target.write_text("my own results\n")
+        return report
+
+    monkeypatch.setattr(cli, "execute", someone_writes_the_target)
+    result = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(target), "-q"])
+    assert result.exit_code == 1, result.output
+    assert target.read_text() == "my own results\n"
+    kept = tmp_path / "out.jsonl.batchinfer" / "output.jsonl"
+    message = " ".join(result.output.split())
+    assert f"{target} appeared during the run" in message and f"results stay in {kept}" in message
+    assert json.loads(kept.read_text())["custom_id"] == "e0"
+    monkeypatch.setattr(cli, "execute", real)  # the user moves their file away; the same command delivers
+    target.rename(tmp_path / "mine.jsonl")
+    again = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(target), "-q"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(target.read_text())["custom_id"] == "e0"

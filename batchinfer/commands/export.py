@@ -19,6 +19,7 @@ from ..output.formats import json_lines
 from ..output.layout import SUCCESS
 from ..output.status import FolderStatus
 from ..storage import JOB_RECORD, LocalFolder
+from .delivery import place
 from .show import without_limit
 
 FORMATS = ("parquet", "jsonl", "csv")
@@ -84,9 +85,7 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
         out.make()
         for stale in out.temps_of(target.name, tmp=TMP_PREFIX):  # an export killed mid-write (kill -9 runs no cleanup)
             out.delete(stale)
-        if force:
-            out.write_with(target.name, lambda f: fill(tables(), f), tmp=TMP_PREFIX)
-        elif not out.create_with(target.name, lambda f: fill(tables(), f), tmp=TMP_PREFIX):
+        if not place(target, lambda f: fill(tables(), f), tmp=TMP_PREFIX, replace=force):
             raise OutputError(f"{target} exists", "give another -o path, or add --force to replace it")
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}", "choose a writable -o path") from exc
