@@ -27,9 +27,10 @@ class FolderStatus:
 
     @classmethod
     def read(cls, path: str | Path, options: dict | None = None) -> FolderStatus | None:
-        """None when the folder holds no batchinfer job; a damaged job record raises."""
+        """None when the folder holds no batchinfer job; a damaged job record or marker raises."""
         folder = open_folder(str(path), options)
         found = scan(folder, display_path(path), footers=False)
+        found.refuse_damaged(display_path(path))
         return cls(display_path(path), folder, found) if found.job is not None else None
 
     @property
@@ -126,6 +127,7 @@ def describe_folder(
     if not found.job:
         return "a new folder", None
     refuse_foreign(folder, shown, found)
+    found.refuse_damaged(shown)
     changed = describe_changes(found.job["fingerprint"], fingerprint)
     changed.pop("limit", None)
     lost = lost_chunks(found.done, found.listing, found.footers, found.job["job_id"])
