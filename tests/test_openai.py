@@ -610,3 +610,27 @@ def test_a_file_that_appears_at_the_target_during_the_run_is_never_replaced(tmp_
     again = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(target), "-q"])
     assert again.exit_code == 0, again.output
     assert json.loads(target.read_text())["custom_id"] == "e0"
+
+
+def test_a_response_format_without_xgrammar_fails_that_request_alone(tmp_path, tiny_llama, monkeypatch):
+    """Failed requests never abort the file: a constrained request where xgrammar cannot be imported is one
+    error line, and every other request is answered."""
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # `import xgrammar` raises ImportError
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    lines = [
+        _completion("free-1", "Free entry in 2 a wkly comp", max_tokens=4),
+        _completion("shaped", "Ok lar... Joking wif u oni...", max_tokens=4, response_format=schema),
+        _completion("free-2", "U dun say so early hor", max_tokens=4),
+    ]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = runner.invoke(
+        app, ["openai-batch", str(path), "-m", str(tiny_llama), "-o", str(tmp_path / "out.jsonl"), "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    answered = [json.loads(line)["custom_id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert answered == ["free-1", "free-2"]
+    (failed,) = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert failed["custom_id"] == "shaped" and failed["error"]["code"] == "unsupported"
+    assert "needs xgrammar, which is not installed" in failed["error"]["message"]
+    assert "pip install 'batchinfer[llm]'" in failed["error"]["message"]
