@@ -15,21 +15,21 @@ from ..errors import OutputError
 from ..storage import join
 from .failures import damage, writing
 from .layout import FORMAT, JOB, dumps, tmp_prefix
-from .records import Count
+from .records import Tally
 
 
 class Extent(BaseModel):
     """The job record's `plan`: the chunks and rows this run covers; with --limit also the whole job's."""
 
     model_config = ConfigDict(extra="allow", strict=True)
-    chunks: Count | None = None
-    rows: Count | None = None
-    job_chunks: Count | None = None
-    job_rows: Count | None = None
-    limit: Count | None = None
+    chunks: Tally | None = None
+    rows: Tally | None = None
+    job_chunks: Tally | None = None
+    job_rows: Tally | None = None
+    limit: Tally | None = None
 
 
-class Tuning(BaseModel):
+class ProbeChoice(BaseModel):
     """What a batching probe chose (runners/base.py), as a resumed run reads it back."""
 
     model_config = ConfigDict(extra="allow", strict=True)
@@ -51,7 +51,7 @@ class JobRecord(BaseModel):
     command: str = ""
     files: list[str] = []
     plan: Extent = Extent()
-    tuning: Tuning | None = None
+    tuning: ProbeChoice | None = None
 
 
 def read_job(folder, path) -> dict | None:

@@ -25,7 +25,7 @@ _OMITTED_WHEN_EMPTY = (
 
 
 # A marker's fields as read back (ChunkRecord.from_marker): of the type batchinfer writes, counts never negative.
-Count = Annotated[StrictInt, Field(ge=0)]
+Tally = Annotated[StrictInt, Field(ge=0)]
 Seconds = Annotated[StrictFloat, Field(ge=0)]
 
 
@@ -34,17 +34,17 @@ class ChunkRecord:
     """One pass over a chunk (or a retry pass over its error rows): what it counted and how long it took."""
 
     chunk: StrictStr  # its name: SSSSS-CCCCC, or SSSSS-CCCCC-rN for the Nth retry pass
-    rows: Count  # rows it covered
-    ok: Count  # rows in its part file
-    errors: dict[StrictStr, Count]  # rows in its error file, by reason
+    rows: Tally  # rows it covered
+    ok: Tally  # rows in its part file
+    errors: dict[StrictStr, Tally]  # rows in its error file, by reason
     retry_of: StrictStr | None = None  # a retry pass: the chunk whose error rows it ran again
-    truncated: Count = 0
+    truncated: Tally = 0
     # label scoring: the tokens the model computed for its rows, a shared prefix's once-computed ones not counted;
     # generate: every prompt token (those the engine read from its cache are in `prefix`)
-    tokens: Count = 0
-    padded_tokens: Count = 0
+    tokens: Tally = 0
+    padded_tokens: Tally = 0
     model_seconds: Seconds = 0.0
-    generated_tokens: Count | None = None  # generate
+    generated_tokens: Tally | None = None  # generate
     first_token_seconds: Seconds | None = None  # generate: the median over the chunk's rows
     seconds: Seconds = 0.0
     worker: StrictStr = "local"
@@ -53,7 +53,7 @@ class ChunkRecord:
     # (generate): {tokens: its length (generate: the most one row read), rows: those that reused it,
     # saved_tokens: the prompt tokens not computed again for them, prompt_tokens: the prompt tokens its rows had
     # in full, the saved ones included}
-    prefix: dict[StrictStr, Count] | None = None
+    prefix: dict[StrictStr, Tally] | None = None
     finished: Seconds | None = None  # when it was committed (time.time())
 
     @property
