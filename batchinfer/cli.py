@@ -176,7 +176,7 @@ def openai_batch(
             ) from exc
         command = resume_command(["openai-batch", str(requests), "--model", model, "-o", str(output)], set_ or [], None)
         errors = output.with_name(output.name.removesuffix(".jsonl") + ".errors.jsonl")
-        check_targets(work, [output, errors])
+        known = check_targets(work, [output, errors])
         report = execute(
             config,
             command,
@@ -185,7 +185,7 @@ def openai_batch(
             progress=progress_display("none" if quiet else progress, every),
         )
         counts = report["openai"]
-        deliver(work, {"output.jsonl": output, "errors.jsonl": errors}, counts)
+        deliver(work, {"output.jsonl": output, "errors.jsonl": errors}, counts, known)
         _say_delivered(counts, output, errors, work)
 
 

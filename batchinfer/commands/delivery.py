@@ -15,8 +15,9 @@ from ..output.status import FolderStatus
 from ..storage import TMP, LocalFolder
 
 
-def check_targets(work, targets: list) -> None:
-    """Before any work: refuse to overwrite a file that batchinfer did not write there itself."""
+def check_targets(work, targets: list) -> dict[str, str]:
+    """Before any work: refuse to overwrite a file that batchinfer did not write there itself. Returns the
+    digests of what it wrote at each target (a --restart clears the folder that keeps them)."""
     known = _exported(work)
     for target in targets:
         if target.is_dir():
@@ -29,15 +30,15 @@ def check_targets(work, targets: list) -> None:
                 f"{target} exists and was not written by batchinfer (or was changed since)",
                 "give another -o path, or move the file away",
             )
+    return known
 
 
-def deliver(work, targets: dict, lines: dict[str, int]) -> None:
+def deliver(work, targets: dict, lines: dict[str, int], known: dict[str, str]) -> None:
     """Move the folder's output.jsonl and errors.jsonl to where the user asked ({name: path}), each whole or
     not at all, so no second copy stays in the work folder; a file of no lines is not written (and one an
     earlier run wrote there is removed). Notes what was written, so a rerun may replace it. A file that is at
     a target now and is not one batchinfer wrote (one that appeared during the run) stays as it is: that
-    result stays in the work folder, and the error says where."""
-    known = _exported(work)
+    result stays in the work folder, and the error says where. `known`: what check_targets returned."""
     state = FolderStatus.read(work)
     files = DeclaredFiles(state.folder, state.path, state.job)
     kept = []
