@@ -257,8 +257,11 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
         ({"prompt": "t", "temperature": "0.5"}, "body.temperature: input should be a valid number (got '0.5')"),
         ({"prompt": "t", "seed": 2**70}, f"body.seed: must be a whole number from {-(2**63)} to {2**63 - 1} (got"),
         ({"prompt": "t", "n": 0}, f"body.n: must be a whole number from 1 to {2**63 - 1} (got 0)"),
-        ({"prompt": 5}, "body.prompt must be text, not int"),
-        ({"prompt": ["a", 5]}, "body.prompt[1] must be text, not int"),
+        ({"prompt": 5}, "body.prompt: must be a text or a list of texts, not a number (got 5)"),
+        ({"prompt": None}, "body.prompt: must be a text or a list of texts, not null (got None)"),
+        ({"prompt": ["a", 5]}, "body.prompt[1]: input should be a valid string (got 5)"),
+        ({"prompt": [[1, 2], [3]]}, "body.prompt: token-id lists are not accepted; send the text itself, a string"),
+        ({"prompt": ["x"] * 2049}, "body.prompt: 2,049 texts, more than the 2,048 one request may hold; split it"),
         ({"prompt": []}, "body.prompt: an empty list; give a text or a list of texts"),
     ],
 )
@@ -538,8 +541,11 @@ def test_a_list_input_is_one_response_line_with_a_vector_per_text_in_order(tmp_p
     }
     assert errors["blank"] == {"code": "empty_text", "message": errors["blank"]["message"]}
     assert errors["blank"]["message"].startswith("body.input[1] is empty")
-    assert errors["huge"]["message"] == "body.input: 2,049 texts, more than the 2048 one request may hold; split it"
-    assert errors["tokens"]["message"] == "body.input[0] must be text, not int"
+    assert errors["huge"]["message"] == "body.input: 2,049 texts, more than the 2,048 one request may hold; split it"
+    assert errors["tokens"]["message"] == (
+        "body.input: token-id lists are not accepted; send the text itself, a string or a list of strings "
+        "(got [1, 2, 3])"
+    )
     assert errors["none"]["message"].startswith("body.input: an empty list")
     assert {e["code"] for k, e in errors.items() if k != "blank"} == {"bad_request"}
 
@@ -634,3 +640,16 @@ def test_a_response_format_without_xgrammar_fails_that_request_alone(tmp_path, t
     assert failed["custom_id"] == "shaped" and failed["error"]["code"] == "unsupported"
     assert "needs xgrammar, which is not installed" in failed["error"]["message"]
     assert "pip install 'batchinfer[llm]'" in failed["error"]["message"]
+
+
+def test_a_lone_surrogate_in_a_list_input_names_the_request_field_not_a_column(tmp_path, tiny_embed):
+    path = tmp_path / "requests.jsonl"
+    path.write_text(_embedding_request("bad", ["fine", "\ud800"]) + "\n" + _embedding_request("ok", "fine") + "\n")
+    result = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(tmp_path / "o.jsonl")])
+    assert result.exit_code == 0, result.output
+    (error,) = [json.loads(line)["error"] for line in (tmp_path / "o.errors.jsonl").read_text().splitlines()]
+    assert error == {
+        "code": "bad_utf8",
+        "message": "body.input[1]: not valid Unicode (surrogates not allowed at character 0)",
+    }
+    assert json.loads((tmp_path / "o.jsonl").read_text())["custom_id"] == "ok"
