@@ -41,12 +41,10 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
         raise OutputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", "write e.g. --format parquet")
     check_target(target, fmt, force)
     try:
-        state = FolderStatus.read(folder)
-        lost = state.lost() if state is not None else {}
+        state = FolderStatus.of_run(folder)
+        lost = state.lost()
     except OSError as exc:
         raise reach_error(folder, exc, "read", "check the path or URL and the credentials") from exc
-    if state is None:
-        raise OutputError(f"{folder} holds no batchinfer run", "give the output.path of a finished job")
     command = state.command or "batchinfer run JOB.yaml"
     chunks = sum(1 for r in state.done.values() if not r.retry_of)
     total = state.extent.get("job_chunks", state.extent.get("chunks", "?"))
@@ -67,6 +65,11 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
             f"rerun {command}: it runs those chunks again; then export",
         )
     parts = state.parts()
+    if not chunks:
+        raise OutputError(
+            f"{folder}: no chunk has finished yet (0/{total} chunks done), so there is nothing to export",
+            f"let the run finish a chunk (batchinfer status {folder} shows how far it is), or resume it: {command}",
+        )
     if not parts:
         raise OutputError(f"{folder} holds no result rows (every row is in _errors/)", "see batchinfer status")
     rows = 0
