@@ -139,3 +139,35 @@ def test_identity_covers_every_byte_and_is_hashed_once_until_the_file_changes(tm
     assert model_identity(copy) == changed and reads == []  # from the memo
     negate_in_place(9 << 20)
     assert model_identity(copy) not in (before, changed) and reads == [weights]  # its ctime moved
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "bloom"])
+def test_a_model_without_sdpa_loads_with_its_own_attention(tmp_path, tiny_llama, kind):
+    """Gemma2 and BLOOM have no sdpa path: transformers refuses it for them, which was once reported as a
+    truncated weights file. They load with the attention their class defines, and give its outputs."""
+    import torch
+    import transformers
+
+    vocab = json.loads((tiny_llama / "config.json").read_text())["vocab_size"]
+    shapes = {
+        "gemma2": ("Gemma2", dict(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16)),
+        "bloom": ("Bloom", dict(n_layer=1, n_head=2)),
+    }
+    name, extra = shapes[kind]
+    config = getattr(transformers, f"{name}Config")(hidden_size=32, intermediate_size=64, vocab_size=vocab, **extra)
+    torch.manual_seed(0)
+    getattr(transformers, f"{name}ForCausalLM")(config).save_pretrained(tmp_path)
+    for path in tiny_llama.iterdir():  # the tiny Llama's tokenizer
+        if "token" in path.name or path.name.endswith(".jinja"):
+            shutil.copy(path, tmp_path / path.name)
+    tokenizer, model, _ = load_model(ModelConfig(path=str(tmp_path), task="generate"), tmp_path)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert model.config._attn_implementation == reference.config._attn_implementation == "eager"
+    ids = torch.tensor([tokenizer("Are you coming tonight")["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # a truncated file is still said to be one
+    with pytest.raises(ModelError) as info:
+        load_model(ModelConfig(path=str(tmp_path), task="generate"), tmp_path)
+    assert "a weights file may be truncated" in info.value.hint

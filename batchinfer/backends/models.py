@@ -331,18 +331,21 @@ def load_model(cfg: ModelConfig, path: Path):
     loader = getattr(transformers, model_spec(cfg.task, cfg.labels).auto_class)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+        # Attention as the model's class defines it by default: sdpa where it has it, else its own (Gemma2's
+        # soft-capping and BLOOM's ALiBi have no sdpa path, and transformers refuses sdpa for them).
         model = loader.from_pretrained(
-            path,
-            dtype=dtype,
-            attn_implementation="sdpa",
-            use_safetensors=use_safetensors,
-            trust_remote_code=cfg.trust_remote_code,
+            path, dtype=dtype, use_safetensors=use_safetensors, trust_remote_code=cfg.trust_remote_code
         )
-    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as exc:
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as exc:
         # RuntimeError: shapes that do not fit the config; the others: missing, truncated or corrupt files
         raise ModelError(
             f"cannot load the model in {path}: {type(exc).__name__}: {exc}",
             "check that the folder was saved whole with save_pretrained (a weights file may be truncated)",
+        ) from exc
+    except ValueError as exc:  # transformers refuses what the folder asks (a setting, an architecture)
+        raise ModelError(
+            f"transformers refuses the model in {path}: {exc}",
+            "check its config.json against the transformers version installed (pip show transformers)",
         ) from exc
     if cfg.quantize == "int8":
         if device.type != "cpu":
