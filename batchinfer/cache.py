@@ -2,7 +2,8 @@
 its size, times or inode say it may have changed since.
 
 The memo is an SQLite table (one row per absolute path: concurrent workers need no lock of their own). A
-cache that cannot be written costs only the memo: every file is then hashed at every start.
+cache that cannot be written, or that another process holds locked, costs only the memo: the file is then
+hashed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ MEMO = "digests.sqlite"
 # A file changed less than this long ago may change again within the same timestamp tick, unseen by its
 # stat (git's "racy" files): it is hashed, but not remembered.
 SETTLED_NS = 2_000_000_000
+# How long a read or write of the memo waits for another process's lock on it (a write holds it for
+# milliseconds): past it the memo is skipped and the file hashed, never a wait as long as the hash itself.
+MEMO_WAIT_S = 0.25
 
 
 def cache_root() -> Path:
@@ -60,7 +64,7 @@ def _memo() -> sqlite3.Connection | None:
     try:
         root = cache_root()
         root.mkdir(parents=True, exist_ok=True)
-        memo = sqlite3.connect(root / MEMO, timeout=30)
+        memo = sqlite3.connect(root / MEMO, timeout=MEMO_WAIT_S)
     except (OSError, sqlite3.Error):
         return None
     try:

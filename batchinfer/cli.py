@@ -181,7 +181,7 @@ def openai_batch(
             ) from exc
         command = resume_command(["openai-batch", str(requests), "--model", model, "-o", str(output)], set_ or [], None)
         errors = output.with_name(output.name.removesuffix(".jsonl") + ".errors.jsonl")
-        check_targets(work, [output, errors])
+        known = check_targets(work, [output, errors])
         report = execute(
             config,
             command,
@@ -190,7 +190,7 @@ def openai_batch(
             progress=progress_display("none" if quiet else progress, every),
         )
         counts = report["openai"]
-        deliver(work, {"output.jsonl": output, "errors.jsonl": errors}, counts)
+        deliver(work, {"output.jsonl": output, "errors.jsonl": errors}, counts, known)
         _say_delivered(counts, output, errors, work)
 
 
@@ -466,28 +466,14 @@ def status(
 ):
     """Show how far a job's output folder is: chunks, rows, errors, the run holding it. Changes nothing."""
     from .commands.show import status_lines
-    from .errors import OutputError
     from .output.failures import reach_error
-    from .output.layout import JOB, LEGACY
     from .output.status import FolderStatus
-    from .storage import is_uri
 
     with reported(debug):
         try:
-            state = FolderStatus.read(folder)
+            state = FolderStatus.of_run(folder)
         except OSError as exc:
             raise reach_error(folder, exc, "read", "check the path or URL and the credentials") from exc
-        if state is None:
-            legacy = not is_uri(folder) and (Path(folder) / LEGACY).exists()
-            raise OutputError(
-                f"{folder} holds no batchinfer run (no {JOB})"
-                + (
-                    f"; its {LEGACY} was written by an earlier batchinfer, which this one cannot resume"
-                    if legacy
-                    else ""
-                ),
-                "give the output.path of a job",
-            )
         for line in status_lines(state):
             out.print(line, highlight=False)
 

@@ -95,7 +95,9 @@ def test_the_queue_is_bounded_in_tokens_and_a_reservation_counts():
     async def go():
         loop = asyncio.get_running_loop()
         queued = batcher.submit(_rows(6), loop)
-        with pytest.raises(Overloaded, match="6 tokens are queued or being read, the limit is 10"):
+        with pytest.raises(
+            Overloaded, match="6 tokens are queued or running, the limit is serve.max_queue_tokens \\(10\\)"
+        ):
             batcher.submit(_rows(5), loop)
         last = batcher.submit(_rows(4), loop)  # fits: 10 of 10
         assert batcher.queued_tokens == 10
@@ -133,7 +135,7 @@ def test_a_request_larger_than_the_bound_is_refused_even_when_the_queue_is_empty
             with batcher.reserved(500, least=31):  # 31 texts: refused before they are tokenized
                 pass
         with batcher.reserved(500):  # an estimate past the bound holds the bound; the real count decides
-            with pytest.raises(Overloaded, match="30 tokens are queued or being read"):
+            with pytest.raises(Overloaded, match="30 tokens are queued or running"):
                 batcher.submit(_rows(1), loop)
             request = batcher.submit(_rows(12, 12), loop, reserved=500)  # fits, and spans two batches
         return await asyncio.wait_for(request.future, 10)

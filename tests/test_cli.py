@@ -224,7 +224,7 @@ def test_status_changes_nothing_and_explains_a_damaged_report(tmp_path, sms_parq
     assert result.exit_code == 1 and "_done/00000-00001.json" in result.output
     (out / "_batchinfer.json").write_text("{")
     result = runner.invoke(app, ["status", str(out)])
-    assert result.exit_code == 1 and "_batchinfer.json is damaged" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 1 and "damaged: " in result.output and "Traceback" not in result.output
 
 
 def test_status_knows_the_total_before_the_first_chunk(tmp_path, sms_parquet, tiny_embed):
@@ -637,3 +637,66 @@ def test_a_saved_dataset_without_the_datasets_package_names_the_extra(tmp_path, 
     assert result.exit_code == 1, result.output
     assert "needs the datasets package, which is not installed" in result.output
     assert "pip install 'batchinfer[hf]'" in result.output and "Traceback" not in result.output
+
+
+@pytest.fixture(scope="module")
+def finished_folder(tmp_path_factory, sms_table, tiny_embed):
+    """A finished job of two chunks, to copy and damage."""
+    import pyarrow.parquet as pq
+
+    base = tmp_path_factory.mktemp("finished")
+    (base / "sms").mkdir()
+    pq.write_table(sms_table.slice(0, 200), base / "sms" / "part-0.parquet")
+    job = write_job(base, make_job(base / "sms", tiny_embed, base / "out", raw=True))
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    return base
+
+
+RECORD, MARKER = "_batchinfer.json", "_done/00000-00001.json"
+DAMAGE = {  # what is written into the file: (file, a change to its JSON, or the new text), the field named
+    "job_id a number": (RECORD, {"job_id": 5}, "job_id"),
+    "job_id missing": (RECORD, {"job_id": None}, "job_id"),
+    "plan text": (RECORD, {"plan": "x"}, "plan"),
+    "plan a negative count": (RECORD, {"plan": {"chunks": -2, "rows": 200}}, "plan.chunks"),
+    "command a number": (RECORD, {"command": 7}, "command"),
+    "fingerprint a list": (RECORD, {"fingerprint": []}, "fingerprint"),
+    "files text": (RECORD, {"files": "part-0"}, "files"),
+    "tuning of the wrong type": (RECORD, {"tuning": {"max_tokens": "big", "strategy": "padded"}}, "tuning.max_tokens"),
+    "record not JSON": (RECORD, '{"batchinfer": 2, "job_', "not JSON"),
+    "record JSON not an object": (RECORD, "[1, 2]", "the file"),
+    "finished text": (MARKER, {"finished": "yesterday"}, "finished"),
+    "rows negative": (MARKER, {"rows": -5}, "rows"),
+    "ok text": (MARKER, {"ok": "100"}, "ok"),
+    "ok missing": (MARKER, {"ok": None}, "ok"),
+    "errors a list": (MARKER, {"errors": []}, "errors"),
+    "an error count negative": (MARKER, {"errors": {"too_long": -1}}, "errors.too_long"),
+    "seconds negative": (MARKER, {"seconds": -3.0}, "seconds"),
+    "worker a number": (MARKER, {"worker": 5}, "worker"),
+    "prefix counts text": (MARKER, {"prefix": {"tokens": "40"}}, "prefix.tokens"),
+    "rows a boolean": (MARKER, {"rows": True}, "rows"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGE, ids=list(DAMAGE))
+def test_a_damaged_job_record_or_marker_is_named_in_run_status_and_export(tmp_path, finished_folder, tiny_embed, case):
+    import shutil
+
+    name, change, field = DAMAGE[case]
+    out = tmp_path / "out"
+    shutil.copytree(finished_folder / "out", out)
+    job = write_job(tmp_path, make_job(finished_folder / "sms", tiny_embed, out, raw=True))
+    path = out / name
+    if isinstance(change, str):
+        path.write_text(change)
+    else:
+        content = {**json.loads(path.read_text()), **change}
+        path.write_text(json.dumps({k: v for k, v in content.items() if v is not None}))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    for words in (["status", str(out)], ["export", str(out), "-o", str(tmp_path / "all.csv")], ["run", str(job)]):
+        result = runner.invoke(app, words)
+        said = " ".join(result.output.split())
+        assert result.exit_code == 1, (words, said)
+        assert f"damaged: {path}: {field}" in said and "internal error" not in said, (words, said)
+        assert ("--restart" if name == MARKER else "--output NEW_FOLDER") in said
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing changed, nothing exported
+    assert not (tmp_path / "all.csv").exists()

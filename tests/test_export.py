@@ -155,3 +155,34 @@ def test_export_never_writes_inside_an_output_folder_and_removes_only_its_own_st
     result = runner.invoke(app, ["export", str(out), "-f", "csv", "-o", str(tmp_path / "all.csv")])
     assert result.exit_code == 0, result.output
     assert not stale.exists() and all(p.read_text() == "half" for p in others)
+
+
+def test_a_partial_export_before_any_chunk_says_none_has_finished(tmp_path):
+    from batchinfer.output.checkpoint import Checkpoint
+
+    with Checkpoint.open(tmp_path / "out") as out:  # a run that has not finished its first chunk
+        out.start({}, restart=False, command="batchinfer run job.yaml", extent={"chunks": 6, "rows": 600})
+    result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(tmp_path / "x.parquet"), "--partial"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "no chunk has finished yet (0/6 chunks done)" in said, said
+    assert "holds no result rows" not in said and "resume it: batchinfer run job.yaml" in said
+
+
+@pytest.mark.parametrize("command", ["status", "export"])
+def test_a_folder_that_does_not_exist_is_said_to_not_exist(tmp_path, command):
+    words = [command, str(tmp_path / "no-such-out")] + (["-o", str(tmp_path / "x.csv")] if command == "export" else [])
+    result = runner.invoke(app, words)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and f"{tmp_path / 'no-such-out'} does not exist (no such folder)" in said, said
+    assert "holds no batchinfer run" not in said and not (tmp_path / "no-such-out").exists()
+    (tmp_path / "empty").mkdir()  # a folder there, but no run in it
+    result = runner.invoke(app, [command, str(tmp_path / "empty")] + words[2:])
+    assert result.exit_code == 1 and "holds no batchinfer run" in result.output
+
+
+def test_a_bucket_that_does_not_exist_is_said_to_not_exist(s3):
+    for words in (["status", "s3://no-such-bucket-here/out"], ["export", "s3://no-such-bucket-here/out", "-o", "x"]):
+        result = runner.invoke(app, words)
+        said = " ".join(result.output.split())
+        assert result.exit_code == 1 and "s3://no-such-bucket-here/out" in said and "does not exist" in said, said
+        assert "holds no batchinfer run" not in said

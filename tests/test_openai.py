@@ -257,8 +257,11 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
         ({"prompt": "t", "temperature": "0.5"}, "body.temperature: input should be a valid number (got '0.5')"),
         ({"prompt": "t", "seed": 2**70}, f"body.seed: must be a whole number from {-(2**63)} to {2**63 - 1} (got"),
         ({"prompt": "t", "n": 0}, f"body.n: must be a whole number from 1 to {2**63 - 1} (got 0)"),
-        ({"prompt": 5}, "body.prompt must be text, not int"),
-        ({"prompt": ["a", 5]}, "body.prompt[1] must be text, not int"),
+        ({"prompt": 5}, "body.prompt: must be a text or a list of texts, not a number (got 5)"),
+        ({"prompt": None}, "body.prompt: must be a text or a list of texts, not null (got None)"),
+        ({"prompt": ["a", 5]}, "body.prompt[1]: input should be a valid string (got 5)"),
+        ({"prompt": [[1, 2], [3]]}, "body.prompt: token-id lists are not accepted; send the text itself, a string"),
+        ({"prompt": ["x"] * 2049}, "body.prompt: 2,049 texts, more than the 2,048 one request may hold; split it"),
         ({"prompt": []}, "body.prompt: an empty list; give a text or a list of texts"),
     ],
 )
@@ -538,8 +541,11 @@ def test_a_list_input_is_one_response_line_with_a_vector_per_text_in_order(tmp_p
     }
     assert errors["blank"] == {"code": "empty_text", "message": errors["blank"]["message"]}
     assert errors["blank"]["message"].startswith("body.input[1] is empty")
-    assert errors["huge"]["message"] == "body.input: 2,049 texts, more than the 2048 one request may hold; split it"
-    assert errors["tokens"]["message"] == "body.input[0] must be text, not int"
+    assert errors["huge"]["message"] == "body.input: 2,049 texts, more than the 2,048 one request may hold; split it"
+    assert errors["tokens"]["message"] == (
+        "body.input: token-id lists are not accepted; send the text itself, a string or a list of strings "
+        "(got [1, 2, 3])"
+    )
     assert errors["none"]["message"].startswith("body.input: an empty list")
     assert {e["code"] for k, e in errors.items() if k != "blank"} == {"bad_request"}
 
@@ -582,3 +588,68 @@ def test_a_part_written_before_list_inputs_still_answers_one_vector():
     new = pa.table({"custom_id": ["a"], "embedding": [[[0.5, 0.25]]], "prompt_tokens": [3]})  # a list a row
     old_body, new_body = (json.loads(response_lines(t, "m", "embed")[0])["response"]["body"] for t in (old, new))
     assert old_body == new_body and old_body["data"] == [{"object": "embedding", "index": 0, "embedding": [0.5, 0.25]}]
+
+
+def test_a_file_that_appears_at_the_target_during_the_run_is_never_replaced(tmp_path, tiny_embed, monkeypatch):
+    import batchinfer.cli as cli
+
+    path = tmp_path / "embed.jsonl"
+    path.write_text(_embedding_request("e0", "Ok lar... Joking wif u oni...") + "\n")
+    target = tmp_path / "out.jsonl"
+    real = cli.execute
+
+    def someone_writes_the_target(*args, **kwargs):  # the user's own file, saved there while the run computes
+        report = real(*args, **kwargs)
+        target.write_text("my own results\n")
+        return report
+
+    monkeypatch.setattr(cli, "execute", someone_writes_the_target)
+    result = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(target), "-q"])
+    assert result.exit_code == 1, result.output
+    assert target.read_text() == "my own results\n"
+    kept = tmp_path / "out.jsonl.batchinfer" / "output.jsonl"
+    message = " ".join(result.output.split())
+    assert f"{target} appeared during the run" in message and f"results stay in {kept}" in message
+    assert json.loads(kept.read_text())["custom_id"] == "e0"
+    monkeypatch.setattr(cli, "execute", real)  # the user moves their file away; the same command delivers
+    target.rename(tmp_path / "mine.jsonl")
+    again = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(target), "-q"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(target.read_text())["custom_id"] == "e0"
+
+
+def test_a_response_format_without_xgrammar_fails_that_request_alone(tmp_path, tiny_llama, monkeypatch):
+    """Failed requests never abort the file: a constrained request where xgrammar cannot be imported is one
+    error line, and every other request is answered."""
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # `import xgrammar` raises ImportError
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    lines = [
+        _completion("free-1", "Free entry in 2 a wkly comp", max_tokens=4),
+        _completion("shaped", "Ok lar... Joking wif u oni...", max_tokens=4, response_format=schema),
+        _completion("free-2", "U dun say so early hor", max_tokens=4),
+    ]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = runner.invoke(
+        app, ["openai-batch", str(path), "-m", str(tiny_llama), "-o", str(tmp_path / "out.jsonl"), "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    answered = [json.loads(line)["custom_id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert answered == ["free-1", "free-2"]
+    (failed,) = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert failed["custom_id"] == "shaped" and failed["error"]["code"] == "unsupported"
+    assert "needs xgrammar, which is not installed" in failed["error"]["message"]
+    assert "pip install 'batchinfer[llm]'" in failed["error"]["message"]
+
+
+def test_a_lone_surrogate_in_a_list_input_names_the_request_field_not_a_column(tmp_path, tiny_embed):
+    path = tmp_path / "requests.jsonl"
+    path.write_text(_embedding_request("bad", ["fine", "\ud800"]) + "\n" + _embedding_request("ok", "fine") + "\n")
+    result = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(tmp_path / "o.jsonl")])
+    assert result.exit_code == 0, result.output
+    (error,) = [json.loads(line)["error"] for line in (tmp_path / "o.errors.jsonl").read_text().splitlines()]
+    assert error == {
+        "code": "bad_utf8",
+        "message": "body.input[1]: not valid Unicode (surrogates not allowed at character 0)",
+    }
+    assert json.loads((tmp_path / "o.jsonl").read_text())["custom_id"] == "ok"

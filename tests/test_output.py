@@ -176,7 +176,7 @@ def test_a_lock_that_is_not_batchinfers_is_neither_taken_nor_removed(tmp_path):
 def test_a_damaged_job_file_and_an_old_format_folder_get_messages(tmp_path):
     _finished(tmp_path / "out")
     (tmp_path / "out" / "_batchinfer.json").write_text('{"batchinfer": 2, "job_')
-    with pytest.raises(OutputError, match="_batchinfer.json is damaged") as info:
+    with pytest.raises(OutputError, match="damaged: .*_batchinfer.json: not JSON") as info:
         _open(tmp_path / "out", restart=True)
     assert "--output" in info.value.hint
     (tmp_path / "old").mkdir()
@@ -335,12 +335,15 @@ def test_a_format_writes_only_the_files_its_job_declared(tmp_path):
 
 @pytest.mark.parametrize(
     "change",
-    [{"rows": "500"}, {"ok": None}, {"errors": []}, {"errors": {"too_long": "3"}}, {"rows": True}],
+    [{"rows": "500"}, {"ok": None}, {"errors": []}, {"errors": {"too_long": "3"}}, {"rows": True}, {"rows": -5}],
 )
 def test_a_marker_of_json_with_the_wrong_types_is_damaged_not_a_crash(change):
+    from pydantic import ValidationError
+
     marker = {"chunk": "00000-00000", "rows": 500, "ok": 497, "errors": {"too_long": 3}}
     assert ChunkRecord.from_marker(marker).ok == 497
-    assert ChunkRecord.from_marker({**marker, **change}) is None
+    with pytest.raises(ValidationError):
+        ChunkRecord.from_marker({**marker, **change})
 
 
 def test_a_label_scoring_marker_written_before_prompt_tokens_gets_them_from_its_computed_tokens():
@@ -356,7 +359,8 @@ def test_a_label_scoring_marker_written_before_prompt_tokens_gets_them_from_its_
     }
     new = {**marker, "prefix": {"tokens": 40, "rows": 30, "saved_tokens": 1200, "prompt_tokens": 2500}}
     assert ChunkRecord.from_marker(new).prefix["prompt_tokens"] == 2500
-    assert ChunkRecord.from_marker({**marker, "prefix": {**new["prefix"], "prompt_tokens": "2500"}}) is None
+    with pytest.raises(ValueError):  # pydantic's ValidationError
+        ChunkRecord.from_marker({**marker, "prefix": {**new["prefix"], "prompt_tokens": "2500"}})
 
 
 def test_a_cache_inside_the_output_folder_is_refused_before_anything_is_written(

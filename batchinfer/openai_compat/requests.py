@@ -1,7 +1,8 @@
-"""A completion request's settings as one pydantic model, checked against the ranges OpenAI documents
+"""The OpenAI request bodies as pydantic models, one per url, checked against the ranges OpenAI documents
 (https://platform.openai.com/docs/api-reference/chat/create): OpenAI Batch lines (batch_files.py) and
-serve's bodies (serve/bodies.py) are both read by it, so both refuse the same values in the same words,
-`temperature: must be a number from 0 to 2 (got 5)`. The fields it does not declare are judged by
+serve's bodies (serve/bodies.py) are both read by them, as vLLM's run_batch reads lines with its HTTP
+models, so both refuse the same values in the same words, `temperature: must be a number from 0 to 2 (got
+5)`, and cap a list of texts at the same MAX_INPUTS. The fields they do not declare are judged by
 fields.FIELDS (done, or refused by name).
 """
 
@@ -10,13 +11,14 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 from pydantic_core import PydanticCustomError
 
 from ..errors import shorten
-from .fields import CHAT, COMPLETIONS
+from .fields import CHAT, COMPLETIONS, EMBEDDINGS
 
 INT64 = 1 << 63  # a seed is stored in an int64 column, and torch and vLLM take no more
+MAX_INPUTS = 2048  # the texts (or prompts) one request may hold, as OpenAI caps an embeddings input
 
 
 def _range(low: float, high: float | None = None, low_open: bool = False, kind: str = "a number") -> AfterValidator:
@@ -50,6 +52,47 @@ def _stops(value) -> list[str] | None:
 Count = Annotated[int | None, _range(1, INT64 - 1, kind="a whole number")]  # past the context: cut to it
 
 
+def _no_token_ids(value):
+    """OpenAI also takes token ids (a list of integers, or a list of such lists) where text goes; batchinfer
+    tokenizes with the model's own tokenizer, so it takes text only."""
+    if _int_list(value) or (isinstance(value, list) and value and all(map(_int_list, value))):
+        raise PydanticCustomError(
+            "token_ids", "token-id lists are not accepted; send the text itself, a string or a list of strings"
+        )
+    if not isinstance(value, (str, list)):
+        raise PydanticCustomError("text_type", "must be a text or a list of texts, not {kind}", {"kind": _kind(value)})
+    return value
+
+
+def _kind(value) -> str:
+    return {bool: "true or false", int: "a number", float: "a number", dict: "an object"}.get(type(value), "null")
+
+
+def _int_list(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(map(_is_int, value))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _texts_count(value):
+    """A list of texts is one request: at least one, at most MAX_INPUTS."""
+    if isinstance(value, list) and not value:
+        raise PydanticCustomError("empty_list", "an empty list; give a text or a list of texts")
+    if isinstance(value, list) and len(value) > MAX_INPUTS:
+        raise PydanticCustomError(
+            "too_many_texts",
+            "{count} texts, more than the {most} one request may hold; split it",
+            {"count": f"{len(value):,}", "most": f"{MAX_INPUTS:,}"},
+        )
+    return value
+
+
+# A text or a list of texts: `input` of embeddings and classify, `prompt` of completions.
+Texts = Annotated[str | list[str], BeforeValidator(_no_token_ids), AfterValidator(_texts_count)]
+
+
 class GenerationSettings(BaseModel):
     """What a /v1/completions body may set, range-checked; strict: "0.5" is not a number, true not 1."""
 
@@ -80,7 +123,48 @@ class ChatSettings(GenerationSettings):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-SETTINGS: dict[str, type[GenerationSettings]] = {CHAT: ChatSettings, COMPLETIONS: GenerationSettings}
+class CompletionRequest(GenerationSettings):
+    """A /v1/completions body. A list of prompts: one choice per prompt, in order (choices[i].index)."""
+
+    prompt: Texts
+
+
+class ChatRequest(ChatSettings):
+    """A /v1/chat/completions body; its messages are read by fields.chat_messages."""
+
+    messages: list[dict[str, Any]]
+
+
+class EmbeddingsRequest(BaseModel):
+    """A /v1/embeddings body."""
+
+    model_config = ConfigDict(extra="allow")  # other fields: fields.FIELDS
+    input: Texts
+    model: str | None = None
+    encoding_format: str = "float"
+
+
+REQUESTS: dict[str, type[BaseModel]] = {
+    CHAT: ChatRequest,
+    COMPLETIONS: CompletionRequest,
+    EMBEDDINGS: EmbeddingsRequest,
+}
+
+
+def unicode_problem(value: Any, where: str = "") -> str | None:
+    """JSON may carry a lone UTF-16 surrogate ("\\ud800"), which no tokenizer reads: where it is, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{where}: not valid Unicode ({exc.reason} at character {exc.start})"
+    elif isinstance(value, dict | list):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            inner = f"{where}[{key}]" if isinstance(value, list) else f"{where}.{key}" if where else str(key)
+            if problem := unicode_problem(item, inner):
+                return problem
+    return None
 
 
 def describe(errors: list[dict], prefix: str = "") -> str:
@@ -100,6 +184,7 @@ def describe(errors: list[dict], prefix: str = "") -> str:
             continue  # the list branch says more
         parts = [loc[0]] + loc[2 if branch else 1 :]
         where = prefix + str(parts[0]) + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts[1:])
-        got = "" if e["type"] == "missing" else f" (got {shorten(e.get('input'), 60)})"
+        # a count of texts says what it got; a list of thousands shown in part would not
+        got = "" if e["type"] in ("missing", "too_many_texts") else f" (got {shorten(e.get('input'), 60)})"
         problems.append(f"{where}: {e['msg'].lower()}{got}")
     return "; ".join(problems[:5])

@@ -136,6 +136,8 @@ class Checkpoint:
         `extent`: totals (chunks, rows) that `batchinfer status` shows; `planned`: this run's chunks and
         their rows: a finished chunk an earlier --limit cut short runs again in full."""
         found, self._found = self._found, None
+        if not restart:
+            found.refuse_damaged(self.path)
         if restart and found.job:
             _clear(self.folder, found.listing)
         if restart or not found.job:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import OutputError
+from pydantic import ValidationError
+
+from ..errors import OutputError, shorten
 from ..storage import is_disk_full, is_uri, reach_problem
 
 
@@ -44,3 +46,14 @@ def foreign_error(path, names: list[str], what: str) -> OutputError:
         "choose an empty or new output.path (--output DIR); batchinfer never deletes files it did "
         "not write, so move them away yourself if the folder must be reused",
     )
+
+
+def damage(exc: ValidationError) -> str:
+    """What a job record or marker holds that batchinfer never writes, field by field: `rows: input should be
+    greater than or equal to 0 (got -5)`."""
+    problems = []
+    for e in exc.errors()[:5]:
+        where = ".".join(str(p) for p in e["loc"]) or "the file"
+        got = "" if e["type"] == "missing" else f" (got {shorten(e.get('input'), 60)})"
+        problems.append(f"{where}: {e['msg'][0].lower()}{e['msg'][1:]}{got}")
+    return "; ".join(problems)

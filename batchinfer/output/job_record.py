@@ -5,32 +5,75 @@ Written first; the job's id in it is what proves every other file in the folder 
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import OutputError
 from ..storage import join
-from .failures import writing
+from .failures import damage, writing
 from .layout import FORMAT, JOB, dumps, tmp_prefix
+from .records import Tally
+
+
+class Extent(BaseModel):
+    """The job record's `plan`: the chunks and rows this run covers; with --limit also the whole job's."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    chunks: Tally | None = None
+    rows: Tally | None = None
+    job_chunks: Tally | None = None
+    job_rows: Tally | None = None
+    limit: Tally | None = None
+
+
+class ProbeChoice(BaseModel):
+    """What a batching probe chose (runners/base.py), as a resumed run reads it back."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    max_tokens: Annotated[int, Field(ge=1)]
+    strategy: Literal["padded", "packed"]
+    backend: str | None = None
+    precision: str | None = None
+
+
+class JobRecord(BaseModel):
+    """_batchinfer.json as it is read back: every field of the type batchinfer writes, or the folder is damaged.
+    Keys it does not know are kept (a later batchinfer may add some)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    batchinfer: Literal[FORMAT]
+    job_id: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+    created: str = ""
+    fingerprint: dict[str, Any]
+    command: str = ""
+    files: list[str] = []
+    plan: Extent = Extent()
+    tuning: ProbeChoice | None = None
 
 
 def read_job(folder, path) -> dict | None:
-    """The folder's job; None when it has no job record. A job record that is not batchinfer's is refused."""
+    """The folder's job; None when it has no job record. A job record that is not batchinfer's, or not of the
+    types batchinfer writes, is refused as damaged."""
     raw = folder.read(JOB)
     if raw is None:
         return None
     try:
         job = json.loads(raw)
-        if job.get("batchinfer") != FORMAT or not re.fullmatch(r"[0-9a-f]{32}", job.get("job_id", "")):
-            raise ValueError("not a batchinfer job record")
-        return job
-    except (ValueError, AttributeError) as exc:
-        raise OutputError(
-            f"{join(str(path), JOB)} is damaged ({str(exc)[:100]}), so batchinfer cannot tell which "
-            "files in the folder are its own",
-            "write to a new folder with --output NEW_FOLDER",
-        ) from exc
+    except ValueError as exc:
+        problem = f"not JSON ({str(exc)[:100]})"
+    else:
+        try:
+            JobRecord.model_validate(job)
+            return job
+        except ValidationError as exc:
+            problem = damage(exc)
+    raise OutputError(
+        f"damaged: {join(str(path), JOB)}: {problem}; so batchinfer cannot tell which files in the folder are its own",
+        "write to a new folder with --output NEW_FOLDER; move this one away if its results are not needed",
+    )
 
 
 def create_job(folder, path, fields: dict) -> dict:

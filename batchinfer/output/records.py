@@ -5,7 +5,11 @@ run's log travel beside it (ChunkResult) and never reach a marker."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+import functools
+from dataclasses import asdict, dataclass, field, replace
+from typing import Annotated
+
+from pydantic import Field, StrictFloat, StrictInt, StrictStr, TypeAdapter
 
 from ..control import Batching
 from .layout import error_part_name, part_name
@@ -21,35 +25,40 @@ _OMITTED_WHEN_EMPTY = (
 )
 
 
+# A marker's fields as read back (ChunkRecord.from_marker): of the type batchinfer writes, counts never negative.
+Tally = Annotated[StrictInt, Field(ge=0)]
+Seconds = Annotated[StrictFloat, Field(ge=0)]
+
+
 @dataclass(frozen=True)
 class ChunkRecord:
     """One pass over a chunk (or a retry pass over its error rows): what it counted and how long it took."""
 
-    chunk: str  # its name: SSSSS-CCCCC, or SSSSS-CCCCC-rN for the Nth retry pass
-    rows: int  # rows it covered
-    ok: int  # rows in its part file
-    errors: dict[str, int]  # rows in its error file, by reason
-    retry_of: str | None = None  # a retry pass: the chunk whose error rows it ran again
-    truncated: int = 0
+    chunk: StrictStr  # its name: SSSSS-CCCCC, or SSSSS-CCCCC-rN for the Nth retry pass
+    rows: Tally  # rows it covered
+    ok: Tally  # rows in its part file
+    errors: dict[StrictStr, Tally]  # rows in its error file, by reason
+    retry_of: StrictStr | None = None  # a retry pass: the chunk whose error rows it ran again
+    truncated: Tally = 0
     # label scoring: the tokens the model computed for its rows, a shared prefix's once-computed ones not counted;
     # generate: every prompt token (those the engine read from its cache are in `prefix`)
-    tokens: int = 0
-    padded_tokens: int = 0
-    model_seconds: float = 0.0
-    generated_tokens: int | None = None  # generate
-    first_token_seconds: float | None = None  # generate: the median over the chunk's rows
-    seconds: float = 0.0
-    worker: str = "local"
-    max_tokens_lowered: list[str] = field(default_factory=list)  # out-of-memory notes of this pass
+    tokens: Tally = 0
+    padded_tokens: Tally = 0
+    model_seconds: Seconds = 0.0
+    generated_tokens: Tally | None = None  # generate
+    first_token_seconds: Seconds | None = None  # generate: the median over the chunk's rows
+    seconds: Seconds = 0.0
+    worker: StrictStr = "local"
+    max_tokens_lowered: list[StrictStr] = field(default_factory=list)  # out-of-memory notes of this pass
     # a prompt prefix that the pass's rows share, computed once (label scoring) or read from the engine's cache
     # (generate): {tokens: its length (generate: the most one row read), rows: those that reused it,
     # saved_tokens: the prompt tokens not computed again for them, prompt_tokens: the prompt tokens its rows had
     # in full, the saved ones included}
-    prefix: dict[str, int] | None = None
-    finished: float | None = None  # when it was committed (time.time())
+    prefix: dict[StrictStr, Tally] | None = None
+    finished: Seconds | None = None  # when it was committed (time.time())
     # when the run that committed it started (time.time()): a job's seconds are its runs', each from its start
     # to its last commit, whatever stopped it
-    run_started: float | None = None
+    run_started: Seconds | None = None
 
     @property
     def base(self) -> str:
@@ -62,19 +71,11 @@ class ChunkRecord:
         return {"job_id": job_id, **kept}
 
     @classmethod
-    def from_marker(cls, content: dict) -> ChunkRecord | None:
-        """A marker's record; None when it lacks what every record holds (damaged). Keys it does not know
-        are dropped: markers written before ChunkRecord also carried the worker's batching (`budget`)."""
-        known = {f.name for f in fields(cls)}
-        try:
-            record = cls(**{k: v for k, v in content.items() if k in known})
-        except TypeError:
-            return None
-        counts = (record.rows, record.ok, *record.errors.values()) if isinstance(record.errors, dict) else ("",)
-        if record.prefix is not None:
-            counts += tuple(record.prefix.values()) if isinstance(record.prefix, dict) else ("",)
-        if not all(isinstance(n, int) and not isinstance(n, bool) for n in counts):
-            return None  # well-formed JSON with the wrong types: as damaged as a marker cut short
+    def from_marker(cls, content: dict) -> ChunkRecord:
+        """A marker's record, every field of the type batchinfer writes (pydantic's ValidationError if not: the
+        marker is damaged). Keys it does not know are dropped: markers written before ChunkRecord also carried
+        the worker's batching (`budget`)."""
+        record = _marker_reader().validate_python(content)
         if record.prefix is not None and "prompt_tokens" not in record.prefix:
             # written by label scoring before prompt_tokens: its `tokens` are those computed, the prefix not in them
             full = record.tokens + record.prefix.get("saved_tokens", 0)
@@ -83,6 +84,11 @@ class ChunkRecord:
 
     def committed(self, when: float, run_started: float | None) -> ChunkRecord:
         return replace(self, finished=when, run_started=run_started)
+
+
+@functools.cache
+def _marker_reader() -> TypeAdapter:
+    return TypeAdapter(ChunkRecord)
 
 
 @dataclass

@@ -8,7 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
+from pydantic import ValidationError
 
+from ..errors import OutputError
+from ..storage import join
+from .failures import damage
 from .job_record import read_job
 from .layout import BAD_RECORDS, MARKER, PART, SKIPPED, marker_order
 from .records import ChunkRecord
@@ -22,6 +26,19 @@ class Scan:
     listing: dict[str, int]  # every file: name -> size
     done: dict[str, ChunkRecord] = field(default_factory=dict)  # this job's finished passes, in marker order
     footers: dict[str, pq.FileMetaData | None] = field(default_factory=dict)
+    damaged: dict[str, str] = field(default_factory=dict)  # this job's markers that hold what it never writes
+
+    def refuse_damaged(self, path) -> None:
+        """A marker of this job that is damaged: its chunk cannot count as done, nor run again beside it."""
+        if not self.damaged:
+            return
+        (name, problem), more = next(iter(self.damaged.items())), len(self.damaged) - 1
+        command = self.job.get("command") or "batchinfer run JOB.yaml"
+        raise OutputError(
+            f"damaged: {join(str(path), name)}: {problem}{f' (and {more} more damaged marker(s))' if more else ''}",
+            f"rerun with --restart ({command} --restart) to start the job over, or move {name} out of the "
+            "folder to run its chunk again",
+        )
 
     def stray_markers(self) -> list[str]:
         """Completion markers that are damaged or not this job's: a run refuses the folder over them."""
@@ -35,12 +52,14 @@ def scan(folder, path, footers: bool = True) -> Scan:
     listing = folder.list()
     if job is None:
         return Scan(None, listing)
-    return Scan(job, listing, read_markers(folder, job, listing), read_footers(folder, listing) if footers else {})
+    done, damaged = read_markers(folder, job, listing)
+    return Scan(job, listing, done, read_footers(folder, listing) if footers else {}, damaged)
 
 
-def read_markers(folder, job: dict, listing: dict[str, int]) -> dict[str, ChunkRecord]:
-    """This job's finished passes by name, in order (a retry after what it retries)."""
-    done = {}
+def read_markers(folder, job: dict, listing: dict[str, int]) -> tuple[dict[str, ChunkRecord], dict[str, str]]:
+    """This job's finished passes by name, in order (a retry after what it retries); and its markers that are
+    damaged, by file name, with what is wrong in each."""
+    done, damaged = {}, {}
     names = sorted((n for n in listing if MARKER.fullmatch(n)), key=marker_order)
     for name, raw in read_each(folder.read, names).items():
         try:
@@ -48,10 +67,11 @@ def read_markers(folder, job: dict, listing: dict[str, int]) -> dict[str, ChunkR
         except ValueError:
             continue  # not ours: reported as foreign
         if isinstance(content, dict) and content.get("job_id") == job["job_id"]:
-            record = ChunkRecord.from_marker(content)
-            if record is not None:
-                done[MARKER.fullmatch(name).group(1)] = record
-    return done
+            try:
+                done[MARKER.fullmatch(name).group(1)] = ChunkRecord.from_marker(content)
+            except ValidationError as exc:
+                damaged[name] = damage(exc)
+    return done, damaged
 
 
 def read_footers(folder, listing: dict[str, int]) -> dict[str, pq.FileMetaData | None]:

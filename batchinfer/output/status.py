@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ..errors import OutputError
 from ..job.plan import describe_changes
 from ..storage import open_folder, refuse_location
 from .checkpoint import lost_chunks, read_report
 from .failures import display_path, reach_error
-from .layout import JOB, REPORT, SKIPPED, SUCCESS
+from .layout import JOB, LEGACY, REPORT, SKIPPED, SUCCESS
 from .lock import live_holder
 from .ownership import refuse_foreign, refuse_foreign_folder
 from .parts import in_input_order, read_table
@@ -27,10 +28,31 @@ class FolderStatus:
 
     @classmethod
     def read(cls, path: str | Path, options: dict | None = None) -> FolderStatus | None:
-        """None when the folder holds no batchinfer job; a damaged job record raises."""
+        """None when the folder holds no batchinfer job; a damaged job record or marker raises."""
         folder = open_folder(str(path), options)
         found = scan(folder, display_path(path), footers=False)
+        found.refuse_damaged(display_path(path))
         return cls(display_path(path), folder, found) if found.job is not None else None
+
+    @classmethod
+    def of_run(cls, path: str | Path, options: dict | None = None) -> FolderStatus:
+        """read(), refusing a path where there is no job: nothing there (a folder or bucket that does not
+        exist), or something that is not a batchinfer run."""
+        state = cls.read(path, options)
+        if state is not None:
+            return state
+        shown, folder = display_path(path), open_folder(str(path), options)
+        if not folder.exists():
+            what = "bucket or prefix" if isinstance(shown, str) else "folder"
+            raise OutputError(
+                f"{shown} does not exist (no such {what})", "check the path or URL: give a job's output.path"
+            )
+        legacy = folder.read(LEGACY) is not None
+        raise OutputError(
+            f"{shown} holds no batchinfer run (no {JOB})"
+            + (f"; its {LEGACY} was written by an earlier batchinfer, which this one cannot resume" if legacy else ""),
+            "give the output.path of a job",
+        )
 
     @property
     def job(self) -> dict:
@@ -126,6 +148,7 @@ def describe_folder(
     if not found.job:
         return "a new folder", None
     refuse_foreign(folder, shown, found)
+    found.refuse_damaged(shown)
     changed = describe_changes(found.job["fingerprint"], fingerprint)
     changed.pop("limit", None)
     lost = lost_chunks(found.done, found.listing, found.footers, found.job["job_id"])

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from ..batching.cut import padding_stats
 from ..constrained.spec import Constraint, job_constraint, response_format
-from ..errors import ConfigError
+from ..errors import ConfigError, ModelError
 from ..job.config import GenerationConfig
 from ..job.templates import chat_template, no_chat_template
 from ..reasons import Reason
@@ -250,6 +250,8 @@ class GenerateRunner:
                 out.append(constraint)
             except Uncompilable as exc:
                 out.append((Reason.BAD_REQUEST, str(exc)))
+            except ModelError as exc:  # xgrammar is not installed: this request fails, the others are answered
+                out.append((Reason.UNSUPPORTED, f"body.response_format: {exc.message}; {exc.hint}"))
         return out
 
     # --- generation ------------------------------------------------------------------------------------------

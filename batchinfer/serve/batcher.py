@@ -38,6 +38,57 @@ class TooLarge(Exception):
     """A request of more tokens than the whole queue holds: never taken; the message says how to split it."""
 
 
+def refuse_past(limit: int, held: int, tokens: int, least: int = 0) -> None:
+    """serve.max_queue_tokens, one bound for every task: a request of `tokens` (or of at least `least`, before it
+    is tokenized) that can never fit is TooLarge (413); one that does not fit beside the `held` tokens now is
+    Overloaded (429)."""
+    if max(tokens, least) > limit:
+        size = f"{tokens:,}" if tokens >= least else f"at least {least:,}"
+        raise TooLarge(
+            f"the request is {size} tokens, more than the queue holds (serve.max_queue_tokens, {limit:,}); "
+            f"split it into requests of at most {limit:,} tokens"
+        )
+    if held + tokens > limit:
+        raise Overloaded(f"{held:,} tokens are queued or running, the limit is serve.max_queue_tokens ({limit:,})")
+
+
+class TokenQueue:
+    """Generation's share of serve.max_queue_tokens: each admitted request holds its prompt tokens and the most
+    it may generate, from before it is tokenized (an upper estimate, at most the bound) until its last answer
+    is out. The event loop alone calls it."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+
+    def take(self, tokens: int, least: int) -> Ticket:
+        """Hold `tokens` (an estimate, cut to the bound) for a request of at least `least`; raises TooLarge
+        or Overloaded before any work."""
+        refuse_past(self.limit, 0, 0, least)
+        return Ticket(self).settle(min(tokens, self.limit))
+
+    def trade(self, had: int, tokens: int) -> int:
+        """A ticket's `had` tokens held as `tokens` instead, if they fit beside the rest (else it raises)."""
+        refuse_past(self.limit, self.held - had, tokens)
+        self.held += tokens - had
+        return tokens
+
+
+@dataclass
+class Ticket:
+    """What one request holds of a TokenQueue; released once, however its answer ends."""
+
+    queue: TokenQueue
+    tokens: int = 0
+
+    def settle(self, tokens: int) -> Ticket:
+        """Hold `tokens` (the real count, once tokenized) instead; raises as take() when they do not fit."""
+        self.tokens = self.queue.trade(self.tokens, tokens)
+        return self
+
+    def release(self) -> None:
+        self.tokens = self.queue.trade(self.tokens, 0)
+
+
 @dataclass
 class Submitted:
     """One caller's rows as submitted to the batcher (not an HTTP request); `future` resolves to (results in
@@ -110,8 +161,7 @@ class Batcher:
         """Hold `tokens` of the queue while a request is tokenized; raises Overloaded, before any work, when
         they do not fit, and TooLarge when even `least` (a lower bound of its tokens) is past the bound.
         submit(..., reserved=tokens) inside the block trades them for the real count."""
-        if least > self.max_queue_tokens:
-            raise TooLarge(self._too_large(f"at least {least:,}"))
+        refuse_past(self.max_queue_tokens, 0, 0, least)
         tokens = min(tokens, self.max_queue_tokens)  # an estimate past the bound: submit sees the real count
         with self._wake:
             self._admit(tokens, 0)
@@ -152,18 +202,7 @@ class Batcher:
         Called holding the lock."""
         if self._stopping:
             raise Overloaded("it is shutting down")
-        if tokens > self.max_queue_tokens:
-            raise TooLarge(self._too_large(f"{tokens:,}"))
-        held = self._queued_tokens + self._reserved - own
-        if held + tokens > self.max_queue_tokens:
-            raise Overloaded(f"{held:,} tokens are queued or being read, the limit is {self.max_queue_tokens:,}")
-
-    def _too_large(self, tokens: str) -> str:
-        bound = f"{self.max_queue_tokens:,}"
-        return (
-            f"the request is {tokens} tokens, more than the queue holds (serve.max_queue_tokens, {bound}); "
-            f"split it into requests of at most {bound} tokens"
-        )
+        refuse_past(self.max_queue_tokens, self._queued_tokens + self._reserved - own, tokens)
 
     def stop(self) -> None:
         """Finish what is queued, then stop."""

@@ -1,20 +1,19 @@
-"""serve's request bodies (pydantic; a completion's settings are openai_compat/requests.py's, as a batch line's),
-the checks that turn a body that is valid JSON but not a valid request into one 400 naming what is wrong,
-and what a completion request is read into (Asked)."""
+"""serve's request bodies: the OpenAI ones are openai_compat/requests.py's models, which read batch lines too
+(the same fields, ranges and list cap); here the checks that turn a body that is valid JSON but not a valid
+request into one 400 naming what is wrong, and what a completion request is read into (Asked)."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from ..constrained.spec import Constraint
 from ..errors import shorten
 from ..messages import is_blank
-from ..openai_compat.requests import ChatSettings, GenerationSettings
+from ..openai_compat.requests import CompletionRequest, EmbeddingsRequest, GenerationSettings, Texts
 
 
 class BadInput(Exception):
@@ -25,11 +24,7 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")  # every field is judged by openai_compat.fields.FIELDS: done, or refused
 
 
-class EmbeddingsBody(_Body):
-    input: str | list[str]
-    model: str | None = None
-    encoding_format: str = "float"
-
+class EmbeddingsBody(EmbeddingsRequest):
     def texts(self) -> list[str]:
         if self.encoding_format not in ("float", "base64"):
             raise BadInput(f"encoding_format: {self.encoding_format!r} is not float or base64")
@@ -37,7 +32,7 @@ class EmbeddingsBody(_Body):
 
 
 class ClassifyBody(_Body):
-    input: str | list[str]
+    input: Texts
 
     def texts(self) -> list[str]:
         return texts_of(self.input, "input")
@@ -81,38 +76,15 @@ def include_usage(body: GenerationSettings) -> bool:
     return bool(options.get("include_usage"))
 
 
-class CompletionBody(GenerationSettings):
-    prompt: str | list[str]  # a list: one choice per prompt, in order (choices[i].index), as OpenAI answers
-
+class CompletionBody(CompletionRequest):
     def prompts(self) -> list[str]:
         if isinstance(self.prompt, str) and is_blank(self.prompt):
             raise BadInput("prompt: empty, or only whitespace")
         return texts_of(self.prompt, "prompt")
 
 
-class ChatBody(ChatSettings):
-    messages: list[dict[str, Any]]
-
-
-def check_unicode(value: Any, where: str = "") -> None:
-    """JSON may carry a lone UTF-16 surrogate ("\\ud800"), which no tokenizer reads: name where it is."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise BadInput(f"{where}: not valid Unicode ({exc.reason} at character {exc.start})") from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            check_unicode(item, f"{where}.{key}" if where else str(key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            check_unicode(item, f"{where}[{i}]")
-
-
 def texts_of(value: str | list[str], where: str) -> list[str]:
-    texts = [value] if isinstance(value, str) else value
-    if not texts:
-        raise BadInput(f"{where}: empty; give a string or a list of strings")
+    texts = [value] if isinstance(value, str) else value  # a list holds one text at least (requests.Texts)
     for i, text in enumerate(texts):
         if is_blank(text):
             raise BadInput(f"{where}[{i}]: empty, or only whitespace, invisible or control characters")

@@ -8,8 +8,10 @@ import json
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from ..openai_compat.shapes import choice, completion, usage
+from .batcher import Ticket
 from .bodies import Asked
 from .failures import GONE, Disconnected, EngineDown, Unanswered, error_body, gone
 from .metrics import Metrics
@@ -21,10 +23,12 @@ class Completions:
     def __init__(self, service, metrics: Metrics, model: str):
         self.service, self.metrics, self.model = service, metrics, model
 
-    async def answer(self, asked: list[Asked], request: Request):
-        """One answer to a request's prompts, a choice for each in order: whole, or streamed."""
-        if asked[0].stream:
-            return StreamingResponse(self.events(asked, request), media_type="text/event-stream")
+    async def answer(self, asked: list[Asked], request: Request, ticket: Ticket):
+        """One answer to a request's prompts, a choice for each in order: whole, or streamed. The request's
+        `ticket` on the queue is released when the answer is out, or the stream ends however it ends."""
+        if asked[0].stream:  # the background task runs even when the client leaves before the first event
+            events = self.events(asked, request, ticket)
+            return StreamingResponse(events, media_type="text/event-stream", background=BackgroundTask(ticket.release))
         first = asked[0]
         running = [asyncio.ensure_future(self.whole(one, request)) for one in asked]
         try:
@@ -33,6 +37,8 @@ class Completions:
             for task in running:
                 task.cancel()
             raise
+        finally:
+            ticket.release()
         self.metrics.answered(request.url.path, first.started)
         choices = [choice(first.chat, text, reason, index=i) for i, (_, text, reason) in enumerate(finished)]
         body = completion(first.chat, first.key, first.created, self.model, choices)
@@ -51,7 +57,7 @@ class Completions:
         self.metrics.rows.inc()
         return generated, text, reason
 
-    async def events(self, asked: list[Asked], request: Request):
+    async def events(self, asked: list[Asked], request: Request, ticket: Ticket):
         """The completions' texts as they grow, one event per new piece of one prompt's (choices[0].index says
         which, as OpenAI streams a list of prompts), the prompts' pieces interleaved as the engine makes them;
         an error ends the stream as its last event (the status line has gone out)."""
@@ -90,6 +96,7 @@ class Completions:
         finally:  # a prompt still running when the stream ends (an error, the client gone) is cancelled
             for task in running:
                 task.cancel()
+            ticket.release()
         if first.include_usage:  # a last chunk with no choices and the request's usage
             yield self._event(first, [], {"usage": usage(sum(len(one.ids) for one in asked), sum(generated))})
         yield "data: [DONE]\n\n"

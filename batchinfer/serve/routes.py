@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import time
 from pathlib import Path
 
@@ -16,8 +17,9 @@ from pydantic import BaseModel
 from ..job.config import JobConfig
 from ..messages import message_problem
 from ..openai_compat.fields import CHAT, CLASSIFY, COMPLETIONS, EMBEDDINGS, SCORE, chat_messages, unsupported
+from ..openai_compat.requests import ChatRequest, unicode_problem
 from ..openai_compat.shapes import embedding_list, model_object, usage
-from .bodies import BadInput, ChatBody, ClassifyBody, CompletionBody, EmbeddingsBody, ScoreBody, check_unicode
+from .bodies import BadInput, ClassifyBody, CompletionBody, EmbeddingsBody, ScoreBody
 from .completions import Completions
 from .failures import Failures, NoModel
 from .guard import BodyGuard
@@ -86,7 +88,8 @@ class Routes:
         if self.job.model.task != task:
             served = self.job.model.task
             raise BadInput(f"this server runs task {served}; {task} needs a server started with --task {task}")
-        check_unicode(body.model_dump())
+        if problem := unicode_problem(body.model_dump()):
+            raise BadInput(problem)
         if problem := unsupported(request.url.path, body.model_dump(exclude_unset=True), "serve"):
             raise BadInput(problem[1])
         return started
@@ -132,16 +135,28 @@ class Routes:
 
     async def completions(self, body: CompletionBody, request: Request):
         self.accept("generate", body, request)
-        asked = [await self.service.ask(body, prompt, False, body.max_tokens) for prompt in body.prompts()]
-        return await self.completer.answer(asked, request)
+        prompts = body.prompts()
+        return await self._generate(body, prompts, prompts, False, body.max_tokens, request)
 
-    async def chat(self, body: ChatBody, request: Request):
+    async def chat(self, body: ChatRequest, request: Request):
         self.accept("generate", body, request)
         messages, problem = chat_messages(body.messages, "messages")
         if problem := problem or message_problem(messages, "messages"):
             raise BadInput(problem[1])
-        asked = await self.service.ask(body, messages, True, body.max_completion_tokens or body.max_tokens)
-        return await self.completer.answer([asked], request)
+        limit = body.max_completion_tokens or body.max_tokens
+        return await self._generate(body, [messages], [json.dumps(body.messages)], True, limit, request)
+
+    async def _generate(self, body, prompts: list, texts: list[str], chat: bool, limit: int | None, request: Request):
+        """Prompts into the engine within serve.max_queue_tokens: held from before they are tokenized (413 or 429
+        at once when they cannot fit) until the last answer is out."""
+        ticket = self.service.admit(texts, limit)
+        try:
+            asked = [await self.service.ask(body, prompt, chat, limit) for prompt in prompts]
+            ticket.settle(sum(len(one.ids) + one.max_new for one in asked))
+        except BaseException:
+            ticket.release()
+            raise
+        return await self.completer.answer(asked, request, ticket)
 
 
 def _encode(vector: list[float], encoding: str):

@@ -21,7 +21,7 @@ from ..openai_compat.requests import GenerationSettings
 from ..runners import make_runner
 from ..runners.protocol import ChunkInput, Tokens
 from ..sources.prepare import Prepared
-from .batcher import Batcher, Overloaded
+from .batcher import Batcher, Overloaded, Ticket, TokenQueue
 from .bodies import Asked, BadInput, include_usage
 from .failures import Disconnected, EngineDown
 from .metrics import Metrics
@@ -92,6 +92,15 @@ class GenerateService:
         session = runner.engine.session(gen, lengths, rows, gen.max_new_tokens, constrained)
         self.manager, self.masks = session.manager, session.masks
         self.manager.start()
+        self.queue = TokenQueue(job.serve.max_queue_tokens)
+
+    def admit(self, texts: list, max_tokens: int | None) -> Ticket:
+        """A request's hold on serve.max_queue_tokens, taken before its prompts (`texts`, or a chat's messages
+        as JSON) are tokenized: for each, its characters (at most model.max_length) and the most it may
+        generate; at least one prompt token and one new one each. Settled to the real count once tokenized."""
+        max_new = max_tokens or self.job.generation.max_new_tokens
+        least = len(texts) * min(1 + max_new, self.runner.context or 1 + max_new)
+        return self.queue.take(most_tokens(texts, self.runner.max_length) + len(texts) * max_new, least)
 
     async def ask(self, body: GenerationSettings, prompt, chat: bool, max_tokens: int | None) -> Asked:
         """A completion request (its prompt: text, or chat messages; its settings range-checked already)
