@@ -603,3 +603,16 @@ def test_a_saved_dataset_without_the_datasets_package_names_the_extra(tmp_path, 
     assert result.exit_code == 1, result.output
     assert "needs the datasets package, which is not installed" in result.output
     assert "pip install 'batchinfer[hf]'" in result.output and "Traceback" not in result.output
+
+
+def test_a_max_length_past_the_models_positions_is_refused_by_validate_and_run(tmp_path, sms_parquet, tiny_embed):
+    """tiny_embed reads 512 positions: 4096 is refused naming the key, the limit and the fix, before the output
+    folder is made; left unset, max_length is the default (cut to the model's limit where that is shorter)."""
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    for command in (["validate"], ["run", "-q"]):
+        result = runner.invoke(app, [*command, str(job), "--set", "model.max_length=4096"])
+        assert result.exit_code == 2, result.output
+        assert "model.max_length 4096 is more than" in result.output and "max_position_embeddings 512" in result.output
+        assert "set model.max_length: 512 or less" in result.output
+    assert not (tmp_path / "out").exists()
+    assert runner.invoke(app, ["validate", str(job), "--set", "model.max_length=512"]).exit_code == 0

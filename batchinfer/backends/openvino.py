@@ -13,7 +13,7 @@ changed model never meets an old conversion; an entry whose files do not match i
 trusted; its files' digests come from the memo (cache.file_digest), so checking an entry reads it only once.
 A file lock makes the workers of one machine (Ray actors) convert once between them; a staging folder whose
 lock is free was left by a conversion that died, and is removed. A cache that cannot be read or written is a
-ModelError naming the folder (backend auto then runs torch).
+ModelError naming the folder, and so is a model OpenVINO cannot convert (backend auto then runs torch).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import fcntl
 import functools
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -45,7 +46,8 @@ FORMAT = 1  # bump when what is converted changes
 MANIFEST = "batchinfer.json"
 RATES = "backends.json"  # each backend's measured tokens/s for this conversion, per CPU
 BLOBS = "compiled"  # OpenVINO's model cache (CACHE_DIR): each precision compiled for this CPU, read back warm
-ENTRY_FILES = ("model.xml", "model.bin", MANIFEST, RATES, BLOBS)
+TOKENIZER = "tokenizer.json"  # the tokenizer transformers built for the model (folder.tokenizer_record), for warm runs
+ENTRY_FILES = ("model.xml", "model.bin", MANIFEST, RATES, BLOBS, TOKENIZER)
 STAGING = re.compile(r"\.tmp-([0-9a-f]{24})-[0-9a-f]{8}")  # a conversion being saved: .tmp-<key>-<random>
 # One backend measured this many times the other's speed on this CPU before: auto loads the faster alone. The
 # probe's own margin (tune.NOISE): closer rates are measured again.
@@ -225,15 +227,33 @@ def threads() -> int:
 
 def remember(model: OpenVINOModel, rates: dict[str, float]) -> None:
     """Keep the backends' measured tokens/s beside the conversion, for later jobs on this CPU."""
+    _keep(model.entry, RATES, {**(_kept(model.entry, RATES) or {}), cpu_id(): rates})
+
+
+def saved_tokenizer(model: OpenVINOModel) -> dict | None:
+    """The tokenizer record (folder.tokenizer_record) kept beside the conversion, or None."""
+    return _kept(model.entry, TOKENIZER)
+
+
+def save_tokenizer(model: OpenVINOModel, record: dict) -> None:
+    """Keep the tokenizer transformers built (folder.tokenizer_record) beside the conversion, for warm runs."""
+    _keep(model.entry, TOKENIZER, record)
+
+
+def _kept(entry: Path, name: str):
     try:
-        known = json.loads((model.entry / RATES).read_text())
+        return json.loads((entry / name).read_text())
     except (OSError, ValueError):
-        known = {}
-    staging = model.entry / f".{RATES}.{uuid.uuid4().hex[:8]}"
+        return None
+
+
+def _keep(entry: Path, name: str, value) -> None:
+    """Write `name` in the entry whole (a reader finds the old file or the new one, never a part)."""
+    staging = entry / f".{name}.{uuid.uuid4().hex[:8]}"
     try:
-        staging.write_text(json.dumps({**known, cpu_id(): rates}, indent=1))
-        os.replace(staging, model.entry / RATES)
-    except OSError:  # a read-only cache: the next job measures again
+        staging.write_text(json.dumps(value, indent=1))
+        os.replace(staging, entry / name)
+    except OSError:  # a read-only cache: the next job does the work again
         staging.unlink(missing_ok=True)
 
 
@@ -241,9 +261,9 @@ def known_faster(of: dict) -> tuple[str, float] | None:
     """The backend that ran the conversion `of` clearly faster than the other on this CPU before (by CLEAR_WIN
     or more), and how many times the other's speed; None where they were close or were not both timed here."""
     try:
-        rates = json.loads((entry_of(of) / RATES).read_text())[cpu_id()]
+        rates = _kept(entry_of(of), RATES)[cpu_id()]
         ratio = rates["openvino"] / rates["torch"]
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+    except (KeyError, TypeError, ZeroDivisionError):
         return None
     if ratio >= CLEAR_WIN:
         return "openvino", ratio
@@ -266,18 +286,28 @@ def _convert(model, of: dict, entry: Path, head=None) -> None:
 
         def forward(self, input_ids, attention_mask, token_type_ids=None):
             types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, **types)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, **types, **no_cache)
             return head(out.last_hidden_state, attention_mask) if head else getattr(out, of["output"])
 
+    # A decoder (Llama, Qwen3: embedders with last-token pooling) builds a KV cache by default, whose concatenation
+    # OpenVINO cannot convert (aten::cat); an encoder task reads none of it.
+    no_cache = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
     names = tuple(of["inputs"])
     example = {name: torch.ones(2, 8, dtype=torch.long) for name in names}
     with warnings.catch_warnings(), _no_telemetry():
         warnings.simplefilter("ignore")  # the tracer's notes on data-dependent branches in attention masks
-        converted = ov.convert_model(
-            OneOutput(),
-            example_input=example,
-            input=[(name, ov.PartialShape([-1, -1]), ov.Type.i64) for name in names],
-        )
+        try:
+            converted = ov.convert_model(
+                OneOutput(),
+                example_input=example,
+                input=[(name, ov.PartialShape([-1, -1]), ov.Type.i64) for name in names],
+            )
+        except Exception as exc:  # noqa: BLE001 - the tracer and each op's converter raise their own kinds
+            name = getattr(model.config, "name_or_path", "") or type(model).__name__
+            raise ModelError(
+                f"OpenVINO cannot convert the model {name} ({type(model).__name__}): {_said(exc)}",
+                "set model.backend: torch (model.backend auto runs torch by itself)",
+            ) from exc
     staging = entry.parent / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
     try:
         staging.mkdir(parents=True)

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from ..backends.precision import PRECISION_SAMPLE, SETTLE_SAMPLE, check_precision, describe_check
+from ..backends.models import position_limit
+from ..backends.precision import PRECISION_SAMPLE, SETTLE_SAMPLE, check_conversion, check_precision, describe_check
 from ..batching.cut import padding_stats
 from ..batching.probe import cut_batches, probe
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
@@ -145,6 +146,28 @@ class EncoderRunner:
         self.use(backend, precision)
         return precision, check
 
+    def check_conversion(self, ids: list) -> dict | None:
+        """Where torch and OpenVINO's conversion are both loaded in f32: the conversion checked against torch on
+        the items `ids` (backends/precision.py), its figures returned; one that disagrees is freed, with a note
+        in load_seconds, and torch runs. None where there is nothing to check."""
+        if not {"torch", "openvino"} <= set(self.backends) or "f32" not in self.precisions["openvino"]:
+            return None
+        import torch
+
+        if self.models["torch"].dtype != torch.float32:
+            return None
+
+        def run_on(backend: str, batch: list) -> list:
+            self.use(backend, "f32" if backend == "openvino" else None)
+            return self.run(batch)
+
+        ok, check = check_conversion(run_on, self.agreement, ids)
+        if not ok:
+            self.load_seconds["note"] = f"OpenVINO not used, torch runs the job: conversion {describe_check(check)}"
+            del self.backends["openvino"], self.precisions["openvino"]
+        self.use(next(iter(self.backends)))
+        return check
+
     def lay_out(self, strategy: str) -> None:
         """Run the next batches padded or packed (batching.strategy, settled)."""
         self.packed = strategy == "packed"
@@ -252,8 +275,9 @@ class EncoderRunner:
         run yet."""
         job, budget = ctx.job, ctx.budget
         packable = "torch" in self.models and self.packable(self.models["torch"])
-        sample = np.random.default_rng(1).permutation(len(ids))[:PRECISION_SAMPLE]
-        checks = self.settle_precisions([ids[i] for i in sample.tolist()])
+        sample = [ids[i] for i in np.random.default_rng(1).permutation(len(ids))[:PRECISION_SAMPLE].tolist()]
+        conversion = self.check_conversion(sample)
+        checks = self.settle_precisions(sample)
         # A recorded probe settled batching already; only the backend is open then.
         tuning, rest = probe(
             lengths,
@@ -273,7 +297,11 @@ class EncoderRunner:
             tuning.notes.append(self.load_seconds["note"])
         self.keep(tuning.backend, self.precisions[tuning.backend][0])
         check = checks.get(tuning.backend)
-        ctx.log(tuning.describe() + (f"; precision {describe_check(check)}" if check else ""))
+        ctx.log(
+            tuning.describe()
+            + (f"; precision {describe_check(check)}" if check else "")
+            + (f"; OpenVINO conversion {describe_check(conversion)}" if conversion else "")
+        )
         return {
             "max_tokens": tuning.max_tokens,
             "strategy": tuning.strategy,
@@ -282,6 +310,7 @@ class EncoderRunner:
             "tokens_per_s": tuning.tokens_per_s,
             **({"notes": tuning.notes} if tuning.notes else {}),
             **({"precision_check": check} if check else {}),
+            **({"conversion_check": conversion} if conversion else {}),
         }, rest
 
     def collate(self, ids: list[list[int]]) -> tuple[dict, np.ndarray]:
@@ -428,15 +457,6 @@ def encode_capped(tokenizer, texts: list[str], max_length: int, from_end: bool =
     for i, encoding in zip(whole, tokenizer.encode_batch([texts[i] for i in whole], **options) if whole else []):
         encodings[i] = encoding
     return encodings
-
-
-def position_limit(config) -> int:
-    """Longest input the model's position embeddings allow."""
-    limit = getattr(config, "max_position_embeddings", None) or 1 << 30
-    # RoBERTa-family models offset positions by padding_idx + 1.
-    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
-        limit -= 2
-    return limit
 
 
 def fixed_size_list(values: np.ndarray) -> pa.FixedSizeListArray:
