@@ -432,8 +432,9 @@ def test_a_decoder_embedder_converts_and_equals_torch_and_auto_checks_it_on_the_
     """A Llama with last-token pooling: OpenVINO converts it (no KV cache in the graph) and gives torch's vectors;
     under auto the conversion is checked against torch on the job's own rows, and the report says so."""
     rows = sms_parquet / "part-0.parquet"
-    for backend in ("torch", "openvino"):
-        _run(rows, tiny_llama_embedder, tmp_path / backend, "embed", backend)
+    reports = {b: _run(rows, tiny_llama_embedder, tmp_path / b, "embed", b) for b in ("torch", "openvino")}
+    made = reports["openvino"]["startup"]["load"]["conversion_check"]  # checked when converted, on random rows
+    assert made["against"] == "torch" and made["items"] == 4 and made["min_cosine"] > 0.9999
     ours, theirs = read_output(tmp_path / "openvino"), read_output(tmp_path / "torch")
     np.testing.assert_allclose(vectors(ours, "embedding"), vectors(theirs, "embedding"), atol=1e-5)
     report = _run(rows, tiny_llama_embedder, tmp_path / "auto", "embed", "auto", dtype="auto", batching__strategy=None)
@@ -444,7 +445,12 @@ def test_a_decoder_embedder_converts_and_equals_torch_and_auto_checks_it_on_the_
 def _unconvertible(*args, **kwargs):
     from openvino._pyopenvino import OpConversionFailure
 
-    raise OpConversionFailure("Exception from src/frontends/...:\nConversion is failed for: aten::cat")
+    raise OpConversionFailure(  # the converter's report, shortened: every failed operation, then a summary
+        "Check 'false' failed at src/frontends/common_translators/src/unconverted_ops_report.cpp:151:\n"
+        "FrontEnd API failed with OpConversionFailure:\nModel wasn't fully converted. Failed operations detailed log:"
+        "\n-- aten::cat with a message:\nAxis -2 out of the tensor rank range [-1, 0].\n\nSummary:\n"
+        "-- Conversion is failed for: SequenceMark, aten::cat\n"
+    )
 
 
 def test_a_model_openvino_cannot_convert_runs_on_torch_under_auto_and_is_refused_when_pinned(
@@ -456,10 +462,21 @@ def test_a_model_openvino_cannot_convert_runs_on_torch_under_auto_and_is_refused
     note = report["startup"]["load"]["note"]
     assert report["complete"] and report["batching"]["backend"] == "torch"
     assert note.startswith("OpenVINO not used, torch runs the job: OpenVINO cannot convert the model")
-    assert "aten::cat" in note and note in report["batching"]["probe"]["notes"]
+    assert note.endswith("(BertModel): Conversion is failed for: SequenceMark, aten::cat (set model.backend: torch)")
+    assert note in report["batching"]["probe"]["notes"]
     with pytest.raises(ModelError, match=f"OpenVINO cannot convert the model {tiny_embed}") as refused:
         _run(few_rows, tiny_embed, tmp_path / "pinned", "embed", "openvino")
     assert "model.backend: torch" in refused.value.hint
+
+
+def test_a_conversion_that_disagrees_with_torch_when_made_is_not_kept(few_rows, tiny_embed, tmp_path, monkeypatch):
+    monkeypatch.setattr("batchinfer.backends.openvino.COSINE_FLOOR", 1.5)  # no cosine reaches it
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ModelError, match="OpenVINO's conversion of the model .* disagrees with torch: min cosine"):
+        _run(few_rows, tiny_embed, tmp_path / "pinned", "embed", "openvino")
+    report = _run(few_rows, tiny_embed, tmp_path / "auto", "embed", "auto", dtype="auto", batching__strategy=None)
+    assert report["batching"]["backend"] == "torch" and "disagrees with torch" in report["startup"]["load"]["note"]
+    assert _entries(tmp_path / "cache") == []  # nothing kept that a later job could take
 
 
 def test_a_conversion_that_disagrees_with_torch_on_the_jobs_rows_is_not_used(

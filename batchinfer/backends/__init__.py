@@ -212,7 +212,7 @@ def _openvino_model(cfg: ModelConfig, config, of: dict, torch_model: tuple[Calla
             raise
         load["note"] = f"OpenVINO not used, torch runs the job: {exc.message} ({exc.hint})"
         return None
-    load.update(model.seconds)
+    load.update(model.seconds, conversion_check=model.check)
     return model
 
 
