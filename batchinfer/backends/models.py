@@ -191,7 +191,7 @@ def _positions(config) -> int | None:
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
-def check_max_length(config, cfg: ModelConfig, path: Path) -> None:
+def check_max_length(config, cfg: ModelConfig) -> None:
     """model.max_length, where the job sets it, fits the positions the model reads (a prompt to generate from
     leaves room for one new token). Left unset, it is cut to them (runners/base.py, generate.py)."""
     limit = position_limit(config) - (cfg.task == "generate")
@@ -199,9 +199,10 @@ def check_max_length(config, cfg: ModelConfig, path: Path) -> None:
         return
     room = " and one new token" if cfg.task == "generate" else ""
     raise ConfigError(
-        f"model.max_length {cfg.max_length} is more than {path} reads: {limit} tokens "
+        f"model.max_length {cfg.max_length} is more than {cfg.path} reads: {limit} tokens "
         f"(config.json: max_position_embeddings {_positions(config)}{room})",
-        f"set model.max_length: {limit} or less (or remove it: the default, 256, is cut to the model's limit)",
+        f"set model.max_length: {limit} or less (or remove it: the default, "
+        f"{ModelConfig.model_fields['max_length'].default}, is cut to the model's limit)",
     )
 
 
@@ -212,7 +213,7 @@ def read_config(cfg: ModelConfig, path: Path):
     if not cfg.trust_remote_code:
         config = read_json(path)
         check_head(config, cfg, path)
-        check_max_length(config, cfg, path)
+        check_max_length(config, cfg)
         return config
     import transformers
 
@@ -223,7 +224,7 @@ def read_config(cfg: ModelConfig, path: Path):
             f"cannot read the model config in {path}: {exc}", "check that the folder was saved with save_pretrained"
         ) from exc
     check_head(config, cfg, path)
-    check_max_length(config, cfg, path)
+    check_max_length(config, cfg)
     return config
 
 
