@@ -493,6 +493,26 @@ def test_a_conversion_that_disagrees_with_torch_on_the_jobs_rows_is_not_used(
     assert any("conversion f32, checked against torch" in note for note in report["batching"]["probe"]["notes"])
 
 
+@pytest.mark.parametrize("wrong", [False, True])
+def test_serve_checks_the_conversion_against_torch_before_it_answers(
+    few_rows, tiny_embed, tmp_path, monkeypatch, wrong
+):
+    """serve has no chunk to probe: its start settles on OpenVINO only where the conversion gives torch's vectors
+    on a few sentences."""
+    from batchinfer.backends.openvino import OpenVINOModel
+    from batchinfer.runners import make_runner
+
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path / "cache"))  # no rates from other tests: both load
+
+    if wrong:
+        answer = OpenVINOModel.__call__
+        monkeypatch.setattr(OpenVINOModel, "__call__", lambda self, **i: _halved(answer(self, **i)))
+    job = make_job(few_rows, tiny_embed, tmp_path / "out", model__backend="auto", model__dtype="auto")
+    runner = make_runner(job, tiny_embed)
+    runner.settle_default()
+    assert list(runner.models) == (["torch"] if wrong else ["openvino"])
+
+
 def _halved(out):
     out.pooled[:, out.pooled.shape[1] // 2 :] = 0
     return out

@@ -241,10 +241,13 @@ class EncoderRunner:
         )
 
     def settle_default(self) -> dict:
-        """Where no chunk is there to probe (serve): the default backend, its precision checked on a few
-        sentences of SETTLE_SAMPLE. Returns the check's figures."""
+        """Where no chunk is there to probe (serve): the default backend (OpenVINO's conversion checked against
+        torch where both are loaded), its precision checked on a few sentences of SETTLE_SAMPLE. Returns the
+        precision check's figures."""
+        sample = self.tokenize(self.sample_inputs()).ids
+        self.check_conversion(sample)
         backend = next(iter(self.models))
-        check = self.settle_precisions().get(backend, {})
+        check = self.settle_precisions(sample).get(backend, {})
         self.keep(backend, self.precisions[backend][0])
         return check
 
