@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -60,7 +61,7 @@ def _save(model, folder: Path) -> Path:
     return folder
 
 
-def _sentence_transformers_config(folder: Path, pooling: str, normalize: bool) -> None:
+def _sentence_transformers_config(folder: Path, pooling: str, normalize: bool, width: int = 32) -> None:
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -73,7 +74,7 @@ def _sentence_transformers_config(folder: Path, pooling: str, normalize: bool) -
     (folder / "1_Pooling" / "config.json").write_text(
         json.dumps(
             {
-                "word_embedding_dimension": 32,
+                "word_embedding_dimension": width,
                 "pooling_mode_cls_token": pooling == "cls",
                 "pooling_mode_mean_tokens": pooling == "mean",
                 "pooling_mode_lasttoken": pooling == "lasttoken",
@@ -144,6 +145,22 @@ def tiny_embed_cls(tmp_path_factory) -> Path:
     folder = _save(_tiny_bert(BertModel), tmp_path_factory.mktemp("tiny-embed-cls"))
     _sentence_transformers_config(folder, "cls", normalize=False)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tokenizer_family(tmp_path_factory):
+    """family (tokenizer_families.FAMILIES) -> a model folder: a tiny random BERT embedder with that tokenizer."""
+    from tokenizer_families import save_tokenizer
+    from transformers import BertModel
+
+    @functools.cache
+    def build(family: str) -> Path:
+        folder = tmp_path_factory.mktemp(family)
+        save_tokenizer(family, folder)
+        _tiny_bert(BertModel).save_pretrained(folder)
+        return folder
+
+    return build
 
 
 @pytest.fixture(scope="session")
@@ -234,6 +251,16 @@ def tiny_llama_plain(tmp_path_factory, tiny_llama) -> Path:
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_embedder(tmp_path_factory, tiny_llama) -> Path:
+    """The tiny Llama as a sentence-transformers embedder: last-token pooling, normalized (as Qwen3-Embedding)."""
+    folder = tmp_path_factory.mktemp("tiny-llama-embedder")
+    for path in tiny_llama.iterdir():
+        shutil.copy(path, folder / path.name)
+    _sentence_transformers_config(folder, "lasttoken", normalize=True, width=64)
     return folder
 
 

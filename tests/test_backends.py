@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import Crash, CrashAfterChunks, job_record, make_job, read_output, vectors, write_job
+from tokenizer_families import FAMILIES, TRICKY
 
 from batchinfer.control import Quiet
 from batchinfer.errors import ConfigError, ModelError
@@ -376,21 +377,145 @@ def test_a_warm_embed_run_on_openvino_imports_neither_torch_nor_transformers_and
     (entry / openvino.RATES).unlink()
 
 
-@pytest.mark.parametrize("fixture", ["tiny_embed", "minilm_path"])
-def test_the_tokenizer_read_from_tokenizer_json_splits_as_transformers_does(request, fixture):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_warm_openvino_start_tokenizes_as_transformers_does(family, tokenizer_family, tmp_path, few_rows):
+    """The first start (converting) and a warm one (the conversion cached, no transformers needed) split tricky
+    text into the ids transformers' own tokenizer gives, for every family whose tokenizer transformers rebuilds
+    from its class and tokenizer_config.json."""
     from transformers import AutoTokenizer
 
-    from batchinfer.backends.folder import read_tokenizer
-    from batchinfer.runners.base import SETTLE_SAMPLE
+    from batchinfer.runners import make_runner
 
-    path = request.getfixturevalue(fixture)
-    theirs, ours = AutoTokenizer.from_pretrained(path), read_tokenizer(path)
-    texts = [*SETTLE_SAMPLE, "  Ünïcödé  ACCENTS and [MASK] tokens\twith tabs ", ""]
-    assert ours.pad_token_id == theirs.pad_token_id
-    split = ours.backend_tokenizer
-    split.no_padding()  # as the runner does (tokenizer.json may pad to a length; transformers pads per call)
-    split.no_truncation()
-    assert [e.ids for e in split.encode_batch(texts)] == theirs(texts)["input_ids"]
+    path = tokenizer_family(family)
+    theirs = AutoTokenizer.from_pretrained(path)
+    cold = theirs(TRICKY, truncation=True, max_length=128)["input_ids"]
+    job = make_job(few_rows, path, tmp_path / "out", model__backend="openvino", model__dtype="float32")
+    for start in ("converting", "warm"):
+        runner = make_runner(job, path)
+        assert runner.backend == "openvino" and "torch" not in runner.models
+        assert runner.tokenize(TRICKY).ids == cold, start
+        assert runner.pad_id == theirs.pad_token_id, start
+
+
+def test_a_kept_tokenizer_is_not_read_once_its_files_or_transformers_changed(tokenizer_family, tmp_path):
+    from transformers import AutoTokenizer
+
+    from batchinfer.backends import folder
+
+    path = shutil.copytree(tokenizer_family("roberta_prefix_space"), tmp_path / "model")
+    record = folder.tokenizer_record(AutoTokenizer.from_pretrained(path), path)
+    assert folder.read_tokenizer(record, path) is not None
+    assert folder.read_tokenizer({**record, "transformers": "0.0.1"}, path) is None
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "add_prefix_space": False}))
+    assert folder.read_tokenizer(record, path) is None
+
+
+def test_a_limited_run_resumed_warm_on_openvino_embeds_as_torch_does(sms_parquet, tokenizer_family, tmp_path):
+    """The course-recipe BERT: a --limit run converts, the resume runs warm; every vector is torch's, so the
+    folder holds one tokenization."""
+    path = tokenizer_family("course_bert")
+    run_job(make_job(sms_parquet, path, tmp_path / "torch"))
+    out = tmp_path / "openvino"
+    job = make_job(sms_parquet, path, out, model__backend="openvino", model__dtype="float32")
+    run_job(job, limit=150)
+    report = run_job(job)
+    assert report["complete"] and report["batching"]["backend"] == "openvino"
+    ours, theirs = (read_output(folder).sort_by("sms_id") for folder in (out, tmp_path / "torch"))
+    assert ours.column("sms_id").to_pylist() == theirs.column("sms_id").to_pylist()
+    np.testing.assert_allclose(vectors(ours, "embedding"), vectors(theirs, "embedding"), atol=1e-5)
+
+
+def test_a_decoder_embedder_converts_and_equals_torch_and_auto_checks_it_on_the_jobs_rows(
+    sms_parquet, tiny_llama_embedder, tmp_path
+):
+    """A Llama with last-token pooling: OpenVINO converts it (no KV cache in the graph) and gives torch's vectors;
+    under auto the conversion is checked against torch on the job's own rows, and the report says so."""
+    rows = sms_parquet / "part-0.parquet"
+    reports = {b: _run(rows, tiny_llama_embedder, tmp_path / b, "embed", b) for b in ("torch", "openvino")}
+    made = reports["openvino"]["startup"]["load"]["conversion_check"]  # checked when converted, on random rows
+    assert made["against"] == "torch" and made["items"] == 4 and made["min_cosine"] > 0.9999
+    ours, theirs = read_output(tmp_path / "openvino"), read_output(tmp_path / "torch")
+    np.testing.assert_allclose(vectors(ours, "embedding"), vectors(theirs, "embedding"), atol=1e-5)
+    report = _run(rows, tiny_llama_embedder, tmp_path / "auto", "embed", "auto", dtype="auto", batching__strategy=None)
+    check = report["batching"]["probe"]["conversion_check"]
+    assert report["complete"] and check["against"] == "torch" and check["items"] > 0 and check["min_cosine"] > 0.9999
+
+
+def _unconvertible(*args, **kwargs):
+    from openvino._pyopenvino import OpConversionFailure
+
+    raise OpConversionFailure(  # the converter's report, shortened: every failed operation, then a summary
+        "Check 'false' failed at src/frontends/common_translators/src/unconverted_ops_report.cpp:151:\n"
+        "FrontEnd API failed with OpConversionFailure:\nModel wasn't fully converted. Failed operations detailed log:"
+        "\n-- aten::cat with a message:\nAxis -2 out of the tensor rank range [-1, 0].\n\nSummary:\n"
+        "-- Conversion is failed for: SequenceMark, aten::cat\n"
+    )
+
+
+def test_a_model_openvino_cannot_convert_runs_on_torch_under_auto_and_is_refused_when_pinned(
+    few_rows, tiny_embed, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("openvino.convert_model", _unconvertible)  # the converter's own failure, as Llama gave it
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path / "cache"))  # no conversion of tiny_embed to find
+    report = _run(few_rows, tiny_embed, tmp_path / "auto", "embed", "auto", dtype="auto", batching__strategy=None)
+    note = report["startup"]["load"]["note"]
+    assert report["complete"] and report["batching"]["backend"] == "torch"
+    assert note.startswith("OpenVINO not used, torch runs the job: OpenVINO cannot convert the model")
+    assert note.endswith("(BertModel): Conversion is failed for: SequenceMark, aten::cat (set model.backend: torch)")
+    assert note in report["batching"]["probe"]["notes"]
+    with pytest.raises(ModelError, match=f"OpenVINO cannot convert the model {tiny_embed}") as refused:
+        _run(few_rows, tiny_embed, tmp_path / "pinned", "embed", "openvino")
+    assert "model.backend: torch" in refused.value.hint
+
+
+def test_a_conversion_that_disagrees_with_torch_when_made_is_not_kept(few_rows, tiny_embed, tmp_path, monkeypatch):
+    monkeypatch.setattr("batchinfer.backends.openvino.COSINE_FLOOR", 1.5)  # no cosine reaches it
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ModelError, match="OpenVINO's conversion of the model .* disagrees with torch: min cosine"):
+        _run(few_rows, tiny_embed, tmp_path / "pinned", "embed", "openvino")
+    report = _run(few_rows, tiny_embed, tmp_path / "auto", "embed", "auto", dtype="auto", batching__strategy=None)
+    assert report["batching"]["backend"] == "torch" and "disagrees with torch" in report["startup"]["load"]["note"]
+    assert _entries(tmp_path / "cache") == []  # nothing kept that a later job could take
+
+
+def test_a_conversion_that_disagrees_with_torch_on_the_jobs_rows_is_not_used(
+    few_rows, tiny_embed, tmp_path, monkeypatch
+):
+    from batchinfer.backends.openvino import OpenVINOModel
+
+    answer = OpenVINOModel.__call__
+    # a graph that loses the second half of every vector (as a wrong conversion would)
+    monkeypatch.setattr(OpenVINOModel, "__call__", lambda self, **i: _halved(answer(self, **i)))
+    report = _run(few_rows, tiny_embed, tmp_path / "auto", "embed", "auto", dtype="auto", batching__strategy=None)
+    check = report["batching"]["probe"]["conversion_check"]
+    assert report["batching"]["backend"] == "torch" and check["min_cosine"] < 0.9999
+    assert any("conversion f32, checked against torch" in note for note in report["batching"]["probe"]["notes"])
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_serve_checks_the_conversion_against_torch_before_it_answers(
+    few_rows, tiny_embed, tmp_path, monkeypatch, wrong
+):
+    """serve has no chunk to probe: its start settles on OpenVINO only where the conversion gives torch's vectors
+    on a few sentences."""
+    from batchinfer.backends.openvino import OpenVINOModel
+    from batchinfer.runners import make_runner
+
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path / "cache"))  # no rates from other tests: both load
+
+    if wrong:
+        answer = OpenVINOModel.__call__
+        monkeypatch.setattr(OpenVINOModel, "__call__", lambda self, **i: _halved(answer(self, **i)))
+    job = make_job(few_rows, tiny_embed, tmp_path / "out", model__backend="auto", model__dtype="auto")
+    runner = make_runner(job, tiny_embed)
+    runner.settle_default()
+    assert list(runner.models) == (["torch"] if wrong else ["openvino"])
+
+
+def _halved(out):
+    out.pooled[:, out.pooled.shape[1] // 2 :] = 0
+    return out
 
 
 def test_a_probe_that_timed_both_backends_keeps_their_rates_for_this_cpu(tmp_path):

@@ -700,3 +700,16 @@ def test_a_damaged_job_record_or_marker_is_named_in_run_status_and_export(tmp_pa
         assert ("--restart" if name == MARKER else "--output NEW_FOLDER") in said
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing changed, nothing exported
     assert not (tmp_path / "all.csv").exists()
+
+
+def test_a_max_length_past_the_models_positions_is_refused_by_validate_and_run(tmp_path, sms_parquet, tiny_embed):
+    """tiny_embed reads 512 positions: 4096 is refused naming the key, the limit and the fix, before the output
+    folder is made; left unset, max_length is the default (cut to the model's limit where that is shorter)."""
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    for command in (["validate"], ["run", "-q"]):
+        result = runner.invoke(app, [*command, str(job), "--set", "model.max_length=4096"])
+        assert result.exit_code == 2, result.output
+        assert "model.max_length 4096 is more than" in result.output and "max_position_embeddings 512" in result.output
+        assert "set model.max_length: 512 or less" in result.output
+    assert not (tmp_path / "out").exists()
+    assert runner.invoke(app, ["validate", str(job), "--set", "model.max_length=512"]).exit_code == 0

@@ -302,7 +302,7 @@ def test_labels_that_are_no_tokens_or_past_the_models_context_are_refused_with_a
     job = partial(_job, sms_parquet, tiny_llama, task="classify")
     many = [f"label number {k} of very many" for k in range(400)]  # each 6+ tokens past its first
     with pytest.raises(ModelError, match="and the model reads at most 2048 tokens") as refused:
-        run_job(job(tmp_path / "b", model__labels=many, model__max_length=8192))
+        run_job(job(tmp_path / "b", model__labels=many, model__max_length=2048))
     assert "raise model.max_length" not in refused.value.hint
     assert "use fewer or shorter labels, or model.label_prompt: repeated" in refused.value.hint
     with pytest.raises(ModelError, match="leaves no room") as refused:

@@ -7,8 +7,9 @@ may use, the default first; `load_encoders` loads them. Which one runs is settle
 probe on the first chunk (runners/base.py) and recorded in the output folder like the batching choice.
 
 A warm run on OpenVINO alone of a runner whose head reads numpy (embed: pooled inside the graph) imports
-neither torch nor transformers: the tokenizer and config come from the folder's files (folder.py), the graph
-from the cache. torch and transformers' modeling code are most of a start's seconds.
+neither torch nor transformers: the config comes from config.json, the tokenizer transformers built on the first
+run and the graph from the cache (folder.py, openvino.py). torch and transformers' modeling code are most of a
+start's seconds.
 """
 
 from __future__ import annotations
@@ -136,8 +137,9 @@ def load_encoders(
     or compiling the OpenVINO model.
     Under model.backend auto, an OpenVINO model that cannot be had (its cache unreadable, unwritable or full; a
     precision it cannot compile) leaves torch to run the job, with a note that says why.
-    numpy_head: the runner's head reads numpy, so OpenVINO alone runs without torch; its tokenizer and config
-    are then read from the folder's files where it has tokenizer.json and no code of its own."""
+    numpy_head: the runner's head reads numpy, so OpenVINO alone runs without torch; its config is then read from
+    config.json, and its tokenizer is the one transformers built on an earlier run, kept beside the conversion
+    (folder.py), where the folder has tokenizer.json and no code of its own."""
     from .models import load_model, model_identity, pick_device
 
     t0 = time.perf_counter()
@@ -164,18 +166,14 @@ def load_encoders(
                 return torch_model
             return load_model(cfg.model_copy(update={"dtype": "float32"}), path)[1]
 
-        try:
-            models["openvino"] = openvino.load(config, of, precisions(cfg, "openvino"), f32_model, output[1])
-            load.update(models["openvino"].seconds)
-        except ModelError as exc:
-            if cfg.backend != "auto":
-                raise
-            load["note"] = f"OpenVINO not used, torch runs the job: {exc.message} ({exc.hint})"
+        converted = _openvino_model(cfg, config, of, (f32_model, output[1]), load)
+        if converted is None:
             names = ["torch"]
             if torch_model is None:
                 tokenizer, models["torch"], device = load_model(cfg, path)
-        if tokenizer is None:
-            tokenizer = _tokenizer(cfg, path, plain)
+        else:
+            models["openvino"] = converted
+        tokenizer = _tokenizer(cfg, path, converted if plain else None, tokenizer)
     load["load"] = round(time.perf_counter() - t0, 3)
     return tokenizer, {name: models[name] for name in names}, device, load
 
@@ -204,10 +202,33 @@ def _known_faster(names: list[str], of: dict, load: dict) -> tuple[list[str], di
     return [winner], of if winner == "openvino" else None
 
 
-def _tokenizer(cfg: ModelConfig, path: Path, plain: bool):
-    """The tokenizer of a run that loaded no torch model: from tokenizer.json (plain), else transformers'."""
-    if plain:
-        return folder.read_tokenizer(path)
+def _openvino_model(cfg: ModelConfig, config, of: dict, torch_model: tuple[Callable, Callable | None], load: dict):
+    """The conversion `of` compiled (openvino.load; torch_model: the model's loader and the head), its seconds in
+    `load`; None under model.backend auto where it cannot be had, with a note in `load` saying why."""
+    try:
+        model = openvino.load(config, of, precisions(cfg, "openvino"), *torch_model)
+    except ModelError as exc:
+        if cfg.backend != "auto":
+            raise
+        load["note"] = f"OpenVINO not used, torch runs the job: {exc.message} ({exc.hint})"
+        return None
+    load.update(model.seconds, conversion_check=model.check)
+    return model
+
+
+def _tokenizer(cfg: ModelConfig, path: Path, converted: openvino.OpenVINOModel | None, tokenizer):
+    """The run's tokenizer: transformers' (`tokenizer`, loaded with torch, or built now), or the one kept beside
+    `converted` (an OpenVINO model a warm run may use) where it is current, so a warm run tokenizes as a cold
+    one by construction; transformers' is kept there for the next warm run."""
+    saved = openvino.saved_tokenizer(converted) if converted else None
+    if tokenizer is None:
+        tokenizer = folder.read_tokenizer(saved, path) or _transformers_tokenizer(cfg, path)
+    if converted and not folder.is_current(saved, path):
+        openvino.save_tokenizer(converted, folder.tokenizer_record(tokenizer, path))
+    return tokenizer
+
+
+def _transformers_tokenizer(cfg: ModelConfig, path: Path):
     import transformers
 
     return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)

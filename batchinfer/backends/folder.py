@@ -1,38 +1,84 @@
-"""A model folder read without transformers, for a warm run on OpenVINO (whose graph is cached): the Rust
-tokenizer from tokenizer.json and config.json's fields as attributes. Importing transformers' tokenizer and
-config classes imports torch, which costs such a run most of its start."""
+"""A model folder read without transformers, for a warm run on OpenVINO (whose graph is cached): config.json's
+fields as attributes, and the tokenizer transformers built from the folder on an earlier run, kept beside the
+conversion. Importing transformers' tokenizer and config classes imports torch, which costs such a run most of
+its start.
+
+The tokenizer is never tokenizer.json read as it is: transformers rebuilds the normalizer, pre-tokenizer and
+special tokens of a model's tokenizer class (BertTokenizer, RobertaTokenizer, XLMRobertaTokenizer, ...) from
+the class and tokenizer_config.json (do_lower_case, add_prefix_space, tokenize_chinese_chars, extra special
+tokens), so a raw read splits text differently. `tokenizer_record` serializes what transformers built, with the
+digests of the files it was built from and transformers' version; `read_tokenizer` gives it back only while both
+are the same, so the warm tokenizer is the cold one by construction.
+"""
 
 from __future__ import annotations
 
 import json
+from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
+from ..cache import file_digest
 from ..errors import ModelError
 
+# The files AutoTokenizer builds a tokenizer from, besides config.json (its class, where these name none).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+# What a runner reads of a transformers tokenizer besides its Rust tokenizer: the pad id, and what decides
+# truncation and padding.
+TOKENIZER_SETTINGS = ("pad_token_id", "model_max_length", "truncation_side", "padding_side")
 
-def read_tokenizer(path: Path) -> SimpleNamespace:
-    """What a runner reads of transformers' fast tokenizer: `backend_tokenizer` (tokenizers.Tokenizer, from
-    tokenizer.json) and `pad_token_id` (the pad token tokenizer_config.json or special_tokens_map.json
-    names, else tokenizer.json's padding id, else None) and `truncation_side` (tokenizer_config.json's)."""
+
+def tokenizer_record(tokenizer, path: Path) -> dict:
+    """transformers' fast tokenizer of the model folder `path`, as JSON: its Rust tokenizer as transformers built
+    it, the settings a runner reads, and what it was built from (the files' digests, transformers' version)."""
+    return {
+        "files": _tokenizer_files(path),
+        "transformers": version("transformers"),
+        "tokenizer": tokenizer.backend_tokenizer.to_str(),
+        "settings": {name: getattr(tokenizer, name, None) for name in TOKENIZER_SETTINGS},
+    }
+
+
+def is_current(record: dict | None, path: Path) -> bool:
+    """`record` (tokenizer_record's) was built from the tokenizer files `path` holds now, by this transformers."""
+    return (
+        isinstance(record, dict)
+        and record.get("transformers") == version("transformers")
+        and record.get("files") == _tokenizer_files(path)
+        and isinstance(record.get("tokenizer"), str)
+        and isinstance(record.get("settings"), dict)
+    )
+
+
+def read_tokenizer(record: dict | None, path: Path) -> SimpleNamespace | None:
+    """What a runner reads of transformers' fast tokenizer (`backend_tokenizer`, a tokenizers.Tokenizer, and
+    TOKENIZER_SETTINGS), from `record` where it is current for `path`; else None (transformers builds it)."""
     from tokenizers import Tokenizer
 
+    if not is_current(record, path):
+        return None
     try:
-        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for a file it cannot parse
-        raise ModelError(
-            f"cannot read {path / 'tokenizer.json'}: {exc}", "save the tokenizer with a tokenizers backend"
-        ) from exc
-    pad = None
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        pad = pad or _json(path / name).get("pad_token")
-    if isinstance(pad, dict):  # {"content": "[PAD]", ...}
-        pad = pad.get("content")
-    pad_id = tokenizer.token_to_id(pad) if isinstance(pad, str) else None
-    if pad_id is None and tokenizer.padding:
-        pad_id = tokenizer.padding.get("pad_id")
-    side = _json(path / "tokenizer_config.json").get("truncation_side", "right")  # transformers' default: right
-    return SimpleNamespace(backend_tokenizer=tokenizer, pad_token_id=pad_id, truncation_side=side)
+        backend = Tokenizer.from_str(record["tokenizer"])
+    except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception for JSON it cannot parse: build it again
+        return None
+    settings = {name: record["settings"].get(name) for name in TOKENIZER_SETTINGS}
+    return SimpleNamespace(backend_tokenizer=backend, **settings)
+
+
+def _tokenizer_files(path: Path) -> dict[str, str]:
+    names = ("config.json", *TOKENIZER_FILES)  # config.json: the tokenizer class, where the others name none
+    return {name: file_digest(path / name) for name in names if (path / name).is_file()}
 
 
 def read_config(path: Path) -> SimpleNamespace:

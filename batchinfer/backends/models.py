@@ -17,11 +17,13 @@ from safetensors import SafetensorError
 
 from ..cache import file_digest
 from ..control import library_logs_shown
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from ..job.config import ModelConfig
 from ..job.plan import IDENTITY
 from ..job.tasks import model_spec
 from ..job.templates import chat_template, no_chat_template
+from .folder import TOKENIZER_FILES
+from .folder import read_config as read_json
 from .sentence_modules import result_files, sentence_model
 
 if TYPE_CHECKING:  # imported where a model loads on it: a warm OpenVINO run never imports torch
@@ -161,16 +163,7 @@ _RESULT_FILES = (
     "1_Pooling/config.json",
     "sentence_bert_config.json",
     "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
+    *TOKENIZER_FILES,
     "chat_template.jinja",
     "chat_template.json",
 )
@@ -211,15 +204,43 @@ def check_head(config, cfg: ModelConfig, path: Path) -> None:
         )
 
 
+def position_limit(config) -> int:
+    """Longest input the model's position embeddings allow (1 << 30: no limit the config names)."""
+    limit = _positions(config) or 1 << 30
+    # RoBERTa-family models offset positions by padding_idx + 1.
+    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        limit -= 2
+    return limit
+
+
+def _positions(config) -> int | None:
+    # n_positions: GPT-2's name, which transformers' config maps to max_position_embeddings (not JSON read alone)
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def check_max_length(config, cfg: ModelConfig) -> None:
+    """model.max_length, where the job sets it, fits the positions the model reads (a prompt to generate from
+    leaves room for one new token). Left unset, it is cut to them (runners/base.py, generate.py)."""
+    limit = position_limit(config) - (cfg.task == "generate")
+    if "max_length" not in cfg.model_fields_set or cfg.max_length <= limit:
+        return
+    room = " and one new token" if cfg.task == "generate" else ""
+    raise ConfigError(
+        f"model.max_length {cfg.max_length} is more than {cfg.path} reads: {limit} tokens "
+        f"(config.json: max_position_embeddings {_positions(config)}{room})",
+        f"set model.max_length: {limit} or less (or remove it: the default, "
+        f"{ModelConfig.model_fields['max_length'].default}, is cut to the model's limit)",
+    )
+
+
 def read_config(cfg: ModelConfig, path: Path):
     """The model's config.json, checked against the task, without loading any weight; read as JSON (importing
     transformers' config classes imports torch) unless the model brings its own config class."""
     check_model_folder(path, cfg.allow_pickle)
     if not cfg.trust_remote_code:
-        from .folder import read_config as read_json
-
         config = read_json(path)
         check_head(config, cfg, path)
+        check_max_length(config, cfg)
         return config
     import transformers
 
@@ -230,6 +251,7 @@ def read_config(cfg: ModelConfig, path: Path):
             f"cannot read the model config in {path}: {exc}", "check that the folder was saved with save_pretrained"
         ) from exc
     check_head(config, cfg, path)
+    check_max_length(config, cfg)
     return config
 
 

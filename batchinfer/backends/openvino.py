@@ -13,7 +13,7 @@ changed model never meets an old conversion; an entry whose files do not match i
 trusted; its files' digests come from the memo (cache.file_digest), so checking an entry reads it only once.
 A file lock makes the workers of one machine (Ray actors) convert once between them; a staging folder whose
 lock is free was left by a conversion that died, and is removed. A cache that cannot be read or written is a
-ModelError naming the folder (backend auto then runs torch).
+ModelError naming the folder, and so is a model OpenVINO cannot convert (backend auto then runs torch).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import fcntl
 import functools
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -40,16 +41,19 @@ import numpy as np
 
 from ..cache import cache_root, file_digest
 from ..errors import ModelError
+from .precision import COSINE_FLOOR
 
-FORMAT = 1  # bump when what is converted changes
+FORMAT = 2  # bump when what is converted changes (2: no KV cache traced; checked against torch, tokenizer kept)
 MANIFEST = "batchinfer.json"
 RATES = "backends.json"  # each backend's measured tokens/s for this conversion, per CPU
 BLOBS = "compiled"  # OpenVINO's model cache (CACHE_DIR): each precision compiled for this CPU, read back warm
-ENTRY_FILES = ("model.xml", "model.bin", MANIFEST, RATES, BLOBS)
+TOKENIZER = "tokenizer.json"  # the tokenizer transformers built for the model (folder.tokenizer_record), for warm runs
+ENTRY_FILES = ("model.xml", "model.bin", MANIFEST, RATES, BLOBS, TOKENIZER)
 STAGING = re.compile(r"\.tmp-([0-9a-f]{24})-[0-9a-f]{8}")  # a conversion being saved: .tmp-<key>-<random>
 # One backend measured this many times the other's speed on this CPU before: auto loads the faster alone. The
 # probe's own margin (tune.NOISE): closer rates are measured again.
 CLEAR_WIN = 1.1
+CHECK_LENGTHS = (3, 11, 29, 64)  # a conversion's check rows: other lengths than the trace's 8, padding among them
 # What the runner's dtype names mean as OpenVINO's inference precision hint.
 PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
@@ -102,6 +106,7 @@ class OpenVINOModel:
         self.output, self.names = output, names
         self.precision = next(iter(compiled))
         self.seconds = seconds  # convert / read / compile times, for the report's start-up figures
+        self.check: dict | None = None  # the conversion checked against torch when it was made (_check)
 
     def __call__(self, **inputs):
         # Token type ids go in only where the graph takes them (see backends._input_names).
@@ -188,7 +193,9 @@ def load(config, of: dict, precisions: list[str], torch_model, head=None) -> Ope
                 "set model.dtype: float32 (or auto), or model.backend: torch",
             ) from exc
     seconds["compile"] = round(time.perf_counter() - t2, 3)
-    return OpenVINOModel(config, compiled, output, names, seconds, entry)
+    model = OpenVINOModel(config, compiled, output, names, seconds, entry)
+    model.check = (_kept(entry, MANIFEST) or {}).get("check")
+    return model
 
 
 def entry_of(of: dict) -> Path:
@@ -226,15 +233,33 @@ def threads() -> int:
 
 def remember(model: OpenVINOModel, rates: dict[str, float]) -> None:
     """Keep the backends' measured tokens/s beside the conversion, for later jobs on this CPU."""
+    _keep(model.entry, RATES, {**(_kept(model.entry, RATES) or {}), cpu_id(): rates})
+
+
+def saved_tokenizer(model: OpenVINOModel) -> dict | None:
+    """The tokenizer record (folder.tokenizer_record) kept beside the conversion, or None."""
+    return _kept(model.entry, TOKENIZER)
+
+
+def save_tokenizer(model: OpenVINOModel, record: dict) -> None:
+    """Keep the tokenizer transformers built (folder.tokenizer_record) beside the conversion, for warm runs."""
+    _keep(model.entry, TOKENIZER, record)
+
+
+def _kept(entry: Path, name: str):
     try:
-        known = json.loads((model.entry / RATES).read_text())
+        return json.loads((entry / name).read_text())
     except (OSError, ValueError):
-        known = {}
-    staging = model.entry / f".{RATES}.{uuid.uuid4().hex[:8]}"
+        return None
+
+
+def _keep(entry: Path, name: str, value) -> None:
+    """Write `name` in the entry whole (a reader finds the old file or the new one, never a part)."""
+    staging = entry / f".{name}.{uuid.uuid4().hex[:8]}"
     try:
-        staging.write_text(json.dumps({**known, cpu_id(): rates}, indent=1))
-        os.replace(staging, model.entry / RATES)
-    except OSError:  # a read-only cache: the next job measures again
+        staging.write_text(json.dumps(value, indent=1))
+        os.replace(staging, entry / name)
+    except OSError:  # a read-only cache: the next job does the work again
         staging.unlink(missing_ok=True)
 
 
@@ -242,9 +267,9 @@ def known_faster(of: dict) -> tuple[str, float] | None:
     """The backend that ran the conversion `of` clearly faster than the other on this CPU before (by CLEAR_WIN
     or more), and how many times the other's speed; None where they were close or were not both timed here."""
     try:
-        rates = json.loads((entry_of(of) / RATES).read_text())[cpu_id()]
+        rates = _kept(entry_of(of), RATES)[cpu_id()]
         ratio = rates["openvino"] / rates["torch"]
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+    except (KeyError, TypeError, ZeroDivisionError):
         return None
     if ratio >= CLEAR_WIN:
         return "openvino", ratio
@@ -268,29 +293,76 @@ def _convert(model, of: dict, entry: Path, head=None) -> None:
 
         def forward(self, input_ids, attention_mask, token_type_ids=None):
             types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, **types)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, **types, **no_cache)
             return self.head(out.last_hidden_state, attention_mask) if self.head else getattr(out, of["output"])
 
+    # A decoder (Llama, Qwen3: embedders with last-token pooling) builds a KV cache by default, whose concatenation
+    # OpenVINO cannot convert (aten::cat); an encoder task reads none of it.
+    no_cache = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
     names = tuple(of["inputs"])
     example = {name: torch.ones(2, 8, dtype=torch.long) for name in names}
     with warnings.catch_warnings(), _no_telemetry():
         warnings.simplefilter("ignore")  # the tracer's notes on data-dependent branches in attention masks
-        converted = ov.convert_model(
-            OneOutput(),
-            example_input=example,
-            input=[(name, ov.PartialShape([-1, -1]), ov.Type.i64) for name in names],
-        )
+        try:
+            converted = ov.convert_model(
+                OneOutput(),
+                example_input=example,
+                input=[(name, ov.PartialShape([-1, -1]), ov.Type.i64) for name in names],
+            )
+        except Exception as exc:  # noqa: BLE001 - the tracer and each op's converter raise their own kinds
+            name = getattr(model.config, "name_or_path", "") or type(model).__name__
+            raise ModelError(
+                f"OpenVINO cannot convert the model {name} ({type(model).__name__}): {_said(exc)}",
+                "set model.backend: torch",
+            ) from exc
+    check = _check(OneOutput(), converted, names)
     staging = entry.parent / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
     try:
         staging.mkdir(parents=True)
         ov.save_model(converted, staging / "model.xml", compress_to_fp16=False)
         manifest = {name: file_digest(staging / name) for name in ENTRY_FILES[:2]}
-        (staging / MANIFEST).write_text(json.dumps({"key": entry.name, **of, "files": manifest}, indent=1))
+        kept = {"key": entry.name, **of, "files": manifest, "check": check}
+        (staging / MANIFEST).write_text(json.dumps(kept, indent=1))
         os.replace(staging, entry)
     except (OSError, RuntimeError) as exc:  # RuntimeError: OpenVINO's own writes (a full disk: iostream error)
         raise _cache_error(entry.parent, f"could not take the conversion ({_said(exc)})") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _check(module, converted, names: tuple[str, ...]) -> dict:
+    """The conversion in f32 against the torch module it was traced from, on rows of other lengths than the
+    trace's, right-padded: every row's output (over its real tokens where the output is per token) at cosine
+    COSINE_FLOOR or more; its figures, or a ModelError where it falls short. A job's own rows check it again
+    where torch is loaded beside it (runners/base.py check_conversion)."""
+    import openvino as ov
+    import torch
+
+    t0 = time.perf_counter()
+    lengths = torch.tensor(CHECK_LENGTHS)
+    vocab = min(getattr(module.model.config, "vocab_size", None) or 100, 1000)
+    ids = torch.randint(
+        vocab // 10, vocab, (len(lengths), int(lengths.max())), generator=torch.Generator().manual_seed(0)
+    )
+    mask = (torch.arange(ids.shape[1]) < lengths[:, None]).long()
+    inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    inputs = {name: inputs[name] for name in names}
+    with torch.inference_mode():
+        reference = module(**inputs).float().numpy()
+    compiled = ov.Core().compile_model(converted, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    ours = compiled({name: value.numpy() for name, value in inputs.items()})[0]
+    per_token = reference.ndim == 3  # [b, L, ...]: the real tokens' outputs only
+    rows = [(r[:n] if per_token else r, o[:n] if per_token else o) for r, o, n in zip(reference, ours, CHECK_LENGTHS)]
+    cosines = [float(r.ravel() @ o.ravel() / max(np.linalg.norm(r) * np.linalg.norm(o), 1e-12)) for r, o in rows]
+    check = {"precision": "f32", "against": "torch", "items": len(rows), "min_cosine": round(min(cosines), 6)}
+    check["seconds"] = round(time.perf_counter() - t0, 3)  # its compile and both runs, inside the conversion's
+    if min(cosines) < COSINE_FLOOR:
+        raise ModelError(
+            f"OpenVINO's conversion of the model {getattr(module.model.config, 'name_or_path', '')} disagrees with "
+            f"torch: min cosine {check['min_cosine']} on {len(rows)} rows of random tokens",
+            "set model.backend: torch",
+        )
+    return check
 
 
 @contextmanager
@@ -390,7 +462,9 @@ def _cache_error(folder: Path, problem: str) -> ModelError:
 
 
 def _said(exc: BaseException) -> str:
-    """What an OpenVINO error says, without the source line it starts with ("Exception from src/...:")."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith("Exception from")]
-    said = " ".join(lines) or type(exc).__name__
+    """What an OpenVINO error says, without the source line it starts with ("Exception from src/...:"); of the
+    converter's report (each failed operation in detail, then a summary), the summary."""
+    text = str(exc).rsplit("Summary:", 1)[-1]
+    lines = [line.strip(" -") for line in text.splitlines() if not line.startswith("Exception from")]
+    said = " ".join(line for line in lines if line) or type(exc).__name__
     return said if len(said) <= 300 else said[:297] + "..."

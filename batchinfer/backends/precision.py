@@ -1,5 +1,7 @@
 """The precision check: a lower precision (bf16 on CPUs that have it) is used only where it gives the task's
 answers on a sample of the job's own items, against f32; otherwise f32 runs, with the figures that say why.
+The conversion check: OpenVINO's graph in f32 is used only where it gives the task's answers on the same sample,
+against torch; otherwise torch runs.
 """
 
 from __future__ import annotations
@@ -64,17 +66,26 @@ def check_precision(run_in: Callable[[str, list], list], options: list[str], how
     with the last's, and the check's figures; the last, marked fell_back, when none does.
     run_in(precision, batch of items) -> one result per item."""
     batches = check_batches(ids)
-
-    def results(precision: str) -> list[np.ndarray]:
-        found = {}
-        for batch in batches:
-            found.update(zip(batch, run_in(precision, [ids[i] for i in batch])))
-        return [np.asarray(found[i], np.float32) for i in range(len(ids))]
-
-    reference = results(options[-1])
+    reference = _results(run_in, options[-1], ids, batches)
     for precision in options[:-1]:
-        ok, figure = agree(how, reference, results(precision))
+        ok, figure = agree(how, reference, _results(run_in, precision, ids, batches))
         check = {"precision": precision, "against": options[-1], "items": len(ids), **figure}
         if ok:
             return precision, check
     return options[-1], {**check, "fell_back": True}
+
+
+def check_conversion(run_on: Callable[[str, list], list], how: str, ids: list) -> tuple[bool, dict]:
+    """Whether OpenVINO's conversion gives the task's answers (`how`, see agree) on the items `ids`, both in f32,
+    against torch (the model's own library), and the check's figures. run_on(backend, batch of items) -> one
+    result per item."""
+    batches = check_batches(ids)
+    ok, figure = agree(how, _results(run_on, "torch", ids, batches), _results(run_on, "openvino", ids, batches))
+    return ok, {"precision": "f32", "against": "torch", "items": len(ids), **figure}
+
+
+def _results(run_in: Callable[[str, list], list], option: str, ids: list, batches: list) -> list[np.ndarray]:
+    found = {}
+    for batch in batches:
+        found.update(zip(batch, run_in(option, [ids[i] for i in batch])))
+    return [np.asarray(found[i], np.float32) for i in range(len(ids))]

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from ..backends.precision import PRECISION_SAMPLE, SETTLE_SAMPLE, check_precision, describe_check
+from ..backends.models import position_limit
+from ..backends.precision import PRECISION_SAMPLE, SETTLE_SAMPLE, check_conversion, check_precision, describe_check
 from ..batching.cut import padding_stats
 from ..batching.probe import cut_batches, probe
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
@@ -154,6 +155,28 @@ class EncoderRunner:
         self.use(backend, precision)
         return precision, check
 
+    def check_conversion(self, ids: list) -> dict | None:
+        """Where torch and OpenVINO's conversion are both loaded in f32: the conversion checked against torch on
+        the items `ids` (backends/precision.py), its figures returned; one that disagrees is freed, with a note
+        in load_seconds, and torch runs. None where there is nothing to check."""
+        if not {"torch", "openvino"} <= set(self.backends) or "f32" not in self.precisions["openvino"]:
+            return None
+        import torch
+
+        if self.models["torch"].dtype != torch.float32:
+            return None
+
+        def run_on(backend: str, batch: list) -> list:
+            self.use(backend, "f32" if backend == "openvino" else None)
+            return self.run(batch)
+
+        ok, check = check_conversion(run_on, self.agreement, ids)
+        if not ok:
+            self.load_seconds["note"] = f"OpenVINO not used, torch runs the job: conversion {describe_check(check)}"
+            del self.backends["openvino"], self.precisions["openvino"]
+        self.use(next(iter(self.backends)))
+        return check
+
     def lay_out(self, strategy: str) -> None:
         """Run the next batches padded or packed (batching.strategy, settled)."""
         self.packed = strategy == "packed"
@@ -227,10 +250,14 @@ class EncoderRunner:
         )
 
     def settle_default(self) -> dict:
-        """Where no chunk is there to probe (serve): the default backend, its precision checked on a few
-        sentences of SETTLE_SAMPLE. Returns the check's figures."""
+        """Where no chunk is there to probe (serve): the default backend (OpenVINO's conversion checked against
+        torch where both are loaded), its precision checked on a few sentences of SETTLE_SAMPLE. Returns the
+        precision check's figures."""
+        sample = self.tokenize(self.sample_inputs()).ids if len(self.models) > 1 else None
+        if sample is not None:
+            self.check_conversion(sample)
         backend = next(iter(self.models))
-        check = self.settle_precisions().get(backend, {})
+        check = self.settle_precisions(sample).get(backend, {})
         self.keep(backend, self.precisions[backend][0])
         return check
 
@@ -261,8 +288,9 @@ class EncoderRunner:
         run yet."""
         job, budget = ctx.job, ctx.budget
         packable = "torch" in self.models and self.packable(self.models["torch"])
-        sample = np.random.default_rng(1).permutation(len(ids))[:PRECISION_SAMPLE]
-        checks = self.settle_precisions([ids[i] for i in sample.tolist()])
+        sample = [ids[i] for i in np.random.default_rng(1).permutation(len(ids))[:PRECISION_SAMPLE].tolist()]
+        conversion = self.check_conversion(sample)
+        checks = self.settle_precisions(sample)
         # A recorded probe settled batching already; only the backend is open then.
         tuning, rest = probe(
             lengths,
@@ -282,7 +310,11 @@ class EncoderRunner:
             tuning.notes.append(self.load_seconds["note"])
         self.keep(tuning.backend, self.precisions[tuning.backend][0])
         check = checks.get(tuning.backend)
-        ctx.log(tuning.describe() + (f"; precision {describe_check(check)}" if check else ""))
+        ctx.log(
+            tuning.describe()
+            + (f"; precision {describe_check(check)}" if check else "")
+            + (f"; OpenVINO conversion {describe_check(conversion)}" if conversion else "")
+        )
         return {
             "max_tokens": tuning.max_tokens,
             "strategy": tuning.strategy,
@@ -291,6 +323,7 @@ class EncoderRunner:
             "tokens_per_s": tuning.tokens_per_s,
             **({"notes": tuning.notes} if tuning.notes else {}),
             **({"precision_check": check} if check else {}),
+            **({"conversion_check": conversion} if conversion else {}),
         }, rest
 
     def collate(self, ids: list[list[int]]) -> tuple[dict, np.ndarray]:
@@ -437,15 +470,6 @@ def encode_capped(tokenizer, texts: list[str], max_length: int, from_end: bool =
     for i, encoding in zip(whole, tokenizer.encode_batch([texts[i] for i in whole], **options) if whole else []):
         encodings[i] = encoding
     return encodings
-
-
-def position_limit(config) -> int:
-    """Longest input the model's position embeddings allow."""
-    limit = getattr(config, "max_position_embeddings", None) or 1 << 30
-    # RoBERTa-family models offset positions by padding_idx + 1.
-    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
-        limit -= 2
-    return limit
 
 
 def fixed_size_list(values: np.ndarray) -> pa.FixedSizeListArray:

@@ -27,8 +27,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ..backends.models import position_limit
 from ..errors import ConfigError, ModelError
-from .base import EncoderRunner, encode_capped, fixed_size_list, position_limit
+from .base import EncoderRunner, encode_capped, fixed_size_list
 from .prefix import PrefixCache, common_prefix, split_prompts
 from .protocol import Prefix, Tokens
 
