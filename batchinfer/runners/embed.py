@@ -7,6 +7,7 @@ column holds a list of vectors per row."""
 from __future__ import annotations
 
 import functools
+import json
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -40,7 +41,7 @@ class EmbedRunner(EncoderRunner):
         # The model's own max_seq_length caps model.max_length (a longer row is cut and flagged truncated).
         self.truncate(min(self.max_length, self.sentence.max_seq_length or self.max_length))
         if self.sentence.lower_case:
-            lower_case(self.tokenizer)
+            self.tokenizer = lower_cased(self.tokenizer)
         self.usage = job.output.format == "openai"  # OpenAI's embedding answers count each request's tokens
         self.lists = job.input.format == "openai"  # a request's input may be a list of texts
 
@@ -82,11 +83,13 @@ def build_head(sentence: SentenceModel, path: Path, device: str = "cpu") -> torc
     return sentence_head(sentence, path, device)
 
 
-def lower_case(tokenizer) -> None:
-    """Lowercase before the tokenizer's own normalizer, as sentence-transformers does for do_lower_case."""
-    from tokenizers.normalizers import Lowercase, Sequence
+def lower_cased(tokenizer):
+    """A copy of the Rust `tokenizer` that lowercases before its own normalizer, as sentence-transformers does
+    for do_lower_case (its truncation settings kept)."""
+    from tokenizers import Tokenizer
 
-    normalizer = tokenizer.normalizer
-    parts = list(normalizer) if isinstance(normalizer, Sequence) else [] if normalizer is None else [normalizer]
-    if not any(isinstance(part, Lowercase) for part in parts):
-        tokenizer.normalizer = Sequence([Lowercase(), *parts])
+    state = json.loads(tokenizer.to_str())
+    own = state.get("normalizer")
+    if not own or own.get("type") != "Lowercase":
+        state["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "Lowercase"}, *([own] if own else [])]}
+    return Tokenizer.from_str(json.dumps(state))
