@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
 
+from batchinfer.backends.precision import COSINE_FLOOR
 from batchinfer.control import Quiet
 from batchinfer.job.config import validate_job
 
@@ -312,3 +313,53 @@ def check_docs_section(page: str, name: str, generated: str) -> None:
         path.write_text(text[:first] + generated + "\n" + text[last:])
         current = generated + "\n"
     assert current == generated + "\n", f"docs/{page} {name} section is stale: rerun with BATCHINFER_UPDATE_DOCS=1"
+
+
+# The CPU kinds the project runs on, as OpenVINO's CPU plugin lists their capabilities: AVX2-only (an AMD EPYC
+# before Zen 4; measured), AVX-512 with avx512_bf16 and no AMX (a Zen 4 EPYC) and AMX (a Sapphire Rapids
+# Xeon). batchinfer reads BF16 alone (backends/openvino.bf16_supported); `lscpu | grep -o 'avx512_bf16\|amx_bf16'`
+# tells them apart on a machine. Each kind's precision under model.dtype auto on OpenVINO.
+CPU_KINDS = {
+    "avx2": (("FP32", "INT8", "BIN", "EXPORT_IMPORT"), "f32"),
+    "avx512_bf16": (("FP32", "BF16", "INT8", "BIN", "EXPORT_IMPORT"), "bf16"),
+    "amx": (("FP32", "BF16", "FP16", "INT8", "BIN", "EXPORT_IMPORT"), "bf16"),
+}
+
+# Each row's cosine to the same row of another run, where either ran bf16: against f32 the run's own check's
+# floor (precision.COSINE_FLOOR, on its sample; 10,000 real rows on an avx512_bf16 EPYC: min 0.99992); between two
+# bf16 runs (another batch, a resume, another auto run), what two results each that close to f32 are from each
+# other. bf16's error grows with each vector's size, so only a max abs bound in f32 says anything across models.
+BF16_COSINE_TO_F32 = COSINE_FLOOR
+BF16_COSINE_TO_BF16 = 0.9996
+
+
+def stand_in_for_cpu_kind(kind: str, monkeypatch) -> None:
+    """Make OpenVINO describe this CPU as one of CPU_KINDS, so each kind's path (the precision dtype auto picks,
+    its check, its bound) runs on any machine. What runs is still this CPU's: on a CPU without native bf16
+    OpenVINO compiles a bf16 hint to f32."""
+    from batchinfer.backends import openvino
+
+    monkeypatch.setattr(openvino, "_cpu_capabilities", lambda: CPU_KINDS[kind][0])
+    monkeypatch.delenv("BATCHINFER_NO_BF16", raising=False)
+
+
+def ran_in(out: Path) -> str:
+    """The precision the last run into output folder `out` reports (`_report.json`'s batching.precision): bf16 or
+    f32 (torch on a CPU reports none: its float32)."""
+    return json.loads((out / "_report.json").read_text())["batching"].get("precision") or "f32"
+
+
+def assert_rows_agree(ours, theirs, precisions: tuple[str, str], f32_bound: float) -> str:
+    """Each row of `ours` [rows, dim] against the same row of `theirs`, from runs in `precisions` (each run's, as
+    it reports it, see ran_in): within `f32_bound` max abs where both ran f32, within BF16_COSINE_* where either
+    ran bf16. Returns which bound held ("f32" or "bf16"), and every failure names it."""
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    if set(precisions) == {"f32"}:
+        worst = float(np.abs(ours - theirs).max())
+        assert worst < f32_bound, f"f32 against f32: max abs {worst:.3e}, over f32's bound {f32_bound:g}"
+        return "f32"
+    floor = BF16_COSINE_TO_F32 if "f32" in precisions else BF16_COSINE_TO_BF16
+    cosine = (ours * theirs).sum(1) / np.maximum(np.linalg.norm(ours, axis=1) * np.linalg.norm(theirs, axis=1), 1e-12)
+    against = " against ".join(precisions)
+    assert cosine.min() >= floor, f"{against}: min cosine {cosine.min():.6f}, under bf16's bound {floor}"
+    return "bf16"

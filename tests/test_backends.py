@@ -7,16 +7,29 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import Crash, CrashAfterChunks, job_record, make_job, read_output, vectors, write_job
+from helpers import (
+    CPU_KINDS,
+    Crash,
+    CrashAfterChunks,
+    assert_rows_agree,
+    job_record,
+    make_job,
+    ran_in,
+    read_output,
+    stand_in_for_cpu_kind,
+    vectors,
+    write_job,
+)
 from tokenizer_families import FAMILIES, TRICKY
 
 from batchinfer.control import Quiet
-from batchinfer.errors import ConfigError, ModelError
+from batchinfer.errors import ConfigError, ModelError, ResumeError
 from batchinfer.execution.driver import run_job
 from batchinfer.job.config import validate_job
 
@@ -337,9 +350,11 @@ def test_a_warm_run_loads_only_the_backend_that_was_clearly_faster_on_this_cpu_b
 
 
 WARM_RUN = """
-import sys
+import json, sys
+from batchinfer.backends import openvino
 from batchinfer.cli import app
 
+openvino._cpu_capabilities = lambda: tuple(json.loads(sys.argv[2]))  # the CPU kind the test stands in for
 try:
     app(["run", sys.argv[1], "-q"], standalone_mode=False)
 except SystemExit:
@@ -349,16 +364,19 @@ print("imported:", modeling[:5])
 """
 
 
-def test_a_warm_embed_run_on_openvino_imports_neither_torch_nor_transformers_and_equals_torch(
-    sms_parquet, tiny_embed, tmp_path, conversion_cache
+@pytest.mark.parametrize("kind", list(CPU_KINDS))
+def test_a_warm_embed_run_on_openvino_imports_neither_torch_nor_transformers_and_equals_torch_in_its_precision(
+    sms_parquet, tiny_embed, tmp_path, conversion_cache, monkeypatch, kind
 ):
     """Cached conversion, rates that say OpenVINO: the tokenizer from tokenizer.json, the config from
-    config.json, the graph (and its compiled blob) from the cache; torch's vectors all the same."""
+    config.json, the graph (and its compiled blob) from the cache; on each CPU kind (stood in for) the
+    precision dtype auto gives there, and torch's vectors within that precision's bound."""
     import subprocess
     import sys
 
     from batchinfer.backends import openvino
 
+    stand_in_for_cpu_kind(kind, monkeypatch)
     torch_run = tmp_path / "torch"
     run_job(make_job(sms_parquet, tiny_embed, torch_run))
     run_job(make_job(sms_parquet, tiny_embed, tmp_path / "first", model__backend="openvino", model__dtype="float32"))
@@ -366,15 +384,69 @@ def test_a_warm_embed_run_on_openvino_imports_neither_torch_nor_transformers_and
     (entry / openvino.RATES).write_text(json.dumps({openvino.cpu_id(): {"openvino": 3.0, "torch": 1.0}}))
     warm = tmp_path / "warm"
     job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, warm, raw=True, model__backend="auto"))
-    done = subprocess.run([sys.executable, "-c", WARM_RUN, str(job)], capture_output=True, text=True, timeout=300)
+    capabilities = json.dumps(CPU_KINDS[kind][0])
+    command = [sys.executable, "-c", WARM_RUN, str(job), capabilities]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "imported: []" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads((warm / "_report.json").read_text())
     assert report["complete"] and report["batching"]["backend"] == "openvino"
     assert "torch_load" not in report["startup"]["load"]
     assert (entry / openvino.BLOBS).is_dir()  # the compile left its blob for the next start
+    assert ran_in(warm) == CPU_KINDS[kind][1], report["batching"]
     ours, theirs = (read_output(folder).sort_by("sms_id") for folder in (warm, torch_run))
-    np.testing.assert_allclose(vectors(ours, "embedding"), vectors(theirs, "embedding"), atol=1e-5)
+    checked = assert_rows_agree(vectors(ours, "embedding"), vectors(theirs, "embedding"), (ran_in(warm), "f32"), 1e-5)
+    assert checked == CPU_KINDS[kind][1]  # bf16 ran: bf16's bound against f32, not f32's 1e-5
     (entry / openvino.RATES).unlink()
+
+
+@pytest.mark.parametrize(
+    "started,resumed,why",
+    [
+        ("avx512_bf16", {"kind": "avx2"}, "this CPU has no native bf16"),
+        ("amx", {"no_bf16": True}, "BATCHINFER_NO_BF16 is set"),
+        ("amx", {"backend": "torch"}, "model.backend is torch"),
+    ],
+)
+def test_a_job_started_in_bf16_is_not_resumed_in_f32(
+    sms_parquet, tiny_embed, tmp_path, monkeypatch, started, resumed, why
+):
+    """Its first chunks ran in bf16 (a CPU kind stood in for); the same command where bf16 cannot run would
+    write f32 chunks beside them, and refuses instead, before any chunk, naming why and the fix."""
+    stand_in_for_cpu_kind(started, monkeypatch)
+    job = partial(make_job, sms_parquet, tiny_embed, tmp_path / "out", model__backend="openvino")
+    with pytest.raises(Crash):
+        run_job(job(), progress=CrashAfterChunks(2))
+    assert job_record(tmp_path / "out")["tuning"]["precision"] == "bf16"
+    stand_in_for_cpu_kind(resumed.get("kind", started), monkeypatch)
+    if resumed.get("no_bf16"):
+        monkeypatch.setenv("BATCHINFER_NO_BF16", "1")
+    parts = sorted(p.name for p in (tmp_path / "out").glob("part-*"))
+    with pytest.raises(ResumeError, match=f"ran on openvino in bf16.*{why}") as refused:
+        run_job(job(model__backend=resumed.get("backend", "openvino")))
+    assert "--restart" in refused.value.hint and "avx512_bf16" in refused.value.hint
+    assert sorted(p.name for p in (tmp_path / "out").glob("part-*")) == parts  # nothing written
+    stand_in_for_cpu_kind("avx512_bf16", monkeypatch)  # another bf16 kind goes on with it
+    report = run_job(job())
+    assert report["complete"] and report["run"]["rows"] == 400 and ran_in(tmp_path / "out") == "bf16"
+
+
+def test_in_the_precision_this_cpu_gives_a_row_alone_in_a_batch_or_resumed_agrees_within_its_bound(
+    sms_parquet, tiny_embed, tmp_path
+):
+    """model.dtype auto on OpenVINO, as a user runs it here: a row alone and in batches (1e-4 in f32), a job
+    killed and resumed and the same job whole (1e-5 in f32); in bf16, each row's cosine between the two runs."""
+    rows = sms_parquet / "part-0.parquet"
+    job = partial(make_job, rows, tiny_embed, model__backend="openvino", model__dtype="auto")
+    run_job(job(tmp_path / "alone", batching__max_rows=1))
+    run_job(job(tmp_path / "whole", batching__chunk_rows=50))
+    with pytest.raises(Crash):
+        run_job(job(tmp_path / "resumed", batching__chunk_rows=50), progress=CrashAfterChunks(2))
+    run_job(job(tmp_path / "resumed", batching__chunk_rows=50))
+    alone, whole, resumed = (vectors(read_output(tmp_path / n), "embedding") for n in ("alone", "whole", "resumed"))
+    precisions = {n: ran_in(tmp_path / n) for n in ("alone", "whole", "resumed")}
+    assert len(set(precisions.values())) == 1, precisions  # one CPU, one precision
+    assert_rows_agree(alone, whole, (precisions["alone"], precisions["whole"]), 1e-4)
+    assert_rows_agree(resumed, whole, (precisions["resumed"], precisions["whole"]), 1e-5)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

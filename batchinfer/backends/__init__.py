@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol
 
-from ..errors import ConfigError, ModelError
+from ..errors import ConfigError, ModelError, ResumeError
 from ..job.config import ModelConfig
 from . import folder, openvino
 
@@ -106,9 +106,35 @@ def precision_note(cfg: ModelConfig, backend: str | None, precision: str | None)
     """Why an OpenVINO job with dtype auto runs f32 without a bf16 check (for the report), or None."""
     if backend != "openvino" or cfg.dtype != "auto" or precision != "f32" or len(precisions(cfg, backend)) > 1:
         return None
+    return f"f32: {_why_no_bf16()}" + (", so bf16 was not tried" if openvino.bf16_turned_off() else "")
+
+
+def _why_no_bf16() -> str:
+    """Why OpenVINO does not offer bf16 here (bf16_supported is false)."""
     if openvino.bf16_turned_off():
-        return "f32: BATCHINFER_NO_BF16 is set, so bf16 was not tried"
-    return "f32: this CPU has no native bf16 (avx512_bf16 or AMX), as OpenVINO reports it"
+        return "BATCHINFER_NO_BF16 is set"
+    return "this CPU has no native bf16 (avx512_bf16 or AMX), as OpenVINO reports it"
+
+
+def refuse_a_mixed_resume(job, recorded: dict) -> None:
+    """Refuse to go on, in another precision, with a job whose first chunks ran in bf16 (`recorded`: the probe's
+    choice in the output folder) where this run cannot take bf16: on a CPU without native bf16, under
+    BATCHINFER_NO_BF16, or with model.backend moved off OpenVINO. A resume never mixes two precisions' results."""
+    from .models import device_type
+
+    backend, precision = recorded.get("backend"), recorded.get("precision")
+    if precision in (None, "f32"):
+        return
+    names = candidates(job.model, device_type(job.model.device), job.batching.strategy == "packed")
+    if backend in names and precision in precisions(job.model, backend):
+        return
+    why = f"model.backend is {job.model.backend}" if backend not in names else _why_no_bf16()
+    raise ResumeError(
+        f"the output folder's first chunks ran on {backend} in {precision} (its _batchinfer.json says so), and "
+        f"this run cannot ({why}); a resume never mixes the results of two precisions",
+        "resume it on a CPU with native bf16 (lscpu | grep -o 'avx512_bf16\\|amx_bf16' names it), without "
+        "BATCHINFER_NO_BF16 and with model.backend auto or openvino; or run it again whole with --restart",
+    )
 
 
 def backend_is_open(job) -> bool:

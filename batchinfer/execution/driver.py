@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from ..backends import backend_is_open, precision_note
+from ..backends import backend_is_open, precision_note, refuse_a_mixed_resume
 from ..backends.model_size import model_size
 from ..backends.models import check_chat_template, model_identity, read_config, resolve_model_path
 from ..batching.probe import DEFAULT_BUDGET
@@ -80,6 +80,7 @@ def run_job(
         budget, auto = settle_budget(job, recorded)
         ran = Ran(budget)
         if todo:
+            refuse_a_mixed_resume(job, recorded or {})
             spec = read_spec(job.input, job.columns, types)
             inputs = TaskInputs(job, model_path, shards, spec, out.writer(), budget)
             ran = _run_chunks(inputs, out, todo, chunks, auto and recorded is None, stop, progress, on_runner, started)

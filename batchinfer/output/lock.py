@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -22,6 +23,7 @@ from .layout import LOCK, dumps
 
 HEARTBEAT = 15.0  # seconds between rewrites of the lock while a run holds it
 LOCK_STALE = 120.0  # a lock from another host not rewritten for this long belongs to a dead run
+PF_EXITING = 0x4  # the kernel's flag of a process on its way out (/proc/PID/stat field 9)
 TAKEOVER_SETTLE = 1.0  # seconds between taking over a dead run's lock and reading it back
 
 
@@ -161,8 +163,23 @@ def _alive(pid: int, process: str | None = None) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        return not _ending(pid)
+    return not _ending(pid)
+
+
+def _ending(pid: int) -> bool:
+    """Whether process `pid` has ended but for its entry, or is ending (Linux; False elsewhere): a zombie its
+    parent has not reaped yet, a process exiting, or one with SIGKILL pending. `kill -9` returns before its
+    process has gone, and a shell reaps a killed job when it gets to it: under load the same command run at
+    once found its lock's pid still there and refused the folder as in use."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except (OSError, IndexError):
+        return False
+    state, flags = stat[0], int(stat[6])  # /proc/PID/stat fields 3 and 9
+    pending = [int(line.split()[1], 16) for line in status if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return state in ("Z", "X", "x") or bool(flags & PF_EXITING) or any(p >> (signal.SIGKILL - 1) & 1 for p in pending)
 
 
 def process_identity(pid: int | None = None) -> str | None:
