@@ -431,7 +431,7 @@ class ObjectFolder:
     """An output folder on an object store (s3://, gs://, ...), through pyarrow.fs (Folder). An object store
     has no rename and no append, so every file is uploaded whole in one request, from memory or from a local
     temporary file: it exists complete or not at all, and nothing temporary is written here (`tmp` is unused).
-    Create-if-absent is write, wait, read back."""
+    Create-if-absent is write, wait, read back (see create: the stores' conditional write is out of reach)."""
 
     SETTLE = 1.0  # seconds between writing a create-if-absent object and reading it back
 
@@ -509,7 +509,15 @@ class ObjectFolder:
     def create(self, name: str, data: bytes, *, tmp: str = "") -> bool:
         """Write `name` only if it does not exist; False if it did or another writer won the race.
         Two writers that both found it absent both write; the one whose content is read back after
-        SETTLE seconds won (a writer takes well under SETTLE from its check to its write)."""
+        SETTLE seconds won (a writer takes well under SETTLE from its check to its write).
+
+        S3 and GCS have a conditional write (PUT with `If-None-Match: *`, `ifGenerationMatch=0`) that would
+        make this one request with no window, but pyarrow's clients do not send it: pyarrow 26's
+        open_output_stream takes only a few object headers as metadata (ACL, Cache-Control, Content-Type and
+        the like) and drops other keys, so a write with If-None-Match overwrites (checked against moto's
+        server, which refuses the same PUT from boto3 with PreconditionFailed). fsspec's
+        pipe_file(mode="create") is the interface, but no client that implements it on the store is
+        installed (s3fs, gcsfs), and its default is this same check-then-write. Hence the write, wait, read."""
         if self.read(name) is not None:
             return False
         self.write(name, data)
