@@ -215,3 +215,38 @@ def test_two_concurrent_creates_of_one_object_let_exactly_one_win(s3, monkeypatc
     winner = next(k for k, value in won.items() if value)
     assert client.get_object(Bucket=bucket, Key="out/_lock")["Body"].read() == f"writer {winner}".encode()
     assert folders[0].create("_lock", b"late") is False
+
+
+@pytest.mark.parametrize("pattern", ["", "**/*.jsonl", "*.jsonl", "*/*"])
+def test_local_and_s3_discovery_find_the_same_shards_in_the_same_order(s3, tmp_path, pattern):
+    """One tree on disk and in a bucket: a folder (hidden and _ parts left out, a folder holding another
+    job's output left out, its files in the order of their parts: a/ before a-b) and globs (a wildcard
+    does not match a hidden name) give the same shards, in the same order, wherever the tree lies."""
+    from batchinfer.job.config import InputConfig
+    from batchinfer.sources import discover_shards
+
+    bucket, client = s3
+    line = json.dumps({"text": "hello there"}) + "\n"
+    tree = {
+        "a/x.jsonl": line,
+        "a-b.jsonl": line,
+        "a.jsonl": line,
+        "b/c/d.jsonl": line,
+        ".hidden.jsonl": line,
+        "_logs/e.jsonl": line,
+        "a/.cache/f.jsonl": line,
+        "old/_batchinfer.json": "{}",
+        "old/part.jsonl": line,
+        "README.txt": "not a shard",
+    }
+    for name, text in tree.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+        client.put_object(Bucket=bucket, Key=f"tree/{name}", Body=text.encode())
+
+    def names(path):
+        return [shard.name for shard in discover_shards(InputConfig(path=path, text="text")).shards]
+
+    local = names(str(tmp_path / pattern) if pattern else str(tmp_path))
+    assert local == names(f"s3://{bucket}/tree/{pattern}" if pattern else f"s3://{bucket}/tree")
+    assert ".hidden.jsonl" not in local and "old/part.jsonl" not in local and local

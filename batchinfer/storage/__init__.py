@@ -89,39 +89,66 @@ def input_filesystem(path: str, options: dict | None = None) -> tuple[pafs.FileS
     return _FILESYSTEMS[key], _inner(path)
 
 
-def list_files(path: str, options: dict | None = None) -> list[str]:
-    """Every file below a folder URL (paths inside the filesystem), or [path] for a file; [] if nothing."""
+def find(path: str, options: dict | None = None, *, hidden: tuple[str, ...] = ("_", ".")) -> list[pafs.FileInfo]:
+    """What a path names, local or remote, through one pyarrow.fs listing: a file, the matches of a glob,
+    or everything below a folder whose path below it has no part starting with one of `hidden`; [] when
+    nothing is there. Globs match as the shell's do (glob_regex). A glob's matches come in the order of
+    their paths, a folder's in the order of their parts (a/b before a-c), as glob.glob and Path.rglob give
+    them. Folders come with the files (a saved dataset is a folder). Raises FileNotFoundError when the
+    bucket does not exist."""
     fs, inner = input_filesystem(path, options)
-    info = fs.get_file_info(inner)
-    if info.type == pafs.FileType.File:
-        return [inner]
-    selector = pafs.FileSelector(inner, recursive=True, allow_not_found=True)
-    found = sorted(i.path for i in fs.get_file_info(selector) if i.type == pafs.FileType.File)
-    bucket = inner.split("/", 1)[0]
-    if not found and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
-        raise FileNotFoundError(f"the bucket {bucket} does not exist")
+    base = glob_base(path)
+    if base != path:  # a glob: list below the folder before its first wildcard, as deep as the pattern goes
+        _, root = input_filesystem(base or ".", options)
+        rest = path[len(base) :]
+        regex = glob_regex(join(root, rest))
+        recursive = "/" in rest or "**" in rest
+        found = sorted(
+            (i for i in _listing(fs, root, recursive) if regex.fullmatch(i.path)), key=lambda info: info.path
+        )
+    else:
+        root = inner
+        info = fs.get_file_info(inner)
+        if info.type != pafs.FileType.Directory:
+            found = [info] if info.type == pafs.FileType.File else []
+        else:
+            found = sorted(
+                (i for i in _listing(fs, root, True) if not _hidden(i.path, root, hidden)),
+                key=lambda info: info.path.split("/"),
+            )
+    if not found and is_uri(path) and fs.get_file_info(root.split("/", 1)[0]).type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"the bucket {root.split('/', 1)[0]} does not exist")
     return found
 
 
+def _listing(fs: pafs.FileSystem, root: str, recursive: bool) -> list[pafs.FileInfo]:
+    return fs.get_file_info(pafs.FileSelector(root, recursive=recursive, allow_not_found=True))
+
+
+def _hidden(path: str, root: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether a part of path below root starts with one of prefixes."""
+    return any(part.startswith(prefixes) for part in path[len(root.rstrip("/")) + 1 :].split("/"))
+
+
 def glob_regex(pattern: str) -> re.Pattern:
-    """A glob as a regex over whole paths: * and ? stay within a folder, ** crosses folders."""
+    """A glob as a regex over whole paths, as the shell (and glob.glob) match: * and ? stay within a folder,
+    ** crosses folders, and a wildcard at the start of a name does not match a name that starts with a dot."""
+    visible = r"(?!\.)"  # a wildcard that starts a name skips hidden names
     out, i = [], 0
     while i < len(pattern):
+        starts_name = visible if i == 0 or pattern[i - 1] == "/" else ""
         if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
+            out.append(f"(?:{visible}[^/]*/)*")
             i += 3
         elif pattern.startswith("**", i):
-            out.append(".*")
+            out.append(f"(?:{visible}[^/]*(?:/|$))*")
             i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
+        elif pattern[i] in "*?":
+            out.append(starts_name + ("[^/]*" if pattern[i] == "*" else "[^/]"))
             i += 1
         elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
             end = pattern.index("]", i + 1)
-            out.append("[" + pattern[i + 1 : end].replace("!", "^", 1) + "]")
+            out.append(starts_name + "[" + pattern[i + 1 : end].replace("!", "^", 1) + "]")
             i = end + 1
         else:
             out.append(re.escape(pattern[i]))
