@@ -70,9 +70,15 @@ def cut_packed(lengths: np.ndarray, max_tokens: int, max_rows: int) -> list[np.n
     return batches
 
 
+def computed_tokens(lengths: np.ndarray, batches: list[np.ndarray], strategy: str = "padded") -> int:
+    """The tokens the batches compute: their rows' own when packed (rows laid end to end compute no padding in
+    linear layers; attention re-pads, see backends/packing.py), the longest row's times the rows when padded."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if strategy == "packed":
+        return sum(int(lengths[b].sum()) for b in batches)
+    return sum(int(lengths[b].max()) * len(b) for b in batches if len(b))
+
+
 def padding_stats(lengths: np.ndarray, batches: list[np.ndarray]) -> tuple[int, int]:
     """(real tokens, padded tokens) the batches compute."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    real = int(lengths.sum())
-    padded = sum(int(lengths[b].max()) * len(b) for b in batches if len(b))
-    return real, padded
+    return int(np.asarray(lengths, dtype=np.int64).sum()), computed_tokens(lengths, batches)

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..backends.precision import PRECISION_SAMPLE, SETTLE_SAMPLE, check_precision, describe_check
-from ..batching.cut import padding_stats
+from ..batching.cut import computed_tokens
 from ..batching.probe import cut_batches, probe
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 from .recovery import run_resilient
@@ -341,14 +341,7 @@ class BatchLoop:
             self.ctx.heap.check()
             self.ctx.on_batch(len(batch), int(self.lengths[batch].sum()))
         seconds = time.perf_counter() - t0
-        # Packed batches compute no padding in linear layers (attention re-pads, see backends/packing.py).
-        if batches:
-            lengths = self.lengths
-            self.padded += (
-                int(lengths[np.concatenate(batches)].sum())
-                if strategy == "packed"
-                else padding_stats(lengths, batches)[1]
-            )
+        self.padded += computed_tokens(self.lengths, batches, strategy)
         self.seconds += seconds
         return seconds
 
