@@ -78,6 +78,13 @@ def test_no_function_sets_attributes_of_an_object_it_was_handed():
             ["batchinfer.backends:TorchBackend", "batchinfer.backends.openvino:OpenVINOModel"],
         ),
         (
+            "batchinfer.execution.executors:Executor",
+            [
+                "batchinfer.execution.executors.local:LocalExecutor",
+                "batchinfer.execution.executors.ray:RayExecutor",
+            ],
+        ),
+        (
             "batchinfer.runners.engine:Engine",
             [
                 "batchinfer.runners.continuous:ContinuousEngine",
@@ -108,6 +115,22 @@ def test_each_declared_protocol_is_implemented_with_its_signatures(protocol, cla
         source = inspect.getsource(cls)
         for name in fields:  # a class attribute, a property, or set in __init__
             assert hasattr(cls, name) or f"self.{name}" in source, f"{spec} has no {name}"
+
+
+def test_the_driver_uses_of_an_executor_only_what_the_executor_protocol_declares():
+    """The protocol says what callers use: every attribute the driver reads off its executor (directly or by
+    getattr) is declared there."""
+    from batchinfer.execution.executors import Executor
+
+    declared = set(Executor.__annotations__) | {n for n in vars(Executor) if not n.startswith("_")}
+    used = set()
+    for node in ast.walk(ast.parse((PACKAGE / "execution" / "driver.py").read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "executor":
+            used.add(node.attr)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            if isinstance(node.args[0], ast.Name) and node.args[0].id == "executor":
+                used.add(ast.literal_eval(node.args[1]))
+    assert used and used <= declared, f"the driver uses {sorted(used - declared)}, which Executor does not declare"
 
 
 def test_one_name_means_one_thing():

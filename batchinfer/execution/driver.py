@@ -26,7 +26,7 @@ from ..output.records import ChunkRecord
 from ..reasons import RETRYABLE
 from ..sources import read_spec
 from .chunk_task import TaskInputs
-from .executors import make_executor
+from .executors import Executor, make_executor
 from .job_plan import JobPlan
 from .report import build_report
 
@@ -178,9 +178,10 @@ def _run_chunks(
     """Hand `todo` to an executor and commit each chunk that comes back, in the order they finish."""
     ran, done, planned = Ran(inputs.budget), out.done, {c.name for c in chunks}
     opened = time.perf_counter()
+    executor: Executor
     with make_executor(inputs, stop, progress, on_runner) as executor:
         ran.device = str(executor.device)
-        ran.startup = startup_figures(started, opened, getattr(executor, "load_seconds", {}))
+        ran.startup = startup_figures(started, opened, executor.load_seconds)
         if not probe and "note" in ran.startup["load"]:  # a probe's line says it (runners/base.py settle)
             progress.log(ran.startup["load"]["note"])
         retried = sum(w.rows for w in todo if w.retry_of)

@@ -67,7 +67,7 @@ class RayExecutor:
         self.ray = _import_ray()
         self.stop, self.progress = stop, progress
         runtime = inputs.job.runtime
-        self.started_ray = _connect(self.ray, runtime.ray_address)
+        self.connected = _connect(self.ray, runtime.ray_address)  # None: connected before, left so
         _quiet_ray_lines()
         resources = self.ray.cluster_resources()
         gpus = resources.get("GPU", 0)
@@ -97,6 +97,7 @@ class RayExecutor:
             self.close()
             raise
         self.device = f"{described[0][0]} x{count} (ray)"
+        self.load_seconds: dict = {}  # each worker loads in its own process, at once: no one figure for the run
 
     def run(self, todo: list[Work], probe: bool) -> Iterator[ChunkResult]:
         queue = deque(todo)
@@ -153,7 +154,7 @@ class RayExecutor:
         for actor in getattr(self, "actors", {}).values():
             if actor is not None:
                 self.ray.kill(actor, no_restart=True)
-        if self.started_ray:
+        if self.connected:  # disconnects; a local Ray started here ("started") stops with it
             self.ray.shutdown()
 
 
@@ -168,11 +169,12 @@ def _import_ray():
     return ray
 
 
-def _connect(ray, address: str | None) -> bool:
-    """Join the cluster at `address`, or a running one, or start a local one; True if started here.
+def _connect(ray, address: str | None) -> str | None:
+    """Join the cluster at `address`, or a running one, or start a local one: how Ray was reached (see
+    _init), or None when this process was already connected (then closing leaves the connection alone).
     Ray installs signal handlers of its own; the caller's (stop after the batch in flight) are kept."""
     if ray.is_initialized():
-        return False
+        return None
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _init(ray, address)
@@ -196,7 +198,9 @@ def _quiet_ray_lines() -> None:
     ray_worker._worker_logs_enabled = False
 
 
-def _init(ray, address: str | None) -> bool:
+def _init(ray, address: str | None) -> str:
+    """Connect this process to Ray: "address" (the cluster at runtime.ray_address), "running" (one already
+    running on this machine) or "started" (a local Ray started here, gone with this process)."""
     debug = library_logs_shown()
     options = dict(
         include_dashboard=False,
@@ -212,11 +216,12 @@ def _init(ray, address: str | None) -> bool:
                 f"cannot reach the Ray cluster at {address}: {exc}",
                 "check runtime.ray_address (e.g. ray://head:10001), or remove it to start a local one",
             ) from exc
-        return True
+        return "address"
     try:
         ray.init(address="auto", **options)
+        return "running"
     except (ConnectionError, ValueError, RuntimeError):
         started = time.perf_counter()
         ray.init(**options)
         logging.getLogger(__name__).debug("started a local Ray in %.1f s", time.perf_counter() - started)
-    return True
+        return "started"
