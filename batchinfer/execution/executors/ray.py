@@ -1,9 +1,10 @@
 """On a Ray cluster: one long-lived actor per worker, holding the model (Ray pins one GPU to each with
-num_gpus), fed chunks by the driver with two in flight per actor, so one is read while the other runs.
+num_gpus), fed chunks through Ray's ActorPool with two in flight per actor, so one is read while the other runs.
 
-Only the driver decides which chunk goes where, and only the driver commits, so no chunk is committed
-twice. A worker that dies (killed, out of memory, its node lost) costs only its chunks in flight: they
-go back to the queue, the next free worker takes them, and a fresh worker takes the dead one's place.
+Only the driver commits, and a chunk's result comes back once, so no chunk is committed twice. A worker that
+dies (killed, out of memory, its node lost) costs only its chunks in flight: Ray restarts the actor (its model
+loaded again) and runs those chunks again on it (max_restarts, max_task_retries); one that keeps dying ends
+the run with a message.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import signal
 import threading
 import time
-from collections import deque
 from typing import Iterator
 
 from ...control import Progress, StopFlag, library_logs_shown
@@ -24,6 +24,7 @@ from ..chunk_task import TaskInputs
 
 IN_FLIGHT = 2  # chunks per worker: one computing, one loading
 POLL = 0.25  # seconds between checks of the stop flag while chunks run
+RESTARTS = 2  # times Ray restarts a worker whose process died, running its chunks in flight again
 
 
 class Worker:
@@ -34,9 +35,13 @@ class Worker:
         import torch
 
         torch.set_num_threads(threads)
+        import ray
+
         self.loading, self.computing = threading.Lock(), threading.Lock()
         self.failed: Exception | None = None
         self.tuned = False
+        # Ray restarted this worker after its process died: said once, with its first chunk's notes.
+        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         try:
             self.task = inputs.task(StopFlag(), name)
         except Exception as exc:  # noqa: BLE001 - raised by describe(): Ray keeps no cause of a failed __init__
@@ -56,6 +61,9 @@ class Worker:
         with self.loading:
             loaded = self.task.load(work)
         notes: list[str] = []
+        if self.restarted:
+            notes.append("restarted by Ray after its process died; its chunks in flight ran again")
+            self.restarted = False
         with self.computing:
             result = self.task.run(loaded, probe=probe, log=notes.append)
         result.notes = notes  # said by the driver's progress, in the driver's process
@@ -82,16 +90,20 @@ class RayExecutor:
                 "lower runtime.workers or runtime.cpus_per_worker, or add machines to the cluster",
             )
         remote = self.ray.remote(Worker)
-        options = dict(num_cpus=runtime.cpus_per_worker, num_gpus=per_gpu, max_concurrency=IN_FLIGHT + 1)
+        options = dict(
+            num_cpus=runtime.cpus_per_worker,
+            num_gpus=per_gpu,
+            max_concurrency=IN_FLIGHT + 1,
+            max_restarts=RESTARTS,
+            max_task_retries=RESTARTS,
+        )
         threads = max(1, int(runtime.cpus_per_worker))
         # Actor names are unique in the cluster (several jobs may share it); the report says ray-0, ray-1, ...
         prefix = f"batchinfer-{inputs.writer.job_id[:8]}"
-        self._new = lambda name: remote.options(name=f"{prefix}-{name}", **options).remote(inputs, name, threads)
         self.actors = {f"ray-{i}": None for i in range(count)}
-        self.replacements = 2 * count + 2
         try:
             for name in self.actors:
-                self.actors[name] = self._new(name)
+                self.actors[name] = remote.options(name=f"{prefix}-{name}", **options).remote(inputs, name, threads)
             described = self._get([actor.describe.remote() for actor in self.actors.values()])
         except BaseException:
             self.close()
@@ -100,55 +112,53 @@ class RayExecutor:
         self.load_seconds: dict = {}  # each worker loads in its own process, at once: no one figure for the run
 
     def run(self, todo: list[Work], probe: bool) -> Iterator[ChunkResult]:
-        queue = deque(todo)
-        in_flight: dict = {}  # object ref -> (worker name, actor, work)
-        tuning = None
-        while queue or in_flight:
-            for name, actor in self.actors.items():
-                # While probing, the first chunk runs alone: the others wait for the batching it settles.
-                while (
-                    queue and sum(n == name for n, _, _ in in_flight.values()) < IN_FLIGHT and not (probe and in_flight)
-                ):
-                    work = queue.popleft()
-                    in_flight[actor.run.remote(work, probe, tuning)] = (name, actor, work)
-            ready, _ = self.ray.wait(list(in_flight), num_returns=1, timeout=POLL)
+        # Each actor twice in the pool: two chunks in flight on it (its loading overlaps its computing).
+        pool = self.ray.util.ActorPool([actor for actor in self.actors.values() for _ in range(IN_FLIGHT)])
+        work, tuning = iter(todo), None
+        while probe:  # the probe's chunk runs alone: the others wait for the batching it settles
+            first = next(work, None)
+            if first is None:
+                return
+            pool.submit(lambda actor, w: actor.run.remote(w, True, None), first)
+            result = self._next(pool)
+            if result.tuning is not None:  # a chunk with no rows to run leaves the probe to the next
+                probe, tuning = False, result.tuning
+            yield result
+        for each in work:
+            pool.submit(lambda actor, w, tuning=tuning: actor.run.remote(w, False, tuning), each)
+        while pool.has_next():
+            yield self._next(pool)
+
+    def _next(self, pool) -> ChunkResult:
+        """The next chunk to finish, in any order; the stop flag checked while waiting."""
+        while True:
             self.stop.check()
-            for ref in ready:
-                name, actor, work = in_flight.pop(ref)
-                try:
-                    result = self._get(ref)
-                except self.ray.exceptions.RayActorError as exc:
-                    queue.appendleft(work)
-                    if self.actors[name] is actor:  # its other chunks in flight fail the same way: replace once
-                        self._replace(name, exc)
-                    continue
-                for note in result.notes:
-                    self.progress.log(f"{name}: {note}")
-                if probe and result.tuning is not None:  # a chunk with no rows to run leaves the probe to the next
-                    probe, tuning = False, result.tuning
-                yield result
+            try:
+                result = self._get(pool, POLL)
+                break
+            except TimeoutError:
+                continue
+        for note in result.notes:
+            self.progress.log(f"{result.record.worker}: {note}")
+        return result
 
-    def _replace(self, name: str, exc: BaseException) -> None:
-        """A fresh worker in place of one that died; its chunks in flight went back to the queue."""
-        self.replacements -= 1
-        if self.replacements < 0:
-            raise ModelError(
-                f"Ray workers keep dying ({type(exc).__name__}: {str(exc)[:300]})",
-                "check the workers' memory (ray memory, dmesg) and logs; rerun the same command to resume",
-            )
-        self.progress.log(f"worker {name} died ({type(exc).__name__}); its chunks go to the other workers")
-        self.ray.kill(self.actors[name], no_restart=True)
-        self.actors[name] = self._new(f"{name}-r{self.replacements}")
-
-    def _get(self, refs):
-        """ray.get, with a task's own error (a bad shard, a model failing every row) raised as itself."""
+    def _get(self, source, timeout: float | None = None):
+        """ray.get of refs, or a pool's next result, with a task's own error (a bad shard, a model failing
+        every row) raised as itself, and a worker that died more than Ray restarts it as one message."""
         try:
-            return self.ray.get(refs)
+            if isinstance(source, self.ray.util.ActorPool):
+                return source.get_next_unordered(timeout=timeout)
+            return self.ray.get(source)
         except self.ray.exceptions.RayTaskError as exc:
             cause = exc.cause
             if isinstance(cause, BatchinferError):
                 raise cause from None
             raise
+        except self.ray.exceptions.RayActorError as exc:
+            raise ModelError(
+                f"Ray workers keep dying ({type(exc).__name__}: {str(exc)[:300]})",
+                "check the workers' memory (ray memory, dmesg) and logs; rerun the same command to resume",
+            ) from None
 
     def close(self) -> None:
         for actor in getattr(self, "actors", {}).values():
