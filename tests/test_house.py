@@ -63,7 +63,7 @@ def test_no_function_sets_attributes_of_an_object_it_was_handed():
     for name, fn in _functions():
         if name in FOREIGN or name.endswith(".__init__") and name.startswith("runners.token_classify"):
             continue  # token_classify builds transformers' pipeline without its __init__
-        own_class_objects = [s for s in _sets_on(fn) if not s.startswith("request.")]  # batcher's own _Request
+        own_class_objects = [s for s in _sets_on(fn) if not s.startswith("request.")]  # the batcher's own Submitted
         if own_class_objects:
             found[name] = own_class_objects
     assert not found, f"attributes set from outside their object: {found}"

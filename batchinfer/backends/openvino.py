@@ -48,7 +48,7 @@ BLOBS = "compiled"  # OpenVINO's model cache (CACHE_DIR): each precision compile
 ENTRY_FILES = ("model.xml", "model.bin", MANIFEST, RATES, BLOBS)
 STAGING = re.compile(r"\.tmp-([0-9a-f]{24})-[0-9a-f]{8}")  # a conversion being saved: .tmp-<key>-<random>
 # One backend measured this many times the other's speed on this CPU before: auto loads the faster alone. The
-# probe's own margin (tune.NOISE): closer rates are measured again.
+# probe's own margin (batching.probe.NOISE): closer rates are measured again.
 CLEAR_WIN = 1.1
 # What the runner's dtype names mean as OpenVINO's inference precision hint.
 PRECISIONS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
