@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from ..backends.packing import supports_packing
-from ..batching.cut import computed_tokens
-from ..batching.probe import CPU_BUDGETS, SAMPLE_TOKENS, Slices, cut_batches, probe
+from ..batching.cut import computed_tokens, cut_batches
+from ..batching.probe import CPU_BUDGETS, SAMPLE_TOKENS, Slices, probe
 from ..control import StopFlag
 from ..execution.chunk_task import TaskInputs
 from ..execution.driver import settle_budget

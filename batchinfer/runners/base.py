@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..backends.precision import PRECISION_SAMPLE, SETTLE_SAMPLE, check_precision, describe_check
-from ..batching.cut import computed_tokens
-from ..batching.probe import cut_batches, probe
+from ..batching.cut import computed_tokens, cut_batches
+from ..batching.probe import probe
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 from .recovery import run_resilient
 
