@@ -15,8 +15,9 @@ import pyarrow as pa
 
 from ..backends import backend_is_open, precision_note
 from ..backends.model_size import model_size
+from ..batching.budget import Batching
 from ..batching.probe import DEFAULT_BUDGET
-from ..control import Batching, Progress, Quiet, StopFlag
+from ..control import Progress, Quiet, StopFlag
 from ..job.config import JobConfig
 from ..job.plan import Chunk, Work, retry_name
 from ..machine import Load, LoadWindow, process_age

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from ..control import Batching
+from ..batching.budget import Batching
 from .layout import error_part_name, part_name
 
 _OMITTED_WHEN_EMPTY = (
