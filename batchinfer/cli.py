@@ -315,14 +315,14 @@ def validate(
             pick_device(config.model.device)
         chunks = plan.chunks()
         folder, _ = describe_folder(config.output.path, config.output.storage_options, plan.fingerprint(), len(chunks))
-        for shard in plan.bad_shards:
+        for shard in plan.inputs.bad:
             out.print(labelled("skipped", "yellow", f"(input.on_bad_shard: skip): {shard.message}"), highlight=False)
         say_sample_problems(*sample_problems(config, plan.inputs))
         out.print(
             labelled(
                 "ok:",
                 "green",
-                f"{job} — {len(plan.shards)} shard(s), {plan.rows:,} rows, {len(chunks)} chunk(s); "
+                f"{job} — {len(plan.inputs.shards)} shard(s), {plan.rows:,} rows, {len(chunks)} chunk(s); "
                 f"model {plan.model_path}",
             ),
             highlight=False,

@@ -18,7 +18,7 @@ def test_a_run_records_the_plan_and_fingerprint_that_job_plan_gives(tmp_path, sm
     record = json.loads((tmp_path / "out" / "_batchinfer.json").read_text())
     assert record["fingerprint"] == plan.fingerprint(150) != plan.fingerprint()
     assert record["plan"]["chunks"] == len(plan.chunks(150)) == 3 and record["plan"]["job_chunks"] == len(plan.chunks())
-    assert plan.rows == sum(s.num_rows for s in plan.shards) and plan.model_path == tiny_embed
+    assert plan.rows == sum(s.num_rows for s in plan.inputs.shards) and plan.model_path == tiny_embed
 
 
 def test_plan_refuses_a_model_without_the_tasks_head_as_run_does(tmp_path, sms_parquet, tiny_embed, monkeypatch):

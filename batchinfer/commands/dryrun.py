@@ -52,7 +52,8 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict
     sample of its rows, the batches they cut into and (timed) how long the rows left will take. Writes nothing."""
     started = time.perf_counter()
     plan = JobPlan.open(job)
-    inputs, model_path, shards, chunks, rows = plan.inputs, plan.model_path, plan.shards, plan.chunks(), plan.rows
+    inputs, model_path, chunks, rows = plan.inputs, plan.model_path, plan.chunks(), plan.rows
+    shards = inputs.shards
     folder, state = describe_folder(job.output.path, job.output.storage_options, plan.fingerprint(), len(chunks))
     aside = time.perf_counter()  # plan's own reading, which a run does not do
     earlier = folder_so_far(state, chunks)

@@ -57,7 +57,7 @@ def run_job(
     stop = stop or StopFlag()
     started = time.perf_counter()
     plan = JobPlan.open(job, stop)
-    shards, bad_shards, types, model_path = plan.shards, plan.bad_shards, plan.inputs.types, plan.model_path
+    (shards, bad_shards, types), model_path = plan.inputs, plan.model_path
     output = job.output
     with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:
         limit = limit if restart else out.covering_limit(limit)

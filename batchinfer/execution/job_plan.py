@@ -11,15 +11,16 @@ from ..backends.models import check_chat_template, model_identity, read_config, 
 from ..control import StopFlag
 from ..job.config import JobConfig
 from ..job.plan import Chunk, fingerprint, plan_chunks
-from ..sources import BadShard, Inputs, Shard, discover_shards, shard_contents
+from ..sources import Inputs, discover_shards, shard_contents
 
 
 @dataclass(frozen=True)
 class JobPlan:
     job: JobConfig
-    inputs: Inputs
+    inputs: Inputs  # the shards, those left out (input.on_bad_shard: skip) and the columns' types
     model_path: Path
     model_id: str  # every byte of the model's weights (backends.models.model_identity)
+    rows: int  # in every shard
 
     @classmethod
     def open(cls, job: JobConfig, stop: StopFlag | None = None) -> JobPlan:
@@ -34,24 +35,12 @@ class JobPlan:
             check_chat_template(job.model, model_path, job.input.messages)
         with stop.at_once():  # the model's identity reads every byte of its weights the first time
             model_id = model_identity(model_path)
-        return cls(job, inputs, model_path, model_id)
-
-    @property
-    def shards(self) -> list[Shard]:
-        return self.inputs.shards
-
-    @property
-    def bad_shards(self) -> list[BadShard]:
-        return self.inputs.bad
-
-    @property
-    def rows(self) -> int:
-        return sum(s.num_rows for s in self.shards)
+        return cls(job, inputs, model_path, model_id, sum(s.num_rows for s in inputs.shards))
 
     def chunks(self, limit: int | None = None) -> list[Chunk]:
         """The job's chunks; with `limit`, those holding its first `limit` rows (job.plan.plan_chunks)."""
-        return plan_chunks([s.num_rows for s in self.shards], self.job.chunk_rows, limit)
+        return plan_chunks([s.num_rows for s in self.inputs.shards], self.job.chunk_rows, limit)
 
     def fingerprint(self, limit: int | None = None) -> dict:
         """What decides whether an output folder's chunks can be reused (job.plan.fingerprint)."""
-        return fingerprint(self.job, self.model_id, shard_contents(self.shards), limit)
+        return fingerprint(self.job, self.model_id, shard_contents(self.inputs.shards), limit)

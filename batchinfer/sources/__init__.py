@@ -32,7 +32,6 @@ from ..storage import (
     glob_base,
     input_filesystem,
     is_uri,
-    join,
     local_path,
     reach_problem,
     refuse_location,
@@ -310,6 +309,6 @@ class _Skip:
 
     def _is_output(self, folder: str) -> bool:
         if folder not in self.folders:
-            infos = self.fs.get_file_info([join(folder, marker) for marker in JOB_MARKERS])
+            infos = self.fs.get_file_info([f"{folder}/{marker}" for marker in JOB_MARKERS])
             self.folders[folder] = any(info.type == FileType.File for info in infos)
         return self.folders[folder]

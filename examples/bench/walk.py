@@ -76,16 +76,27 @@ def main() -> None:
             sys.setprofile(None)
             threading.setprofile(None)
 
+    main_walk = walks[threading.main_thread().name]
+    first_chunk = main_walk.index("batchinfer/execution/chunk_task.py")
+    for title, counted in (
+        ("start-up (the driver's thread, up to its first call into the chunk task)", [main_walk[:first_chunk]]),
+        ("the whole run, every thread", list(walks.values())),
+    ):
+        returns = count_returns(counted)
+        print(f"{title}: {sum(returns.values())} returns to a module already left")
+        for module, count in sorted(returns.items(), key=lambda item: (-item[1], item[0])):
+            print(f"  {count:5d}  {module}")
+
+
+def count_returns(walks: list[list[str]]) -> collections.Counter[str]:
     returns: collections.Counter[str] = collections.Counter()
-    for walk in walks.values():
+    for walk in walks:
         seen: set[str] = set()
         for module in walk:
             if module in seen:
                 returns[module] += 1
             seen.add(module)
-    print(f"returns to a module already left: {sum(returns.values())} ({len(walks)} threads)")
-    for module, count in returns.most_common(12):
-        print(f"  {count:5d}  {module}")
+    return returns
 
 
 if __name__ == "__main__":
