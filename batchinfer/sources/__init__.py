@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pyarrow as pa
-from pyarrow.fs import FileType
 
 from ..errors import InputError
 from ..job.config import InputConfig
@@ -30,7 +29,6 @@ from ..storage import (
     file_stamp,
     find,
     glob_base,
-    input_filesystem,
     is_uri,
     local_path,
     reach_problem,
@@ -247,36 +245,27 @@ def _columns(names: list[str]) -> str:
 
 
 def _expand(cfg: InputConfig, output: str | None) -> list[str]:
-    """input.path as the paths of its shards, in a stable order: a file, a saved dataset, a glob or every
-    file below a folder (local paths resolved, URLs as URLs), leaving out batchinfer output (see _Skip)."""
-    remote = is_uri(cfg.path)
-    base = glob_base(cfg.path)
-    wildcard = base != cfg.path
-    if not remote and not wildcard and shard_format(cfg.path) == "hf":
+    """input.path as the paths of its shards, in a stable order: a saved dataset, a file, a glob or every
+    file below a folder (local paths resolved, URLs as URLs), leaving out batchinfer output: the job's own
+    folder and any folder below the input's root that holds a batchinfer job."""
+    if shard_format(cfg.path) == "hf":
         return [str(local_path(cfg.path).resolve())]
-    found = find(cfg.path, cfg.storage_options)
-    if not found and not wildcard and (remote or not local_path(cfg.path).is_dir()):
-        if remote:
-            raise InputError(f"input.path {cfg.path} does not exist or holds no file", "check the URL")
+    found = find(cfg.path, cfg.storage_options, output=output, markers=JOB_MARKERS)
+    shards = [path for path, _ in found if shard_format(path, cfg.format)]
+    if shards:
+        return shards
+    remote, wildcard = is_uri(cfg.path), glob_base(cfg.path) != cfg.path
+    if not found and not wildcard and remote:
+        raise InputError(f"input.path {cfg.path} does not exist or holds no file", "check the URL")
+    if not found and not wildcard and not local_path(cfg.path).is_dir():
         raise InputError(
             f"input.path {cfg.path} does not exist", "check the path; it is taken from the current directory"
         )
-    skip = _Skip(cfg, output)
-    scheme = cfg.path.partition("://")[0]
-    as_path = (lambda p: f"{scheme}://{p}") if remote else (lambda p: str(Path(p).resolve()))
-    files = [i for i in found if i.type == FileType.File]
-    shards = [
-        as_path(i.path)
-        for i in found
-        if (i.type == FileType.File or not remote) and not skip(i.path) and shard_format(as_path(i.path), cfg.format)
-    ]
-    if not shards:
-        if not wildcard and len(found) == 1 and not remote:
-            where = f"the file {cfg.path}, whose extension batchinfer does not know,"
-        else:
-            where = f"{'the glob' if wildcard else 'the folder'} {cfg.path}"
-        _nothing_found(where, [posixpath.basename(i.path) for i in files])
-    return shards
+    if not wildcard and not remote and local_path(cfg.path).is_file():
+        where = f"the file {cfg.path}, whose extension batchinfer does not know,"
+    else:
+        where = f"{'the glob' if wildcard else 'the folder'} {cfg.path}"
+    _nothing_found(where, [posixpath.basename(path) for path, is_file in found if is_file])
 
 
 def _nothing_found(where: str, names: list[str]) -> None:
@@ -286,29 +275,3 @@ def _nothing_found(where: str, names: list[str]) -> None:
         f"(found: {found})",
         "point input.path at your shards, or set input.format (parquet, jsonl, csv) for files with another extension",
     )
-
-
-class _Skip:
-    """Whether a found path is batchinfer output: under the job's output folder, or in a folder below the
-    input's root (the folder before a glob's first wildcard) that holds a batchinfer job."""
-
-    def __init__(self, cfg: InputConfig, output: str | None):
-        self.fs, self.root = input_filesystem(glob_base(cfg.path) or ".", cfg.storage_options)
-        self.output = input_filesystem(output)[1] if output and is_uri(output) == is_uri(cfg.path) else None
-        self.folders: dict[str, bool] = {}
-
-    def __call__(self, path: str) -> bool:
-        if self.output and (path == self.output or path.startswith(self.output + "/")):
-            return True
-        folder, root = posixpath.dirname(path), self.root.rstrip("/")
-        while folder.startswith(root + "/"):
-            if self._is_output(folder):
-                return True
-            folder = posixpath.dirname(folder)
-        return False
-
-    def _is_output(self, folder: str) -> bool:
-        if folder not in self.folders:
-            infos = self.fs.get_file_info([f"{folder}/{marker}" for marker in JOB_MARKERS])
-            self.folders[folder] = any(info.type == FileType.File for info in infos)
-        return self.folders[folder]

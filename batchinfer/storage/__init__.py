@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import re
 import time
 import uuid
@@ -89,13 +90,22 @@ def input_filesystem(path: str, options: dict | None = None) -> tuple[pafs.FileS
     return _FILESYSTEMS[key], _inner(path)
 
 
-def find(path: str, options: dict | None = None, *, hidden: tuple[str, ...] = ("_", ".")) -> list[pafs.FileInfo]:
+def find(
+    path: str,
+    options: dict | None = None,
+    *,
+    hidden: tuple[str, ...] = ("_", "."),
+    output: str | None = None,
+    markers: tuple[str, ...] = (),
+) -> list[tuple[str, bool]]:
     """What a path names, local or remote, through one pyarrow.fs listing: a file, the matches of a glob,
     or everything below a folder whose path below it has no part starting with one of `hidden`; [] when
     nothing is there. Globs match as the shell's do (glob_regex). A glob's matches come in the order of
     their paths, a folder's in the order of their parts (a/b before a-c), as glob.glob and Path.rglob give
-    them. Folders come with the files (a saved dataset is a folder). Raises FileNotFoundError when the
-    bucket does not exist."""
+    them. Folders come with the files on a local disk (a saved dataset is a folder). Left out: what lies
+    in the folder `output`, and what lies in a folder below the root (the path, or a glob's folder before
+    its first wildcard) that holds one of `markers`. Returns (the path: resolved on a local disk, a URL on
+    a store; whether it is a file). Raises FileNotFoundError when the bucket does not exist."""
     fs, inner = input_filesystem(path, options)
     base = glob_base(path)
     if base != path:  # a glob: list below the folder before its first wildcard, as deep as the pattern goes
@@ -116,9 +126,31 @@ def find(path: str, options: dict | None = None, *, hidden: tuple[str, ...] = ("
                 (i for i in _listing(fs, root, True) if not _hidden(i.path, root, hidden)),
                 key=lambda info: info.path.split("/"),
             )
-    if not found and is_uri(path) and fs.get_file_info(root.split("/", 1)[0]).type == pafs.FileType.NotFound:
+    remote = is_uri(path)
+    if not found and remote and fs.get_file_info(root.split("/", 1)[0]).type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"the bucket {root.split('/', 1)[0]} does not exist")
-    return found
+    own = input_filesystem(output)[1] if output and is_uri(output) == remote else None
+    marked: dict[str, bool] = {}
+
+    def left_out(found: str) -> bool:
+        if own and (found == own or found.startswith(own + "/")):
+            return True
+        folder = posixpath.dirname(found)
+        while markers and folder.startswith(root.rstrip("/") + "/"):
+            if folder not in marked:
+                infos = fs.get_file_info([f"{folder}/{marker}" for marker in markers])
+                marked[folder] = any(info.type == pafs.FileType.File for info in infos)
+            if marked[folder]:
+                return True
+            folder = posixpath.dirname(folder)
+        return False
+
+    scheme = path.partition("://")[0]
+    return [
+        (f"{scheme}://{i.path}" if remote else str(Path(i.path).resolve()), i.type == pafs.FileType.File)
+        for i in found
+        if (i.type == pafs.FileType.File or not remote) and not left_out(i.path)
+    ]
 
 
 def _listing(fs: pafs.FileSystem, root: str, recursive: bool) -> list[pafs.FileInfo]:
