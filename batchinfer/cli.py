@@ -308,37 +308,28 @@ def validate(
     debug: bool = DebugOption,
 ):
     """Check a job file, its input, its model (config only, no weights) and its output folder. Writes nothing."""
-    from .backends.models import model_identity, pick_device, read_config, resolve_model_path
+    from .backends.models import pick_device
     from .commands.dryrun import sample_problems
+    from .execution.job_plan import JobPlan
     from .job.config import load_job
-    from .job.plan import fingerprint, plan_chunks
     from .output.status import describe_folder
-    from .sources import discover_shards, shard_contents
 
     with reported(debug):
         config = load_job(job, with_output(set_, output))
-        inputs = discover_shards(config.input, config.columns, output=config.output.path)
-        shards, bad = inputs.shards, inputs.bad
-        model_path = resolve_model_path(config.model.path)
-        read_config(config.model, model_path)
+        plan = JobPlan.open(config)
         if config.runtime.executor == "local":  # Ray workers pick their devices on their own machines
             pick_device(config.model.device)
-        chunks = plan_chunks([s.num_rows for s in shards], config.chunk_rows)
-        rows = sum(s.num_rows for s in shards)
-        folder, _ = describe_folder(
-            config.output.path,
-            config.output.storage_options,
-            fingerprint(config, model_identity(model_path), shard_contents(shards)),
-            len(chunks),
-        )
-        for shard in bad:
+        chunks = plan.chunks()
+        folder, _ = describe_folder(config.output.path, config.output.storage_options, plan.fingerprint(), len(chunks))
+        for shard in plan.inputs.bad:
             out.print(labelled("skipped", "yellow", f"(input.on_bad_shard: skip): {shard.message}"), highlight=False)
-        say_sample_problems(*sample_problems(config, inputs))
+        say_sample_problems(*sample_problems(config, plan.inputs))
         out.print(
             labelled(
                 "ok:",
                 "green",
-                f"{job} — {len(shards)} shard(s), {rows:,} rows, {len(chunks)} chunk(s); model {model_path}",
+                f"{job} — {len(plan.inputs.shards)} shard(s), {plan.rows:,} rows, {len(chunks)} chunk(s); "
+                f"model {plan.model_path}",
             ),
             highlight=False,
         )

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchinfer.batching.cut import cut_packed, cut_padded, padding_stats
+from batchinfer.batching.cut import computed_tokens, cut_packed, cut_padded, padding_stats
 
 lengths_st = st.lists(st.integers(min_value=1, max_value=600), min_size=0, max_size=400)
 
@@ -54,3 +54,13 @@ def test_padding_stats():
     lengths = np.array([5, 3, 2, 2])
     batches = [np.array([0, 1]), np.array([2, 3])]
     assert padding_stats(lengths, batches) == (12, 14)
+
+
+def test_computed_tokens_count_padding_only_when_padded():
+    """The one count of what batches compute, for the runner's report and plan's estimate alike: packed rows
+    lie end to end (their own tokens), padded rows are padded to their batch's longest."""
+    lengths = np.array([5, 1, 3, 3])
+    batches = [np.array([0, 1]), np.array([2, 3])]
+    assert computed_tokens(lengths, batches, "padded") == 5 * 2 + 3 * 2
+    assert computed_tokens(lengths, batches, "packed") == 12 == padding_stats(lengths, batches)[0]
+    assert computed_tokens(lengths, [], "packed") == computed_tokens(lengths, [], "padded") == 0

@@ -13,7 +13,8 @@ from dataclasses import FrozenInstanceError, replace
 
 import pytest
 
-from batchinfer.control import Batching, Interrupted, StopFlag
+from batchinfer.batching.budget import Batching
+from batchinfer.control import Interrupted, StopFlag
 
 SCENARIO = textwrap.dedent(
     """

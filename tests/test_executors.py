@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from batchinfer.control import Batching, Interrupted, Quiet, StopFlag
+from batchinfer.batching.budget import Batching
+from batchinfer.control import Interrupted, Quiet, StopFlag
 from batchinfer.errors import InputError
 from batchinfer.execution.executors.local import LocalExecutor
 from batchinfer.job.plan import Work, plan_chunks

@@ -63,7 +63,7 @@ def test_no_function_sets_attributes_of_an_object_it_was_handed():
     for name, fn in _functions():
         if name in FOREIGN or name.endswith(".__init__") and name.startswith("runners.token_classify"):
             continue  # token_classify builds transformers' pipeline without its __init__
-        own_class_objects = [s for s in _sets_on(fn) if not s.startswith("request.")]  # batcher's own _Request
+        own_class_objects = [s for s in _sets_on(fn) if not s.startswith("request.")]  # the batcher's own Submitted
         if own_class_objects:
             found[name] = own_class_objects
     assert not found, f"attributes set from outside their object: {found}"
@@ -76,6 +76,13 @@ def test_no_function_sets_attributes_of_an_object_it_was_handed():
         (
             "batchinfer.backends:Backend",
             ["batchinfer.backends:TorchBackend", "batchinfer.backends.openvino:OpenVINOModel"],
+        ),
+        (
+            "batchinfer.execution.executors:Executor",
+            [
+                "batchinfer.execution.executors.local:LocalExecutor",
+                "batchinfer.execution.executors.ray:RayExecutor",
+            ],
         ),
         (
             "batchinfer.runners.engine:Engine",
@@ -108,6 +115,22 @@ def test_each_declared_protocol_is_implemented_with_its_signatures(protocol, cla
         source = inspect.getsource(cls)
         for name in fields:  # a class attribute, a property, or set in __init__
             assert hasattr(cls, name) or f"self.{name}" in source, f"{spec} has no {name}"
+
+
+def test_the_driver_uses_of_an_executor_only_what_the_executor_protocol_declares():
+    """The protocol says what callers use: every attribute the driver reads off its executor (directly or by
+    getattr) is declared there."""
+    from batchinfer.execution.executors import Executor
+
+    declared = set(Executor.__annotations__) | {n for n in vars(Executor) if not n.startswith("_")}
+    used = set()
+    for node in ast.walk(ast.parse((PACKAGE / "execution" / "driver.py").read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "executor":
+            used.add(node.attr)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            if isinstance(node.args[0], ast.Name) and node.args[0].id == "executor":
+                used.add(ast.literal_eval(node.args[1]))
+    assert used and used <= declared, f"the driver uses {sorted(used - declared)}, which Executor does not declare"
 
 
 def test_one_name_means_one_thing():

@@ -73,7 +73,8 @@ def test_ray_output_equals_the_in_process_output_though_a_worker_is_killed_with_
     report = run_job(validate_job(job(out=tmp_path / "ray")), progress=progress)
     assert progress.killed and report["complete"] and report["rows"] == report["rows_ok"] == local["rows"] == 600
     workers = report["run"]["workers"]
-    assert report["device"] == "cpu x2 (ray)" and sorted(workers)[:2] == ["ray-0", "ray-1"] and len(workers) == 3
+    # Ray restarted the killed worker under its name, and ran its chunks in flight again on it
+    assert report["device"] == "cpu x2 (ray)" and sorted(workers) == ["ray-0", "ray-1"]
     assert sum(w["rows"] for w in workers.values()) == 600  # the killed worker's rows in flight counted once
     time.sleep(1)  # the raylet's own message about the dead worker comes from a thread of Ray's driver
     shown = capfd.readouterr()

@@ -185,3 +185,68 @@ def test_gcs_gives_up_within_a_minute_and_says_why(monkeypatch):
     assert [m["retry_time_limit"] for m in made] == [timedelta(seconds=30), timedelta(seconds=5)]  # not 15 minutes
     problem = reach_problem(OSError("Retry policy exhausted ... Could not create a OAuth2 access token to ..."))
     assert problem and "credentials" in problem[0] and "GOOGLE_APPLICATION_CREDENTIALS" in problem[1]
+
+
+def test_two_concurrent_creates_of_one_object_let_exactly_one_win(s3, monkeypatch):
+    """Create-if-absent on S3: two writers that both find the object absent and write at once; exactly one
+    is told it won, and the object holds that one's content. pyarrow sends no conditional write, so this is
+    the write-wait-read fallback, which holds while each writer takes under SETTLE from its check to its
+    write: on this shared machine, under load, one run in seven took longer than the default 1 s and both
+    writers won, so the test gives them 5 s."""
+    import threading
+
+    from batchinfer.storage import ObjectFolder
+
+    monkeypatch.setattr(ObjectFolder, "SETTLE", 5.0)
+    bucket, client = s3
+    folders = [ObjectFolder(f"s3://{bucket}/out") for _ in range(2)]
+    start, won = threading.Barrier(2), {}
+
+    def create(k):
+        start.wait()
+        won[k] = folders[k].create("_lock", f"writer {k}".encode())
+
+    threads = [threading.Thread(target=create, args=(k,)) for k in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(won.values()) == [False, True]
+    winner = next(k for k, value in won.items() if value)
+    assert client.get_object(Bucket=bucket, Key="out/_lock")["Body"].read() == f"writer {winner}".encode()
+    assert folders[0].create("_lock", b"late") is False
+
+
+@pytest.mark.parametrize("pattern", ["", "**/*.jsonl", "*.jsonl", "*/*"])
+def test_local_and_s3_discovery_find_the_same_shards_in_the_same_order(s3, tmp_path, pattern):
+    """One tree on disk and in a bucket: a folder (hidden and _ parts left out, a folder holding another
+    job's output left out, its files in the order of their parts: a/ before a-b) and globs (a wildcard
+    does not match a hidden name) give the same shards, in the same order, wherever the tree lies."""
+    from batchinfer.job.config import InputConfig
+    from batchinfer.sources import discover_shards
+
+    bucket, client = s3
+    line = json.dumps({"text": "hello there"}) + "\n"
+    tree = {
+        "a/x.jsonl": line,
+        "a-b.jsonl": line,
+        "a.jsonl": line,
+        "b/c/d.jsonl": line,
+        ".hidden.jsonl": line,
+        "_logs/e.jsonl": line,
+        "a/.cache/f.jsonl": line,
+        "old/_batchinfer.json": "{}",
+        "old/part.jsonl": line,
+        "README.txt": "not a shard",
+    }
+    for name, text in tree.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+        client.put_object(Bucket=bucket, Key=f"tree/{name}", Body=text.encode())
+
+    def names(path):
+        return [shard.name for shard in discover_shards(InputConfig(path=path, text="text")).shards]
+
+    local = names(str(tmp_path / pattern) if pattern else str(tmp_path))
+    assert local == names(f"s3://{bucket}/tree/{pattern}" if pattern else f"s3://{bucket}/tree")
+    assert ".hidden.jsonl" not in local and "old/part.jsonl" not in local and local

@@ -7,7 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import make_job
 
-from batchinfer.control import Batching, Interrupted, StopFlag
+from batchinfer.batching.budget import Batching
+from batchinfer.control import Interrupted, StopFlag
 from batchinfer.errors import InputError
 from batchinfer.execution.chunk_task import TaskInputs, id_text, unreadable
 from batchinfer.job.plan import Work, plan_chunks

@@ -51,7 +51,7 @@ TOKENIZER = "tokenizer.json"  # the tokenizer transformers built for the model (
 ENTRY_FILES = ("model.xml", "model.bin", MANIFEST, RATES, BLOBS, TOKENIZER)
 STAGING = re.compile(r"\.tmp-([0-9a-f]{24})-[0-9a-f]{8}")  # a conversion being saved: .tmp-<key>-<random>
 # One backend measured this many times the other's speed on this CPU before: auto loads the faster alone. The
-# probe's own margin (tune.NOISE): closer rates are measured again.
+# probe's own margin (batching.probe.NOISE): closer rates are measured again.
 CLEAR_WIN = 1.1
 CHECK_LENGTHS = (3, 11, 29, 64)  # a conversion's check rows: other lengths than the trace's 8, padding among them
 # What the runner's dtype names mean as OpenVINO's inference precision hint.

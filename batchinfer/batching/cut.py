@@ -9,7 +9,12 @@ compute on padding on mixed text; the cut here wastes under 1%.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:  # a device is only named here: cutting imports no torch
+    import torch
 
 # Per-batch cost in token-equivalents (Python, kernel launches, small-GEMM inefficiency). Measured
 # for MiniLM on a 2-core CPU: anything from 16 to 256 runs within 3%; padding-greedy cuts ran 20%
@@ -70,9 +75,25 @@ def cut_packed(lengths: np.ndarray, max_tokens: int, max_rows: int) -> list[np.n
     return batches
 
 
+def cut_batches(
+    lengths: np.ndarray, max_tokens: int, strategy: str, max_rows: int, device: torch.device
+) -> list[np.ndarray]:
+    """A chunk's batches under the budget (max_tokens, strategy) on `device`: packed, or padded with the
+    device's per-row overhead counted."""
+    if strategy == "packed":
+        return cut_packed(lengths, max_tokens, max_rows)
+    return cut_padded(lengths, max_tokens, max_rows, OVERHEAD_TOKENS.get(device.type, OVERHEAD_TOKENS["cuda"]))
+
+
+def computed_tokens(lengths: np.ndarray, batches: list[np.ndarray], strategy: str = "padded") -> int:
+    """The tokens the batches compute: their rows' own when packed (rows laid end to end compute no padding in
+    linear layers; attention re-pads, see backends/packing.py), the longest row's times the rows when padded."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if strategy == "packed":
+        return sum(int(lengths[b].sum()) for b in batches)
+    return sum(int(lengths[b].max()) * len(b) for b in batches if len(b))
+
+
 def padding_stats(lengths: np.ndarray, batches: list[np.ndarray]) -> tuple[int, int]:
     """(real tokens, padded tokens) the batches compute."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    real = int(lengths.sum())
-    padded = sum(int(lengths[b].max()) * len(b) for b in batches if len(b))
-    return real, padded
+    return int(np.asarray(lengths, dtype=np.int64).sum()), computed_tokens(lengths, batches)

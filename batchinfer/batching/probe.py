@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .cut import OVERHEAD_TOKENS, cut_packed, cut_padded
+from .cut import cut_batches
 
 if TYPE_CHECKING:  # imported where a GPU is measured: a warm OpenVINO run never imports torch
     import torch
@@ -51,14 +51,6 @@ class Tuning:
             + (f" (tokens/s: {rates})" if rates else "")
             + "".join(f"; {note}" for note in self.notes)
         )
-
-
-def cut_batches(
-    lengths: np.ndarray, max_tokens: int, strategy: str, max_rows: int, device: torch.device
-) -> list[np.ndarray]:
-    if strategy == "packed":
-        return cut_packed(lengths, max_tokens, max_rows)
-    return cut_padded(lengths, max_tokens, max_rows, OVERHEAD_TOKENS.get(device.type, OVERHEAD_TOKENS["cuda"]))
 
 
 def gpu_budget(bytes_per_token: float, free_bytes: int) -> int:

@@ -13,12 +13,11 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..backends.model_size import model_size
-from ..backends.models import model_identity, resolve_model_path
+from ..execution.job_plan import JobPlan
 from ..job.config import JobConfig
-from ..job.plan import fingerprint, plan_chunks
 from ..machine import Load
 from ..output.status import FolderStatus, describe_folder
-from ..sources import READ_ERRORS, Inputs, discover_shards, open_reader, read_spec, shard_contents
+from ..sources import READ_ERRORS, Inputs, open_reader, read_spec
 from ..sources.prepare import prepare_rows
 
 
@@ -51,13 +50,10 @@ def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[in
 def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
     """`batchinfer plan`'s summary of a job: its input and chunks, what the output folder holds, the tokens of a
     sample of its rows, the batches they cut into and (timed) how long the rows left will take. Writes nothing."""
-    inputs = discover_shards(job.input, job.columns, output=job.output.path)
-    model_path = resolve_model_path(job.model.path)
+    plan = JobPlan.open(job)
+    inputs, model_path, chunks, rows = plan.inputs, plan.model_path, plan.chunks(), plan.rows
     shards = inputs.shards
-    chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows)
-    rows = sum(s.num_rows for s in shards)
-    job_print = fingerprint(job, model_identity(model_path), shard_contents(shards))
-    folder, state = describe_folder(job.output.path, job.output.storage_options, job_print, len(chunks))
+    folder, state = describe_folder(job.output.path, job.output.storage_options, plan.fingerprint(), len(chunks))
     aside = time.perf_counter()  # plan's own reading, which a run does not do
     earlier = folder_so_far(state, chunks)
     summary = {

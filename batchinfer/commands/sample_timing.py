@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from ..backends.packing import supports_packing
-from ..batching.probe import CPU_BUDGETS, SAMPLE_TOKENS, Slices, cut_batches, probe
+from ..batching.cut import computed_tokens, cut_batches
+from ..batching.probe import CPU_BUDGETS, SAMPLE_TOKENS, Slices, probe
 from ..control import StopFlag
 from ..execution.chunk_task import TaskInputs
 from ..execution.driver import settle_budget
@@ -71,8 +72,7 @@ def time_on_sample(
         )
         budget = replace(budget, max_tokens=key[0], strategy=key[1])
     batches = cut_batches(lengths, *budget.key, job.batching.max_rows, runner.device)
-    # packed batches lay rows end to end: the model computes no padding
-    padded = int(lengths.sum()) if budget.strategy == "packed" else sum(int(lengths[b].max()) * len(b) for b in batches)
+    padded = computed_tokens(lengths, batches, budget.strategy)
     summary["batching"] = {
         "max_tokens": budget.max_tokens,
         "strategy": budget.strategy,

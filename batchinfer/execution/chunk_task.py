@@ -19,7 +19,8 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from ..control import Batching, StopFlag
+from ..batching.budget import Batching
+from ..control import StopFlag
 from ..errors import ConfigError, InputError, ModelError
 from ..heap import HeapGuard
 from ..job.config import JobConfig

@@ -15,19 +15,20 @@ import pyarrow as pa
 
 from ..backends import backend_is_open, precision_note, refuse_a_mixed_resume
 from ..backends.model_size import model_size
-from ..backends.models import check_chat_template, model_identity, read_config, resolve_model_path
+from ..batching.budget import Batching
 from ..batching.probe import DEFAULT_BUDGET
-from ..control import Batching, Progress, Quiet, StopFlag
+from ..control import Progress, Quiet, StopFlag
 from ..job.config import JobConfig
-from ..job.plan import Chunk, Work, fingerprint, plan_chunks, retry_name
+from ..job.plan import Chunk, Work, retry_name
 from ..machine import Load, LoadWindow, process_age
 from ..output.checkpoint import Checkpoint
 from ..output.formats import output_format
 from ..output.records import ChunkRecord
 from ..reasons import RETRYABLE
-from ..sources import discover_shards, read_spec, shard_contents
+from ..sources import read_spec
 from .chunk_task import TaskInputs
-from .executors import make_executor
+from .executors import Executor, make_executor
+from .job_plan import JobPlan
 from .report import build_report
 
 # What --retry-errors may change: the settings that decide whether a row fits, not what a row means. The
@@ -55,20 +56,13 @@ def run_job(
     progress = progress or Quiet()
     stop = stop or StopFlag()
     started = time.perf_counter()
-    with stop.at_once():  # reading only: a signal stops discovery (hashing every byte) where it is
-        inputs = discover_shards(job.input, job.columns, output=job.output.path)
-        model_path = resolve_model_path(job.model.path)
-        # a model without the task's head fails here, before the folder is touched
-        read_config(job.model, model_path)
-        check_chat_template(job.model, model_path, job.input.messages)
-    shards, bad_shards, types = inputs.shards, inputs.bad, inputs.types
-    with stop.at_once():  # the model's identity reads every byte of its weights the first time
-        model_id = model_identity(model_path)
+    plan = JobPlan.open(job, stop)
+    (shards, bad_shards, types), model_path = plan.inputs, plan.model_path
     output = job.output
     with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:
         limit = limit if restart else out.covering_limit(limit)
         fmt = output_format(job)
-        chunks = _start(out, job, shards, model_id, limit, restart, command, fmt.files, retry_errors)
+        chunks = _start(out, plan, limit, restart, command, fmt.files, retry_errors)
         done = out.done  # read only here: the checkpoint alone changes it
         for note in out.notes:
             progress.log(note)
@@ -92,12 +86,12 @@ def run_job(
         return out.finish(report, fmt, final=limit is None, idle=not todo)
 
 
-def _start(out, job, shards, model_id: str, limit, restart: bool, command: str, files, retry_errors: bool) -> list:
+def _start(out, plan: JobPlan, limit, restart: bool, command: str, files, retry_errors: bool) -> list:
     """The chunks to run, planned, and the folder's job started on them (new, resumed or restarted)."""
-    chunks = plan_chunks([s.num_rows for s in shards], job.chunk_rows, limit)
-    whole = plan_chunks([s.num_rows for s in shards], job.chunk_rows) if limit is not None else chunks
+    chunks = plan.chunks(limit)
+    whole = plan.chunks() if limit is not None else chunks
     out.start(
-        fingerprint(job, model_id, shard_contents(shards), limit),
+        plan.fingerprint(limit),
         restart,
         command,
         (RETRY_MAY_CHANGE if retry_errors else frozenset()) | {"limit"},
@@ -186,9 +180,10 @@ def _run_chunks(
     """Hand `todo` to an executor and commit each chunk that comes back, in the order they finish."""
     ran, done, planned = Ran(inputs.budget), out.done, {c.name for c in chunks}
     opened = time.perf_counter()
+    executor: Executor
     with make_executor(inputs, stop, progress, on_runner) as executor:
         ran.device = str(executor.device)
-        ran.startup = startup_figures(started, opened, getattr(executor, "load_seconds", {}))
+        ran.startup = startup_figures(started, opened, executor.load_seconds)
         if not probe and "note" in ran.startup["load"]:  # a probe's line says it (runners/base.py settle)
             progress.log(ran.startup["load"]["note"])
         retried = sum(w.rows for w in todo if w.retry_of)

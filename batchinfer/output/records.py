@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import Field, StrictFloat, StrictInt, StrictStr, TypeAdapter
 
-from ..control import Batching
+from ..batching.budget import Batching
 from .layout import error_part_name, part_name
 
 _OMITTED_WHEN_EMPTY = (

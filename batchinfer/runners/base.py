@@ -19,8 +19,8 @@ import pyarrow as pa
 
 from ..backends.models import position_limit
 from ..backends.precision import PRECISION_SAMPLE, SETTLE_SAMPLE, check_conversion, check_precision, describe_check
-from ..batching.cut import padding_stats
-from ..batching.probe import cut_batches, probe
+from ..batching.cut import computed_tokens, cut_batches
+from ..batching.probe import probe
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 from .recovery import run_resilient
 
@@ -383,14 +383,7 @@ class BatchLoop:
             self.ctx.heap.check()
             self.ctx.on_batch(len(batch), int(self.lengths[batch].sum()))
         seconds = time.perf_counter() - t0
-        # Packed batches compute no padding in linear layers (attention re-pads, see backends/packing.py).
-        if batches:
-            lengths = self.lengths
-            self.padded += (
-                int(lengths[np.concatenate(batches)].sum())
-                if strategy == "packed"
-                else padding_stats(lengths, batches)[1]
-            )
+        self.padded += computed_tokens(self.lengths, batches, strategy)
         self.seconds += seconds
         return seconds
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import numpy as np
 import pyarrow as pa
 
-from ..control import Batching, StopFlag
+from ..batching.budget import Batching
+from ..control import StopFlag
 from ..heap import HeapGuard
 from ..job.config import JobConfig
 from ..sources.prepare import Prepared

@@ -2,7 +2,7 @@
 
 Rows of every request wait in one queue. A window closes when the queued tokens reach the budget or
 the oldest row has waited max_wait; the window's rows are then sorted by token count and cut into
-batches as offline jobs are (batching.probe.cut_batches), and each batch runs with the same
+batches as offline jobs are (batching.cut.cut_batches), and each batch runs with the same
 split-and-retry (runners.recovery.run_resilient). A request's rows may span batches; its results are put back
 in order when its last row is done. The queue is bounded in tokens: past it, a request is refused
 at once (the server answers 429) instead of waiting without bound, and a request larger than the bound
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..batching.probe import cut_batches
+from ..batching.cut import cut_batches
 from ..runners.recovery import run_resilient
 
 

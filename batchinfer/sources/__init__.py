@@ -14,7 +14,6 @@ one job can feed the next).
 
 from __future__ import annotations
 
-import glob
 import posixpath
 from dataclasses import replace
 from pathlib import Path
@@ -28,10 +27,10 @@ from ..job.templates import template_fields
 from ..storage import (
     JOB_RECORD,
     file_stamp,
+    find,
     glob_base,
-    glob_regex,
     is_uri,
-    list_files,
+    local_path,
     reach_problem,
     refuse_location,
 )
@@ -125,7 +124,7 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
     if output:  # before looking: discovery skips the output folder, so an input inside it would look empty
         refuse_location(output, (glob_base(cfg.path) or ".",))
     try:
-        paths = _expand_remote(cfg, output) if is_uri(cfg.path) else _expand(cfg.path, cfg.format, output)
+        paths = _expand(cfg, output)
     except OSError as exc:  # the object store could not be listed: a missing bucket, refused credentials
         problem = reach_problem(exc) or (str(exc)[:300], "check input.path")
         raise InputError(
@@ -245,67 +244,28 @@ def _columns(names: list[str]) -> str:
     return f"{'column' if len(names) == 1 else 'columns'} {', '.join(repr(c) for c in names)}"
 
 
-def _expand(pattern: str, declared: str, output: str | None) -> list[str]:
-    skip = _Skip(output)
-    if any(ch in pattern for ch in "*?["):
-        base = Path(glob_base(pattern) or ".")
-        matches = [Path(p) for p in sorted(glob.glob(pattern, recursive=True)) if not skip(Path(p), base)]
-        where = f"the glob {pattern}"
-    else:
-        path = Path(pattern)
-        if not path.exists():
-            raise InputError(
-                f"input.path {pattern} does not exist", "check the path; it is taken from the current directory"
-            )
-        matches = (
-            [path]
-            if path.is_file() or shard_format(str(path)) == "hf"
-            else sorted(
-                p
-                for p in path.rglob("*")
-                if not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts) and not skip(p, path)
-            )
-        )
-        where = (
-            f"the file {pattern}, whose extension batchinfer does not know,"
-            if path.is_file()
-            else f"the folder {pattern}"
-        )
-    shards = [str(p.resolve()) for p in matches if shard_format(str(p), declared)]
-    if not shards:
-        _nothing_found(where, [p.name for p in matches if p.is_file()])
-    return shards
-
-
-def _expand_remote(cfg: InputConfig, output: str | None) -> list[str]:
-    """input.path as a URL: a file, a folder (every file below it) or a glob, as URLs in a stable order."""
-    scheme = cfg.path.partition("://")[0]
-    base = glob_base(cfg.path)
-    wildcard = base != cfg.path
-    found = list_files(base, cfg.storage_options)
-    root = base.partition("://")[2].rstrip("/")
-    if not found:
+def _expand(cfg: InputConfig, output: str | None) -> list[str]:
+    """input.path as the paths of its shards, in a stable order: a saved dataset, a file, a glob or every
+    file below a folder (local paths resolved, URLs as URLs), leaving out batchinfer output: the job's own
+    folder and any folder below the input's root that holds a batchinfer job."""
+    if shard_format(cfg.path) == "hf":
+        return [str(local_path(cfg.path).resolve())]
+    found = find(cfg.path, cfg.storage_options, output=output, markers=JOB_MARKERS)
+    shards = [path for path, _ in found if shard_format(path, cfg.format)]
+    if shards:
+        return shards
+    remote, wildcard = is_uri(cfg.path), glob_base(cfg.path) != cfg.path
+    if not found and not wildcard and remote:
         raise InputError(f"input.path {cfg.path} does not exist or holds no file", "check the URL")
-    outputs = {posixpath.dirname(p) for p in found if posixpath.basename(p) in JOB_MARKERS}
-    own = output.partition("://")[2].rstrip("/") if output and is_uri(output) else None
-    regex = glob_regex(cfg.path.partition("://")[2]) if wildcard else None
-
-    def keep(path: str) -> bool:
-        relative = posixpath.relpath(path, root) if path != root else posixpath.basename(path)
-        folders = [posixpath.dirname(path)]
-        while folders[-1] not in (root, "", "/") and folders[-1].startswith(root):
-            folders.append(posixpath.dirname(folders[-1]))
-        return (
-            (regex.fullmatch(path) if regex else not any(p.startswith(("_", ".")) for p in relative.split("/")))
-            and not (own and (path == own or path.startswith(own + "/")))
-            and not any(f in outputs and f != root for f in folders)
+    if not found and not wildcard and not local_path(cfg.path).is_dir():
+        raise InputError(
+            f"input.path {cfg.path} does not exist", "check the path; it is taken from the current directory"
         )
-
-    shards = [f"{scheme}://{p}" for p in found if keep(p)]
-    shards = [p for p in shards if shard_format(p, cfg.format)]
-    if not shards:
-        _nothing_found(f"{'the glob' if wildcard else 'the folder'} {cfg.path}", [posixpath.basename(p) for p in found])
-    return shards
+    if not wildcard and not remote and local_path(cfg.path).is_file():
+        where = f"the file {cfg.path}, whose extension batchinfer does not know,"
+    else:
+        where = f"{'the glob' if wildcard else 'the folder'} {cfg.path}"
+    _nothing_found(where, [posixpath.basename(path) for path, is_file in found if is_file])
 
 
 def _nothing_found(where: str, names: list[str]) -> None:
@@ -315,23 +275,3 @@ def _nothing_found(where: str, names: list[str]) -> None:
         f"(found: {found})",
         "point input.path at your shards, or set input.format (parquet, jsonl, csv) for files with another extension",
     )
-
-
-class _Skip:
-    """Whether a found file is batchinfer output: under the job's output folder, or in a folder below
-    the input's root that holds a batchinfer job."""
-
-    def __init__(self, output: str | None):
-        self.output = Path(output).expanduser().resolve() if output and not is_uri(output) else None
-        self.folders: dict[Path, bool] = {}
-
-    def __call__(self, path: Path, root: Path) -> bool:
-        path, root = path.resolve(), root.resolve()
-        if self.output and (path == self.output or self.output in path.parents):
-            return True
-        return any(self._is_output(folder) for folder in path.parents if root in folder.parents)
-
-    def _is_output(self, folder: Path) -> bool:
-        if folder not in self.folders:
-            self.folders[folder] = any((folder / marker).exists() for marker in JOB_MARKERS)
-        return self.folders[folder]

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import re
 import time
 import uuid
@@ -89,39 +90,97 @@ def input_filesystem(path: str, options: dict | None = None) -> tuple[pafs.FileS
     return _FILESYSTEMS[key], _inner(path)
 
 
-def list_files(path: str, options: dict | None = None) -> list[str]:
-    """Every file below a folder URL (paths inside the filesystem), or [path] for a file; [] if nothing."""
+def find(
+    path: str,
+    options: dict | None = None,
+    *,
+    hidden: tuple[str, ...] = ("_", "."),
+    output: str | None = None,
+    markers: tuple[str, ...] = (),
+) -> list[tuple[str, bool]]:
+    """What a path names, local or remote, through one pyarrow.fs listing: a file, the matches of a glob,
+    or everything below a folder whose path below it has no part starting with one of `hidden`; [] when
+    nothing is there. Globs match as the shell's do (glob_regex). A glob's matches come in the order of
+    their paths, a folder's in the order of their parts (a/b before a-c), as glob.glob and Path.rglob give
+    them. Folders come with the files on a local disk (a saved dataset is a folder). Left out: what lies
+    in the folder `output`, and what lies in a folder below the root (the path, or a glob's folder before
+    its first wildcard) that holds one of `markers`. Returns (the path: resolved on a local disk, a URL on
+    a store; whether it is a file). Raises FileNotFoundError when the bucket does not exist."""
     fs, inner = input_filesystem(path, options)
-    info = fs.get_file_info(inner)
-    if info.type == pafs.FileType.File:
-        return [inner]
-    selector = pafs.FileSelector(inner, recursive=True, allow_not_found=True)
-    found = sorted(i.path for i in fs.get_file_info(selector) if i.type == pafs.FileType.File)
-    bucket = inner.split("/", 1)[0]
-    if not found and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
-        raise FileNotFoundError(f"the bucket {bucket} does not exist")
-    return found
+    base = glob_base(path)
+    if base != path:  # a glob: list below the folder before its first wildcard, as deep as the pattern goes
+        _, root = input_filesystem(base or ".", options)
+        rest = path[len(base) :]
+        regex = glob_regex(join(root, rest))
+        recursive = "/" in rest or "**" in rest
+        found = sorted(
+            (i for i in _listing(fs, root, recursive) if regex.fullmatch(i.path)), key=lambda info: info.path
+        )
+    else:
+        root = inner
+        info = fs.get_file_info(inner)
+        if info.type != pafs.FileType.Directory:
+            found = [info] if info.type == pafs.FileType.File else []
+        else:
+            found = sorted(
+                (i for i in _listing(fs, root, True) if not _hidden(i.path, root, hidden)),
+                key=lambda info: info.path.split("/"),
+            )
+    remote = is_uri(path)
+    if not found and remote and fs.get_file_info(root.split("/", 1)[0]).type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"the bucket {root.split('/', 1)[0]} does not exist")
+    own = input_filesystem(output)[1] if output and is_uri(output) == remote else None
+    marked: dict[str, bool] = {}
+
+    def left_out(found: str) -> bool:
+        if own and (found == own or found.startswith(own + "/")):
+            return True
+        folder = posixpath.dirname(found)
+        while markers and folder.startswith(root.rstrip("/") + "/"):
+            if folder not in marked:
+                infos = fs.get_file_info([f"{folder}/{marker}" for marker in markers])
+                marked[folder] = any(info.type == pafs.FileType.File for info in infos)
+            if marked[folder]:
+                return True
+            folder = posixpath.dirname(folder)
+        return False
+
+    scheme = path.partition("://")[0]
+    return [
+        (f"{scheme}://{i.path}" if remote else str(Path(i.path).resolve()), i.type == pafs.FileType.File)
+        for i in found
+        if (i.type == pafs.FileType.File or not remote) and not left_out(i.path)
+    ]
+
+
+def _listing(fs: pafs.FileSystem, root: str, recursive: bool) -> list[pafs.FileInfo]:
+    return fs.get_file_info(pafs.FileSelector(root, recursive=recursive, allow_not_found=True))
+
+
+def _hidden(path: str, root: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether a part of path below root starts with one of prefixes."""
+    return any(part.startswith(prefixes) for part in path[len(root.rstrip("/")) + 1 :].split("/"))
 
 
 def glob_regex(pattern: str) -> re.Pattern:
-    """A glob as a regex over whole paths: * and ? stay within a folder, ** crosses folders."""
+    """A glob as a regex over whole paths, as the shell (and glob.glob) match: * and ? stay within a folder,
+    ** crosses folders, and a wildcard at the start of a name does not match a name that starts with a dot."""
+    visible = r"(?!\.)"  # a wildcard that starts a name skips hidden names
     out, i = [], 0
     while i < len(pattern):
+        starts_name = visible if i == 0 or pattern[i - 1] == "/" else ""
         if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
+            out.append(f"(?:{visible}[^/]*/)*")
             i += 3
         elif pattern.startswith("**", i):
-            out.append(".*")
+            out.append(f"(?:{visible}[^/]*(?:/|$))*")
             i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
+        elif pattern[i] in "*?":
+            out.append(starts_name + ("[^/]*" if pattern[i] == "*" else "[^/]"))
             i += 1
         elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
             end = pattern.index("]", i + 1)
-            out.append("[" + pattern[i + 1 : end].replace("!", "^", 1) + "]")
+            out.append(starts_name + "[" + pattern[i + 1 : end].replace("!", "^", 1) + "]")
             i = end + 1
         else:
             out.append(re.escape(pattern[i]))
@@ -431,7 +490,7 @@ class ObjectFolder:
     """An output folder on an object store (s3://, gs://, ...), through pyarrow.fs (Folder). An object store
     has no rename and no append, so every file is uploaded whole in one request, from memory or from a local
     temporary file: it exists complete or not at all, and nothing temporary is written here (`tmp` is unused).
-    Create-if-absent is write, wait, read back."""
+    Create-if-absent is write, wait, read back (see create: the stores' conditional write is out of reach)."""
 
     SETTLE = 1.0  # seconds between writing a create-if-absent object and reading it back
 
@@ -509,7 +568,15 @@ class ObjectFolder:
     def create(self, name: str, data: bytes, *, tmp: str = "") -> bool:
         """Write `name` only if it does not exist; False if it did or another writer won the race.
         Two writers that both found it absent both write; the one whose content is read back after
-        SETTLE seconds won (a writer takes well under SETTLE from its check to its write)."""
+        SETTLE seconds won (a writer takes well under SETTLE from its check to its write).
+
+        S3 and GCS have a conditional write (PUT with `If-None-Match: *`, `ifGenerationMatch=0`) that would
+        make this one request with no window, but pyarrow's clients do not send it: pyarrow 26's
+        open_output_stream takes only a few object headers as metadata (ACL, Cache-Control, Content-Type and
+        the like) and drops other keys, so a write with If-None-Match overwrites (checked against moto's
+        server, which refuses the same PUT from boto3 with PreconditionFailed). fsspec's
+        pipe_file(mode="create") is the interface, but no client that implements it on the store is
+        installed (s3fs, gcsfs), and its default is this same check-then-write. Hence the write, wait, read."""
         if self.read(name) is not None:
             return False
         self.write(name, data)

@@ -13,7 +13,10 @@ from ..chunk_task import TaskInputs
 
 
 class Executor(Protocol):
+    """What the driver uses of an executor (tests/test_house.py holds the driver to it)."""
+
     device: str  # what the runners run on, for the report
+    load_seconds: dict  # the model's load in steps (converting, compiling), for the report's startup figures
 
     def run(self, todo: list[Work], probe: bool) -> Iterator[ChunkResult]:
         """Run every chunk of `todo` once; yield each chunk's result as it finishes (in any order).

@@ -1,9 +1,10 @@
 """On a Ray cluster: one long-lived actor per worker, holding the model (Ray pins one GPU to each with
-num_gpus), fed chunks by the driver with two in flight per actor, so one is read while the other runs.
+num_gpus), fed chunks through Ray's ActorPool with two in flight per actor, so one is read while the other runs.
 
-Only the driver decides which chunk goes where, and only the driver commits, so no chunk is committed
-twice. A worker that dies (killed, out of memory, its node lost) costs only its chunks in flight: they
-go back to the queue, the next free worker takes them, and a fresh worker takes the dead one's place.
+Only the driver commits, and a chunk's result comes back once, so no chunk is committed twice. A worker that
+dies (killed, out of memory, its node lost) costs only its chunks in flight: Ray restarts the actor (its model
+loaded again) and runs those chunks again on it (max_restarts, max_task_retries); one that keeps dying ends
+the run with a message.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import signal
 import threading
 import time
-from collections import deque
 from typing import Iterator
 
 from ...control import Progress, StopFlag, library_logs_shown
@@ -24,6 +24,7 @@ from ..chunk_task import TaskInputs
 
 IN_FLIGHT = 2  # chunks per worker: one computing, one loading
 POLL = 0.25  # seconds between checks of the stop flag while chunks run
+RESTARTS = 2  # times Ray restarts a worker whose process died, running its chunks in flight again
 
 
 class Worker:
@@ -34,9 +35,13 @@ class Worker:
         import torch
 
         torch.set_num_threads(threads)
+        import ray
+
         self.loading, self.computing = threading.Lock(), threading.Lock()
         self.failed: Exception | None = None
         self.tuned = False
+        # Ray restarted this worker after its process died: said once, with its first chunk's notes.
+        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         try:
             self.task = inputs.task(StopFlag(), name)
         except Exception as exc:  # noqa: BLE001 - raised by describe(): Ray keeps no cause of a failed __init__
@@ -56,6 +61,9 @@ class Worker:
         with self.loading:
             loaded = self.task.load(work)
         notes: list[str] = []
+        if self.restarted:
+            notes.append("restarted by Ray after its process died; its chunks in flight ran again")
+            self.restarted = False
         with self.computing:
             result = self.task.run(loaded, probe=probe, log=notes.append)
         result.notes = notes  # said by the driver's progress, in the driver's process
@@ -67,7 +75,7 @@ class RayExecutor:
         self.ray = _import_ray()
         self.stop, self.progress = stop, progress
         runtime = inputs.job.runtime
-        self.started_ray = _connect(self.ray, runtime.ray_address)
+        self.connected = _connect(self.ray, runtime.ray_address)  # None: connected before, left so
         _quiet_ray_lines()
         resources = self.ray.cluster_resources()
         gpus = resources.get("GPU", 0)
@@ -82,78 +90,81 @@ class RayExecutor:
                 "lower runtime.workers or runtime.cpus_per_worker, or add machines to the cluster",
             )
         remote = self.ray.remote(Worker)
-        options = dict(num_cpus=runtime.cpus_per_worker, num_gpus=per_gpu, max_concurrency=IN_FLIGHT + 1)
+        options = dict(
+            num_cpus=runtime.cpus_per_worker,
+            num_gpus=per_gpu,
+            max_concurrency=IN_FLIGHT + 1,
+            max_restarts=RESTARTS,
+            max_task_retries=RESTARTS,
+        )
         threads = max(1, int(runtime.cpus_per_worker))
         # Actor names are unique in the cluster (several jobs may share it); the report says ray-0, ray-1, ...
         prefix = f"batchinfer-{inputs.writer.job_id[:8]}"
-        self._new = lambda name: remote.options(name=f"{prefix}-{name}", **options).remote(inputs, name, threads)
         self.actors = {f"ray-{i}": None for i in range(count)}
-        self.replacements = 2 * count + 2
         try:
             for name in self.actors:
-                self.actors[name] = self._new(name)
+                self.actors[name] = remote.options(name=f"{prefix}-{name}", **options).remote(inputs, name, threads)
             described = self._get([actor.describe.remote() for actor in self.actors.values()])
         except BaseException:
             self.close()
             raise
         self.device = f"{described[0][0]} x{count} (ray)"
+        self.load_seconds: dict = {}  # each worker loads in its own process, at once: no one figure for the run
 
     def run(self, todo: list[Work], probe: bool) -> Iterator[ChunkResult]:
-        queue = deque(todo)
-        in_flight: dict = {}  # object ref -> (worker name, actor, work)
-        tuning = None
-        while queue or in_flight:
-            for name, actor in self.actors.items():
-                # While probing, the first chunk runs alone: the others wait for the batching it settles.
-                while (
-                    queue and sum(n == name for n, _, _ in in_flight.values()) < IN_FLIGHT and not (probe and in_flight)
-                ):
-                    work = queue.popleft()
-                    in_flight[actor.run.remote(work, probe, tuning)] = (name, actor, work)
-            ready, _ = self.ray.wait(list(in_flight), num_returns=1, timeout=POLL)
+        # Each actor twice in the pool: two chunks in flight on it (its loading overlaps its computing).
+        pool = self.ray.util.ActorPool([actor for actor in self.actors.values() for _ in range(IN_FLIGHT)])
+        work, tuning = iter(todo), None
+        while probe:  # the probe's chunk runs alone: the others wait for the batching it settles
+            first = next(work, None)
+            if first is None:
+                return
+            pool.submit(lambda actor, w: actor.run.remote(w, True, None), first)
+            result = self._next(pool)
+            if result.tuning is not None:  # a chunk with no rows to run leaves the probe to the next
+                probe, tuning = False, result.tuning
+            yield result
+        for each in work:
+            pool.submit(lambda actor, w, tuning=tuning: actor.run.remote(w, False, tuning), each)
+        while pool.has_next():
+            yield self._next(pool)
+
+    def _next(self, pool) -> ChunkResult:
+        """The next chunk to finish, in any order; the stop flag checked while waiting."""
+        while True:
             self.stop.check()
-            for ref in ready:
-                name, actor, work = in_flight.pop(ref)
-                try:
-                    result = self._get(ref)
-                except self.ray.exceptions.RayActorError as exc:
-                    queue.appendleft(work)
-                    if self.actors[name] is actor:  # its other chunks in flight fail the same way: replace once
-                        self._replace(name, exc)
-                    continue
-                for note in result.notes:
-                    self.progress.log(f"{name}: {note}")
-                if probe and result.tuning is not None:  # a chunk with no rows to run leaves the probe to the next
-                    probe, tuning = False, result.tuning
-                yield result
+            try:
+                result = self._get(pool, POLL)
+                break
+            except TimeoutError:
+                continue
+        for note in result.notes:
+            self.progress.log(f"{result.record.worker}: {note}")
+        return result
 
-    def _replace(self, name: str, exc: BaseException) -> None:
-        """A fresh worker in place of one that died; its chunks in flight went back to the queue."""
-        self.replacements -= 1
-        if self.replacements < 0:
-            raise ModelError(
-                f"Ray workers keep dying ({type(exc).__name__}: {str(exc)[:300]})",
-                "check the workers' memory (ray memory, dmesg) and logs; rerun the same command to resume",
-            )
-        self.progress.log(f"worker {name} died ({type(exc).__name__}); its chunks go to the other workers")
-        self.ray.kill(self.actors[name], no_restart=True)
-        self.actors[name] = self._new(f"{name}-r{self.replacements}")
-
-    def _get(self, refs):
-        """ray.get, with a task's own error (a bad shard, a model failing every row) raised as itself."""
+    def _get(self, source, timeout: float | None = None):
+        """ray.get of refs, or a pool's next result, with a task's own error (a bad shard, a model failing
+        every row) raised as itself, and a worker that died more than Ray restarts it as one message."""
         try:
-            return self.ray.get(refs)
+            if isinstance(source, self.ray.util.ActorPool):
+                return source.get_next_unordered(timeout=timeout)
+            return self.ray.get(source)
         except self.ray.exceptions.RayTaskError as exc:
             cause = exc.cause
             if isinstance(cause, BatchinferError):
                 raise cause from None
             raise
+        except self.ray.exceptions.RayActorError as exc:
+            raise ModelError(
+                f"Ray workers keep dying ({type(exc).__name__}: {str(exc)[:300]})",
+                "check the workers' memory (ray memory, dmesg) and logs; rerun the same command to resume",
+            ) from None
 
     def close(self) -> None:
         for actor in getattr(self, "actors", {}).values():
             if actor is not None:
                 self.ray.kill(actor, no_restart=True)
-        if self.started_ray:
+        if self.connected:  # disconnects; a local Ray started here ("started") stops with it
             self.ray.shutdown()
 
 
@@ -168,11 +179,12 @@ def _import_ray():
     return ray
 
 
-def _connect(ray, address: str | None) -> bool:
-    """Join the cluster at `address`, or a running one, or start a local one; True if started here.
+def _connect(ray, address: str | None) -> str | None:
+    """Join the cluster at `address`, or a running one, or start a local one: how Ray was reached (see
+    _init), or None when this process was already connected (then closing leaves the connection alone).
     Ray installs signal handlers of its own; the caller's (stop after the batch in flight) are kept."""
     if ray.is_initialized():
-        return False
+        return None
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _init(ray, address)
@@ -196,7 +208,9 @@ def _quiet_ray_lines() -> None:
     ray_worker._worker_logs_enabled = False
 
 
-def _init(ray, address: str | None) -> bool:
+def _init(ray, address: str | None) -> str:
+    """Connect this process to Ray: "address" (the cluster at runtime.ray_address), "running" (one already
+    running on this machine) or "started" (a local Ray started here, gone with this process)."""
     debug = library_logs_shown()
     options = dict(
         include_dashboard=False,
@@ -212,11 +226,12 @@ def _init(ray, address: str | None) -> bool:
                 f"cannot reach the Ray cluster at {address}: {exc}",
                 "check runtime.ray_address (e.g. ray://head:10001), or remove it to start a local one",
             ) from exc
-        return True
+        return "address"
     try:
         ray.init(address="auto", **options)
+        return "running"
     except (ConnectionError, ValueError, RuntimeError):
         started = time.perf_counter()
         ray.init(**options)
         logging.getLogger(__name__).debug("started a local Ray in %.1f s", time.perf_counter() - started)
-    return True
+        return "started"

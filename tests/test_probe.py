@@ -3,14 +3,14 @@
 import numpy as np
 import torch
 
-from batchinfer.batching import probe as tune
+from batchinfer.batching import probe as probing
 from batchinfer.batching.probe import CPU_BUDGETS, GPU_PROBE_TOKENS, gpu_budget, probe
 
 
 def test_the_probe_keeps_the_fastest_budget_and_runs_every_row_once(monkeypatch):
     lengths = np.random.default_rng(1).integers(5, 120, size=12000)
     seen, cut = [], {}
-    real_cut = tune.cut_batches
+    real_cut = probing.cut_batches
 
     def cut_batches(lengths, max_tokens, strategy, max_rows, device):  # remembers the budget the stand-in runs at
         cut["budget"] = max_tokens
@@ -125,4 +125,4 @@ def test_every_candidate_runs_the_same_length_mix_so_equal_speeds_measure_equal(
         tuning, _ = probe(lengths, run, "auto", "padded", 256, torch.device("cpu"), packable=False)
         rates = [tuning.tokens_per_s[f"padded@{b}"] for b in CPU_BUDGETS]
         assert max(rates) <= 1.05 * min(rates), (seed, tuning.tokens_per_s)
-        assert tuning.max_tokens == tune.DEFAULT_BUDGET, (seed, tuning.tokens_per_s)
+        assert tuning.max_tokens == probing.DEFAULT_BUDGET, (seed, tuning.tokens_per_s)
