@@ -45,7 +45,10 @@ FORMAT = 1  # bump when what is converted changes
 MANIFEST = "batchinfer.json"
 RATES = "backends.json"  # each backend's measured tokens/s for this conversion, per CPU
 BLOBS = "compiled"  # OpenVINO's model cache (CACHE_DIR): each precision compiled for this CPU, read back warm
-ENTRY_FILES = ("model.xml", "model.bin", MANIFEST, RATES, BLOBS)
+# A causal LM for OpenVINO GenAI (openvino_causal.py): the stateful model, the tokenizer pair, its configs.
+GENAI_FILES = tuple(f"openvino_{n}.{x}" for n in ("model", "tokenizer", "detokenizer") for x in ("xml", "bin"))
+GENAI_FILES += ("config.json", "generation_config.json")
+ENTRY_FILES = ("model.xml", "model.bin", *GENAI_FILES, MANIFEST, RATES, BLOBS)
 STAGING = re.compile(r"\.tmp-([0-9a-f]{24})-[0-9a-f]{8}")  # a conversion being saved: .tmp-<key>-<random>
 # One backend measured this many times the other's speed on this CPU before: auto loads the faster alone. The
 # probe's own margin (tune.NOISE): closer rates are measured again.
@@ -157,20 +160,10 @@ def load(config, of: dict, precisions: list[str], torch_model, head=None) -> Ope
     graph from the hidden states and mask, in place of the model output `of["output"]` (which then names it)."""
     import openvino as ov
 
-    seconds = {}
     names, output = tuple(of["inputs"]), of["output"].split(":")[0]
-    entry = entry_of(of)
-    t0 = time.perf_counter()
-    with _entry_lock(entry) as writable:
-        if not _valid(entry):
-            if not writable:
-                raise _cache_error(entry.parent, "cannot be written, and holds no whole conversion of this model")
-            _clear_staging(entry)
-            _discard(entry)
-            _convert(torch_model(), of, entry, head)
-            seconds["convert"] = round(time.perf_counter() - t0, 3)
+    entry, seconds = cached(of, lambda staging: _convert(torch_model(), of, staging, head))
     core = ov.Core()
-    if writable:  # a warm compile reads the blob an earlier one left: half the time (MiniLM, 2 cores)
+    if os.access(entry, os.W_OK):  # a warm compile reads the blob an earlier one left: half the time (MiniLM, 2 cores)
         core.set_property({"CACHE_DIR": str(entry / BLOBS)})
     compiled = {}
     t2 = time.perf_counter()
@@ -188,6 +181,23 @@ def load(config, of: dict, precisions: list[str], torch_model, head=None) -> Ope
             ) from exc
     seconds["compile"] = round(time.perf_counter() - t2, 3)
     return OpenVINOModel(config, compiled, output, names, seconds, entry)
+
+
+def cached(of: dict, write) -> tuple[Path, dict]:
+    """The cache entry holding the conversion `of`, made now by write(folder) on a miss (which writes the
+    conversion's files into the fresh folder it is given), and the seconds that took ({"convert": s}, or {})."""
+    seconds = {}
+    entry = entry_of(of)
+    t0 = time.perf_counter()
+    with _entry_lock(entry) as writable:
+        if not _valid(entry):
+            if not writable:
+                raise _cache_error(entry.parent, "cannot be written, and holds no whole conversion of this model")
+            _clear_staging(entry)
+            _discard(entry)
+            _store(entry, of, write)
+            seconds["convert"] = round(time.perf_counter() - t0, 3)
+    return entry, seconds
 
 
 def entry_of(of: dict) -> Path:
@@ -252,8 +262,8 @@ def known_faster(of: dict) -> tuple[str, float] | None:
     return None
 
 
-def _convert(model, of: dict, entry: Path, head=None) -> None:
-    """Convert and save into a fresh folder beside the entry, then move it into place whole."""
+def _convert(model, of: dict, folder: Path, head=None) -> None:
+    """Convert the encoder and save it in `folder` as model.xml and model.bin."""
     import openvino as ov
     import torch
 
@@ -278,11 +288,17 @@ def _convert(model, of: dict, entry: Path, head=None) -> None:
             example_input=example,
             input=[(name, ov.PartialShape([-1, -1]), ov.Type.i64) for name in names],
         )
+    ov.save_model(converted, folder / "model.xml", compress_to_fp16=False)
+
+
+def _store(entry: Path, of: dict, write) -> None:
+    """write(folder) into a fresh folder beside the entry, a manifest of every file it wrote (sizes and digests)
+    added last, then the folder moved into place whole."""
     staging = entry.parent / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
     try:
         staging.mkdir(parents=True)
-        ov.save_model(converted, staging / "model.xml", compress_to_fp16=False)
-        manifest = {name: file_digest(staging / name) for name in ENTRY_FILES[:2]}
+        write(staging)
+        manifest = {p.name: file_digest(p) for p in sorted(staging.iterdir())}
         (staging / MANIFEST).write_text(json.dumps({"key": entry.name, **of, "files": manifest}, indent=1))
         os.replace(staging, entry)
     except (OSError, RuntimeError) as exc:  # RuntimeError: OpenVINO's own writes (a full disk: iostream error)
@@ -311,8 +327,11 @@ def _valid(entry: Path) -> bool:
     """The entry's files are whole and the ones its manifest names (a cut or foreign copy is not)."""
     try:
         manifest = json.loads((entry / MANIFEST).read_text())
-        return manifest.get("key") == entry.name and all(
-            file_digest(entry / name) == manifest["files"][name] for name in ENTRY_FILES[:2]
+        files = manifest["files"]
+        return (
+            manifest.get("key") == entry.name
+            and bool(files)
+            and all(file_digest(entry / name) == digest for name, digest in files.items())
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False

@@ -17,6 +17,7 @@ _OMITTED_WHEN_EMPTY = (
     "max_tokens_lowered",
     "finished",
     "prefix",
+    "engine",
 )
 
 
@@ -46,6 +47,8 @@ class ChunkRecord:
     # in full, the saved ones included}
     prefix: dict[str, int] | None = None
     finished: float | None = None  # when it was committed (time.time())
+    # generate: the engine that ran it {name, precision, notes, precision_check} (runners/engine.py: described)
+    engine: dict | None = None
 
     @property
     def base(self) -> str:
