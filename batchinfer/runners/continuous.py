@@ -35,6 +35,7 @@ class Session:
 
 class ContinuousEngine:
     name = "transformers"
+    pads = False
 
     def __init__(self, model, device: torch.device, options: dict, pad_id: int, grammars: Callable):
         self.model, self.device, self.options, self.pad_id = model, device, options, pad_id

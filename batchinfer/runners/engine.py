@@ -77,6 +77,7 @@ class Serving(Protocol):
 class Engine(Protocol):
     name: str  # the generation.engine it is: transformers, openvino, static, vllm
     shared_page: int | None  # the cache page (tokens) in which rows' common prefixes are shared; None: none
+    pads: bool  # computes padding (static batches pad to their longest prompt); False: every token is a row's
     # the report's entry for it: {"name", "precision", "notes", "precision_check"}, each where it applies
     described: dict
 

@@ -80,6 +80,7 @@ def precision_candidates(dtype: str) -> list[str]:
 
 class OpenVINOEngine:
     name = "openvino"
+    pads = False
     shared_page = None  # its prefix cache is its own: the rows' shared pages are not counted here
 
     def __init__(self, folder: Path, gen: GenerationConfig, precisions: list[str], eos: set[int], fallback):

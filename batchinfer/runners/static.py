@@ -16,6 +16,7 @@ class StaticEngine:
     name = "static"
     described = {"name": "static"}
     shared_page = None  # static batches share no cache
+    pads = True
 
     def __init__(self, model, device: torch.device, pad_id: int, grammars: Callable):
         self.model, self.device, self.pad_id = model, device, pad_id

@@ -17,6 +17,7 @@ VLLM_BLOCK = 16  # vLLM's default cache block (tokens)
 
 class VllmEngine:
     name = "vllm"
+    pads = False
     described = {"name": "vllm"}
 
     def __init__(self, llm, options: dict, eos: set[int]):
