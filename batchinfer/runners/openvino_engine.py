@@ -136,9 +136,8 @@ class OpenVINOEngine:
         raw: list = [None] * len(rows.prompts)
         if self.precision is None:
             self.settle(rows, check)
-        started = time.perf_counter()
-        done = self.generate(self.precision, [rows.prompts[i] for i in free], [self.config(rows, i) for i in free])
-        first = [time.perf_counter() - started] * len(free) if free else []
+        configs = [self.config(rows, i) for i in free]
+        done, first = self.generate(self.precision, [rows.prompts[i] for i in free], configs, check)
         for i, result in zip(free, done):
             raw[i] = result
         if bound:
@@ -172,20 +171,34 @@ class OpenVINOEngine:
             config.do_sample = False
         return config
 
-    def generate(self, precision: str, prompts: list[list[int]], configs: list) -> list[tuple[list[int], str | None]]:
-        """(tokens, None) per prompt, ending in an end token where the pipeline says it stopped at one."""
+    def generate(
+        self, precision: str, prompts: list[list[int]], configs: list, check: Callable[[], None]
+    ) -> tuple[list[tuple[list[int], str | None]], list[float]]:
+        """(tokens, None) per prompt, ending in an end token where the pipeline says it stopped at one; and each
+        row's seconds to its first token. Stepped here, so that `check` (Ctrl-C) is asked between steps."""
         import openvino as ov
         import openvino_genai
 
-        if not prompts:
-            return []
-        tensors = [ov.Tensor(np.asarray([p], dtype=np.int64)) for p in prompts]
+        pipeline, started = self.pipelines[precision], time.perf_counter()
         try:
-            results = self.pipelines[precision].generate(tensors, configs)
+            handles = [
+                pipeline.add_request(i, ov.Tensor(np.asarray([p], dtype=np.int64)), c)
+                for i, (p, c) in enumerate(zip(prompts, configs))
+            ]
+            first: dict[int, float] = {}
+            while pipeline.has_non_finished_requests():
+                check()
+                pipeline.step()
+                for i, handle in enumerate(handles):
+                    if i not in first and handle.can_read():
+                        first[i] = time.perf_counter() - started
+            outputs = [handle.read_all()[0] for handle in handles]
         except RuntimeError as exc:
-            return [([], f"OpenVINO GenAI: {exc}")] * len(prompts)
+            return [([], f"OpenVINO GenAI: {exc}")] * len(prompts), []
         stop = openvino_genai.GenerationFinishReason.STOP
-        return [(self.ended(list(r.m_generation_ids[0]), r.finish_reasons[0] == stop), None) for r in results]
+        return [(self.ended(list(o.generated_ids), o.finish_reason == stop), None) for o in outputs], list(
+            first.values()
+        )
 
     def ended(self, tokens: list[int], stopped: bool) -> list[int]:
         """The completion ending in an end token when the engine stopped at one, whether or not it kept it."""
@@ -202,7 +215,7 @@ class OpenVINOEngine:
         for config in configs:
             config.do_sample = False
         self.precision, self.check = check_precision(
-            lambda precision: [tokens for tokens, _ in self.generate(precision, prompts, configs)]
+            lambda precision: [tokens for tokens, _ in self.generate(precision, prompts, configs, check)[0]]
         )
         self.pipelines = {self.precision: self.pipelines[self.precision]}
 
