@@ -369,7 +369,8 @@ class GenerationConfig(Section):
         default="auto",
         description="engines transformers and openvino: the most memory the KV cache may take, in bytes or as "
         "512MB, 4GB, 2GiB. The cache is sized for the job (batching.max_rows prompts in flight, each prompt plus "
-        "max_new_tokens), up to this. auto: a quarter of the free memory on CPU, half the free GPU memory on a GPU.",
+        "max_new_tokens), up to this. auto: a quarter of the free memory on CPU, half the free GPU memory on a GPU "
+        "(engine openvino: its cache grows as the rows in flight need).",
     )
     engine_options: dict[str, Any] = Field(
         default_factory=dict,

@@ -25,7 +25,6 @@ import numpy as np
 from ..errors import ConfigError, ModelError
 from ..job.config import GenerationConfig
 from .engine import PassOutput, PassRows, Streamed, engine_passes
-from .kv_cache import memory_budget
 
 F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
 FAST = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8"}  # the CPU's own default where it has bf16
@@ -108,8 +107,8 @@ class OpenVINOEngine:
         options = self.gen.engine_options
         scheduler = openvino_genai.SchedulerConfig()
         scheduler.enable_prefix_caching = True
-        # the KV cache: as the transformers engine's budget (max_memory; auto: a quarter of the free memory)
-        scheduler.cache_size = max(1, memory_budget(max_memory, _Cpu()) >> 30)
+        if max_memory != "auto":  # the KV cache's GB; auto: the pipeline grows it as the rows in flight need
+            scheduler.cache_size = max(1, int(max_memory) >> 30)
         properties = dict(F32 if precision == "f32" else FAST)
         for key, value in options.items():
             if key.isupper():
@@ -244,10 +243,6 @@ def check_precision(outputs: Callable[[str], list[list[int]]]) -> tuple[str, dic
         "needed": AGREEMENT,
         "kept": kept,
     }
-
-
-class _Cpu:
-    type = "cpu"  # kv_cache.memory_budget's device
 
 
 class OpenVINOServing:
