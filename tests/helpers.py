@@ -262,6 +262,20 @@ def vectors(table, column):
     return np.array(table.column(column).to_pylist(), dtype=np.float32)
 
 
+# a generate job on the prompt_table rows (id, text, each row's own budget); engine: the default unless given
+generate_job = functools.partial(
+    make_job,
+    task="generate",
+    input__id="id",
+    input__keep=None,
+    model__backend=None,
+    batching=None,
+    batching__max_rows=8,
+    generation__max_new_tokens=16,
+    generation__max_new_tokens_column="budget",
+)
+
+
 def prompt_table(sms_table, n=24):
     texts = sms_table.column("text").to_pylist()[:n]
     return pa.table(

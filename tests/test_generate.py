@@ -11,7 +11,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
-from helpers import EXAMPLES, make_job, run_until, write_job
+from helpers import EXAMPLES, generate_job, run_until, write_job
 from helpers import generate_alone as _alone
 from helpers import prompt_table as _prompts
 
@@ -20,18 +20,7 @@ from batchinfer.execution.driver import run_job
 from batchinfer.job.config import validate_job
 from batchinfer.output.records import ChunkRecord
 
-_job = partial(
-    make_job,
-    task="generate",
-    input__id="id",
-    input__keep=None,
-    model__backend=None,
-    batching=None,
-    batching__max_rows=8,
-    generation__engine="transformers",
-    generation__max_new_tokens=16,
-    generation__max_new_tokens_column="budget",
-)
+_job = partial(generate_job, generation__engine="transformers")
 
 
 @pytest.mark.parametrize("engine", ["transformers", "static"])

@@ -15,6 +15,8 @@ LONG: set[str] = set()
 FOREIGN = {
     "backends.packing.repad": "the model's output object, re-padded in place of the packed one",
     "runners.continuous.count_prefix_hits": "transformers' manager, its cache's prefix search wrapped to count hits",
+    "backends.openvino_causal._step.Step.forward": "a transformers cache layer given the traced past as its tensors",
+    "backends.openvino_causal._mask_always_built": "transformers' mask builder told to build the mask while tracing",
 }
 
 
@@ -88,9 +90,14 @@ def test_no_function_sets_attributes_of_an_object_it_was_handed():
             "batchinfer.runners.engine:Engine",
             [
                 "batchinfer.runners.continuous:ContinuousEngine",
+                "batchinfer.runners.openvino_engine:OpenVINOEngine",
                 "batchinfer.runners.static:StaticEngine",
                 "batchinfer.runners.vllm_engine:VllmEngine",
             ],
+        ),
+        (
+            "batchinfer.runners.engine:Serving",
+            ["batchinfer.runners.continuous:ContinuousServing", "batchinfer.runners.openvino_engine:OpenVINOServing"],
         ),
     ],
 )

@@ -434,14 +434,14 @@ def _counting_passes(passes: list):
     return count
 
 
-def _answers(tmp_path, model, name, lines, passes=None):
+def _answers(tmp_path, model, name, lines, passes=None, engine="auto"):
     """Run `lines` as an OpenAI Batch file → (responses by custom_id, error lines)."""
     path = tmp_path / f"{name}.jsonl"
     path.write_text("".join(line + "\n" for line in lines))
     job = {
         "input": {"path": str(path), "format": "openai"},
         "model": {"path": str(model), "task": "generate"},
-        "generation": {"max_new_tokens": 6},
+        "generation": {"max_new_tokens": 6, "engine": engine},
         "output": {"path": str(tmp_path / name), "format": "openai"},
     }
     run_job(validate_job(job), on_runner=_counting_passes(passes if passes is not None else []))
@@ -449,7 +449,12 @@ def _answers(tmp_path, model, name, lines, passes=None):
     return {line["custom_id"]: line for line in read("output.jsonl")}, read("errors.jsonl")
 
 
-def test_a_seed_or_stop_per_request_shares_one_engine_pass_and_a_bad_value_is_one_error_line(tmp_path, tiny_llama):
+@pytest.mark.parametrize("engine, parts", [("transformers", [3, 4]), ("openvino", [7])])
+def test_a_seed_or_stop_per_request_shares_one_engine_pass_and_a_bad_value_is_one_error_line(
+    tmp_path, tiny_llama, engine, parts
+):
+    if engine == "openvino":
+        pytest.importorskip("openvino_genai")
     prompts = ["Free entry in 2 a wkly comp", "Ok lar joking wif u oni", "Nah I don't think he goes"]
     greedy = [_completion(f"g{i}", p, seed=i, stop=[f"{i}"], max_tokens=6) for i, p in enumerate(prompts)]
     hot = [_completion(f"s{i}", p, seed=100 + i, temperature=1.0, max_tokens=6) for i, p in enumerate(prompts)]
@@ -457,15 +462,16 @@ def test_a_seed_or_stop_per_request_shares_one_engine_pass_and_a_bad_value_is_on
     tiny = [_completion("tiny", prompts[0], seed=7, stop=["0"], temperature=1e-300, max_tokens=6)]
     bad = [_completion("top_p", "x", top_p=5), _completion("cold", "x", temperature=-1)]
     passes: list = []
-    answers, errors = _answers(tmp_path, tiny_llama, "all", greedy + hot + tiny + bad, passes)
-    assert sorted(passes) == [3, 4]  # one pass for the greedy rows, one for the sampled: not one per seed
+    answers, errors = _answers(tmp_path, tiny_llama, "all", greedy + hot + tiny + bad, passes, engine)
+    # transformers: one pass for the greedy rows, one for the sampled, not one per seed; openvino: one pass
+    assert sorted(passes) == parts
     assert sorted(answers) == ["g0", "g1", "g2", "s0", "s1", "s2", "tiny"]
     assert answers["tiny"]["response"]["body"]["choices"] == answers["g0"]["response"]["body"]["choices"]
     assert [(e["custom_id"], e["error"]["code"], e["error"]["message"]) for e in errors] == [
         ("top_p", "bad_request", "body.top_p: must be a number above 0 and at most 1 (got 5)"),
         ("cold", "bad_request", "body.temperature: must be a number from 0 to 2 (got -1)"),
     ]
-    alone, _ = _answers(tmp_path, tiny_llama, "alone", [hot[1], greedy[2]])
+    alone, _ = _answers(tmp_path, tiny_llama, "alone", [hot[1], greedy[2]], engine=engine)
     for key in ("s1", "g2"):  # a request's own seed: the same completion beside others as alone
         assert alone[key]["response"]["body"]["choices"] == answers[key]["response"]["body"]["choices"], key
 

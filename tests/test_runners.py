@@ -58,3 +58,27 @@ def test_every_runner_implements_the_runner_protocol():
             own = list(inspect.signature(getattr(cls, name)).parameters)
             assert own == list(inspect.signature(fn).parameters), f"{cls.__name__}.{name}{own}"
         assert hasattr(cls, "score_labels"), cls.__name__
+
+
+def test_the_engine_protocols_declare_everything_their_callers_use():
+    """The generate runner and serve reach an engine only through what Engine and Serving declare (so any engine
+    that implements them runs and serves; test_house checks each engine implements them)."""
+    import re
+    from pathlib import Path
+
+    from batchinfer.runners.engine import Engine, Serving
+
+    def declared(protocol) -> set[str]:
+        return set(protocol.__annotations__) | {n for n in vars(protocol) if not n.startswith("_")}
+
+    package = Path(__file__).resolve().parent.parent / "batchinfer"
+    runner = (package / "runners" / "generate.py").read_text()
+    serve = (package / "serve" / "services.py").read_text()
+    used = {
+        Engine: set(re.findall(r"self\.engine\.(\w+)", runner)) | set(re.findall(r"runner\.engine\.(\w+)", serve)),
+        Serving: set(re.findall(r"(?<!runner)\.engine\.(\w+)", serve.replace("self.runner.engine", ""))),
+    }
+    assert used[Engine] >= {"run", "serve", "shared_page", "described", "name", "pads"}
+    assert used[Serving] >= {"listen", "add", "cancel", "forget", "problem", "stop", "constrained"}
+    for protocol, names in used.items():
+        assert names <= declared(protocol), f"{protocol.__name__} does not declare {names - declared(protocol)}"

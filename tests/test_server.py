@@ -406,7 +406,7 @@ def test_a_stopped_generation_engine_answers_503_and_health_says_so(tiny_llama):
         app = create_app(job, resolve_model_path(job.model.path))
         async with _client(job, app) as client:
             ok = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2})
-            app.state.service.manager.stop(block=True)
+            app.state.service.engine.stop()
             down = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2})
             streamed = await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2, "stream": True})
             health = await client.get("/health")

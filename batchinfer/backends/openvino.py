@@ -48,7 +48,10 @@ MANIFEST = "batchinfer.json"
 RATES = "backends.json"  # each backend's measured tokens/s for this conversion, per CPU
 BLOBS = "compiled"  # OpenVINO's model cache (CACHE_DIR): each precision compiled for this CPU, read back warm
 TOKENIZER = "tokenizer.json"  # the tokenizer transformers built for the model (folder.tokenizer_record), for warm runs
-ENTRY_FILES = ("model.xml", "model.bin", MANIFEST, RATES, BLOBS, TOKENIZER)
+# A causal LM for OpenVINO GenAI (openvino_causal.py): the stateful model, the tokenizer pair, its configs.
+GENAI_FILES = tuple(f"openvino_{n}.{x}" for n in ("model", "tokenizer", "detokenizer") for x in ("xml", "bin"))
+GENAI_FILES += ("config.json", "generation_config.json")
+ENTRY_FILES = ("model.xml", "model.bin", *GENAI_FILES, MANIFEST, RATES, BLOBS, TOKENIZER)
 STAGING = re.compile(r"\.tmp-([0-9a-f]{24})-[0-9a-f]{8}")  # a conversion being saved: .tmp-<key>-<random>
 # One backend measured this many times the other's speed on this CPU before: auto loads the faster alone. The
 # probe's own margin (batching.probe.NOISE): closer rates are measured again.
@@ -163,20 +166,10 @@ def load(config, of: dict, precisions: list[str], torch_model, head=None) -> Ope
     output `of["output"]` (which then names it)."""
     import openvino as ov
 
-    seconds = {}
     names, output = tuple(of["inputs"]), of["output"].split(":")[0]
-    entry = entry_of(of)
-    t0 = time.perf_counter()
-    with _entry_lock(entry) as writable:
-        if not _valid(entry):
-            if not writable:
-                raise _cache_error(entry.parent, "cannot be written, and holds no whole conversion of this model")
-            _clear_staging(entry)
-            _discard(entry)
-            _convert(torch_model(), of, entry, head)
-            seconds["convert"] = round(time.perf_counter() - t0, 3)
+    entry, seconds = cached(of, lambda staging: _convert(torch_model(), of, staging, head))
     core = ov.Core()
-    if writable:  # a warm compile reads the blob an earlier one left: half the time (MiniLM, 2 cores)
+    if os.access(entry, os.W_OK):  # a warm compile reads the blob an earlier one left: half the time (MiniLM, 2 cores)
         core.set_property({"CACHE_DIR": str(entry / BLOBS)})
     compiled = {}
     t2 = time.perf_counter()
@@ -196,6 +189,23 @@ def load(config, of: dict, precisions: list[str], torch_model, head=None) -> Ope
     model = OpenVINOModel(config, compiled, output, names, seconds, entry)
     model.check = (_kept(entry, MANIFEST) or {}).get("check")
     return model
+
+
+def cached(of: dict, write) -> tuple[Path, dict]:
+    """The cache entry holding the conversion `of`, made now by write(folder) on a miss (which writes the
+    conversion's files into the fresh folder it is given), and the seconds that took ({"convert": s}, or {})."""
+    seconds = {}
+    entry = entry_of(of)
+    t0 = time.perf_counter()
+    with _entry_lock(entry) as writable:
+        if not _valid(entry):
+            if not writable:
+                raise _cache_error(entry.parent, "cannot be written, and holds no whole conversion of this model")
+            _clear_staging(entry)
+            _discard(entry)
+            _store(entry, of, write)
+            seconds["convert"] = round(time.perf_counter() - t0, 3)
+    return entry, seconds
 
 
 def entry_of(of: dict) -> Path:
@@ -278,8 +288,9 @@ def known_faster(of: dict) -> tuple[str, float] | None:
     return None
 
 
-def _convert(model, of: dict, entry: Path, head=None) -> None:
-    """Convert and save into a fresh folder beside the entry, then move it into place whole."""
+def _convert(model, of: dict, folder: Path, head=None) -> dict:
+    """Convert the encoder, check it against torch (_check) and save it in `folder` as model.xml and model.bin;
+    the check's figures, for the manifest."""
     import openvino as ov
     import torch
 
@@ -316,13 +327,19 @@ def _convert(model, of: dict, entry: Path, head=None) -> None:
                 "set model.backend: torch",
             ) from exc
     check = _check(OneOutput(), converted, names)
+    ov.save_model(converted, folder / "model.xml", compress_to_fp16=False)
+    return {"check": check}
+
+
+def _store(entry: Path, of: dict, write) -> None:
+    """write(folder) into a fresh folder beside the entry, a manifest of every file it wrote (sizes and digests)
+    and of what write returned (a conversion's check) added last, then the folder moved into place whole."""
     staging = entry.parent / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
     try:
         staging.mkdir(parents=True)
-        ov.save_model(converted, staging / "model.xml", compress_to_fp16=False)
-        manifest = {name: file_digest(staging / name) for name in ENTRY_FILES[:2]}
-        kept = {"key": entry.name, **of, "files": manifest, "check": check}
-        (staging / MANIFEST).write_text(json.dumps(kept, indent=1))
+        kept = write(staging) or {}
+        manifest = {p.name: file_digest(p) for p in sorted(staging.iterdir())}
+        (staging / MANIFEST).write_text(json.dumps({"key": entry.name, **of, "files": manifest, **kept}, indent=1))
         os.replace(staging, entry)
     except (OSError, RuntimeError) as exc:  # RuntimeError: OpenVINO's own writes (a full disk: iostream error)
         raise _cache_error(entry.parent, f"could not take the conversion ({_said(exc)})") from exc
@@ -385,8 +402,11 @@ def _valid(entry: Path) -> bool:
     """The entry's files are whole and the ones its manifest names (a cut or foreign copy is not)."""
     try:
         manifest = json.loads((entry / MANIFEST).read_text())
-        return manifest.get("key") == entry.name and all(
-            file_digest(entry / name) == manifest["files"][name] for name in ENTRY_FILES[:2]
+        files = manifest["files"]
+        return (
+            manifest.get("key") == entry.name
+            and bool(files)
+            and all(file_digest(entry / name) == digest for name, digest in files.items())
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False

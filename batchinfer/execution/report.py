@@ -65,10 +65,7 @@ def build_report(
     if reuses_prefix(job) or any(r.prefix for r in records):
         report["prefix"] = prefix_saved([r.prefix for r in records if r.prefix])
     if job.model.task == "generate":
-        first = sorted(r.first_token_seconds for r in records if r.first_token_seconds is not None)
-        report["generated_tokens"] = sum(r.generated_tokens or 0 for r in records)
-        report["run"]["generated_tokens_per_s"] = _rate(run.get("generated", 0), loop)
-        report["run"]["time_to_first_token_s"] = first[len(first) // 2] if first else None
+        _generation(report, records, _rate(run.get("generated", 0), loop))
     return report
 
 
@@ -81,6 +78,24 @@ def whole_job(records: list[ChunkRecord]) -> dict:
         last[record.run_started] = max(last.get(record.run_started, 0.0), record.finished)
     rows, seconds = sum(r.rows for r in timed), sum(end - start for start, end in last.items())
     return {"runs": len(last), "rows": rows, "seconds": round(seconds, 3), "rows_per_s": _rate(rows, seconds)}
+
+
+def _generation(report: dict, records: list[ChunkRecord], generated_per_s: float) -> None:
+    """A generate job's figures: generated tokens, their rate, the median time to the first token, the engine."""
+    first = sorted(r.first_token_seconds for r in records if r.first_token_seconds is not None)
+    report["generated_tokens"] = sum(r.generated_tokens or 0 for r in records)
+    report["run"]["generated_tokens_per_s"] = generated_per_s
+    report["run"]["time_to_first_token_s"] = first[len(first) // 2] if first else None
+    if engines := engines_used(records):
+        report["engine"] = engines
+
+
+def engines_used(records: list[ChunkRecord]) -> dict | list[dict] | None:
+    """The generation engine that ran the chunks (its name, precision, notes and checks); a list of each where
+    runs of a resumed job differed; None where no record says."""
+    engines = [r.engine for r in records if r.engine]
+    distinct = [e for i, e in enumerate(engines) if e not in engines[:i]]
+    return (distinct[0] if len(distinct) == 1 else distinct) or None
 
 
 def reuses_prefix(job: JobConfig) -> bool:

@@ -298,10 +298,16 @@ GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature is decoded gr
 
 
 class GenerationConfig(Section):
-    engine: Literal["transformers", "static", "vllm"] = Field(
-        default="transformers",
-        description="transformers: continuous batching with a paged KV cache (CPU and GPU). vllm: vllm.LLM on a "
-        "GPU (pip install batchinfer[vllm]). static: padded model.generate batches in input order, a baseline.",
+    engine: Literal["auto", "transformers", "openvino", "static", "vllm"] = Field(
+        default="auto",
+        description="auto: openvino on a CPU where openvino-genai is installed and the model converts, else "
+        "transformers (the report's engine entry says which, and why). openvino: OpenVINO GenAI's continuous "
+        "batching on the CPU (paged attention, prefix caching), the model converted once per model identity "
+        "and cached under $BATCHINFER_CACHE; f32, or bf16 with a u8 KV cache where the CPU runs bf16 and "
+        "model.dtype is auto, after it agreed with f32 on the job's first rows (model.dtype: float32 keeps "
+        "f32); constrained rows run on transformers' engine. transformers: continuous batching with a paged KV "
+        "cache (CPU and GPU). vllm: vllm.LLM on a GPU (pip install batchinfer[vllm]). static: padded "
+        "model.generate batches in input order, a baseline.",
     )
     max_new_tokens: int = Field(default=256, ge=1, description="Most tokens generated per row.")
     max_new_tokens_column: str | None = Field(
@@ -373,15 +379,18 @@ class GenerationConfig(Section):
     )
     max_memory: Union[Literal["auto"], ByteSize] = Field(
         default="auto",
-        description="engine transformers: the most memory the KV cache may take, in bytes or as 512MB, 4GB, 2GiB. "
-        "The cache is sized for the job (batching.max_rows prompts in flight, each prompt plus max_new_tokens), "
-        "up to this. auto: a quarter of the free memory on CPU, half the free GPU memory on a GPU.",
+        description="engines transformers and openvino: the most memory the KV cache may take, in bytes or as "
+        "512MB, 4GB, 2GiB. The cache is sized for the job (batching.max_rows prompts in flight, each prompt plus "
+        "max_new_tokens), up to this. auto: a quarter of the free memory on CPU, half the free GPU memory on a GPU "
+        "(engine openvino: its cache grows as the rows in flight need).",
     )
     engine_options: dict[str, Any] = Field(
         default_factory=dict,
         description="Passed to the engine: for transformers, ContinuousBatchingConfig fields such as num_blocks, "
         "page_size (32 here: rows' shared prefix is reused in whole pages), allow_block_sharing (false: no prefix "
-        "reuse), max_batch_tokens, max_requests_per_batch; for vllm, vllm.LLM arguments (enable_prefix_caching is on).",
+        "reuse), max_batch_tokens, max_requests_per_batch; for openvino, openvino_genai.SchedulerConfig fields "
+        "(max_num_batched_tokens, max_num_seqs, cache_size in GB, enable_prefix_caching) and OpenVINO properties "
+        "in upper case (KV_CACHE_PRECISION); for vllm, vllm.LLM arguments (enable_prefix_caching is on).",
     )
 
     @property

@@ -22,6 +22,7 @@ _OMITTED_WHEN_EMPTY = (
     "finished",
     "run_started",
     "prefix",
+    "engine",
 )
 
 
@@ -59,6 +60,8 @@ class ChunkRecord:
     # when the run that committed it started (time.time()): a job's seconds are its runs', each from its start
     # to its last commit, whatever stopped it
     run_started: Seconds | None = None
+    # generate: the engine that ran it {name, precision, notes, precision_check} (runners/engine.py: described)
+    engine: dict | None = None
 
     @property
     def base(self) -> str:

@@ -5,6 +5,7 @@ running and adds each request to it."""
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -12,6 +13,7 @@ from typing import Callable
 import torch
 
 from ..constrained.sampling import SeededSampling
+from ..constrained.spec import Constraint
 from ..errors import ModelError
 from ..job.config import GenerationConfig
 from .engine import PassOutput, PassRows, generation_config
@@ -32,9 +34,13 @@ class Session:
 
 
 class ContinuousEngine:
+    name = "transformers"
+    pads = False
+
     def __init__(self, model, device: torch.device, options: dict, pad_id: int, grammars: Callable):
         self.model, self.device, self.options, self.pad_id = model, device, options, pad_id
         self.grammars = grammars  # () -> grammar.Grammars, built on first use
+        self.described: dict = {"name": self.name}
         self.shared_page = options.get("page_size", SHARED_PAGE) if options.get("allow_block_sharing", True) else None
 
     def config(self, gen: GenerationConfig, lengths: list[int], concurrency: int, constrained: bool, seeded: bool):
@@ -111,6 +117,51 @@ class ContinuousEngine:
             if result.timestamps:
                 first.append(result.timestamps[0] - started)
         return PassOutput(raw, first, [hits.get(f"row-{i}", 0) for i in range(len(prompts))])
+
+    def note(self, note: str) -> None:
+        """Say in the report why this engine runs the job (engine auto's fallback)."""
+        self.described.setdefault("notes", []).append(note)
+
+    def serve(self, gen: GenerationConfig, max_rows: int, max_length: int) -> ContinuousServing:
+        """One manager running for the server's life; grammar masks installed when xgrammar is there, so any
+        request may bring a response_format."""
+        constrained = importlib.util.find_spec("xgrammar") is not None
+        session = self.session(gen, [max_length] * max_rows, max_rows, gen.max_new_tokens, constrained)
+        session.manager.start()
+        return ContinuousServing(session)
+
+
+class ContinuousServing:
+    """transformers' manager running for serve: requests join its batch at the next step."""
+
+    def __init__(self, session: Session):
+        self.manager, self.masks = session.manager, session.masks
+        self.constrained = self.masks is not None
+
+    def listen(self, request_id: str, constraint: Constraint | None, deliver: Callable) -> None:
+        self.manager.register_result_handler(request_id, deliver)  # called on this event loop
+        if constraint is not None:
+            self.masks.add(request_id, constraint)
+
+    def add(self, request_id: str, ids: list[int], max_new: int) -> bool:
+        added = self.manager.add_request(ids, request_id=request_id, max_new_tokens=max_new, streaming=True)
+        return added is not None
+
+    def cancel(self, request_id: str) -> None:
+        self.manager.cancel_request(request_id)
+
+    def forget(self, request_id: str) -> None:
+        if self.masks is not None:
+            self.masks.drop(request_id)
+
+    def problem(self) -> str | None:
+        if self.manager.is_running():
+            return None
+        fatal = self.manager.background_thread_status.fatal_error
+        return f"the generation engine has stopped ({fatal})" if fatal else "the generation engine has stopped"
+
+    def stop(self) -> None:
+        self.manager.stop(block=True, timeout=60)  # flush: what is running finishes
 
 
 class _Rows:

@@ -1,8 +1,10 @@
-"""The generation engines' one protocol: a pass of token prompts in, each row's generated tokens out.
+"""The generation engines' one protocol: a pass of token prompts in, each row's generated tokens out; and for
+serve, requests added one by one to a running batch (Serving).
 
-Three engines implement it: continuous batching (continuous.py, transformers' paged KV cache), static
-`model.generate` batches (static.py, the baseline) and vLLM (vllm_engine.py). The generate runner cuts rows,
-text and finish reasons around them; serve drives the continuous engine's running batch itself."""
+Four engines implement it: continuous batching (continuous.py, transformers' paged KV cache), OpenVINO GenAI's
+continuous batching on a CPU (openvino_engine.py), static `model.generate` batches (static.py, the baseline) and
+vLLM (vllm_engine.py). The generate runner cuts rows, text and finish reasons around them; serve reaches
+generation only through `Engine.serve`."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from ..constrained.spec import Constraint
+from ..errors import ConfigError
 from ..job.config import GenerationConfig
 
 
@@ -33,14 +36,69 @@ class PassOutput:
     prefix_hits: list[int] | None = None  # prompt tokens read from the engine's cache; None: it shares none
 
 
+@dataclass
+class Streamed:
+    """What a served request has generated so far (the shape of transformers' GenerationOutput that serve reads)."""
+
+    generated_tokens: list[int]
+    finished: bool = False
+    error: str | None = None
+
+    def is_finished(self) -> bool:
+        return self.finished
+
+
+class Serving(Protocol):
+    """An engine's running batch, taking requests as they come (serve). Request ids are the caller's."""
+
+    constrained: bool  # takes a constraint per request (listen's); False: a constrained request is refused
+
+    def listen(self, request_id: str, constraint: Constraint | None, deliver: Callable) -> None:
+        """Before add: deliver(output) gets the request's outputs (Streamed's shape, each holding every token so
+        far) on the calling event loop, the last one finished; `constraint` holds its output to a grammar."""
+
+    def add(self, request_id: str, ids: list[int], max_new: int) -> bool:
+        """Admit a listened-for request (blocks while the engine's input queue is full; raises queue.Full when it
+        stays full). False: the engine takes no new requests."""
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request (its client left); what it holds is freed."""
+
+    def forget(self, request_id: str) -> None:
+        """Drop what listen kept for a request that has ended."""
+
+    def problem(self) -> str | None:
+        """Why the engine serves no more (it stopped), or None."""
+
+    def stop(self) -> None:
+        """Finish what is running, then stop."""
+
+
 class Engine(Protocol):
+    name: str  # the generation.engine it is: transformers, openvino, static, vllm
     shared_page: int | None  # the cache page (tokens) in which rows' common prefixes are shared; None: none
+    pads: bool  # computes padding (static batches pad to their longest prompt); False: every token is a row's
+    # the report's entry for it: {"name", "precision", "notes", "precision_check"}, each where it applies
+    described: dict
 
     def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
         """One pass over rows whose settings the engine can take together (engine_passes), at most max_rows
         at once where the engine does not schedule them itself; `check` is called while waiting and may
         raise to stop (Ctrl-C)."""
         ...
+
+    def serve(self, gen: GenerationConfig, max_rows: int, max_length: int) -> Serving:
+        """A running batch for serve: `gen`'s decoding for every request, max_rows in flight, each up to
+        max_length tokens (prompt and completion); raises BadInput-like errors where the engine cannot serve."""
+        ...
+
+
+def cannot_serve(engine: str) -> ConfigError:
+    """The error for an engine that runs whole passes only."""
+    return ConfigError(
+        f"serve runs a batch that requests join as they come; generation.engine {engine} runs whole passes only",
+        "set generation.engine: auto (openvino on a CPU, else transformers), openvino or transformers",
+    )
 
 
 def generation_config(model, gen: GenerationConfig, max_new_tokens: int, pad_id: int):
@@ -58,15 +116,16 @@ def generation_config(model, gen: GenerationConfig, max_new_tokens: int, pad_id:
 
 def engine_passes(settings: list[GenerationConfig], engine: str, skip=()) -> list[list[int]]:
     """Row positions (but those in `skip`) grouped into the engine passes their settings need. vllm: one
-    pass, every row with its own settings. transformers: one per (temperature, top_p), a row's seed being
-    its own inside the pass (constrained/sampling.py). static, the baseline: seeds one generator per batch, so sampled
-    rows also part by seed. Greedy rows share one pass whatever their seed or top_p (neither changes a
-    greedy completion), and stop strings never part rows: each row's are cut from its own text."""
+    pass, every row with its own settings; openvino too (a GenerationConfig per request). transformers: one per
+    (temperature, top_p), a row's seed being its own inside the pass (constrained/sampling.py). static, the
+    baseline: seeds one generator per batch, so sampled rows also part by seed. Greedy rows share one pass
+    whatever their seed or top_p (neither changes a greedy completion), and stop strings never part rows:
+    each row's are cut from its own text."""
     passes: dict[tuple, list[int]] = {}
     for position, gen in enumerate(settings):
         if position in skip:
             continue
-        if engine == "vllm":
+        if engine in ("vllm", "openvino"):
             key: tuple = ()
         elif gen.temperature == 0:
             key = ("greedy",)

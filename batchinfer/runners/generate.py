@@ -50,7 +50,8 @@ class GenerateRunner:
 
     @classmethod
     def load(cls, job, model_path, budget=None):
-        """The runner for `job`: transformers' model, or vllm.LLM for generation.engine: vllm."""
+        """The runner for `job`: transformers' model (and its OpenVINO GenAI conversion for engine openvino, and
+        auto where it runs), or vllm.LLM for generation.engine: vllm."""
         if job.generation.engine == "vllm":
             llm = load_vllm(model_path, job.generation.engine_options)
             tokenizer, model, device = llm.get_tokenizer(), llm, torch.device("cuda")
@@ -64,7 +65,10 @@ class GenerateRunner:
 
                 candidates(job.model, "cpu")  # says why not
             tokenizer, model, device = load_model(job.model, model_path)
-        return cls(tokenizer, model, device, job.model.max_length, job.generation)
+        runner = cls(tokenizer, model, device, job.model.max_length, job.generation)
+        if job.generation.engine in ("auto", "openvino"):
+            runner.use_openvino(job, model_path)
+        return runner
 
     def __init__(self, tokenizer, model, device: torch.device, max_length: int, gen: GenerationConfig):
         self.tokenizer = tokenizer
@@ -106,6 +110,31 @@ class GenerateRunner:
     def shared_page(self) -> int | None:
         """The cache page (tokens) in which the engine shares rows' common prefixes; None when it shares none."""
         return self.engine.shared_page
+
+    def use_openvino(self, job, model_path) -> None:
+        """generation.engine openvino, or auto on a CPU: the OpenVINO GenAI engine over the model converted once
+        and cached; for auto, where it cannot run this job, the transformers engine with a note saying why (for
+        engine: openvino, a ConfigError saying why)."""
+        from ..backends import openvino_causal
+        from ..backends.models import model_identity
+        from . import openvino_engine
+
+        transformers = self.engine
+        problem = openvino_problem(job, self)
+        if problem is None:
+            identity = model_identity(model_path)
+            try:
+                folder = openvino_causal.converted(identity, model_path, self.model, self.tokenizer)[0]
+            except (ModelError, RuntimeError, ValueError, TypeError) as exc:  # the cache's, the tracer's, OpenVINO's
+                problem = f"the model did not convert for OpenVINO GenAI ({type(exc).__name__}: {exc})"
+            else:
+                precisions = openvino_engine.precision_candidates(job.model.dtype)
+                fallback = lambda: transformers  # noqa: E731  (constrained rows)
+                self.engine = openvino_engine.OpenVINOEngine(folder, self.gen, precisions, self.eos, fallback)
+                return
+        if job.generation.engine == "openvino":
+            raise ConfigError(f"generation.engine openvino: {problem}", "set generation.engine: auto (or transformers)")
+        transformers.note(f"engine auto: transformers, not openvino: {problem}")
 
     # --- prompts ---------------------------------------------------------------------------------------------
 
@@ -218,7 +247,7 @@ class GenerateRunner:
         # what the engine's shared pages saved, in the shape label scoring's records have (runners/prefix.py)
         prefix = page_figures(completions.prefix_hits, int(lengths.sum())) if self.shared_page() else None
         # Continuous batching computes no padding; static batches pad to their longest prompt.
-        padded = padding_stats(lengths, loaded.batches)[1] if job.generation.engine == "static" else int(lengths.sum())
+        padded = padding_stats(lengths, loaded.batches)[1] if self.engine.pads else int(lengths.sum())
         rows, columns = self.columns(kept, tokens.lengths[index[ok]], owners[index[ok]], job.input.format == "openai")
         return ChunkOutput(
             columns,
@@ -229,6 +258,7 @@ class GenerateRunner:
                 "generated_tokens": sum(len(i) for i in kept.ids),
                 "first_token_seconds": round(first[len(first) // 2], 4) if first else None,
                 **({"prefix": prefix} if prefix else {}),
+                "engine": self.engine.described,
             },
         )
 
@@ -280,7 +310,7 @@ class GenerateRunner:
             if problem:
                 out.failed[position] = problem
         raw: list = [([], None)] * len(prompts)
-        for positions in engine_passes(settings, self.gen.engine, skip=out.failed):
+        for positions in engine_passes(settings, self.engine.name, skip=out.failed):
             rows = PassRows(*[pick(values, positions) for values in (settings, prompts, max_new, constraints)])
             done = self.engine.run(rows, batch_rows, check)
             out.first_token_seconds += done.first_token_seconds
@@ -400,12 +430,33 @@ def max_new_tokens(job, loaded, context: int | None) -> list[int]:
 
 
 def make_engine(gen: GenerationConfig, model, device: torch.device, pad_id: int, eos: set[int], grammars) -> Engine:
-    """generation.engine's engine over a loaded model (vllm.LLM for vllm); `grammars` builds the compiler."""
+    """generation.engine's engine over a loaded model (vllm.LLM for vllm); `grammars` builds the compiler.
+    auto and openvino start on transformers' (openvino_or_note then puts OpenVINO GenAI's in its place)."""
     if gen.engine == "vllm":
         return VllmEngine(model, gen.engine_options, eos)
     if gen.engine == "static":
         return StaticEngine(model, device, pad_id, grammars)
     return ContinuousEngine(model, device, gen.engine_options, pad_id, grammars)
+
+
+def openvino_problem(job, runner: GenerateRunner) -> str | None:
+    """Why the OpenVINO GenAI engine cannot run this job here, or None."""
+    from ..backends import openvino_causal
+    from . import openvino_engine
+
+    if runner.device.type != "cpu":
+        return f"it runs on the CPU, and the model is on {runner.device.type}"
+    if not openvino_engine.available():
+        return "openvino-genai is not installed (pip install 'batchinfer[cpu]')"
+    if job.model.quantize != "none":
+        return "model.quantize: int8 is a torch path"
+    if job.model.dtype not in ("auto", "float32"):
+        return f"it runs float32 (bf16 where the CPU has it, after a check), not model.dtype {job.model.dtype}"
+    if runner.constraint is not None:
+        return "constrained output (choices, regex, response_format) runs on the transformers engine's grammar masks"
+    return openvino_causal.problem(runner.model.config) or openvino_engine.settings_problem(
+        runner.model.generation_config
+    )
 
 
 def pick(values: list, positions: list[int]) -> list:

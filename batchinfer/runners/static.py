@@ -9,11 +9,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .engine import PassOutput, PassRows, generation_config
+from .engine import PassOutput, PassRows, cannot_serve, generation_config
 
 
 class StaticEngine:
+    name = "static"
+    described = {"name": "static"}
     shared_page = None  # static batches share no cache
+    pads = True
 
     def __init__(self, model, device: torch.device, pad_id: int, grammars: Callable):
         self.model, self.device, self.pad_id = model, device, pad_id
@@ -49,6 +52,9 @@ class StaticEngine:
             for k, i in enumerate(batch.tolist()):
                 raw[i] = (out[k, longest:].tolist(), None)
         return PassOutput(raw, first)
+
+    def serve(self, gen, max_rows: int, max_length: int):
+        raise cannot_serve(self.name)
 
     def processors(self, constraints: list):
         """Grammar masks for a batch's rows, or None when none of them is constrained."""

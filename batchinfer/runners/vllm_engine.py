@@ -10,12 +10,16 @@ import torch
 
 from ..constrained.spec import Constraint
 from ..errors import ModelError
-from .engine import PassOutput, PassRows
+from .engine import PassOutput, PassRows, cannot_serve
 
 VLLM_BLOCK = 16  # vLLM's default cache block (tokens)
 
 
 class VllmEngine:
+    name = "vllm"
+    pads = False
+    described = {"name": "vllm"}
+
     def __init__(self, llm, options: dict, eos: set[int]):
         self.llm, self.eos = llm, eos
         self.shared_page = options.get("block_size", VLLM_BLOCK) if options.get("enable_prefix_caching", True) else None
@@ -41,6 +45,9 @@ class VllmEngine:
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in rows.prompts], params, use_tqdm=False)
         hits = [getattr(o, "num_cached_tokens", None) or 0 for o in outputs]  # prefix caching's, per request
         return PassOutput([(self.tokens(o.outputs[0]), None) for o in outputs], [], hits)
+
+    def serve(self, gen, max_rows: int, max_length: int):
+        raise cannot_serve(self.name)  # vllm.LLM runs whole passes; its own server is `vllm serve`
 
     def tokens(self, output) -> list[int]:
         """A vLLM completion's tokens, ending in an end token when vLLM says it stopped (finish_reason stop),

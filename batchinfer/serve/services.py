@@ -1,10 +1,9 @@
 """The runner-backed services behind serve's routes: encoder rows through the Batcher (embed, classify,
-score), prompts into the continuous-batching engine's running batch (generate)."""
+score), prompts into the generation engine's running batch (generate, through Engine.serve)."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import queue
 import time
 import uuid
@@ -79,19 +78,14 @@ class EncoderService:
 
 
 class GenerateService:
-    """generate: each request joins the continuous-batching engine's running batch at its next step."""
+    """generate: each request joins the engine's running batch at its next step (Engine.serve: any engine that
+    takes requests as they come)."""
 
     def __init__(self, job: JobConfig, model_path, metrics: Metrics):
         self.job, self.metrics = job, metrics
         self.runner = make_runner(job, model_path)
-        gen, runner, rows = job.generation, self.runner, job.batching.max_rows
-        if gen.engine != "transformers":
-            raise BadInput(f"serve runs generation.engine transformers (continuous batching), not {gen.engine}")
-        constrained = importlib.util.find_spec("xgrammar") is not None  # masks take any request's response_format
-        lengths = [job.model.max_length + gen.max_new_tokens] * rows
-        session = runner.engine.session(gen, lengths, rows, gen.max_new_tokens, constrained)
-        self.manager, self.masks = session.manager, session.masks
-        self.manager.start()
+        gen = job.generation
+        self.engine = self.runner.engine.serve(gen, job.batching.max_rows, job.model.max_length + gen.max_new_tokens)
         self.queue = TokenQueue(job.serve.max_queue_tokens)
 
     def admit(self, texts: list, max_tokens: int | None) -> Ticket:
@@ -130,7 +124,7 @@ class GenerateService:
         constraint = constraint or self.runner.constraint
         if constraint is None:
             return None
-        if self.masks is None:
+        if not self.engine.constrained:
             raise BadInput("response_format: constrained output needs xgrammar; pip install 'batchinfer[llm]'")
         if body.stop:
             raise BadInput("stop: a stop string could cut the response_format output; remove stop")
@@ -166,26 +160,20 @@ class GenerateService:
         Its constraint, if any, has its own state in the engine's masks."""
         outputs: asyncio.Queue = asyncio.Queue()
         request_id = f"req-{uuid.uuid4().hex}"
-        self.manager.register_result_handler(request_id, outputs.put_nowait)
-        if asked.constraint is not None:
-            self.masks.add(request_id, asked.constraint)
+        self.engine.listen(request_id, asked.constraint, outputs.put_nowait)
         try:
-            # add_request blocks (up to 10 s) while the engine's input queue is full: off the event loop
-            added = await asyncio.to_thread(
-                self.manager.add_request, asked.ids, request_id=request_id, max_new_tokens=asked.max_new, streaming=True
-            )
-            if added is None:
+            # add blocks (up to 10 s) while the engine's input queue is full: off the event loop
+            if not await asyncio.to_thread(self.engine.add, request_id, asked.ids, asked.max_new):
                 raise EngineDown(self.problem() or "the engine takes no new requests")
             async for output in self._outputs(outputs, request):
                 yield output
         except queue.Full:
             raise Overloaded("the generation engine's request queue is full") from None
         except BaseException:
-            self.manager.cancel_request(request_id)
+            self.engine.cancel(request_id)
             raise
         finally:
-            if self.masks is not None:
-                self.masks.drop(request_id)
+            self.engine.forget(request_id)
 
     async def _outputs(self, outputs: asyncio.Queue, request: Request):
         """A request's outputs from the engine, to its last; raises when the client or the engine goes away."""
@@ -207,13 +195,10 @@ class GenerateService:
         return self.runner.finish(output.generated_tokens, asked.max_new, asked.stops)
 
     def problem(self) -> str | None:
-        if self.manager.is_running():
-            return None
-        fatal = self.manager.background_thread_status.fatal_error
-        return f"the generation engine has stopped ({fatal})" if fatal else "the generation engine has stopped"
+        return self.engine.problem()
 
     def stop(self) -> None:
-        self.manager.stop(block=True, timeout=60)  # flush: what is running finishes
+        self.engine.stop()
 
 
 def most_tokens(texts: list, max_length: int) -> int:

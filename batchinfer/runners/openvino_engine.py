@@ -1,0 +1,355 @@
+"""The OpenVINO GenAI engine: `openvino_genai.ContinuousBatchingPipeline` on a CPU (paged attention, continuous
+batching, prefix caching, a GenerationConfig per request) over the model converted once and cached
+(backends/openvino_causal.py). Token ids in, token ids out: batchinfer tokenizes, decodes and cuts at stop
+strings with transformers' own tokenizer, as for every engine.
+
+Precision as for encoders: f32 (compute and KV cache) gives the transformers engine's greedy text; where the CPU
+runs bf16, bf16 compute with a u8 KV cache runs only after it agreed with f32 on the job's own first rows
+(check_precision), the check going to the report; model.dtype: float32 keeps f32.
+
+Constrained rows (choices, regex, a JSON schema) run on the transformers continuous-batching engine over the same
+model (`fallback`), with a note: their grammar masks are batchinfer's (xgrammar), checked the same way."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ConfigError, ModelError
+from ..job.config import GenerationConfig
+from .engine import PassOutput, PassRows, Streamed, engine_passes
+
+F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+FAST = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8"}  # the CPU's own default where it has bf16
+CHECK_ROWS, CHECK_TOKENS = 16, 8  # the precision check: the job's first rows, their first greedy tokens
+AGREEMENT = 0.9  # of the checked rows whose first tokens match f32's, at least
+# transformers generation settings with no OpenVINO GenAI counterpart mapped here: a model whose
+# generation_config sets one runs on the transformers engine instead (auto), never without it.
+UNMAPPED = (
+    "no_repeat_ngram_size",
+    "bad_words_ids",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "sequence_bias",
+    "typical_p",
+    "epsilon_cutoff",
+    "eta_cutoff",
+    "min_p",
+    "exponential_decay_length_penalty",
+)
+
+
+def available() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("openvino_genai", "openvino_tokenizers"))
+
+
+def settings_problem(generation_config) -> str | None:
+    """Why the model's own generation settings cannot be given to OpenVINO GenAI, or None."""
+    for name in UNMAPPED:
+        if getattr(generation_config, name, None) not in (None, 0, 1.0, [], {}):
+            return f"its generation_config sets {name}, which the OpenVINO engine does not take"
+    return None
+
+
+def precision_candidates(dtype: str) -> list[str]:
+    """The precisions the engine may run, the one to try first first: bf16 (with a u8 KV cache) only where
+    model.dtype is auto and the CPU runs bf16 natively."""
+    from ..backends.openvino import bf16_supported
+
+    if dtype == "float32":
+        return ["f32"]
+    if dtype != "auto":
+        raise ConfigError(
+            f"generation.engine openvino runs float32 (or bf16 where the CPU has it, dtype auto), not {dtype}",
+            "set model.dtype: auto or float32, or generation.engine: transformers",
+        )
+    return ["bf16", "f32"] if bf16_supported() else ["f32"]
+
+
+class OpenVINOEngine:
+    name = "openvino"
+    pads = False
+    shared_page = None  # its prefix cache is its own: the rows' shared pages are not counted here
+
+    def __init__(self, folder: Path, gen: GenerationConfig, precisions: list[str], eos: set[int], fallback):
+        self.folder, self.gen, self.eos = folder, gen, eos
+        self.fallback = fallback  # the transformers engine, for constrained rows
+        self.notes: list[str] = []
+        self.check: dict | None = None
+        self.pipelines: dict[str, object] = {p: self.pipeline(p, gen.max_memory) for p in precisions}
+        self.precision = precisions[0] if len(precisions) == 1 else None  # None: settled on the first rows
+
+    @property
+    def described(self) -> dict:
+        return {
+            "name": self.name,
+            "precision": self.precision,
+            **({"notes": self.notes} if self.notes else {}),
+            **({"precision_check": self.check} if self.check else {}),
+        }
+
+    def pipeline(self, precision: str, max_memory):
+        """A ContinuousBatchingPipeline compiled in `precision`; engine_options: SchedulerConfig fields, and
+        OpenVINO properties (upper-case keys, e.g. KV_CACHE_PRECISION)."""
+        import openvino_genai
+
+        options = self.gen.engine_options
+        scheduler = openvino_genai.SchedulerConfig()
+        scheduler.enable_prefix_caching = True
+        if max_memory != "auto":  # the KV cache's GB; auto: the pipeline grows it as the rows in flight need
+            scheduler.cache_size = max(1, int(max_memory) >> 30)
+        properties = dict(F32 if precision == "f32" else FAST)
+        for key, value in options.items():
+            if key.isupper():
+                properties[key] = value
+            elif hasattr(scheduler, key):
+                setattr(scheduler, key, value)
+            else:
+                raise ConfigError(
+                    f"generation.engine_options: {key} is no field of openvino_genai.SchedulerConfig",
+                    "use SchedulerConfig fields (cache_size, max_num_batched_tokens, max_num_seqs, "
+                    "enable_prefix_caching) or OpenVINO properties in upper case",
+                )
+        try:
+            return openvino_genai.ContinuousBatchingPipeline(str(self.folder), scheduler, "CPU", properties)
+        except RuntimeError as exc:
+            raise ModelError(f"OpenVINO GenAI cannot load the converted model {self.folder}: {exc}") from exc
+
+    # --- a pass ----------------------------------------------------------------------------------------------
+
+    def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
+        """One pass, every row with its own settings; constrained rows on the fallback engine."""
+        free = [i for i, c in enumerate(rows.constraints) if c is None]
+        bound = [i for i, c in enumerate(rows.constraints) if c is not None]
+        raw: list = [None] * len(rows.prompts)
+        if self.precision is None:
+            self.settle(rows, check)
+        configs = [self.config(rows, i) for i in free]
+        done, first = self.generate(self.precision, [rows.prompts[i] for i in free], configs, check)
+        for i, result in zip(free, done):
+            raw[i] = result
+        if bound:
+            note = "constrained rows run on the transformers engine (grammar masks)"
+            if note not in self.notes:
+                self.notes.append(note)
+            for group in engine_passes([rows.settings[i] for i in bound], "transformers"):
+                positions = [bound[g] for g in group]
+                sub = PassRows(*[[values[p] for p in positions] for values in vars(rows).values()])
+                out = self.fallback().run(sub, max_rows, check)
+                for p, result in zip(positions, out.raw):
+                    raw[p] = result
+                first += out.first_token_seconds
+        return PassOutput(raw, first)
+
+    def config(self, rows: PassRows, i: int, max_new: int | None = None):
+        """openvino_genai.GenerationConfig for row i: its own decoding settings, the model's eos tokens."""
+        import openvino_genai
+
+        gen, config = rows.settings[i], openvino_genai.GenerationConfig()
+        config.max_new_tokens = max_new or rows.max_new[i]
+        config.stop_token_ids = set(self.eos)
+        if self.eos:
+            config.eos_token_id = min(self.eos)
+        if gen.temperature > 0:
+            config.do_sample = True
+            config.temperature, config.top_p = gen.temperature, gen.top_p
+            config.top_k = gen.top_k or 0
+            config.rng_seed = gen.seed
+        else:
+            config.do_sample = False
+        return config
+
+    def generate(
+        self, precision: str, prompts: list[list[int]], configs: list, check: Callable[[], None]
+    ) -> tuple[list[tuple[list[int], str | None]], list[float]]:
+        """(tokens, None) per prompt, ending in an end token where the pipeline says it stopped at one; and each
+        row's seconds to its first token. Stepped here, so that `check` (Ctrl-C) is asked between steps."""
+        import openvino as ov
+        import openvino_genai
+
+        pipeline, started = self.pipelines[precision], time.perf_counter()
+        try:
+            handles = [
+                pipeline.add_request(i, ov.Tensor(np.asarray([p], dtype=np.int64)), c)
+                for i, (p, c) in enumerate(zip(prompts, configs))
+            ]
+            first: dict[int, float] = {}
+            while pipeline.has_non_finished_requests():
+                check()
+                pipeline.step()
+                for i, handle in enumerate(handles):
+                    if i not in first and handle.can_read():
+                        first[i] = time.perf_counter() - started
+            outputs = [handle.read_all()[0] for handle in handles]
+        except RuntimeError as exc:
+            return [([], f"OpenVINO GenAI: {exc}")] * len(prompts), []
+        stop = openvino_genai.GenerationFinishReason.STOP
+        return [(self.ended(list(o.generated_ids), o.finish_reason == stop), None) for o in outputs], list(
+            first.values()
+        )
+
+    def ended(self, tokens: list[int], stopped: bool) -> list[int]:
+        """The completion ending in an end token when the engine stopped at one, whether or not it kept it."""
+        if stopped and self.eos and not (tokens and tokens[-1] in self.eos):
+            tokens.append(min(self.eos))
+        return tokens
+
+    def settle(self, rows: PassRows, check: Callable[[], None]) -> None:
+        """bf16 or f32, on the pass's first rows (check_precision); the loser is freed."""
+        check()
+        picks = list(range(min(CHECK_ROWS, len(rows.prompts))))
+        prompts = [rows.prompts[i] for i in picks]
+        configs = [self.config(rows, i, CHECK_TOKENS) for i in picks]
+        for config in configs:
+            config.do_sample = False
+        self.precision, self.check = check_precision(
+            lambda precision: [tokens for tokens, _ in self.generate(precision, prompts, configs, check)[0]]
+        )
+        self.pipelines = {self.precision: self.pipelines[self.precision]}
+
+    # --- serve -----------------------------------------------------------------------------------------------
+
+    def serve(self, gen: GenerationConfig, max_rows: int, max_length: int) -> OpenVINOServing:
+        if self.precision is None:  # no rows to check bf16 on: f32, which needs no check
+            self.precision = "f32"
+            self.notes.append("serve: f32 (bf16 runs only after a check on a job's own rows)")
+            self.pipelines = {"f32": self.pipelines["f32"]}
+        return OpenVINOServing(self, gen, lambda: self.fallback().serve(gen, max_rows, max_length))
+
+
+def check_precision(outputs: Callable[[str], list[list[int]]]) -> tuple[str, dict]:
+    """bf16 (with a u8 KV cache) if its greedy first tokens equal f32's on at least AGREEMENT of the rows, else
+    f32; and the check's figures. outputs(precision): each checked row's first tokens in that precision."""
+    reference, fast = outputs("f32"), outputs("bf16")
+    same = sum(a[:CHECK_TOKENS] == b[:CHECK_TOKENS] for a, b in zip(reference, fast))
+    agreement = same / len(reference) if reference else 0.0
+    kept = "bf16" if reference and agreement >= AGREEMENT else "f32"
+    return kept, {
+        "candidate": "bf16 compute, u8 KV cache",
+        "rows": len(reference),
+        "tokens": CHECK_TOKENS,
+        "agreement": round(agreement, 4),
+        "needed": AGREEMENT,
+        "kept": kept,
+    }
+
+
+class OpenVINOServing:
+    """The pipeline stepped by a thread of its own: requests added as they come, each one's new tokens handed to
+    its listener on the event loop after every step. A constrained request goes to the transformers engine's
+    running batch (grammar masks), started at the first one."""
+
+    def __init__(self, engine: OpenVINOEngine, gen: GenerationConfig, fallback: Callable):
+        self.engine, self.gen = engine, gen
+        self.start_fallback = fallback
+        self.fallback = None  # the transformers engine's Serving, once a constrained request came
+        self.routed: set[str] = set()  # request ids on the fallback
+        self.constrained = importlib.util.find_spec("xgrammar") is not None
+        self.pipeline = engine.pipelines[engine.precision]
+        self.ids = itertools.count()
+        self.lock = threading.Lock()  # add_request from the server's threads, step from this one
+        self.listeners: dict[str, tuple[Callable, asyncio.AbstractEventLoop]] = {}
+        self.handles: dict[str, tuple[object, list[int]]] = {}  # request id -> (its handle, its tokens so far)
+        self.failed: str | None = None
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.loop, name="openvino-genai", daemon=True)
+        self.thread.start()
+
+    def listen(self, request_id: str, constraint, deliver: Callable) -> None:
+        if constraint is None:
+            self.listeners[request_id] = (deliver, asyncio.get_running_loop())
+            return
+        with self.lock:
+            self.fallback = self.fallback or self.start_fallback()
+        self.routed.add(request_id)
+        self.fallback.listen(request_id, constraint, deliver)
+
+    def add(self, request_id: str, ids: list[int], max_new: int) -> bool:
+        import openvino as ov
+
+        if request_id in self.routed:
+            return self.fallback.add(request_id, ids, max_new)
+        if self.problem() or self.stopping.is_set():
+            return False
+        rows = PassRows([self.gen], [ids], [max_new], [None])
+        with self.lock:
+            handle = self.pipeline.add_request(
+                next(self.ids), ov.Tensor(np.asarray([ids], dtype=np.int64)), self.engine.config(rows, 0)
+            )
+            self.handles[request_id] = (handle, [])
+        return True
+
+    def cancel(self, request_id: str) -> None:
+        if request_id in self.routed:
+            return self.fallback.cancel(request_id)
+        with self.lock:
+            handle = self.handles.pop(request_id, (None,))[0]
+            if handle is not None:
+                handle.cancel()
+        self.listeners.pop(request_id, None)
+
+    def forget(self, request_id: str) -> None:
+        if request_id in self.routed:
+            self.routed.discard(request_id)
+            self.fallback.forget(request_id)
+        self.listeners.pop(request_id, None)
+
+    def loop(self) -> None:
+        import openvino_genai
+
+        running = openvino_genai.GenerationStatus.RUNNING
+        stop = openvino_genai.GenerationFinishReason.STOP
+        try:
+            while not (self.stopping.is_set() and not self.handles):
+                with self.lock:
+                    busy = self.pipeline.has_non_finished_requests()
+                    if busy:
+                        self.pipeline.step()
+                    handles = list(self.handles.items())
+                if not busy:
+                    time.sleep(0.005)
+                for request_id, (handle, tokens) in handles:
+                    stopped, before = False, len(tokens)
+                    while handle.can_read():
+                        for output in handle.read().values():
+                            tokens += list(output.generated_ids)
+                            stopped = stopped or output.finish_reason == stop
+                    finished = handle.get_status() != running
+                    if finished:
+                        self.engine.ended(tokens, stopped)
+                        with self.lock:
+                            self.handles.pop(request_id, None)
+                    if finished or len(tokens) > before:
+                        self.deliver(request_id, Streamed(list(tokens), finished))
+        except RuntimeError as exc:
+            self.failed = str(exc)
+
+    def deliver(self, request_id: str, output: Streamed) -> None:
+        listener = self.listeners.get(request_id)
+        if listener is not None:
+            deliver, loop = listener
+            loop.call_soon_threadsafe(deliver, output)
+
+    def problem(self) -> str | None:
+        if self.failed:
+            return f"the generation engine has stopped ({self.failed})"
+        if not self.thread.is_alive():
+            return "the generation engine has stopped"
+        return self.fallback.problem() if self.fallback is not None else None
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.fallback is not None:
+            self.fallback.stop()
+        self.thread.join(timeout=60)
