@@ -522,9 +522,12 @@ class ServeConfig(Section):
     max_queue_tokens: int = Field(
         default=262144,
         ge=1,
-        description="batchinfer serve: tokens that may wait in the queue; a request that would pass it is answered "
-        "429 with Retry-After, never queued without bound, and a request larger than it 413 (split it). Until a "
-        "request is tokenized, each of its texts counts as its characters (at most model.max_length tokens).",
+        description="batchinfer serve: tokens that may be queued or running, for every task. An encoder request "
+        "holds its texts' tokens until they are answered; a generation request holds its prompt tokens plus the most "
+        "it may generate (max_tokens, else generation.max_new_tokens) until its last answer is out. A request that "
+        "can never fit is answered 413 (split it); one that does not fit beside what is held now, 429 with "
+        "Retry-After, never queued without bound. Until a request is tokenized, each of its texts counts as its "
+        "characters (at most model.max_length tokens).",
     )
     max_body_bytes: int = Field(
         default=4 << 20,
