@@ -295,12 +295,12 @@ def test_a_body_past_max_body_bytes_is_413_before_it_is_read_or_parsed(tiny_embe
 
 def test_a_full_queue_refuses_before_tokenizing_and_a_burst_leaves_memory_where_it_was(tiny_embed, monkeypatch):
     from batchinfer.heap import rss
-    from batchinfer.runners.base import EncoderRunner
+    from batchinfer.runners.embed import EmbedRunner
 
     tokenized = []
-    tokenize = EncoderRunner.tokenize
+    tokenize = EmbedRunner.tokenize
     monkeypatch.setattr(
-        EncoderRunner, "tokenize", lambda self, texts: tokenized.append(len(texts)) or tokenize(self, texts)
+        EmbedRunner, "tokenize", lambda self, texts: tokenized.append(len(texts)) or tokenize(self, texts)
     )
     words = "the quick brown fox jumps over the lazy dog near the river bank "
     body = json.dumps({"input": [(words * 130)[:8000]] * 200}).encode()  # texts as long as the tokenizer reads

@@ -107,25 +107,7 @@ def find(
     its first wildcard) that holds one of `markers`. Returns (the path: resolved on a local disk, a URL on
     a store; whether it is a file). Raises FileNotFoundError when the bucket does not exist."""
     fs, inner = input_filesystem(path, options)
-    base = glob_base(path)
-    if base != path:  # a glob: list below the folder before its first wildcard, as deep as the pattern goes
-        _, root = input_filesystem(base or ".", options)
-        rest = path[len(base) :]
-        regex = glob_regex(join(root, rest))
-        recursive = "/" in rest or "**" in rest
-        found = sorted(
-            (i for i in _listing(fs, root, recursive) if regex.fullmatch(i.path)), key=lambda info: info.path
-        )
-    else:
-        root = inner
-        info = fs.get_file_info(inner)
-        if info.type != pafs.FileType.Directory:
-            found = [info] if info.type == pafs.FileType.File else []
-        else:
-            found = sorted(
-                (i for i in _listing(fs, root, True) if not _hidden(i.path, root, hidden)),
-                key=lambda info: info.path.split("/"),
-            )
+    root, found = _listed(fs, path, inner, options, hidden)
     remote = is_uri(path)
     if not found and remote and fs.get_file_info(root.split("/", 1)[0]).type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"the bucket {root.split('/', 1)[0]} does not exist")
@@ -151,6 +133,22 @@ def find(
         for i in found
         if (i.type == pafs.FileType.File or not remote) and not left_out(i.path)
     ]
+
+
+def _listed(fs, path: str, inner: str, options: dict | None, hidden: tuple[str, ...]) -> tuple[str, list]:
+    """find's listing: the root it starts from, and what lies there in find's order (before what it leaves out)."""
+    base = glob_base(path)
+    if base != path:  # a glob: list below the folder before its first wildcard, as deep as the pattern goes
+        _, root = input_filesystem(base or ".", options)
+        rest = path[len(base) :]
+        regex = glob_regex(join(root, rest))
+        recursive = "/" in rest or "**" in rest
+        return root, sorted((i for i in _listing(fs, root, recursive) if regex.fullmatch(i.path)), key=lambda i: i.path)
+    info = fs.get_file_info(inner)
+    if info.type != pafs.FileType.Directory:
+        return inner, [info] if info.type == pafs.FileType.File else []
+    listed = (i for i in _listing(fs, inner, True) if not _hidden(i.path, inner, hidden))
+    return inner, sorted(listed, key=lambda info: info.path.split("/"))
 
 
 def _listing(fs: pafs.FileSystem, root: str, recursive: bool) -> list[pafs.FileInfo]:
