@@ -310,6 +310,17 @@ def test_labels_that_are_no_tokens_or_past_the_models_context_are_refused_with_a
     assert "raise model.max_length above" in refused.value.hint and "this model reads up to 2048" in refused.value.hint
 
 
+# A label-scoring job as the shipped one is, its batching left to the probe.
+_instructed = partial(
+    _job,
+    task="classify",
+    input__text=INSTRUCTION,
+    model__labels=LABELS,
+    model__max_length=512,
+    batching__max_tokens="auto",
+)
+
+
 def test_a_300_row_trial_is_not_spent_probing_budgets_that_would_cut_it_alike(sms_parquet, tiny_llama, tmp_path):
     """The shipped job's first chunk is a whole --limit trial: its probe may run at most PROBE_SHARE of the chunk in
     its slices, and slices that small fit one batch of every candidate budget, which would cut them alike. With
@@ -317,16 +328,7 @@ def test_a_300_row_trial_is_not_spent_probing_budgets_that_would_cut_it_alike(sm
     default is kept, and the record says why."""
     from batchinfer.batching.probe import DEFAULT_BUDGET, PROBE_SHARE
 
-    job = _job(
-        sms_parquet,
-        tiny_llama,
-        tmp_path / "out",
-        task="classify",
-        input__text=INSTRUCTION,
-        model__labels=LABELS,
-        model__max_length=512,
-        batching={"chunk_rows": "auto", "max_tokens": "auto", "strategy": "auto"},
-    )
+    job = _instructed(sms_parquet, tiny_llama, tmp_path / "out", batching__chunk_rows="auto", batching__strategy="auto")
     report = run_job(job, limit=300)
     probe = report["batching"]["probe"]
     assert report["run"]["rows"] == 300
@@ -345,16 +347,7 @@ def test_plan_times_no_more_of_the_sample_than_the_model_runs_in_timed_seconds(
 
     monkeypatch.setattr(sample_timing, "TIMED_SECONDS", 0.001)
     pq.write_table(sms_table.slice(0, 200), tmp_path / "sms.parquet")
-    job = _job(
-        tmp_path / "sms.parquet",
-        tiny_llama,
-        tmp_path / "out",
-        task="classify",
-        input__text=INSTRUCTION,
-        model__labels=LABELS,
-        model__max_length=512,
-        batching={"max_tokens": "auto"},
-    )
+    job = _instructed(tmp_path / "sms.parquet", tiny_llama, tmp_path / "out")
     estimate = estimate_job(job, sample=200)["estimate"]
     assert 0 < estimate["timed_tokens"] < sample_timing.TIMED_TOKENS // 4
     assert estimate["tokens_per_s"] > 0 and estimate["seconds"] > estimate["startup_s"]
