@@ -93,10 +93,10 @@ def probe(
     equal work. In turn: the backend (each at the default budget, padded), the budget on
     that backend, then padded against packed (torch only). A candidate replaces the default only when it is
     faster by more than NOISE; the two leaders are measured again when they are that close. `share`: the most
-    of the chunk's tokens the slices may hold (None: up to SAMPLE_TOKENS a candidate). A budget search whose slices
-    would fit one batch of every candidate budget, so that they all cut alike, is not run: the default stays,
-    with a note; and with nothing else to compare the probe runs no row. Returns the choice and the positions not
-    yet run."""
+    of the chunk's tokens the slices may hold (None: up to SAMPLE_TOKENS a candidate); such a bounded probe does not
+    run a budget search whose slices would fit one batch of every candidate budget, so that they all cut alike: the
+    default stays, with a note; and with nothing else to compare it runs no row. Returns the choice and the
+    positions not yet run."""
     strategies = (
         ["padded", "packed"] if strategy == "auto" and packable else [strategy if strategy != "auto" else "padded"]
     )
@@ -107,7 +107,9 @@ def probe(
     if share is not None:
         slice_tokens = min(slice_tokens, int(share * lengths.sum()) // count)
     started = time.perf_counter()
-    tuning, rest = Probe(lengths, run, max_tokens, max_rows, device, backends, strategies, slice_tokens).settle()
+    tuning, rest = Probe(
+        lengths, run, max_tokens, max_rows, device, backends, strategies, slice_tokens, share is not None
+    ).settle()
     tuning.seconds, tuning.rows = round(time.perf_counter() - started, 3), len(lengths) - len(rest)
     return tuning, rest
 
@@ -116,10 +118,13 @@ class Probe:
     """One probe over a chunk's rows. It owns what its measurements share: the rows not yet taken (`left`),
     the rates measured so far (`samples`: key -> tokens/s per slice) and what it notes for the user."""
 
-    def __init__(self, lengths, run: RunBatches, max_tokens, max_rows, device, backends, strategies, slice_tokens):
+    def __init__(
+        self, lengths, run: RunBatches, max_tokens, max_rows, device, backends, strategies, slice_tokens, bounded
+    ):
         self.lengths, self.run, self.max_tokens, self.max_rows = lengths, run, max_tokens, max_rows
         self.device, self.backends, self.strategies = device, backends, strategies
         self.slice_tokens = slice_tokens  # tokens per candidate's slice
+        self.bounded = bounded  # slices held to a share of the chunk: a budget search they cannot tell is skipped
         self.left = Slices(lengths)
         self.samples: dict[str, list[float]] = {}
         self.notes: list[str] = []
@@ -127,7 +132,9 @@ class Probe:
     def settle(self) -> tuple[Tuning, np.ndarray]:
         """The backend, then the budget on it, then the strategy; and the positions not yet run. With nothing to
         compare (one backend, one strategy, the budget pinned or its candidates alike) nothing runs."""
-        budgets = self.max_tokens == "auto" and (self.device.type == "cuda" or not self.alike(min(CPU_BUDGETS)))
+        budgets = self.max_tokens == "auto" and (
+            self.device.type == "cuda" or not (self.bounded and self.alike(min(CPU_BUDGETS)))
+        )
         if self.max_tokens == "auto" and not budgets:
             self.notes.append(
                 f"max_tokens: the probe's slices ({self.slice_tokens} tokens) would fit one batch of every "
