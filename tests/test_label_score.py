@@ -308,3 +308,46 @@ def test_labels_that_are_no_tokens_or_past_the_models_context_are_refused_with_a
     with pytest.raises(ModelError, match="leaves no room") as refused:
         run_job(job(tmp_path / "c", model__labels=["ham", "a label of many words, more tokens"], model__max_length=8))
     assert "raise model.max_length above" in refused.value.hint and "this model reads up to 2048" in refused.value.hint
+
+
+# A label-scoring job as the shipped one is, its batching left to the probe.
+_instructed = partial(
+    _job,
+    task="classify",
+    input__text=INSTRUCTION,
+    model__labels=LABELS,
+    model__max_length=512,
+    batching__max_tokens="auto",
+)
+
+
+def test_a_300_row_trial_is_not_spent_probing_budgets_that_would_cut_it_alike(sms_parquet, tiny_llama, tmp_path):
+    """The shipped job's first chunk is a whole --limit trial: its probe may run at most PROBE_SHARE of the chunk in
+    its slices, and slices that small fit one batch of every candidate budget, which would cut them alike. With
+    one backend and one strategy (label scoring pads every batch) nothing is left to compare: no row is probed, the
+    default is kept, and the record says why."""
+    from batchinfer.batching.probe import DEFAULT_BUDGET, PROBE_SHARE
+
+    job = _instructed(sms_parquet, tiny_llama, tmp_path / "out", batching__chunk_rows="auto", batching__strategy="auto")
+    report = run_job(job, limit=300)
+    probe = report["batching"]["probe"]
+    assert report["run"]["rows"] == 300
+    assert probe["rows"] == 0 and probe["seconds"] < PROBE_SHARE * report["run"]["seconds"]
+    assert probe["max_tokens"] == DEFAULT_BUDGET and probe["strategy"] == "padded" and not probe["tokens_per_s"]
+    assert any(f"would fit one batch of every candidate, {DEFAULT_BUDGET} kept" in n for n in probe["notes"])
+
+
+def test_plan_times_no_more_of_the_sample_than_the_model_runs_in_timed_seconds(
+    sms_table, tiny_llama, tmp_path, monkeypatch
+):
+    """plan times a causal LM's label scoring for TIMED_SECONDS at its warm-up's rate, not TIMED_TOKENS: on a CPU
+    that runs it at a few hundred tokens a second 8,192 tokens took minutes. A stand-in budget of a millisecond
+    leaves a few tokens, and the estimate still comes from them."""
+    from batchinfer.commands import sample_timing
+
+    monkeypatch.setattr(sample_timing, "TIMED_SECONDS", 0.001)
+    pq.write_table(sms_table.slice(0, 200), tmp_path / "sms.parquet")
+    job = _instructed(tmp_path / "sms.parquet", tiny_llama, tmp_path / "out")
+    estimate = estimate_job(job, sample=200)["estimate"]
+    assert 0 < estimate["timed_tokens"] < sample_timing.TIMED_TOKENS // 4
+    assert estimate["tokens_per_s"] > 0 and estimate["seconds"] > estimate["startup_s"]

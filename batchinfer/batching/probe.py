@@ -12,6 +12,7 @@ whose activations fit in half the free memory, measured on one slice and scaled.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -31,6 +32,9 @@ DEFAULT_BUDGET = 16384  # when the probe cannot measure (too few rows), and the 
 # OpenVINO's CPU kernels run small batches as fast as large ones (MiniLM, bf16, 2 cores: 4,096 tokens 15%
 # faster than 16,384), and a small budget keeps each batch's activations in cache.
 BACKEND_BUDGETS = {"openvino": 4096}
+# The most of a chunk's tokens a bounded probe (share=) runs in its slices: a causal LM scoring labels on a CPU
+# computes a few hundred tokens a second, and its first chunk is often a whole --limit trial.
+PROBE_SHARE = 0.10
 
 
 @dataclass
@@ -43,6 +47,8 @@ class Tuning:
     tokens_per_s: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     backends: dict[str, float] = field(default_factory=dict)  # each backend's tokens/s, where both were timed
+    seconds: float = 0.0  # the probe's wall time: its warm-up and timed slices (whose results are kept)
+    rows: int = 0  # the chunk's items the probe ran
 
     def describe(self) -> str:
         rates = ", ".join(f"{k} {v:,.0f}" for k, v in self.tokens_per_s.items())
@@ -77,6 +83,7 @@ def probe(
     device: torch.device,
     packable: bool,
     backends: tuple[str, ...] = ("torch",),
+    share: float | None = None,
 ) -> tuple[Tuning, np.ndarray]:
     """Settle `auto` in the backend, max_tokens and strategy on the first chunk's rows (their token `lengths`),
     among `backends` (the default first).
@@ -85,8 +92,11 @@ def probe(
     still runs exactly once; every slice holds the chunk's mix of lengths (Slices), so candidates compare
     equal work. In turn: the backend (each at the default budget, padded), the budget on
     that backend, then padded against packed (torch only). A candidate replaces the default only when it is
-    faster by more than NOISE; the two leaders are measured again when they are that close. Returns the
-    choice and the positions not yet run."""
+    faster by more than NOISE; the two leaders are measured again when they are that close. `share`: the most
+    of the chunk's tokens the slices may hold (None: up to SAMPLE_TOKENS a candidate); such a bounded probe does not
+    run a budget search whose slices would fit one batch of every candidate budget, so that they all cut alike: the
+    default stays, with a note; and with nothing else to compare it runs no row. Returns the choice and the
+    positions not yet run."""
     strategies = (
         ["padded", "packed"] if strategy == "auto" and packable else [strategy if strategy != "auto" else "padded"]
     )
@@ -94,23 +104,45 @@ def probe(
     budgets = 0 if max_tokens != "auto" else (1 if device.type == "cuda" else len(CPU_BUDGETS))
     count = budgets + len(strategies) + (len(backends) if len(backends) > 1 else 0) + 2
     slice_tokens = min(SAMPLE_TOKENS, int(lengths.sum()) // (count + 1))
-    return Probe(lengths, run, max_tokens, max_rows, device, backends, strategies, slice_tokens).settle()
+    if share is not None:
+        slice_tokens = min(slice_tokens, int(share * lengths.sum()) // count)
+    started = time.perf_counter()
+    tuning, rest = Probe(
+        lengths, run, max_tokens, max_rows, device, backends, strategies, slice_tokens, share is not None
+    ).settle()
+    tuning.seconds, tuning.rows = round(time.perf_counter() - started, 3), len(lengths) - len(rest)
+    return tuning, rest
 
 
 class Probe:
     """One probe over a chunk's rows. It owns what its measurements share: the rows not yet taken (`left`),
     the rates measured so far (`samples`: key -> tokens/s per slice) and what it notes for the user."""
 
-    def __init__(self, lengths, run: RunBatches, max_tokens, max_rows, device, backends, strategies, slice_tokens):
+    def __init__(
+        self, lengths, run: RunBatches, max_tokens, max_rows, device, backends, strategies, slice_tokens, bounded
+    ):
         self.lengths, self.run, self.max_tokens, self.max_rows = lengths, run, max_tokens, max_rows
         self.device, self.backends, self.strategies = device, backends, strategies
         self.slice_tokens = slice_tokens  # tokens per candidate's slice
+        self.bounded = bounded  # slices held to a share of the chunk: a budget search they cannot tell is skipped
         self.left = Slices(lengths)
         self.samples: dict[str, list[float]] = {}
         self.notes: list[str] = []
 
     def settle(self) -> tuple[Tuning, np.ndarray]:
-        """The backend, then the budget on it, then the strategy; and the positions not yet run."""
+        """The backend, then the budget on it, then the strategy; and the positions not yet run. With nothing to
+        compare (one backend, one strategy, the budget pinned or its candidates alike) nothing runs."""
+        budgets = self.max_tokens == "auto" and (
+            self.device.type == "cuda" or not (self.bounded and self.alike(min(CPU_BUDGETS)))
+        )
+        if self.max_tokens == "auto" and not budgets:
+            self.notes.append(
+                f"max_tokens: the probe's slices ({self.slice_tokens} tokens) would fit one batch of every "
+                f"candidate, {self.default(self.backends[0])} kept"
+            )
+        if len(self.backends) == 1 and len(self.strategies) == 1 and not budgets:
+            backend = self.backends[0]
+            return Tuning(self.default(backend), self.strategies[0], backend, notes=self.notes), self.left.unused
         for backend in self.backends:  # warm-up (first-call allocations, kernel choice), kept like the rest
             self.run([self.left.take_rows(8)], self.strategies[0] if backend == "torch" else "padded", backend)
         backend, compared = self.backends[0], {}
@@ -122,12 +154,12 @@ class Probe:
             compared = self.rates(options)
         budget = self.default(backend)
         first = self.strategies[0] if backend == "torch" else "padded"
-        if self.max_tokens == "auto" and self.device.type == "cuda":
+        if budgets and self.device.type == "cuda":
             import torch
 
             per_token = _bytes_per_token(lambda b, how: self.measure(backend, how, b))
             budget = gpu_budget(per_token, torch.cuda.mem_get_info(self.device)[0])
-        elif self.max_tokens == "auto":
+        elif budgets:
             budget = int(self.pick({str(b): (backend, first, b) for b in CPU_BUDGETS}, str(budget), "max_tokens"))
         best = first
         if backend == "torch" and len(self.strategies) > 1:
@@ -135,6 +167,12 @@ class Probe:
         measured = {k: round(float(np.mean(v))) for k, v in self.samples.items()}
         backends = {b: round(r) for b, r in compared.items()}
         return Tuning(budget, best, backend, measured, self.notes, backends), self.left.unused
+
+    def alike(self, smallest: int) -> bool:
+        """Whether a slice of the rows left, padded to the chunk's longest row, fits one batch of `smallest`:
+        every candidate budget would cut it alike, and timing them would measure noise."""
+        rows = max(1, round(self.slice_tokens / max(float(self.lengths.mean()), 1.0)))
+        return rows * int(self.lengths.max()) <= smallest and rows <= self.max_rows
 
     @staticmethod
     def key(backend: str, how: str, budget: int, share: int = 1) -> str:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends.packing import supports_packing
 from ..batching.cut import computed_tokens, cut_batches
 from ..batching.probe import CPU_BUDGETS, SAMPLE_TOKENS, Slices, probe
 from ..control import StopFlag
@@ -29,6 +28,10 @@ SAMPLED_CHUNKS = 40  # chunks the sample is read from: spread over the job, each
 # systematic part holding the sample's mix of lengths, so that plan's time does not grow with --sample. Both
 # passes: about 4 s for the shipped one-layer classifier on a 2-core AVX2 EPYC (OpenVINO f32, ~4,000 tokens/s).
 TIMED_TOKENS = 8192
+# ... and no more than the model computes in this many seconds at the rate of its warm-up (a first call's rate,
+# never above the model's): a causal LM scoring labels on a CPU runs a few hundred tokens a second, so 8,192 tokens
+# of it would keep plan busy for minutes.
+TIMED_SECONDS = 8.0
 
 
 def time_on_sample(
@@ -190,7 +193,8 @@ def estimate_time(
     it was timed with."""
     lengths = sampled.lengths
     window = LoadWindow()
-    timed = Slices(lengths).take(TIMED_TOKENS)
+    warm = warm_up(runner, sampled.items, lengths, budget, probing)
+    timed = Slices(lengths).take(min(TIMED_TOKENS, max(warm * TIMED_SECONDS, 1.0)))
     items = [sampled.items[i] for i in timed.tolist()]
     measured = time_sample(runner, items, lengths[timed], budget, job, probing, lengths.mean() * first_chunk_rows)
     load = window.stop()
@@ -222,6 +226,19 @@ def estimate_time(
     return estimate, measured["budget"]
 
 
+def warm_up(runner, ids: list, lengths: np.ndarray, budget, probing: bool) -> float:
+    """Each backend's precision settled as a run settles it, the backend a run would take where no probe chooses,
+    and a first batch of up to 8 of the sample's items run (first-call allocations, kernel choice): its tokens/s."""
+    runner.settle_precisions()  # each backend's precision, checked as a run checks it
+    if not probing:  # the backend a run would take: the recorded one, or the default
+        runner.keep(next(iter(runner.models)), runner.precisions[next(iter(runner.models))][0])
+    first = Slices(lengths).take_rows(8)
+    runner.lay_out(budget.strategy)
+    t0 = time.perf_counter()
+    runner.run([ids[i] for i in first.tolist()])
+    return float(lengths[first].sum() / max(time.perf_counter() - t0, 1e-9))
+
+
 def time_sample(
     runner, ids: list, lengths: np.ndarray, budget, job: JobConfig, probing: bool, first_chunk: float
 ) -> dict:
@@ -229,10 +246,7 @@ def time_sample(
     a run computes it), cut as the run would cut them. probing: first run the run's own probe on the sample, as the
     run does on its first chunk, then time the sample with its choice; probe_s is what the probe adds to the
     work it does (the settings that lose, the warm-up), scaled to the probe of a first chunk of `first_chunk`
-    tokens."""
-    runner.settle_precisions()  # each backend's precision, checked as a run checks it
-    if not probing:  # the backend a run would take: the recorded one, or the default
-        runner.keep(next(iter(runner.models)), runner.precisions[next(iter(runner.models))][0])
+    tokens (of which a bounded probe, the runner's probe_share, runs that share). warm_up has run."""
     rows = job.batching.max_rows
 
     def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
@@ -245,7 +259,6 @@ def time_sample(
                 runner.run([ids[i] for i in batch.tolist()])
         return time.perf_counter() - t0
 
-    run([np.arange(min(8, len(ids)))], budget.strategy)  # warm-up
     rest, probe_wall, key = np.arange(len(lengths)), 0.0, budget.key
     if probing:
         t0 = time.perf_counter()
@@ -256,8 +269,9 @@ def time_sample(
             job.batching.strategy,
             rows,
             runner.device,
-            "torch" in runner.models and supports_packing(runner.models["torch"]) is None,
+            "torch" in runner.models and runner.packable(runner.models["torch"]),
             tuple(runner.models),
+            runner.probe_share,
         )
         runner.keep(tuning.backend, runner.precisions[tuning.backend][0])
         probe_wall, key = time.perf_counter() - t0, (tuning.max_tokens, tuning.strategy)
@@ -268,5 +282,6 @@ def time_sample(
     probe_tokens = int(lengths.sum()) - int(lengths[rest].sum()) if probing else 0
     extra = max(probe_wall - probe_tokens / rate, 0.0)
     # The sample's probe cut smaller slices than a run's first chunk gives it; its extra cost grows with them.
-    scale = max(1.0, min(PROBE_TOKENS, first_chunk) / probe_tokens) if probe_tokens else 1.0
+    first_probe = min(PROBE_TOKENS, first_chunk * (runner.probe_share or 1.0))
+    scale = max(1.0, first_probe / probe_tokens) if probe_tokens else 1.0
     return {"tokens_per_s": rate, "probe_s": extra * scale, "budget": key}

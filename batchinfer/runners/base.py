@@ -51,6 +51,7 @@ class EncoderRunner:
     # head() takes numpy inputs and mask and reads the converted model's numpy output, so a run on OpenVINO
     # alone never imports torch (embed: pooled inside the graph); the others' heads compute in torch.
     numpy_head = False
+    probe_share: float | None = None  # the most of a first chunk's tokens its probe runs (batching/probe.py)
 
     @classmethod
     def load(cls, job, model_path, budget=None):
@@ -301,6 +302,7 @@ class EncoderRunner:
             self.device,
             packable,
             tuple(self.models),
+            self.probe_share,
         )
         if len(tuning.backends) > 1 and "openvino" in self.models:
             from ..backends.openvino import remember
@@ -321,6 +323,8 @@ class EncoderRunner:
             "backend": tuning.backend,
             "precision": self.precision,
             "tokens_per_s": tuning.tokens_per_s,
+            "seconds": tuning.seconds,
+            "rows": tuning.rows,
             **({"notes": tuning.notes} if tuning.notes else {}),
             **({"precision_check": check} if check else {}),
             **({"conversion_check": conversion} if conversion else {}),

@@ -28,6 +28,7 @@ import pyarrow as pa
 import torch
 
 from ..backends.models import position_limit
+from ..batching.probe import PROBE_SHARE
 from ..errors import ConfigError, ModelError
 from .base import EncoderRunner, encode_capped, fixed_size_list
 from .prefix import PrefixCache, common_prefix, split_prompts
@@ -35,6 +36,10 @@ from .protocol import Prefix, Tokens
 
 
 class LabelScoreRunner(EncoderRunner):
+    # A causal LM's forward on a CPU runs a few hundred tokens a second (SmolLM2-135M), and the shipped job's first
+    # chunk is often a whole --limit trial: its probe is held to a tenth of the chunk.
+    probe_share = PROBE_SHARE
+
     def __init__(self, tokenizer, model, device, job, model_path=None):
         super().__init__(tokenizer, model, device, job)
         self.chat = tokenizer if getattr(tokenizer, "chat_template", None) else None
@@ -55,6 +60,10 @@ class LabelScoreRunner(EncoderRunner):
         self.head_ok = _head_shortcut_agrees(model, device)
         self.body = model.base_model if self.head_ok else model  # what runs a batch's tokens
         self.prefixes = PrefixCache(self.body, device) if PrefixCache.problem(self.body) is None else None
+
+    @staticmethod
+    def packable(model) -> bool:
+        return False  # run() pads every batch under its own attention masks: packed would only cut differently
 
     # --- items ---------------------------------------------------------------------------------------------------
 
