@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -533,9 +534,45 @@ def test_plan_tokenizes_the_sample_alone_and_times_a_bounded_part_of_it(tmp_path
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows, about 15,000 tokens
     result = runner.invoke(app, ["plan", str(job), "--sample", "400"])
     assert result.exit_code == 0, result.output
-    assert "from 396 sampled rows" in result.output and "(the model on 289 tokens of the sample;" in result.output
+    assert "from 396 sampled rows" in result.output
+    timed, warm = re.search(
+        r"the model on ([\d,]+) tokens of the sample after a warm-up batch of ([\d,]+);", result.output
+    ).groups()
+    assert int(timed) + int(warm) == 289  # the timed part, its first batch a warm-up not counted
     assert sum(tokenized) <= 2 * 400  # the sample's rows (by the chunk task, then as one chunk), not the job's
     assert sum(computed) <= 2 * 300 + 2 * 8 * 64  # twice the timed part, and two warm-ups of 8 rows (max_length 64)
+
+
+def test_plan_rates_the_model_after_a_warm_up_batch_and_hides_reading_behind_it(
+    tmp_path, sms_parquet, tiny_embed, monkeypatch
+):
+    """plan's rate leaves out the first batch cut with the chosen setting (a run warms up once, in its first
+    chunk), and both executors read the next chunk while the model runs this one: the work is the slower of the
+    two, plus the first chunk's reading, not their sum."""
+    from batchinfer.commands.dryrun import estimate_job
+    from batchinfer.runners.base import EncoderRunner
+
+    calls = []  # (tokens, seconds) of each batch the model ran: first calls, the warm-up batch, the timed ones
+    run = EncoderRunner.run
+
+    def timed_run(self, ids):
+        t0 = time.perf_counter()
+        if len(calls) == 1:
+            time.sleep(0.5)  # the warm-up batch: slow, as a first batch at a new shape is
+        out = run(self, ids)
+        calls.append((sum(len(row) for row in ids), time.perf_counter() - t0))
+        return out
+
+    monkeypatch.setattr(EncoderRunner, "run", timed_run)
+    job = make_job(sms_parquet, tiny_embed, tmp_path / "out", batching__max_tokens=1024)  # 600 rows, 100 a chunk
+    summary = estimate_job(job, sample=400)
+    e = summary["estimate"]
+    assert e["probe_s"] is None and len(calls) > 3  # batching pinned: no probe, and several timed batches
+    assert e["warmup_tokens"] == calls[1][0] and e["timed_tokens"] == sum(tokens for tokens, _ in calls[2:])
+    assert e["tokens_per_s"] == pytest.approx(e["timed_tokens"] / sum(s for _, s in calls[2:]), rel=0.3)
+    tokens = summary["tokens_per_row"]["mean"] * summary["rows"]
+    model, read = tokens / e["tokens_per_s"], tokens / e["read_tokens_per_s"]
+    assert e["work_s"] == pytest.approx(max(model, read) + read * 100 / 600, rel=1e-3)
 
 
 def test_plan_says_when_the_machine_was_busy_and_counts_the_probe(monkeypatch, tmp_path, sms_parquet, tiny_embed):

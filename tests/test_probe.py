@@ -1,10 +1,11 @@
 """batching: auto — the probe, on a model-free stand-in whose speed we choose."""
 
 import numpy as np
+import pytest
 import torch
 
 from batchinfer.batching import probe as probing
-from batchinfer.batching.probe import CPU_BUDGETS, GPU_PROBE_TOKENS, gpu_budget, probe
+from batchinfer.batching.probe import CPU_BUDGETS, GPU_PROBE_TOKENS, Tuning, gpu_budget, overhead, probe
 
 
 def test_the_probe_keeps_the_fastest_budget_and_runs_every_row_once(monkeypatch):
@@ -126,3 +127,13 @@ def test_every_candidate_runs_the_same_length_mix_so_equal_speeds_measure_equal(
         rates = [tuning.tokens_per_s[f"padded@{b}"] for b in CPU_BUDGETS]
         assert max(rates) <= 1.05 * min(rates), (seed, tuning.tokens_per_s)
         assert tuning.max_tokens == probing.DEFAULT_BUDGET, (seed, tuning.tokens_per_s)
+
+
+def test_the_probes_overhead_is_its_losing_slices_at_their_rates_not_its_whole_time():
+    """A probe's slices are rows its chunk runs anyway: what it adds is each losing slice's time at its rate
+    beyond the winner's, a backend's quarter slice as a quarter; the winner's own slices and faster ones add none."""
+    rates = {"openvino:padded@4096": 2000.0, "padded@4096 (1/4 slice)": 500.0, "openvino:padded@2048": 1000.0}
+    rates |= {"openvino:padded@8192": 2500.0}  # measured faster on its slice, yet not clearly: adds nothing
+    tuning = Tuning(4096, "padded", "openvino", rates)
+    expected = 16384 / 4 * (1 / 500 - 1 / 2000) + 16384 * (1 / 1000 - 1 / 2000)
+    assert overhead(tuning, 2000.0, 16384) == pytest.approx(expected)

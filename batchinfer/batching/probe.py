@@ -97,21 +97,48 @@ def probe(
     run a budget search whose slices would fit one batch of every candidate budget, so that they all cut alike: the
     default stays, with a note; and with nothing else to compare it runs no row. Returns the choice and the
     positions not yet run."""
-    strategies = (
-        ["padded", "packed"] if strategy == "auto" and packable else [strategy if strategy != "auto" else "padded"]
-    )
-    # A small first chunk (a short shard) still gets a slice per candidate (and two repeats), each noisier.
-    budgets = 0 if max_tokens != "auto" else (1 if device.type == "cuda" else len(CPU_BUDGETS))
-    count = budgets + len(strategies) + (len(backends) if len(backends) > 1 else 0) + 2
-    slice_tokens = min(SAMPLE_TOKENS, int(lengths.sum()) // (count + 1))
-    if share is not None:
-        slice_tokens = min(slice_tokens, int(share * lengths.sum()) // count)
+    strategies, slice_tokens = candidates(int(lengths.sum()), max_tokens, strategy, packable, device, backends, share)
     started = time.perf_counter()
     tuning, rest = Probe(
         lengths, run, max_tokens, max_rows, device, backends, strategies, slice_tokens, share is not None
     ).settle()
     tuning.seconds, tuning.rows = round(time.perf_counter() - started, 3), len(lengths) - len(rest)
     return tuning, rest
+
+
+def candidates(
+    chunk_tokens: int,
+    max_tokens: int | str,
+    strategy: str,
+    packable: bool,
+    device: torch.device,
+    backends: tuple,
+    share: float | None = None,
+) -> tuple[list[str], int]:
+    """The strategies the probe of a chunk of `chunk_tokens` tokens compares, and the tokens of each slice (at most
+    `share` of the chunk's tokens in all, where the probe is bounded)."""
+    strategies = (
+        ["padded", "packed"] if strategy == "auto" and packable else [strategy if strategy != "auto" else "padded"]
+    )
+    # A small first chunk (a short shard) still gets a slice per candidate (and two repeats), each noisier.
+    budgets = 0 if max_tokens != "auto" else (1 if device.type == "cuda" else len(CPU_BUDGETS))
+    count = budgets + len(strategies) + (len(backends) if len(backends) > 1 else 0) + 2
+    slice_tokens = min(SAMPLE_TOKENS, chunk_tokens // (count + 1))
+    if share is not None:
+        slice_tokens = min(slice_tokens, int(share * chunk_tokens) // count)
+    return strategies, slice_tokens
+
+
+def overhead(tuning: Tuning, rate: float, slice_tokens: int) -> float:
+    """Seconds a probe adds to its chunk's work, its slices being rows the chunk runs anyway: each losing
+    candidate's slice (of `slice_tokens`, or the share of one its key names) at its measured rate rather than
+    the winner's `rate` (tokens/s). Repeats of close calls cost close to nothing and are not counted."""
+    winner = Probe.key(tuning.backend, tuning.strategy, tuning.max_tokens)
+    return sum(
+        slice_tokens / Probe.share(key) * max(0.0, 1 / measured - 1 / rate)
+        for key, measured in tuning.tokens_per_s.items()
+        if key != winner and measured > 0
+    )
 
 
 class Probe:
@@ -178,6 +205,11 @@ class Probe:
     def key(backend: str, how: str, budget: int, share: int = 1) -> str:
         name = f"{how}@{budget}" if backend == "torch" else f"{backend}:{how}@{budget}"
         return name + (f" (1/{share} slice)" if share > 1 else "")
+
+    @staticmethod
+    def share(key: str) -> int:
+        """The share of a slice a key was measured on: "openvino:padded@4096 (1/4 slice)" -> 4."""
+        return int(key.rsplit("(1/", 1)[1].split()[0]) if key.endswith(" slice)") else 1
 
     def default(self, backend: str) -> int:
         return self.max_tokens if self.max_tokens != "auto" else BACKEND_BUDGETS.get(backend, DEFAULT_BUDGET)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..batching.cut import computed_tokens, cut_batches
-from ..batching.probe import CPU_BUDGETS, SAMPLE_TOKENS, Slices, probe
+from ..batching.probe import Slices, candidates, overhead, probe
 from ..control import StopFlag
 from ..execution.chunk_task import TaskInputs
 from ..execution.driver import settle_budget
@@ -22,14 +22,15 @@ from ..machine import LoadWindow, process_age
 from ..runners.prefix import admission, page_hits
 from ..sources import Inputs, read_spec
 
-PROBE_TOKENS = SAMPLE_TOKENS * (len(CPU_BUDGETS) + 2)  # about what a run's probe times: each budget, then packed
 SAMPLED_CHUNKS = 40  # chunks the sample is read from: spread over the job, each read costs a shard's open and seek
-# Tokens of the sample run on the model (the probe's slices, then the whole of them with its choice): a
-# systematic part holding the sample's mix of lengths, so that plan's time does not grow with --sample. Both
-# passes: about 4 s for the shipped one-layer classifier on a 2-core AVX2 EPYC (OpenVINO f32, ~4,000 tokens/s).
-TIMED_TOKENS = 8192
+# Tokens of the sample run on the model (the probe's slices, then the whole of them with its choice, its first
+# batch a warm-up): a systematic part holding the sample's mix of lengths, so that plan's time does not grow
+# with --sample. 8,192 (two batches of the shipped classifier's 4,096) rated it 1.2x slower than a run's loop;
+# 24,576 gives five timed batches. Both passes: about 25 s for the shipped one-layer classifier on a 2-core
+# AVX2 EPYC under load (OpenVINO f32, ~2,000 tokens/s).
+TIMED_TOKENS = 24576
 # ... and no more than the model computes in this many seconds at the rate of its warm-up (a first call's rate,
-# never above the model's): a causal LM scoring labels on a CPU runs a few hundred tokens a second, so 8,192 tokens
+# never above the model's): a causal LM scoring labels on a CPU runs a few hundred tokens a second, so 24,576 tokens
 # of it would keep plan busy for minutes.
 TIMED_SECONDS = 8.0
 
@@ -201,12 +202,18 @@ def estimate_time(
     tokens_left = lengths.mean() * summary["rows_left"] * len(lengths) / max(sampled.seen, 1)
     model_rate = measured["tokens_per_s"]
     read_rate = float(lengths.sum() / sampled.reading) if sampled.reading else float("inf")
-    # On a CPU reading and tokenizing share the cores with the model; on a GPU they overlap with it.
-    work = tokens_left / model_rate + (tokens_left / read_rate if runner.device.type == "cpu" else 0.0)
+    # Both executors read and tokenize the next chunk while the model runs this one (local: a loading thread;
+    # Ray: a threaded actor with two chunks in flight), so a chunk costs the slower of the two; only the first
+    # chunk's reading has nothing to hide behind. On a CPU the loading thread takes some of the model's cores:
+    # that share is in the run's rate, not in plan's, whose reading (sparse rows, whole row groups decoded to
+    # reach them) costs more per row than a run's.
+    first_read = min(lengths.mean() * first_chunk_rows, tokens_left) / read_rate
+    work = max(tokens_left / model_rate, tokens_left / read_rate) + first_read
     estimate = {
         "device": f"{runner.device} ({runner.backend}{' ' + runner.precision if runner.precision else ''})",
         "tokens_per_s": model_rate,
-        "timed_tokens": int(lengths[timed].sum()),
+        "timed_tokens": measured["timed_tokens"],
+        "warmup_tokens": measured["warmup_tokens"],
         "read_tokens_per_s": read_rate,
         "startup_s": startup,
         "probe_s": measured["probe_s"] if probing and summary["rows_left"] else None,
@@ -244,10 +251,12 @@ def time_sample(
 ) -> dict:
     """The model's rate on the sample's items (`ids`, of `lengths` tokens; a prefix they share computed once, as
     a run computes it), cut as the run would cut them. probing: first run the run's own probe on the sample, as the
-    run does on its first chunk, then time the sample with its choice; probe_s is what the probe adds to the
-    work it does (the settings that lose, the warm-up), scaled to the probe of a first chunk of `first_chunk`
-    tokens (of which a bounded probe, the runner's probe_share, runs that share). warm_up has run."""
-    rows = job.batching.max_rows
+    run does on its first chunk, then time the sample with its choice, its first batch a warm-up not counted;
+    probe_s is what the probe adds to the work it does (the settings that lose), on the slices a first chunk of
+    `first_chunk` tokens gives it (a bounded probe, the runner's probe_share, that share of them). warm_up has run."""
+    rows, models, share = job.batching.max_rows, tuple(runner.models), runner.probe_share
+    packable = "torch" in runner.models and runner.packable(runner.models["torch"])
+    settings = (job.batching.max_tokens, job.batching.strategy)
 
     def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
         if backend is not None:
@@ -259,29 +268,27 @@ def time_sample(
                 runner.run([ids[i] for i in batch.tolist()])
         return time.perf_counter() - t0
 
-    rest, probe_wall, key = np.arange(len(lengths)), 0.0, budget.key
+    key, tuning = budget.key, None
     if probing:
-        t0 = time.perf_counter()
-        tuning, rest = probe(
-            lengths,
-            run,
-            job.batching.max_tokens,
-            job.batching.strategy,
-            rows,
-            runner.device,
-            "torch" in runner.models and runner.packable(runner.models["torch"]),
-            tuple(runner.models),
-            runner.probe_share,
-        )
+        tuning, _ = probe(lengths, run, *settings, rows, runner.device, packable, models, share)
         runner.keep(tuning.backend, runner.precisions[tuning.backend][0])
-        probe_wall, key = time.perf_counter() - t0, (tuning.max_tokens, tuning.strategy)
-    # The whole sample with the choice: the probe's slices are small, and what it left over smaller still.
-    everything = np.arange(len(lengths))
-    seconds = run([everything[b] for b in cut_batches(lengths, *key, rows, runner.device)], key[1])
-    rate = float(lengths.sum() / max(seconds, 1e-9))
-    probe_tokens = int(lengths.sum()) - int(lengths[rest].sum()) if probing else 0
-    extra = max(probe_wall - probe_tokens / rate, 0.0)
-    # The sample's probe cut smaller slices than a run's first chunk gives it; its extra cost grows with them.
-    first_probe = min(PROBE_TOKENS, first_chunk * (runner.probe_share or 1.0))
-    scale = max(1.0, first_probe / probe_tokens) if probe_tokens else 1.0
-    return {"tokens_per_s": rate, "probe_s": extra * scale, "budget": key}
+        key = (tuning.max_tokens, tuning.strategy)
+    # The whole sample with the choice (the probe's slices are small, and what it left over smaller still). Its
+    # first batch warms the chosen setting up and is not counted: a run warms up once, in its first chunk.
+    batches = cut_batches(lengths, *key, rows, runner.device)
+    run(batches[:1], key[1])
+    timed = batches[1:] or batches
+    seconds = run(timed, key[1])
+    counted = int(sum(lengths[b].sum() for b in timed))
+    rate = float(counted / max(seconds, 1e-9))
+    probe_s = 0.0
+    if tuning is not None:  # what the run's probe of its first chunk adds: its losing slices, cut as that chunk's
+        _, slice_tokens = candidates(int(first_chunk), *settings, packable, runner.device, models, share)
+        probe_s = overhead(tuning, rate, slice_tokens)
+    return {
+        "tokens_per_s": rate,
+        "timed_tokens": counted,
+        "warmup_tokens": int(lengths[batches[0]].sum()) if batches else 0,
+        "probe_s": probe_s,
+        "budget": key,
+    }

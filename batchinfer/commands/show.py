@@ -150,7 +150,8 @@ def estimate_lines(summary: dict) -> list[str]:
     else:
         parts.append(
             f"{_duration(e['work_s'])} of work at {e['tokens_per_s']:,.0f} tokens/s on {e['device']} "
-            f"(the model on {e['timed_tokens']:,} tokens of the sample; reading and tokenizing at "
+            f"(the model on {e['timed_tokens']:,} tokens of the sample after a warm-up batch of "
+            f"{e['warmup_tokens']:,}; reading and tokenizing at "
             f"{e['read_tokens_per_s']:,.0f} tokens/s)"
         )
     lines = [f"time     about {_duration(e['seconds'])} for {what}: " + ", ".join(parts)]
