@@ -17,7 +17,7 @@ import pyarrow as pa
 import torch
 from pydantic import ValidationError
 
-from ..batching.cut import padding_stats
+from ..batching.cut import computed_tokens
 from ..constrained.spec import Constraint, job_constraint, response_format
 from ..errors import ConfigError, ModelError
 from ..job.config import GenerationConfig
@@ -247,7 +247,7 @@ class GenerateRunner:
         # what the engine's shared pages saved, in the shape label scoring's records have (runners/prefix.py)
         prefix = page_figures(completions.prefix_hits, int(lengths.sum())) if self.shared_page() else None
         # Continuous batching computes no padding; static batches pad to their longest prompt.
-        padded = padding_stats(lengths, loaded.batches)[1] if self.engine.pads else int(lengths.sum())
+        padded = computed_tokens(lengths, loaded.batches) if self.engine.pads else int(lengths.sum())
         rows, columns = self.columns(kept, tokens.lengths[index[ok]], owners[index[ok]], job.input.format == "openai")
         return ChunkOutput(
             columns,
