@@ -37,6 +37,12 @@ SetOption = typer.Option(
     None, "--set", metavar="KEY=VALUE", help="Override a job key, e.g. --set batching.max_tokens=8192 (repeatable)."
 )
 OutputOption = typer.Option(None, "--output", "-o", help="The output folder, in place of output.path.")
+LimitOption = typer.Option(
+    None,
+    "--limit",
+    min=1,
+    help="Run only the first N rows, to try a job; the same command without --limit (or a larger N) continues it.",
+)
 DebugOption = typer.Option(False, "--debug", help="Show the full traceback of an error.")
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress (--progress none).")
 ProgressOption = typer.Option("auto", "--progress", help="auto (a bar on a terminal, else lines), bar, lines or none.")
@@ -108,12 +114,7 @@ def run(
         "raising model.max_length; only max_length, truncation and dtype may change.",
     ),
     output: Optional[str] = OutputOption,
-    limit: Optional[int] = typer.Option(
-        None,
-        "--limit",
-        min=1,
-        help="Run only the first N rows, to try a job; the same command without --limit (or a larger N) continues it.",
-    ),
+    limit: Optional[int] = LimitOption,
     progress: str = ProgressOption,
     every: float = EveryOption,
     quiet: bool = QuietOption,
@@ -342,6 +343,9 @@ def plan_command(
     set_: Optional[List[str]] = SetOption,
     output: Optional[str] = OutputOption,
     sample: int = typer.Option(2000, "--sample", min=1, help="Rows to tokenize and time."),
+    limit: Optional[int] = typer.Option(
+        None, "--limit", min=1, help="Plan what `run --limit N` would run: the job's first N rows."
+    ),
     debug: bool = DebugOption,
 ):
     """What a job will do, before any output is written: rows, tokens, chunks, padding, a time estimate."""
@@ -351,7 +355,7 @@ def plan_command(
 
     with reported(debug):
         config = load_job(job, with_output(set_, output))
-        summary = estimate_job(config, sample)
+        summary = estimate_job(config, sample, limit=limit)
         say_sample_problems(*summary["sample_check"])
         for line in plan_lines(config, summary):
             out.print(line, highlight=False)

@@ -321,6 +321,22 @@ def test_plan_says_what_a_job_will_do_and_writes_nothing(tmp_path, sms_parquet, 
     assert not (tmp_path / "out").exists()
 
 
+def test_plan_with_limit_plans_the_trial_that_run_with_the_same_limit_runs(tmp_path, sms_parquet, tiny_embed):
+    """`plan --limit N` samples and times the job's first N rows alone, as `run --limit N` runs them, and sees what
+    that trial left in the folder; the same plan without --limit counts the rest (the chunk the limit cut short
+    runs again whole)."""
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows, 100 a chunk
+    result = runner.invoke(app, ["plan", str(job), "--limit", "150", "--sample", "400"])
+    assert result.exit_code == 0, result.output
+    assert "3 shard(s), 150 rows, 2 chunk(s) of 100 rows (--limit 150: the job's first rows)" in result.output
+    assert "from 150 sampled rows" in result.output and "for 150 rows:" in result.output
+    assert runner.invoke(app, ["run", str(job), "-q", "--limit", "150"]).exit_code == 0
+    result = runner.invoke(app, ["plan", str(job), "--limit", "150"])
+    assert result.exit_code == 0 and "nothing left to run" in result.output, result.output
+    result = runner.invoke(app, ["plan", str(job), "--sample", "60"])
+    assert result.exit_code == 0 and "for 500 rows left:" in result.output, result.output
+
+
 def test_validate_reads_the_head_and_the_output_folder_and_a_failed_run_leaves_no_trap(
     tmp_path, sms_parquet, tiny_embed
 ):

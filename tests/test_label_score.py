@@ -348,6 +348,10 @@ def test_plan_times_no_more_of_the_sample_than_the_model_runs_in_timed_seconds(
     monkeypatch.setattr(sample_timing, "TIMED_SECONDS", 0.001)
     pq.write_table(sms_table.slice(0, 200), tmp_path / "sms.parquet")
     job = _instructed(tmp_path / "sms.parquet", tiny_llama, tmp_path / "out")
-    estimate = estimate_job(job, sample=200)["estimate"]
+    summary = estimate_job(job, sample=200)
+    estimate = summary["estimate"]
     assert 0 < estimate["timed_tokens"] < sample_timing.TIMED_TOKENS // 4
+    # ... yet never fewer than MIN_TIMED_ROWS rows: a batch of three ran at a third of a run's rate
+    least = summary["tokens_per_row"]["mean"] * sample_timing.MIN_TIMED_ROWS
+    assert estimate["timed_tokens"] + estimate["warmup_tokens"] >= 0.8 * least
     assert estimate["tokens_per_s"] > 0 and estimate["seconds"] > estimate["startup_s"]

@@ -47,20 +47,23 @@ def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[in
     return seen, reasons, examples
 
 
-def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True) -> dict:
+def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True, limit: int | None = None) -> dict:
     """`batchinfer plan`'s summary of a job: its input and chunks, what the output folder holds, the tokens of a
-    sample of its rows, the batches they cut into and (timed) how long the rows left will take. Writes nothing."""
+    sample of its rows, the batches they cut into and (timed) how long the rows left will take. With `limit`, of
+    what `run --limit` would run: the job's first `limit` rows, sampled from them alone. Writes nothing."""
     plan = JobPlan.open(job)
-    inputs, model_path, chunks, rows = plan.inputs, plan.model_path, plan.chunks(), plan.rows
+    inputs, model_path, chunks = plan.inputs, plan.model_path, plan.chunks(limit)
+    rows = sum(c.rows for c in chunks) if limit is not None else plan.rows
     shards = inputs.shards
-    folder, state = describe_folder(job.output.path, job.output.storage_options, plan.fingerprint(), len(chunks))
+    folder, state = describe_folder(job.output.path, job.output.storage_options, plan.fingerprint(limit), len(chunks))
     aside = time.perf_counter()  # plan's own reading, which a run does not do
     earlier = folder_so_far(state, chunks)
     summary = {
         "shards": len(shards),
         "skipped_shards": len(inputs.bad),
         "rows": rows,
-        "rows_left": rows - earlier.rows,
+        "rows_left": max(rows - earlier.rows, 0),
+        "limit": limit,
         "chunks": len(chunks),
         "output": folder,
         "model_size": model_size(model_path),

@@ -33,6 +33,10 @@ TIMED_TOKENS = 24576
 # never above the model's): a causal LM scoring labels on a CPU runs a few hundred tokens a second, so 24,576 tokens
 # of it would keep plan busy for minutes.
 TIMED_SECONDS = 8.0
+# ... but never fewer rows than this: a batch's fixed cost (a call per layer, and on a busy CPU each call's wait for
+# its threads) is spread over a run's hundreds of rows a batch. A causal LM scoring labels timed on 3 rows ran at a
+# third of its rate on 16 or more (SmolLM2, 2-core AVX2 EPYC under load).
+MIN_TIMED_ROWS = 16
 
 
 def time_on_sample(
@@ -195,7 +199,7 @@ def estimate_time(
     lengths = sampled.lengths
     window = LoadWindow()
     warm = warm_up(runner, sampled.items, lengths, budget, probing)
-    timed = Slices(lengths).take(min(TIMED_TOKENS, max(warm * TIMED_SECONDS, 1.0)))
+    timed = Slices(lengths).take(min(TIMED_TOKENS, max(warm * TIMED_SECONDS, lengths.mean() * MIN_TIMED_ROWS)))
     items = [sampled.items[i] for i in timed.tolist()]
     measured = time_sample(runner, items, lengths[timed], budget, job, probing, lengths.mean() * first_chunk_rows)
     load = window.stop()
@@ -274,10 +278,13 @@ def time_sample(
         runner.keep(tuning.backend, runner.precisions[tuning.backend][0])
         key = (tuning.max_tokens, tuning.strategy)
     # The whole sample with the choice (the probe's slices are small, and what it left over smaller still). Its
-    # first batch warms the chosen setting up and is not counted: a run warms up once, in its first chunk.
+    # first batch warms the chosen setting up and is not counted: a run warms up once, in its first chunk. A
+    # sample of one batch is timed whole: warm_up's batch, and the probe's slices where it probed, warmed it up.
     batches = cut_batches(lengths, *key, rows, runner.device)
-    run(batches[:1], key[1])
-    timed = batches[1:] or batches
+    timed = batches
+    if len(batches) > 1:
+        run(batches[:1], key[1])
+        timed = batches[1:]
     seconds = run(timed, key[1])
     counted = int(sum(lengths[b].sum() for b in timed))
     rate = float(counted / max(seconds, 1e-9))
@@ -288,7 +295,7 @@ def time_sample(
     return {
         "tokens_per_s": rate,
         "timed_tokens": counted,
-        "warmup_tokens": int(lengths[batches[0]].sum()) if batches else 0,
+        "warmup_tokens": int(lengths[batches[0]].sum()) if len(batches) > 1 else 0,
         "probe_s": probe_s,
         "budget": key,
     }

@@ -23,6 +23,7 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
     lines.append(
         f"input    {summary['shards']} shard(s), {summary['rows']:,} rows, {summary['chunks']} chunk(s) "
         f"of {config.chunk_rows:,} rows"
+        + (f" (--limit {summary['limit']:,}: the job's first rows)" if summary.get("limit") else "")
         + (f"; {summary['skipped_shards']} shard(s) skipped" if summary["skipped_shards"] else ""),
     )
     lines.append(f"model    {config.model.path}: {describe_size(summary['model_size'])}")
@@ -150,8 +151,9 @@ def estimate_lines(summary: dict) -> list[str]:
     else:
         parts.append(
             f"{_duration(e['work_s'])} of work at {e['tokens_per_s']:,.0f} tokens/s on {e['device']} "
-            f"(the model on {e['timed_tokens']:,} tokens of the sample after a warm-up batch of "
-            f"{e['warmup_tokens']:,}; reading and tokenizing at "
+            f"(the model on {e['timed_tokens']:,} tokens of the sample after a warm-up batch"
+            + (f" of {e['warmup_tokens']:,}" if e["warmup_tokens"] else "")
+            + "; reading and tokenizing at "
             f"{e['read_tokens_per_s']:,.0f} tokens/s)"
         )
     lines = [f"time     about {_duration(e['seconds'])} for {what}: " + ", ".join(parts)]
