@@ -203,8 +203,12 @@ def _quiet_ray_lines() -> None:
     if library_logs_shown():
         return
     logging.getLogger("ray").setLevel(logging.ERROR)
-    import ray._private.worker as ray_worker  # the switch ray.util.rpdb uses to silence worker lines
-
+    # Ray has no public switch for the raylet's messages: its driver prints them from a thread of its own. This
+    # is the one ray.util.rpdb sets; a Ray that moves it costs the silence only, never the run.
+    try:
+        import ray._private.worker as ray_worker
+    except ImportError:
+        return
     ray_worker._worker_logs_enabled = False
 
 
