@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..backends.model_size import model_size
 from ..execution.job_plan import JobPlan
 from ..job.config import JobConfig
+from ..job.plan import planned_rows, rows_of
 from ..machine import Load
 from ..output.status import FolderStatus, describe_folder
 from ..sources import READ_ERRORS, Inputs, open_reader, read_spec
@@ -53,7 +54,7 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True, limit: 
     what `run --limit` would run: the job's first `limit` rows, sampled from them alone. Writes nothing."""
     plan = JobPlan.open(job)
     inputs, model_path, chunks = plan.inputs, plan.model_path, plan.chunks(limit)
-    rows = sum(c.rows for c in chunks) if limit is not None else plan.rows
+    rows = rows_of(chunks) if limit is not None else plan.rows
     shards = inputs.shards
     folder, state = describe_folder(job.output.path, job.output.storage_options, plan.fingerprint(limit), len(chunks))
     aside = time.perf_counter()  # plan's own reading, which a run does not do
@@ -97,7 +98,7 @@ def folder_so_far(state: FolderStatus | None, chunks: list) -> SoFar:
     if state is None:
         return SoFar()
     done = state.done
-    planned = {c.name: c.rows for c in chunks}
+    planned = planned_rows(chunks)
     rows = sum(r.rows for n, r in done.items() if not r.retry_of and r.rows >= planned.get(n, 1 << 62))
     report = state.report() or {}
     run = report.get("run") if isinstance(report.get("run"), dict) else {}

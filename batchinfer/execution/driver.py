@@ -19,7 +19,7 @@ from ..batching.budget import Batching
 from ..batching.probe import DEFAULT_BUDGET
 from ..control import Progress, Quiet, StopFlag
 from ..job.config import JobConfig
-from ..job.plan import Chunk, Work, retry_name
+from ..job.plan import Chunk, Work, planned_rows, retry_name, rows_of
 from ..machine import Load, LoadWindow, process_age
 from ..output.checkpoint import Checkpoint
 from ..output.formats import output_format
@@ -98,10 +98,10 @@ def _start(out, plan: JobPlan, limit, restart: bool, command: str, files, retry_
         files=files,
         extent={
             "chunks": len(chunks),
-            "rows": sum(c.rows for c in chunks),
-            **({"job_chunks": len(whole), "job_rows": sum(c.rows for c in whole), "limit": limit} if limit else {}),
+            "rows": rows_of(chunks),
+            **({"job_chunks": len(whole), "job_rows": rows_of(whole), "limit": limit} if limit else {}),
         },
-        planned={c.name: c.rows for c in chunks},  # a chunk an earlier --limit cut short runs again in full
+        planned=planned_rows(chunks),
     )
     return chunks
 
@@ -186,13 +186,11 @@ def _run_chunks(
         ran.startup = startup_figures(started, opened, executor.load_seconds)
         if not probe and "note" in ran.startup["load"]:  # a probe's line says it (runners/base.py settle)
             progress.log(ran.startup["load"]["note"])
-        retried = sum(w.rows for w in todo if w.retry_of)
-        if retried == sum(w.rows for w in todo):  # only error rows run again: count those alone
+        retried = rows_of([w for w in todo if w.retry_of])
+        if retried == rows_of(todo):  # only error rows run again: count those alone
             progress.start(retried, 0)
         else:  # finished chunks only: rows an earlier retry pass ran again are inside them already
-            progress.start(
-                sum(c.rows for c in chunks) + retried, sum(r.rows for r in done.values() if r.chunk in planned)
-            )
+            progress.start(rows_of(chunks) + retried, sum(r.rows for r in done.values() if r.chunk in planned))
         loop_started = time.perf_counter()
         # in-process only: Ray's workers are other processes, so their CPU would read as the machine's load
         window = LoadWindow() if inputs.job.runtime.executor == "local" else None

@@ -22,7 +22,7 @@ from pydantic import (
 from ..constrained.spec import GrammarLimits, response_format
 from ..errors import ConfigError, shorten
 from .tasks import TASKS
-from .templates import template_fields
+from .templates import bare_columns, fields_of, template_fields
 
 # Columns every output row gets; user columns (id, keep) must not collide with them.
 KEY_COLUMNS = ("source", "row")
@@ -128,13 +128,13 @@ class InputConfig(Section):
     def text_columns(self) -> list[str]:
         """Columns whose values must be strings."""
         specs = [t for t in (self.text, self.text_pair) if t is not None]
-        return list(dict.fromkeys(c for spec in specs for c in template_fields(spec)))
+        return fields_of(specs)
 
     @property
     def templated_columns(self) -> list[str]:
         """Text columns used only inside templates, where numbers and booleans are written as text."""
         specs = [t for t in (self.text, self.text_pair) if t is not None]
-        bare = {spec for spec in specs if template_fields(spec) == [spec]}
+        bare = bare_columns(specs)
         return [c for c in self.text_columns if c not in bare]
 
     @property

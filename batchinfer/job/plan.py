@@ -45,6 +45,16 @@ class Work:
         return self.chunk.rows if self.offsets is None else len(self.offsets)
 
 
+def rows_of(items: list[Chunk] | list[Work]) -> int:
+    """The rows of chunks, or of pieces of work."""
+    return sum(item.rows for item in items)
+
+
+def planned_rows(chunks: list[Chunk]) -> dict[str, int]:
+    """Each chunk's rows by name: a chunk an earlier --limit cut short runs again in full."""
+    return {c.name: c.rows for c in chunks}
+
+
 def retry_name(chunk: str, generation: int) -> str:
     return f"{chunk}-r{generation}"
 

@@ -32,6 +32,16 @@ def template_fields(text: str) -> list[str]:
     return list(dict.fromkeys(fields))
 
 
+def fields_of(specs: list[str]) -> list[str]:
+    """The columns that text specs read, each once, in order."""
+    return list(dict.fromkeys(c for spec in specs for c in template_fields(spec)))
+
+
+def bare_columns(specs: list[str]) -> set[str]:
+    """The specs that name a column alone, not a template."""
+    return {spec for spec in specs if template_fields(spec) == [spec]}
+
+
 def template_parts(text: str) -> list[tuple[str, str | None]]:
     """A text spec as (literal, field) pairs; a plain column name is [('', name)]."""
     if "{" not in text and "}" not in text:

@@ -106,8 +106,9 @@ def open_reader(shard: Shard, spec: ReadSpec) -> Reader:
     return CheckedReader(shard, spec, FORMATS[shard.format].reader(shard, spec))
 
 
-def shard_format(path: str, declared: str = "auto") -> str | None:
-    if not is_uri(path) and Path(path).is_dir():
+def shard_format(path: str, declared: str = "auto", folder: bool | None = None) -> str | None:
+    """The format of the shard at `path` (folder: whether it is a local folder, where the caller knows), or None."""
+    if folder if folder is not None else not is_uri(path) and Path(path).is_dir():
         return "hf" if any((Path(path) / m).exists() for m in HF_MARKERS) else None
     if declared != "auto":
         return declared
@@ -130,11 +131,10 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
         raise InputError(
             f"cannot read input.path {cfg.path}: {problem[0]}", problem[1].replace("the path", "input.path")
         ) from exc
-    root = posixpath.commonpath([posixpath.dirname(p) for p in paths]) if len(paths) > 1 else None
+    root = posixpath.commonpath([posixpath.dirname(p) for p, _ in paths]) if len(paths) > 1 else None
     spec = read_spec(cfg, columns)
     shards, bad, infos, hints, lacking = [], [], [], [], []
-    for path in paths:
-        fmt = shard_format(path, cfg.format)
+    for path, fmt in paths:
         name = posixpath.relpath(path, root) if root else posixpath.basename(path.rstrip("/"))
         try:
             info, stamp = _inspect(path, fmt, spec)
@@ -244,17 +244,18 @@ def _columns(names: list[str]) -> str:
     return f"{'column' if len(names) == 1 else 'columns'} {', '.join(repr(c) for c in names)}"
 
 
-def _expand(cfg: InputConfig, output: str | None) -> list[str]:
-    """input.path as the paths of its shards, in a stable order: a saved dataset, a file, a glob or every
-    file below a folder (local paths resolved, URLs as URLs), leaving out batchinfer output: the job's own
-    folder and any folder below the input's root that holds a batchinfer job."""
+def _expand(cfg: InputConfig, output: str | None) -> list[tuple[str, str]]:
+    """input.path as the paths of its shards, each with its format, in a stable order: a saved dataset, a file, a
+    glob or every file below a folder (local paths resolved, URLs as URLs), leaving out batchinfer output: the
+    job's own folder and any folder below the input's root that holds a batchinfer job."""
     if shard_format(cfg.path) == "hf":
-        return [str(local_path(cfg.path).resolve())]
+        return [(str(local_path(cfg.path).resolve()), "hf")]
     found = find(cfg.path, cfg.storage_options, output=output, markers=JOB_MARKERS)
-    shards = [path for path, _ in found if shard_format(path, cfg.format)]
+    remote, wildcard = is_uri(cfg.path), glob_base(cfg.path) != cfg.path
+    formats = [(path, shard_format(path, cfg.format, folder=not remote and not is_file)) for path, is_file in found]
+    shards = [(path, fmt) for path, fmt in formats if fmt]
     if shards:
         return shards
-    remote, wildcard = is_uri(cfg.path), glob_base(cfg.path) != cfg.path
     if not found and not wildcard and remote:
         raise InputError(f"input.path {cfg.path} does not exist or holds no file", "check the URL")
     if not found and not wildcard and not local_path(cfg.path).is_dir():
