@@ -199,7 +199,7 @@ class Probe:
             # Backends can differ several times over, and each slice of the slower one costs its share of the
             # chunk's time: a quarter slice tells them apart, a close call is measured again.
             options = {b.name: (b, "padded", self.default(b), 4) for b in self.backends}
-            backend = next(b for b in self.backends if b.name == self.pick(options, backend.name, "backend"))
+            backend = options[self.pick(options, backend.name, "backend")][0]
             compared = self.rates(options)
         budget = self.default(backend)
         first = self.first(backend)
