@@ -2,10 +2,10 @@
 models.load_model; OpenVINO (CPU) converts that model once per model identity (openvino.py).
 
 A loaded backend is a `Backend` (base.py: forward on a Batch, whether it packs, its precisions; torch.py,
-openvino.py; LOADERS registers more). `candidates` says
-which backends a job may run on here, the default first; `precisions` which inference precisions a backend
-may use, the default first; `load_encoders` loads them. Which one runs is settled by the
-probe on the first chunk (runners/base.py) and recorded in the output folder like the batching choice.
+openvino.py; LOADERS registers more). `candidates` says which backends a job may run on here, the default first;
+`precisions` which inference precisions a backend may use, the default first; `load_encoders` loads them. Which
+one runs is settled by the probe on the first chunk (runners/base.py) and recorded in the output folder like the
+batching choice.
 
 A warm run on OpenVINO alone of a runner whose head reads numpy (embed: pooled inside the graph) imports
 neither torch nor transformers: the config comes from config.json, the tokenizer transformers built on the first
