@@ -464,7 +464,7 @@ def test_a_warm_openvino_start_tokenizes_as_transformers_does(family, tokenizer_
     job = make_job(few_rows, path, tmp_path / "out", model__backend="openvino", model__dtype="float32")
     for start in ("converting", "warm"):
         runner = make_runner(job, path)
-        assert runner.backend == "openvino" and "torch" not in runner.models
+        assert runner.backend == "openvino" and "torch" not in runner.backends
         assert runner.tokenize(TRICKY).ids == cold, start
         assert runner.pad_id == theirs.pad_token_id, start
 
@@ -554,11 +554,11 @@ def test_a_conversion_that_disagrees_with_torch_when_made_is_not_kept(few_rows, 
 def test_a_conversion_that_disagrees_with_torch_on_the_jobs_rows_is_not_used(
     few_rows, tiny_embed, tmp_path, monkeypatch
 ):
-    from batchinfer.backends.openvino import OpenVINOModel
+    from batchinfer.backends.openvino import OpenVINOBackend
 
-    answer = OpenVINOModel.__call__
+    answer = OpenVINOBackend.forward
     # a graph that loses the second half of every vector (as a wrong conversion would)
-    monkeypatch.setattr(OpenVINOModel, "__call__", lambda self, **i: _halved(answer(self, **i)))
+    monkeypatch.setattr(OpenVINOBackend, "forward", lambda self, batch: _halved(answer(self, batch)))
     report = _run(few_rows, tiny_embed, tmp_path / "auto", "embed", "auto", dtype="auto", batching__strategy=None)
     check = report["batching"]["probe"]["conversion_check"]
     assert report["batching"]["backend"] == "torch" and check["min_cosine"] < 0.9999
@@ -571,29 +571,29 @@ def test_serve_checks_the_conversion_against_torch_before_it_answers(
 ):
     """serve has no chunk to probe: its start settles on OpenVINO only where the conversion gives torch's vectors
     on a few sentences."""
-    from batchinfer.backends.openvino import OpenVINOModel
+    from batchinfer.backends.openvino import OpenVINOBackend
     from batchinfer.runners import make_runner
 
     monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path / "cache"))  # no rates from other tests: both load
 
     if wrong:
-        answer = OpenVINOModel.__call__
-        monkeypatch.setattr(OpenVINOModel, "__call__", lambda self, **i: _halved(answer(self, **i)))
+        answer = OpenVINOBackend.forward
+        monkeypatch.setattr(OpenVINOBackend, "forward", lambda self, batch: _halved(answer(self, batch)))
     job = make_job(few_rows, tiny_embed, tmp_path / "out", model__backend="auto", model__dtype="auto")
     runner = make_runner(job, tiny_embed)
     runner.settle_default()
-    assert list(runner.models) == (["torch"] if wrong else ["openvino"])
+    assert list(runner.backends) == (["torch"] if wrong else ["openvino"])
 
 
-def _halved(out):
-    out.pooled[:, out.pooled.shape[1] // 2 :] = 0
-    return out
+def _halved(pooled):
+    pooled[:, pooled.shape[1] // 2 :] = 0
+    return pooled
 
 
 def test_a_probe_that_timed_both_backends_keeps_their_rates_for_this_cpu(tmp_path):
     from batchinfer.backends import openvino
 
-    model = openvino.OpenVINOModel.__new__(openvino.OpenVINOModel)
+    model = openvino.OpenVINOBackend.__new__(openvino.OpenVINOBackend)
     model.entry = tmp_path
     openvino.remember(model, {"openvino": 30_000, "torch": 10_000})
     known = json.loads((tmp_path / openvino.RATES).read_text())

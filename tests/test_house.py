@@ -77,7 +77,7 @@ def test_no_function_sets_attributes_of_an_object_it_was_handed():
         ("batchinfer.storage:Folder", ["batchinfer.storage:LocalFolder", "batchinfer.storage:ObjectFolder"]),
         (
             "batchinfer.backends:Backend",
-            ["batchinfer.backends:TorchBackend", "batchinfer.backends.openvino:OpenVINOModel"],
+            ["batchinfer.backends.torch:TorchBackend", "batchinfer.backends.openvino:OpenVINOBackend"],
         ),
         (
             "batchinfer.execution.executors:Executor",

@@ -11,6 +11,7 @@ from helpers import read_output as _read
 from helpers import vectors as _vectors
 
 import batchinfer.backends.packing
+from batchinfer.backends.base import batch_of
 from batchinfer.backends.packing import first_position, pack, packed_forward, supports_packing, varlen_supported
 from batchinfer.errors import ConfigError
 from batchinfer.execution.driver import run_job
@@ -40,7 +41,7 @@ def _padded(model, rows):
 
 
 def _packed(model, rows):
-    inputs, packing = pack(rows, torch.device("cpu"), first_position(model.config))
+    inputs, packing = pack(batch_of(rows, 0, packed=True), torch.device("cpu"), first_position(model.config))
     with packed_forward(model, packing):
         return model(**inputs, packing=packing)
 

@@ -5,7 +5,11 @@ import pytest
 import torch
 
 from batchinfer.batching import probe as probing
-from batchinfer.batching.probe import CPU_BUDGETS, GPU_PROBE_TOKENS, Tuning, gpu_budget, overhead, probe
+from batchinfer.batching.probe import CPU_BUDGETS, GPU_PROBE_TOKENS, Candidate, Tuning, gpu_budget, overhead, probe
+
+TORCH = Candidate("torch", packs=True, reference=True)
+PADDED_TORCH = Candidate("torch", reference=True)  # a model packing does not cover
+OPENVINO = Candidate("openvino", budget=4096)
 
 
 def test_the_probe_keeps_the_fastest_budget_and_runs_every_row_once(monkeypatch):
@@ -25,7 +29,7 @@ def test_the_probe_keeps_the_fastest_budget_and_runs_every_row_once(monkeypatch)
         return float(lengths[rows].sum() / (speed * (1.5 if strategy == "packed" else 1.0)))
 
     monkeypatch.setattr("batchinfer.batching.probe.cut_batches", cut_batches)
-    tuning, rest = probe(lengths, run, "auto", "auto", 256, torch.device("cpu"), packable=True)
+    tuning, rest = probe(lengths, run, "auto", "auto", 256, torch.device("cpu"), (TORCH,))
     assert tuning.max_tokens == 8192 and tuning.strategy == "packed"
     assert {f"padded@{b}" for b in CPU_BUDGETS} <= set(tuning.tokens_per_s)
     assert sorted(seen + rest.tolist()) == list(range(12000))  # the slices are real work: no row twice, none lost
@@ -40,7 +44,7 @@ def test_a_pinned_budget_probes_the_strategy_only():
         "auto",
         64,
         torch.device("cpu"),
-        packable=True,
+        (TORCH,),
     )
     assert tuning.max_tokens == 4096 and tuning.strategy == "padded"
 
@@ -62,7 +66,7 @@ def test_the_probe_picks_the_backend_that_is_clearly_faster_and_runs_every_row_o
     seen = []
     speeds = {("openvino", "padded"): 1000.0, ("torch", "padded"): 3000.0, ("torch", "packed"): 3100.0}
     tuning, rest = probe(
-        lengths, _stand_in(lengths, speeds, seen), 4096, "auto", 256, torch.device("cpu"), True, ("openvino", "torch")
+        lengths, _stand_in(lengths, speeds, seen), 4096, "auto", 256, torch.device("cpu"), (OPENVINO, TORCH)
     )
     assert tuning.backend == "torch" and tuning.strategy == "padded"  # packed is within noise of padded
     assert {"openvino:padded@4096 (1/4 slice)", "padded@4096 (1/4 slice)"} <= set(tuning.tokens_per_s)
@@ -74,9 +78,7 @@ def test_the_probe_picks_the_backend_that_is_clearly_faster_and_runs_every_row_o
 def test_a_backend_within_noise_of_the_default_keeps_the_default():
     lengths = np.full(4000, 50)
     speeds = {("openvino", "padded"): 1000.0, ("torch", "padded"): 1050.0}
-    tuning, _ = probe(
-        lengths, _stand_in(lengths, speeds), 4096, "padded", 64, torch.device("cpu"), True, ("openvino", "torch")
-    )
+    tuning, _ = probe(lengths, _stand_in(lengths, speeds), 4096, "padded", 64, torch.device("cpu"), (OPENVINO, TORCH))
     assert tuning.backend == "openvino" and "backend: no candidate clearly faster than openvino, kept" in tuning.notes
 
 
@@ -92,7 +94,7 @@ def test_two_leaders_within_noise_are_measured_again():
             return float(lengths[rows].sum() / next(rates))
         return 0.0
 
-    tuning, _ = probe(lengths, run, 4096, "padded", 64, torch.device("cpu"), True, ("openvino", "torch"))
+    tuning, _ = probe(lengths, run, 4096, "padded", 64, torch.device("cpu"), (OPENVINO, TORCH))
     assert calls == ["openvino", "torch", "torch", "openvino"]
     assert tuning.tokens_per_s == {"openvino:padded@4096 (1/4 slice)": 1000, "padded@4096 (1/4 slice)": 1320}
     assert tuning.backend == "torch"
@@ -100,7 +102,9 @@ def test_two_leaders_within_noise_are_measured_again():
 
 def test_slices_too_fast_to_measure_keep_the_defaults():
     lengths = np.full(3000, 20)
-    tuning, _ = probe(lengths, lambda batches, strategy, backend: 1e-4, "auto", "auto", 64, torch.device("cpu"), True)
+    tuning, _ = probe(
+        lengths, lambda batches, strategy, backend: 1e-4, "auto", "auto", 64, torch.device("cpu"), (TORCH,)
+    )
     assert (tuning.max_tokens, tuning.strategy) == (16384, "padded") and tuning.tokens_per_s == {}
     assert any("too little work to measure" in note for note in tuning.notes)
 
@@ -123,7 +127,7 @@ def test_every_candidate_runs_the_same_length_mix_so_equal_speeds_measure_equal(
             rows = np.concatenate(batches)
             return float((lengths[rows] * (1 + lengths[rows] / 64)).sum() / 1e5)  # every budget equally fast
 
-        tuning, _ = probe(lengths, run, "auto", "padded", 256, torch.device("cpu"), packable=False)
+        tuning, _ = probe(lengths, run, "auto", "padded", 256, torch.device("cpu"), (PADDED_TORCH,))
         rates = [tuning.tokens_per_s[f"padded@{b}"] for b in CPU_BUDGETS]
         assert max(rates) <= 1.05 * min(rates), (seed, tuning.tokens_per_s)
         assert tuning.max_tokens == probing.DEFAULT_BUDGET, (seed, tuning.tokens_per_s)
@@ -134,6 +138,6 @@ def test_the_probes_overhead_is_its_losing_slices_at_their_rates_not_its_whole_t
     beyond the winner's, a backend's quarter slice as a quarter; the winner's own slices and faster ones add none."""
     rates = {"openvino:padded@4096": 2000.0, "padded@4096 (1/4 slice)": 500.0, "openvino:padded@2048": 1000.0}
     rates |= {"openvino:padded@8192": 2500.0}  # measured faster on its slice, yet not clearly: adds nothing
-    tuning = Tuning(4096, "padded", "openvino", rates)
+    tuning = Tuning(4096, "padded", "openvino", rates, winner="openvino:padded@4096")
     expected = 16384 / 4 * (1 / 500 - 1 / 2000) + 16384 * (1 / 1000 - 1 / 2000)
     assert overhead(tuning, 2000.0, 16384) == pytest.approx(expected)

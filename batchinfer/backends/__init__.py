@@ -1,10 +1,11 @@
 """Backends: the kernels below an encoder task. torch (CPU and CUDA; packed batches) loads through
 models.load_model; OpenVINO (CPU) converts that model once per model identity (openvino.py).
 
-A loaded backend is a `Backend`: the model a runner calls, and the precision it runs in. `candidates` says
-which backends a job may run on here, the default first; `precisions` which inference precisions a backend
-may use, the default first; `load_encoders` loads them. Which one runs is settled by the
-probe on the first chunk (runners/base.py) and recorded in the output folder like the batching choice.
+A loaded backend is a `Backend` (base.py: forward on a Batch, whether it packs, its precisions; torch.py,
+openvino.py; LOADERS registers more). `candidates` says which backends a job may run on here, the default first;
+`precisions` which inference precisions a backend may use, the default first; `load_encoders` loads them. Which
+one runs is settled by the probe on the first chunk (runners/base.py) and recorded in the output folder like the
+batching choice.
 
 A warm run on OpenVINO alone of a runner whose head reads numpy (embed: pooled inside the graph) imports
 neither torch nor transformers: the config comes from config.json, the tokenizer transformers built on the first
@@ -16,52 +17,26 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
 from ..errors import ConfigError, ModelError, ResumeError
 from ..job.config import ModelConfig
 from . import folder, openvino
+from .base import Backend
 
-BACKENDS = ("torch", "openvino")
-
-
-class Backend(Protocol):
-    """An encoder model on one backend, as a runner drives it: TorchBackend, openvino.OpenVINOModel (whose
-    model also takes numpy arrays and answers numpy, so a runner's numpy_head runs without torch)."""
-
-    name: str  # one of BACKENDS
-    precision: str | None  # what the next calls run in; None: the model's own dtype (torch)
-
-    @property
-    def model(self): ...  # called like a transformers model: keyword inputs -> outputs; has .config
-
-    def use(self, precision: str | None) -> None: ...  # run the next calls in `precision`
-    def keep(self, precision: str | None) -> None: ...  # settle on `precision` and free the others
-
-
-class TorchBackend:
-    """A transformers model as a Backend: one precision, the dtype it was loaded in."""
-
-    name, precision = "torch", None
-
-    def __init__(self, model):
-        self.model = model
-
-    def use(self, precision: str | None) -> None:
-        pass
-
-    def keep(self, precision: str | None) -> None:
-        pass
-
-
-def as_backends(models: dict) -> dict[str, Backend]:
-    """load_encoders' models by backend name → Backends (an OpenVINO model is one already)."""
-    return {name: TorchBackend(model) if name == "torch" else model for name, model in models.items()}
+# Backends beyond the two built in, by name: a loader (model config, model folder, output) -> (tokenizer, Backend,
+# device), where output is what the runner's task reads (runners/base.py converted_output). A new backend's module
+# defines its Backend class and loader, and its name goes here and into model.backend's choices (job/config.py);
+# candidates offers it where model.backend names it, and load_encoders calls its loader (tests/test_backend_interface.py
+# runs a whole job on a fake one registered so).
+LOADERS: dict[str, Callable[[ModelConfig, Path, tuple[str, Callable | None]], tuple[object, Backend, object]]] = {}
 
 
 def candidates(cfg: ModelConfig, device: str, packed: bool = False) -> list[str]:
     """The backends this job may run on, on this machine (device: its type, models.device_type), the default
     first; packed: batching.strategy is pinned to packed, a torch path."""
+    if cfg.backend in LOADERS:
+        return [cfg.backend]
     if cfg.backend == "torch":
         return ["torch"]
     problem = openvino_problem(cfg, device) or (
@@ -154,7 +129,7 @@ def load_encoders(
     output: tuple[str, Callable | None],
     numpy_head: bool = False,
 ):
-    """(tokenizer, {backend: model}, device, load) with the backends of `names` loaded; load: the seconds that
+    """(tokenizer, {name: Backend}, device, load) with the backends of `names` loaded; load: the seconds that
     loading, converting and compiling took (the report's start-up figures) and notes. output: what the converted
     model returns (runners/base.py converted_output).
 
@@ -168,6 +143,8 @@ def load_encoders(
     (folder.py), where the folder has tokenizer.json and no code of its own."""
     from .models import load_model, model_identity, pick_device
 
+    if names[0] in LOADERS:
+        return _load_registered(cfg, path, names[0], output)
     t0 = time.perf_counter()
     models, load = {}, {}
     tokenizer = torch_model = of = None
@@ -182,7 +159,7 @@ def load_encoders(
         load["torch_load"] = round(time.perf_counter() - t0, 3)
     else:
         # The CPU (candidates); named without torch where the runner's head needs none.
-        device = openvino.OpenVINOModel.device if plain else pick_device(cfg.device)
+        device = openvino.OpenVINOBackend.device if plain else pick_device(cfg.device)
     if of is not None:
 
         def f32_model():  # only on a cache miss: the weights the conversion reads
@@ -201,7 +178,21 @@ def load_encoders(
             models["openvino"] = converted
         tokenizer = _tokenizer(cfg, path, converted if plain else None, tokenizer)
     load["load"] = round(time.perf_counter() - t0, 3)
-    return tokenizer, {name: models[name] for name in names}, device, load
+    backends = {name: _torch(models[name], device, output) if name == "torch" else models[name] for name in names}
+    return tokenizer, backends, device, load
+
+
+def _torch(model, device, output: tuple[str, Callable | None]) -> Backend:
+    from .torch import TorchBackend  # torch: imported where it runs (a warm OpenVINO start does without)
+
+    return TorchBackend(model, device, output)
+
+
+def _load_registered(cfg: ModelConfig, path: Path, name: str, output: tuple[str, Callable | None]):
+    """load_encoders' answer for a backend of LOADERS."""
+    t0 = time.perf_counter()
+    tokenizer, backend, device = LOADERS[name](cfg, path, output)
+    return tokenizer, {backend.name: backend}, device, {"load": round(time.perf_counter() - t0, 3)}
 
 
 def _openvino_config(cfg: ModelConfig, path: Path, plain: bool) -> tuple[object, bool]:
@@ -242,7 +233,7 @@ def _openvino_model(cfg: ModelConfig, config, of: dict, torch_model: tuple[Calla
     return model
 
 
-def _tokenizer(cfg: ModelConfig, path: Path, converted: openvino.OpenVINOModel | None, tokenizer):
+def _tokenizer(cfg: ModelConfig, path: Path, converted: openvino.OpenVINOBackend | None, tokenizer):
     """The run's tokenizer: transformers' (`tokenizer`, loaded with torch, or built now), or the one kept beside
     `converted` (an OpenVINO model a warm run may use) where it is current, so a warm run tokenizes as a cold
     one by construction; transformers' is kept there for the next warm run."""

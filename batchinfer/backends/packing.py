@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .base import Batch
+
 ATTENTION = "batchinfer_packed"
 VARLEN_ATTENTION = "batchinfer_varlen"
 
@@ -62,31 +64,28 @@ class Packing:
         return padded.reshape(-1, *padded.shape[2:])[self.real]
 
 
-def pack(
-    ids: list[list[int]], device: torch.device, first_position: int = 0
-) -> tuple[dict[str, torch.Tensor], Packing]:
-    """Rows of token ids → model inputs for one packed sequence, and the layout to undo it.
+def pack(batch: Batch, device: torch.device, first_position: int = 0) -> tuple[dict[str, torch.Tensor], Packing]:
+    """A packed Batch → model inputs for one packed sequence (token type ids too, for pairs), and the layout to
+    undo it.
 
     first_position: the position id of a row's first token (RoBERTa-family models start after
     their padding index)."""
-    lengths = np.fromiter((len(r) for r in ids), dtype=np.int64, count=len(ids))
-    total, longest = int(lengths.sum()), int(lengths.max())
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    flat = np.fromiter((t for row in ids for t in row), dtype=np.int64, count=total)
+    lengths, total, longest = batch.lengths, len(batch.ids), batch.mask.shape[1]
+    starts = batch.cu_lengths[:-1].astype(np.int64)
     positions = np.arange(total) - np.repeat(starts, lengths) + first_position  # restarts for every row
     column = np.arange(longest)
-    real_mask = column[None, :] < lengths[:, None]  # [b, L]
-    padded = np.where(real_mask, starts[:, None] + column[None, :], 0)
-    real = np.flatnonzero(real_mask.reshape(-1))
-    cu_lengths = np.append(starts, total).astype(np.int32)
+    padded = np.where(batch.mask.astype(bool), starts[:, None] + column[None, :], 0)
+    real = np.flatnonzero(batch.mask.reshape(-1))
 
     def tensor(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
-    mask = tensor(real_mask.astype(np.int64))
-    inputs = {"input_ids": tensor(flat[None]), "position_ids": tensor(positions[None])}
+    mask = tensor(batch.mask)
+    inputs = {"input_ids": tensor(batch.ids[None]), "position_ids": tensor(positions[None])}
+    if batch.type_ids is not None:
+        inputs["token_type_ids"] = tensor(batch.type_ids[None])
     return inputs, Packing(
-        tensor(padded), tensor(real), mask.bool()[:, None, None, :], mask, tensor(cu_lengths), longest
+        tensor(padded), tensor(real), mask.bool()[:, None, None, :], mask, tensor(batch.cu_lengths), longest
     )
 
 

@@ -75,13 +75,15 @@ def check_precision(run_in: Callable[[str, list], list], options: list[str], how
     return options[-1], {**check, "fell_back": True}
 
 
-def check_conversion(run_on: Callable[[str, list], list], how: str, ids: list) -> tuple[bool, dict]:
-    """Whether OpenVINO's conversion gives the task's answers (`how`, see agree) on the items `ids`, both in f32,
-    against torch (the model's own library), and the check's figures. run_on(backend, batch of items) -> one
-    result per item."""
+def check_conversion(
+    run_on: Callable[[str, list], list], how: str, ids: list, reference: str, converted: str
+) -> tuple[bool, dict]:
+    """Whether a conversion (the backend named `converted`) gives the task's answers (`how`, see agree) on the items
+    `ids`, both in f32, against the `reference` backend (the model's own library), and the check's figures.
+    run_on(backend name, batch of items) -> one result per item."""
     batches = check_batches(ids)
-    ok, figure = agree(how, _results(run_on, "torch", ids, batches), _results(run_on, "openvino", ids, batches))
-    return ok, {"precision": "f32", "against": "torch", "items": len(ids), **figure}
+    ok, figure = agree(how, _results(run_on, reference, ids, batches), _results(run_on, converted, ids, batches))
+    return ok, {"precision": "f32", "against": reference, "items": len(ids), **figure}
 
 
 def _results(run_in: Callable[[str, list], list], option: str, ids: list, batches: list) -> list[np.ndarray]:

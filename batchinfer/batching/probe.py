@@ -28,27 +28,42 @@ SAMPLE_TOKENS = 16384  # per candidate: ~2 s for MiniLM on 2 CPU cores, spent on
 GPU_PROBE_TOKENS = 8192
 GPU_MEMORY_SHARE = 0.5  # of the memory free after loading the model: headroom for fragmentation and long rows
 GPU_MAX_BUDGET = 1 << 18
-DEFAULT_BUDGET = 16384  # when the probe cannot measure (too few rows), and the one a candidate must beat
-# OpenVINO's CPU kernels run small batches as fast as large ones (MiniLM, bf16, 2 cores: 4,096 tokens 15%
-# faster than 16,384), and a small budget keeps each batch's activations in cache.
-BACKEND_BUDGETS = {"openvino": 4096}
+# When the probe cannot measure (too few rows), and the one a candidate must beat, unless the backend says
+# otherwise (its default_budget).
+DEFAULT_BUDGET = 16384
 # The most of a chunk's tokens a bounded probe (share=) runs in its slices: a causal LM scoring labels on a CPU
 # computes a few hundred tokens a second, and its first chunk is often a whole --limit trial.
 PROBE_SHARE = 0.10
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A backend as the probe weighs it (runners/base.py builds these from backends.base.Backend)."""
+
+    name: str
+    packs: bool = False  # it can run this task's batches packed: padded and packed are compared on it
+    budget: int = DEFAULT_BUDGET  # its max_tokens when the probe leaves it at the default
+    reference: bool = False  # the model's own library (torch): its keys carry no name, as records before backends did
+
+    def key(self, how: str, budget: int, share: int = 1) -> str:
+        """The name its measurements go by: "padded@8192" (the reference) or "openvino:padded@8192", and the share
+        of a slice it was measured on."""
+        name = f"{how}@{budget}" if self.reference else f"{self.name}:{how}@{budget}"
+        return name + (f" (1/{share} slice)" if share > 1 else "")
 
 
 @dataclass
 class Tuning:
     max_tokens: int
     strategy: str
-    backend: str = "torch"
-    # "padded@8192" (torch) or "openvino:padded@8192" -> tokens/s, averaged over repeats; only measurements
-    # long enough to tell (MIN_SECONDS) are kept
+    backend: str
+    # Candidate.key -> tokens/s, averaged over repeats; only measurements long enough to tell (MIN_SECONDS) are kept
     tokens_per_s: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     backends: dict[str, float] = field(default_factory=dict)  # each backend's tokens/s, where both were timed
     seconds: float = 0.0  # the probe's wall time: its warm-up and timed slices (whose results are kept)
     rows: int = 0  # the chunk's items the probe ran
+    winner: str = ""  # the chosen setting's key in tokens_per_s
 
     def describe(self) -> str:
         rates = ", ".join(f"{k} {v:,.0f}" for k, v in self.tokens_per_s.items())
@@ -68,7 +83,7 @@ def gpu_budget(bytes_per_token: float, free_bytes: int) -> int:
     return budget
 
 
-# run(batches, strategy, backend) -> seconds: runs batches of positions and keeps their results.
+# run(batches, strategy, backend name) -> seconds: runs batches of positions and keeps their results.
 RunBatches = Callable[[list[np.ndarray], str, str], float]
 NOISE = 0.10  # rates closer than this are a tie: measured once more, and a tie that stays keeps the default
 MIN_SECONDS = 0.05  # a slice done faster than this measures per-batch overheads, not the model: not compared
@@ -81,8 +96,7 @@ def probe(
     strategy: str,
     max_rows: int,
     device: torch.device,
-    packable: bool,
-    backends: tuple[str, ...] = ("torch",),
+    backends: tuple[Candidate, ...],
     share: float | None = None,
 ) -> tuple[Tuning, np.ndarray]:
     """Settle `auto` in the backend, max_tokens and strategy on the first chunk's rows (their token `lengths`),
@@ -91,13 +105,13 @@ def probe(
     Each candidate runs its own slice of about SAMPLE_TOKENS tokens, whose results are kept, so every row
     still runs exactly once; every slice holds the chunk's mix of lengths (Slices), so candidates compare
     equal work. In turn: the backend (each at the default budget, padded), the budget on
-    that backend, then padded against packed (torch only). A candidate replaces the default only when it is
+    that backend, then padded against packed (where it packs). A candidate replaces the default only when it is
     faster by more than NOISE; the two leaders are measured again when they are that close. `share`: the most
     of the chunk's tokens the slices may hold (None: up to SAMPLE_TOKENS a candidate); such a bounded probe does not
     run a budget search whose slices would fit one batch of every candidate budget, so that they all cut alike: the
     default stays, with a note; and with nothing else to compare it runs no row. Returns the choice and the
     positions not yet run."""
-    strategies, slice_tokens = candidates(int(lengths.sum()), max_tokens, strategy, packable, device, backends, share)
+    strategies, slice_tokens = candidates(int(lengths.sum()), max_tokens, strategy, device, backends, share)
     started = time.perf_counter()
     tuning, rest = Probe(
         lengths, run, max_tokens, max_rows, device, backends, strategies, slice_tokens, share is not None
@@ -110,13 +124,13 @@ def candidates(
     chunk_tokens: int,
     max_tokens: int | str,
     strategy: str,
-    packable: bool,
     device: torch.device,
-    backends: tuple,
+    backends: tuple[Candidate, ...],
     share: float | None = None,
 ) -> tuple[list[str], int]:
     """The strategies the probe of a chunk of `chunk_tokens` tokens compares, and the tokens of each slice (at most
     `share` of the chunk's tokens in all, where the probe is bounded)."""
+    packable = any(backend.packs for backend in backends)
     strategies = (
         ["padded", "packed"] if strategy == "auto" and packable else [strategy if strategy != "auto" else "padded"]
     )
@@ -133,11 +147,10 @@ def overhead(tuning: Tuning, rate: float, slice_tokens: int) -> float:
     """Seconds a probe adds to its chunk's work, its slices being rows the chunk runs anyway: each losing
     candidate's slice (of `slice_tokens`, or the share of one its key names) at its measured rate rather than
     the winner's `rate` (tokens/s). Repeats of close calls cost close to nothing and are not counted."""
-    winner = Probe.key(tuning.backend, tuning.strategy, tuning.max_tokens)
     return sum(
         slice_tokens / Probe.share(key) * max(0.0, 1 / measured - 1 / rate)
         for key, measured in tuning.tokens_per_s.items()
-        if key != winner and measured > 0
+        if key != tuning.winner and measured > 0
     )
 
 
@@ -146,7 +159,16 @@ class Probe:
     the rates measured so far (`samples`: key -> tokens/s per slice) and what it notes for the user."""
 
     def __init__(
-        self, lengths, run: RunBatches, max_tokens, max_rows, device, backends, strategies, slice_tokens, bounded
+        self,
+        lengths,
+        run: RunBatches,
+        max_tokens,
+        max_rows,
+        device,
+        backends: tuple[Candidate, ...],
+        strategies,
+        slice_tokens,
+        bounded,
     ):
         self.lengths, self.run, self.max_tokens, self.max_rows = lengths, run, max_tokens, max_rows
         self.device, self.backends, self.strategies = device, backends, strategies
@@ -169,18 +191,18 @@ class Probe:
             )
         if len(self.backends) == 1 and len(self.strategies) == 1 and not budgets:
             backend = self.backends[0]
-            return Tuning(self.default(backend), self.strategies[0], backend, notes=self.notes), self.left.unused
+            return Tuning(self.default(backend), self.strategies[0], backend.name, notes=self.notes), self.left.unused
         for backend in self.backends:  # warm-up (first-call allocations, kernel choice), kept like the rest
-            self.run([self.left.take_rows(8)], self.strategies[0] if backend == "torch" else "padded", backend)
+            self.run([self.left.take_rows(8)], self.first(backend), backend.name)
         backend, compared = self.backends[0], {}
         if len(self.backends) > 1:
             # Backends can differ several times over, and each slice of the slower one costs its share of the
             # chunk's time: a quarter slice tells them apart, a close call is measured again.
-            options = {b: (b, "padded", self.default(b), 4) for b in self.backends}
-            backend = self.pick(options, self.backends[0], "backend")
+            options = {b.name: (b, "padded", self.default(b), 4) for b in self.backends}
+            backend = options[self.pick(options, backend.name, "backend")][0]
             compared = self.rates(options)
         budget = self.default(backend)
-        first = self.strategies[0] if backend == "torch" else "padded"
+        first = self.first(backend)
         if budgets and self.device.type == "cuda":
             import torch
 
@@ -189,11 +211,16 @@ class Probe:
         elif budgets:
             budget = int(self.pick({str(b): (backend, first, b) for b in CPU_BUDGETS}, str(budget), "max_tokens"))
         best = first
-        if backend == "torch" and len(self.strategies) > 1:
+        if backend.packs and len(self.strategies) > 1:
             best = self.pick({how: (backend, how, budget) for how in self.strategies}, "padded", "strategy")
         measured = {k: round(float(np.mean(v))) for k, v in self.samples.items()}
         backends = {b: round(r) for b, r in compared.items()}
-        return Tuning(budget, best, backend, measured, self.notes, backends), self.left.unused
+        tuning = Tuning(budget, best, backend.name, measured, self.notes, backends, winner=backend.key(best, budget))
+        return tuning, self.left.unused
+
+    def first(self, backend: Candidate) -> str:
+        """The strategy a backend runs before padded and packed are compared: padded unless only packed is open."""
+        return self.strategies[0] if backend.packs else "padded"
 
     def alike(self, smallest: int) -> bool:
         """Whether a slice of the rows left, padded to the chunk's longest row, fits one batch of `smallest`:
@@ -202,38 +229,33 @@ class Probe:
         return rows * int(self.lengths.max()) <= smallest and rows <= self.max_rows
 
     @staticmethod
-    def key(backend: str, how: str, budget: int, share: int = 1) -> str:
-        name = f"{how}@{budget}" if backend == "torch" else f"{backend}:{how}@{budget}"
-        return name + (f" (1/{share} slice)" if share > 1 else "")
-
-    @staticmethod
     def share(key: str) -> int:
         """The share of a slice a key was measured on: "openvino:padded@4096 (1/4 slice)" -> 4."""
         return int(key.rsplit("(1/", 1)[1].split()[0]) if key.endswith(" slice)") else 1
 
-    def default(self, backend: str) -> int:
-        return self.max_tokens if self.max_tokens != "auto" else BACKEND_BUDGETS.get(backend, DEFAULT_BUDGET)
+    def default(self, backend: Candidate) -> int:
+        return self.max_tokens if self.max_tokens != "auto" else backend.budget
 
-    def measure(self, backend: str, how: str, budget: int, share: int = 1) -> None:
+    def measure(self, backend: Candidate, how: str, budget: int, share: int = 1) -> None:
         """Run a fresh slice (1/share of one) with this setting; keep its rate if it took long enough to tell."""
         part = self.left.take(self.slice_tokens // share)
         if not len(part):
             return
         batches = cut_batches(self.lengths[part], budget, how, self.max_rows, self.device)
-        seconds = self.run([part[b] for b in batches], how, backend)
+        seconds = self.run([part[b] for b in batches], how, backend.name)
         if seconds >= MIN_SECONDS:
             rate = float(self.lengths[part].sum() / seconds)
-            self.samples.setdefault(self.key(backend, how, budget, share), []).append(rate)
+            self.samples.setdefault(backend.key(how, budget, share), []).append(rate)
 
     def rates(self, options: dict[str, tuple]) -> dict[str, float]:
-        found = {name: self.samples.get(self.key(*setting)) for name, setting in options.items()}
+        found = {name: self.samples.get(setting[0].key(*setting[1:])) for name, setting in options.items()}
         return {name: float(np.mean(values)) for name, values in found.items() if values}
 
     def pick(self, options: dict[str, tuple], default: str, what: str) -> str:
-        """The option (name -> (backend, how, budget[, share of a slice])) that is clearly fastest, else
+        """The option (name -> (Candidate, how, budget[, share of a slice])) that is clearly fastest, else
         `default`."""
         for setting in options.values():
-            if self.key(*setting) not in self.samples:
+            if setting[0].key(*setting[1:]) not in self.samples:
                 self.measure(*setting)
         measured = self.rates(options)
         ranked = sorted(measured, key=measured.get, reverse=True)

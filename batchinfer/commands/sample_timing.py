@@ -242,7 +242,7 @@ def warm_up(runner, ids: list, lengths: np.ndarray, budget, probing: bool) -> fl
     and a first batch of up to 8 of the sample's items run (first-call allocations, kernel choice): its tokens/s."""
     runner.settle_precisions()  # each backend's precision, checked as a run checks it
     if not probing:  # the backend a run would take: the recorded one, or the default
-        runner.keep(next(iter(runner.models)), runner.precisions[next(iter(runner.models))][0])
+        runner.keep(next(iter(runner.backends)))
     first = Slices(lengths).take_rows(8)
     runner.lay_out(budget.strategy)
     t0 = time.perf_counter()
@@ -258,8 +258,7 @@ def time_sample(
     run does on its first chunk, then time the sample with its choice, its first batch a warm-up not counted;
     probe_s is what the probe adds to the work it does (the settings that lose), on the slices a first chunk of
     `first_chunk` tokens gives it (a bounded probe, the runner's probe_share, that share of them). warm_up has run."""
-    rows, models, share = job.batching.max_rows, tuple(runner.models), runner.probe_share
-    packable = "torch" in runner.models and runner.packable(runner.models["torch"])
+    rows, backends, share = job.batching.max_rows, runner.candidates(), runner.probe_share
     settings = (job.batching.max_tokens, job.batching.strategy)
 
     def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
@@ -274,8 +273,8 @@ def time_sample(
 
     key, tuning = budget.key, None
     if probing:
-        tuning, _ = probe(lengths, run, *settings, rows, runner.device, packable, models, share)
-        runner.keep(tuning.backend, runner.precisions[tuning.backend][0])
+        tuning, _ = probe(lengths, run, *settings, rows, runner.device, backends, share)
+        runner.keep(tuning.backend)
         key = (tuning.max_tokens, tuning.strategy)
     # The whole sample with the choice (the probe's slices are small, and what it left over smaller still). Its
     # first batch warms the chosen setting up and is not counted: a run warms up once, in its first chunk. A
@@ -290,7 +289,7 @@ def time_sample(
     rate = float(counted / max(seconds, 1e-9))
     probe_s = 0.0
     if tuning is not None:  # what the run's probe of its first chunk adds: its losing slices, cut as that chunk's
-        _, slice_tokens = candidates(int(first_chunk), *settings, packable, runner.device, models, share)
+        _, slice_tokens = candidates(int(first_chunk), *settings, runner.device, backends, share)
         probe_s = overhead(tuning, rate, slice_tokens)
     return {
         "tokens_per_s": rate,

@@ -89,7 +89,7 @@ class ChunkTask:
         """Run the next chunks with a probe's choice made elsewhere (another worker's first chunk): its
         budget, and its backend and precision where this worker loaded that backend."""
         self.budget = replace(self.budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
-        if tuning.get("backend") in self.runner.models:
+        if tuning.get("backend") in self.runner.backends:
             self.runner.keep(tuning["backend"], tuning.get("precision"))
 
     # --- up to the model --------------------------------------------------------------------------------------

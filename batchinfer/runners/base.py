@@ -1,5 +1,5 @@
 """What every encoder task shares (its runner contract is protocol.py's Runner): batch tokenization,
-padded or packed forward passes, split-and-retry, the probe.
+one Batch per batch of items run on a Backend (backends/base.py), split-and-retry, the probe.
 
 A runner turns texts into items (token ids: one per row, or several, as zero-shot makes one per
 candidate label), runs batches of items, and turns each row's item results into result columns
@@ -17,39 +17,31 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from ..backends.base import Backend, Pair, batch_of
 from ..backends.models import position_limit
 from ..backends.precision import PRECISION_SAMPLE, SETTLE_SAMPLE, check_conversion, check_precision, describe_check
 from ..batching.cut import computed_tokens, cut_batches
-from ..batching.probe import probe
+from ..batching.probe import Candidate, probe
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 from .recovery import run_resilient
 
-if TYPE_CHECKING:  # torch is imported where a model runs on it (and backends/packing.py, all torch): see numpy_head
+if TYPE_CHECKING:  # torch is imported where a model runs on it (backends/torch.py): see numpy_head
     import torch
-
-    from ..backends import Backend
-
-
-class Pair(list):
-    """The token ids of a (text, text_pair) item, with its token type ids; len() counts its tokens."""
-
-    def __init__(self, ids: list[int], type_ids: list[int]):
-        super().__init__(ids)
-        self.type_ids = type_ids
 
 
 class EncoderRunner:
-    """Subclasses define `head(inputs, mask)` (the model's output for a batch, one entry per item) and
-    `columns(results, texts, loaded)` (result columns from each row's item results, [rows][items]).
+    """Subclasses define `head(out, batch)` (one result per item from what the backend's forward returned for a
+    Batch) and `columns(results, texts, loaded)` (result columns from each row's item results, [rows][items]).
 
-    `packed` (per batch, set by `lay_out`) runs a batch as one unpadded sequence; see backends/packing.py."""
+    `packed` (per batch, set by `lay_out`) runs a batch as one unpadded sequence, on a backend that packs."""
 
     packed = False
+    packs = True  # whether the task's batches may run packed (where the backend packs the model)
     pairs = False  # items are (text, text_pair): the converted model takes token type ids
     agreement = "argmax"  # how a lower precision is checked against f32: argmax (labels) | cosine | close
     score_labels: list[str] | None = None  # what each entry of a `scores` column stands for
-    # head() takes numpy inputs and mask and reads the converted model's numpy output, so a run on OpenVINO
-    # alone never imports torch (embed: pooled inside the graph); the others' heads compute in torch.
+    # head() reads numpy (backends.base.as_numpy), so a run on a numpy backend (OpenVINO) alone never imports torch
+    # (embed: pooled inside the graph); the others' heads compute in torch.
     numpy_head = False
     probe_share: float | None = None  # the most of a first chunk's tokens its probe runs (batching/probe.py)
 
@@ -57,14 +49,14 @@ class EncoderRunner:
     def load(cls, job, model_path, budget=None):
         """The runner for `job`, with its model loaded from `model_path` on every backend it may use; a
         budget that settled the backend and precision (a recorded probe) loads only that one."""
-        from ..backends import as_backends, candidates, load_encoders, precisions
+        from ..backends import candidates, load_encoders
         from ..backends.models import device_type
         from ..job.tasks import TASKS
 
         names = candidates(job.model, device_type(job.model.device), job.batching.strategy == "packed")
         if budget is not None and budget.backend in names:
             names = [budget.backend]
-        tokenizer, models, device, seconds = load_encoders(
+        tokenizer, backends, device, seconds = load_encoders(
             job.model,
             model_path,
             names,
@@ -73,25 +65,23 @@ class EncoderRunner:
             cls.converted_output(model_path),
             cls.numpy_head,
         )
-        names = list(models)  # without torch where OpenVINO is known to be far faster here
-        runner = cls(tokenizer, models[names[0]], device, job, model_path)
-        options = {name: precisions(job.model, name) for name in names}
-        if budget is not None and budget.precision in options[names[0]]:
-            options[names[0]] = [budget.precision]
-        runner.loaded(as_backends(models), options, seconds)
+        first = next(iter(backends.values()))  # without torch where OpenVINO is known to be far faster here
+        if budget is not None and budget.precision in first.precisions:
+            first.keep(budget.precision)
+        runner = cls(tokenizer, first, device, job, model_path)
+        runner.loaded(backends, seconds)
         return runner
 
-    def __init__(self, tokenizer, model, device: torch.device, job, model_path=None):
-        self.model = model
+    def __init__(self, tokenizer, backend: Backend, device: torch.device, job, model_path=None):
+        """backend: the first loaded (its config is the model's)."""
         self.backends: dict[str, Backend] = {}
-        self.precisions: dict[str, list] = {}
         self.load_seconds: dict[str, float] = {}
         self.device = device
         # The Rust tokenizer, truncating but never padding: padding happens per batch, after sorting.
         self.tokenizer = copy.deepcopy(tokenizer.backend_tokenizer)
         self.tokenizer.no_padding()
         self.truncation_side = getattr(tokenizer, "truncation_side", "right")  # the tokenizer's own: right or left
-        self.truncate(min(job.model.max_length, position_limit(model.config)))
+        self.truncate(min(job.model.max_length, position_limit(backend.config)))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     def truncate(self, max_length: int) -> None:
@@ -105,19 +95,15 @@ class EncoderRunner:
 
     @classmethod
     def converted_output(cls, model_path) -> tuple[str, object]:
-        """What a converted model (OpenVINO) returns: the name of the model output the task's head reads, and
-        a function that builds a torch module of (hidden states, mask) computed inside the graph instead, or None."""
+        """What every backend's forward returns: the name of the model output the task's head reads, and a function
+        (of the torch device's name) that builds a torch module of (hidden states, mask) computed on them instead
+        (inside the graph, on OpenVINO), or None."""
         return "logits", None
 
-    def loaded(self, backends: dict[str, Backend], precisions: dict[str, list], seconds: dict) -> None:
-        """The backends load() loaded (the first runs), each with the precisions it may use, default first."""
-        self.backends, self.precisions, self.load_seconds = backends, precisions, seconds
+    def loaded(self, backends: dict[str, Backend], seconds: dict) -> None:
+        """The backends load() loaded by name (the first runs), and the seconds loading took."""
+        self.backends, self.load_seconds = backends, seconds
         self.use(next(iter(backends)))
-
-    @property
-    def models(self) -> dict:
-        """backend name -> the model it calls (a transformers model for torch)."""
-        return {name: backend.model for name, backend in self.backends.items()}
 
     @property
     def backend(self) -> str:
@@ -127,24 +113,27 @@ class EncoderRunner:
     def precision(self) -> str | None:
         return self._running.precision
 
+    @property
+    def default_budget(self) -> int:
+        """The running backend's max_tokens where the probe cannot measure."""
+        return self._running.default_budget
+
     def use(self, backend: str, precision: str | None = None) -> None:
         """Run the next batches on `backend` (one of those loaded), in `precision` (default: its first)."""
         self._running = self.backends[backend]
-        self._running.use(precision or self.precisions[backend][0])
-        self.model = self._running.model
+        self._running.use(precision or self._running.precisions[0])
 
-    def keep(self, backend: str, precision: str | None) -> None:
-        """Settle on `backend` and `precision` and free every other model."""
+    def keep(self, backend: str, precision: str | None = None) -> None:
+        """Settle on `backend` and `precision` (default: its first) and free every other model."""
         self.use(backend, precision)
         self.backends = {backend: self._running}
-        self.precisions = {backend: [self.precision]}
         self._running.keep(self.precision)
 
     def check_precision(self, ids: list) -> tuple[str | None, dict]:
         """The first of this backend's precisions that gives this task's answers on the items `ids`, against
         the last (f32), with the check's figures (backends/precision.py); f32 when none does. Ends with the
         chosen one in use."""
-        options, backend = self.precisions[self.backend], self.backend
+        options, backend = self._running.precisions, self.backend
         if len(options) < 2:
             return options[0], {}
 
@@ -157,24 +146,23 @@ class EncoderRunner:
         return precision, check
 
     def check_conversion(self, ids: list) -> dict | None:
-        """Where torch and OpenVINO's conversion are both loaded in f32: the conversion checked against torch on
-        the items `ids` (backends/precision.py), its figures returned; one that disagrees is freed, with a note
-        in load_seconds, and torch runs. None where there is nothing to check."""
-        if not {"torch", "openvino"} <= set(self.backends) or "f32" not in self.precisions["openvino"]:
-            return None
-        import torch
-
-        if self.models["torch"].dtype != torch.float32:
+        """Where the reference backend (torch) and a conversion (OpenVINO's) are both loaded and run f32: the
+        conversion checked against the reference on the items `ids` (backends/precision.py), its figures returned;
+        one that disagrees is freed, with a note in load_seconds, and the reference runs. None where there is
+        nothing to check."""
+        reference = next((b for b in self.backends.values() if b.reference and b.f32), None)
+        converted = next((b for b in self.backends.values() if not b.reference and b.f32), None)
+        if reference is None or converted is None:
             return None
 
         def run_on(backend: str, batch: list) -> list:
-            self.use(backend, "f32" if backend == "openvino" else None)
+            self.use(backend, "f32")
             return self.run(batch)
 
-        ok, check = check_conversion(run_on, self.agreement, ids)
+        ok, check = check_conversion(run_on, self.agreement, ids, reference.name, converted.name)
         if not ok:
             self.load_seconds["note"] = f"OpenVINO not used, torch runs the job: conversion {describe_check(check)}"
-            del self.backends["openvino"], self.precisions["openvino"]
+            del self.backends[converted.name]
         self.use(next(iter(self.backends)))
         return check
 
@@ -187,22 +175,8 @@ class EncoderRunner:
 
     def run(self, ids: list[list[int]]) -> list:
         """One batch of items → one result per item, in the same order."""
-        if self.numpy_head and self.backend == "openvino":
-            return self.head(*self.collate(ids))
-        import torch
-
-        with torch.inference_mode():
-            if self.packed:
-                from ..backends.packing import first_position, pack, packed_forward
-
-                inputs, packing = pack(ids, self.device, first_position(self.model.config))
-                if isinstance(ids[0], Pair):
-                    types = [t for row in ids for t in row.type_ids]
-                    inputs["token_type_ids"] = torch.tensor(types, device=self.device)[None]
-                with packed_forward(self.model, packing):
-                    return self.head({**inputs, "packing": packing}, packing.mask)
-            inputs = {name: torch.from_numpy(v).to(self.device) for name, v in self.collate(ids)[0].items()}
-            return self.head(inputs, inputs["attention_mask"])
+        batch = batch_of(ids, self.pad_id, self.packed)
+        return self.head(self._running.forward(batch), batch)
 
     def row_settings(self, job, table: pa.Table, prepared) -> None:
         return None  # encoder tasks read no per-row settings
@@ -211,15 +185,21 @@ class EncoderRunner:
         return cut_batches(lengths, *budget, max_rows, self.device)
 
     def packing_problem(self) -> str | None:
-        from ..backends.packing import supports_packing  # torch's: a run on OpenVINO alone asks only with packed pinned
+        """Why the running backend cannot run this task's batches packed, or None."""
+        return self.packing_problem_on(self._running)
 
-        return supports_packing(self.model)
+    def packing_problem_on(self, backend: Backend) -> str | None:
+        problem = backend.packing_problem
+        if problem is None and not self.packs:
+            return f"{type(self).__name__} pads every batch under its own attention masks"
+        return problem
 
-    @staticmethod
-    def packable(model) -> bool:
-        from ..backends.packing import supports_packing
-
-        return supports_packing(model) is None
+    def candidates(self) -> tuple[Candidate, ...]:
+        """The loaded backends as the probe weighs them, the default first."""
+        return tuple(
+            Candidate(b.name, self.packing_problem_on(b) is None, b.default_budget, b.reference)
+            for b in self.backends.values()
+        )
 
     def run_chunk(self, loaded: ChunkInput, ctx: ChunkContext) -> ChunkOutput:
         """A loaded chunk's cut batches of items, each split and retried on failure → the result columns
@@ -254,24 +234,24 @@ class EncoderRunner:
         """Where no chunk is there to probe (serve): the default backend (OpenVINO's conversion checked against
         torch where both are loaded), its precision checked on a few sentences of SETTLE_SAMPLE. Returns the
         precision check's figures."""
-        sample = self.tokenize(self.sample_inputs()).ids if len(self.models) > 1 else None
+        sample = self.tokenize(self.sample_inputs()).ids if len(self.backends) > 1 else None
         if sample is not None:
             self.check_conversion(sample)
-        backend = next(iter(self.models))
+        backend = next(iter(self.backends))
         check = self.settle_precisions(sample).get(backend, {})
-        self.keep(backend, self.precisions[backend][0])
+        self.keep(backend)
         return check
 
     def settle_precisions(self, ids: list | None = None) -> dict[str, dict]:
         """Settle each loaded backend's precision where it has a choice, checked on the items `ids` (default:
         SETTLE_SAMPLE's); returns each check's figures by backend."""
         checks = {}
-        for backend in list(self.models):
-            if len(self.precisions[backend]) > 1:
-                self.use(backend)
+        for backend in list(self.backends.values()):
+            if len(backend.precisions) > 1:
+                self.use(backend.name)
                 ids = self.tokenize(self.sample_inputs()).ids if ids is None else ids
-                precision, checks[backend] = self.check_precision(ids)
-                self.precisions[backend] = [precision]
+                precision, checks[backend.name] = self.check_precision(ids)
+                backend.keep(precision)
         return checks
 
     def sample_inputs(self) -> list:
@@ -280,7 +260,7 @@ class EncoderRunner:
     @property
     def unsettled(self) -> bool:
         """More than one backend or precision still loaded (a folder whose recorded probe predates backends)."""
-        return len(self.models) > 1 or len(self.precisions[self.backend]) > 1
+        return len(self.backends) > 1 or len(self._running.precisions) > 1
 
     def settle(self, lengths: np.ndarray, ids: list, run, ctx) -> tuple[dict, np.ndarray]:
         """Settle on the first chunk what the job leaves open: each backend's precision (checked against f32
@@ -288,7 +268,6 @@ class EncoderRunner:
         lengths, ids: the chunk's items to run. Returns the choice, for the record, and the positions not
         run yet."""
         job, budget = ctx.job, ctx.budget
-        packable = "torch" in self.models and self.packable(self.models["torch"])
         sample = [ids[i] for i in np.random.default_rng(1).permutation(len(ids))[:PRECISION_SAMPLE].tolist()]
         conversion = self.check_conversion(sample)
         checks = self.settle_precisions(sample)
@@ -300,17 +279,15 @@ class EncoderRunner:
             job.batching.strategy if ctx.probe else budget.strategy,
             job.batching.max_rows,
             self.device,
-            packable,
-            tuple(self.models),
+            self.candidates(),
             self.probe_share,
         )
-        if len(tuning.backends) > 1 and "openvino" in self.models:
-            from ..backends.openvino import remember
-
-            remember(self.models["openvino"], tuning.backends)
+        if len(tuning.backends) > 1:
+            for backend in self.backends.values():
+                backend.remember(tuning.backends)
         if "note" in self.load_seconds:
             tuning.notes.append(self.load_seconds["note"])
-        self.keep(tuning.backend, self.precisions[tuning.backend][0])
+        self.keep(tuning.backend)
         check = checks.get(tuning.backend)
         ctx.log(
             tuning.describe()
@@ -330,25 +307,9 @@ class EncoderRunner:
             **({"conversion_check": conversion} if conversion else {}),
         }, rest
 
-    def collate(self, ids: list[list[int]]) -> tuple[dict, np.ndarray]:
-        """Items → padded model inputs (with token type ids for pairs) and the [b, L] attention mask, as int64
-        numpy arrays."""
-        longest = max(len(row) for row in ids)
-        input_ids = np.full((len(ids), longest), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(ids), longest), dtype=np.int64)
-        for i, row in enumerate(ids):
-            input_ids[i, : len(row)] = row
-            mask[i, : len(row)] = 1
-        inputs = {"input_ids": input_ids}
-        if isinstance(ids[0], Pair):
-            inputs["token_type_ids"] = np.zeros((len(ids), longest), dtype=np.int64)
-            for i, row in enumerate(ids):
-                inputs["token_type_ids"][i, : len(row)] = row.type_ids
-        return {**inputs, "attention_mask": mask}, mask
-
-    def head(self, inputs: dict, mask: torch.Tensor) -> list:
-        """inputs: keyword arguments for the model; mask: [b, L], 1 for real tokens. The model's
-        hidden states come back as [b, L, hidden] whether the batch ran padded or packed."""
+    def head(self, out, batch) -> list:
+        """out: what the backend's forward returned for `batch` (backends/base.py: the task's output, [b, ...] in
+        the padded layout whether the batch ran padded or packed; a torch tensor or a numpy array)."""
         raise NotImplementedError
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:

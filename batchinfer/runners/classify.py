@@ -10,9 +10,9 @@ from .base import EncoderRunner, fixed_size_list, head_labels, rows_of
 
 
 class ClassifyRunner(EncoderRunner):
-    def __init__(self, tokenizer, model, device, job, model_path=None):
-        super().__init__(tokenizer, model, device, job)
-        config = model.config
+    def __init__(self, tokenizer, backend, device, job, model_path=None):
+        super().__init__(tokenizer, backend, device, job)
+        config = backend.config
         self.width = config.num_labels
         self.score_labels = head_labels(config)
         self.labels = pa.array(self.score_labels)
@@ -20,8 +20,8 @@ class ClassifyRunner(EncoderRunner):
         self.sigmoid = config.problem_type == "multi_label_classification" or self.width == 1
         self.scores = job.output.scores
 
-    def head(self, inputs: dict, mask: torch.Tensor) -> list:
-        logits = self.model(**inputs).logits.float()  # [b, num_labels]
+    def head(self, out, batch) -> list:
+        logits = torch.as_tensor(out).float()  # [b, num_labels]
         return list((logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)).cpu().numpy())
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pyarrow as pa
 
+from ..backends.base import as_numpy
 from ..backends.sentence_modules import SentenceModel, sentence_model
 from .base import EncoderRunner, fixed_size_list, rows_of, tokens_of
 from .protocol import Tokens
 
-if TYPE_CHECKING:  # the head runs on torch; on OpenVINO it runs inside the graph and this module needs no torch
+if TYPE_CHECKING:  # the modules' torch head runs in the torch backend, inside the graph on OpenVINO: no torch here
     import torch
 
 
@@ -34,10 +35,10 @@ class EmbedRunner(EncoderRunner):
         sentence = sentence_model(model_path)
         return f"pooled:{sentence.key(model_path)}", functools.partial(build_head, sentence, model_path)
 
-    def __init__(self, tokenizer, model, device, job, model_path: Path):
-        super().__init__(tokenizer, model, device, job)
-        self.sentence, self.path = sentence_model(model_path), model_path
-        self.width = self.sentence.width(model.config.hidden_size)
+    def __init__(self, tokenizer, backend, device, job, model_path: Path):
+        super().__init__(tokenizer, backend, device, job)
+        self.sentence = sentence_model(model_path)
+        self.width = self.sentence.width(backend.config.hidden_size)
         # The model's own max_seq_length caps model.max_length (a longer row is cut and flagged truncated).
         self.truncate(min(self.max_length, self.sentence.max_seq_length or self.max_length))
         if self.sentence.lower_case:
@@ -53,12 +54,9 @@ class EmbedRunner(EncoderRunner):
         owner = np.repeat(np.arange(len(items)), [len(texts) for texts in items])
         return tokens_of(self.encode([prompt + text for text in chain(*items)]), owner)
 
-    def head(self, inputs: dict, mask) -> list:
-        out = self.model(**inputs)
-        if hasattr(out, "pooled"):  # OpenVINO's graph pooled: numpy out for numpy in
-            return list(np.asarray(out.pooled, dtype=np.float32))  # [b] x [hidden]
-        hidden = out.last_hidden_state
-        return list(build_head(self.sentence, self.path, str(hidden.device))(hidden, mask).cpu().numpy())
+    def head(self, out, batch) -> list:
+        # out: the modules' vectors, [b, width]: computed by build_head on torch, inside the graph on OpenVINO
+        return list(np.asarray(as_numpy(out), dtype=np.float32))  # [b] x [width]
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
         if self.lists:  # [rows] x [texts] x [hidden]

@@ -39,9 +39,11 @@ class LabelScoreRunner(EncoderRunner):
     # A causal LM's forward on a CPU runs a few hundred tokens a second (SmolLM2-135M), and the shipped job's first
     # chunk is often a whole --limit trial: its probe is held to a tenth of the chunk.
     probe_share = PROBE_SHARE
+    packs = False  # run() pads every batch under its own attention masks: packed would only cut differently
 
-    def __init__(self, tokenizer, model, device, job, model_path=None):
-        super().__init__(tokenizer, model, device, job)
+    def __init__(self, tokenizer, backend, device, job, model_path=None):
+        super().__init__(tokenizer, backend, device, job)
+        self.model = model = backend.model  # the transformers model: run() makes its own passes on it (torch)
         self.chat = tokenizer if getattr(tokenizer, "chat_template", None) else None
         self.labels = list(job.model.labels)
         self.score_labels = self.labels
@@ -60,10 +62,6 @@ class LabelScoreRunner(EncoderRunner):
         self.head_ok = _head_shortcut_agrees(model, device)
         self.body = model.base_model if self.head_ok else model  # what runs a batch's tokens
         self.prefixes = PrefixCache(self.body, device) if PrefixCache.problem(self.body) is None else None
-
-    @staticmethod
-    def packable(model) -> bool:
-        return False  # run() pads every batch under its own attention masks: packed would only cut differently
 
     # --- items ---------------------------------------------------------------------------------------------------
 

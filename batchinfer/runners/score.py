@@ -24,11 +24,11 @@ class ScoreRunner(EncoderRunner):
     pairs = True
     agreement = "close"
 
-    def __init__(self, tokenizer, model, device, job, model_path=None):
-        super().__init__(tokenizer, model, device, job)
-        self.width = model.config.num_labels
-        self.score_labels = head_labels(model.config)
-        self.activation = activation(model.config)
+    def __init__(self, tokenizer, backend, device, job, model_path=None):
+        super().__init__(tokenizer, backend, device, job)
+        self.width = backend.config.num_labels
+        self.score_labels = head_labels(backend.config)
+        self.activation = activation(backend.config)
         self.scores = job.output.scores
 
     def tokenize(self, texts: list) -> Tokens:  # (text, text_pair) tuples, cut longest first
@@ -38,8 +38,8 @@ class ScoreRunner(EncoderRunner):
         texts = super().sample_inputs()
         return list(zip(texts, texts[1:] + texts[:1]))
 
-    def head(self, inputs: dict, mask: torch.Tensor) -> list:
-        return list(self.activation(self.model(**inputs).logits.float()).cpu().numpy())  # [b] x [outputs]
+    def head(self, out, batch) -> list:
+        return list(self.activation(torch.as_tensor(out).float()).cpu().numpy())  # logits in, [b] x [outputs] out
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
         values = rows_of(results).reshape(len(results), self.width)

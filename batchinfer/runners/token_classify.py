@@ -20,19 +20,19 @@ ENTITY = pa.struct(
 
 
 class TokenClassifyRunner(EncoderRunner):
-    def __init__(self, tokenizer, model, device, job, model_path=None):
+    def __init__(self, tokenizer, backend, device, job, model_path=None):
         from transformers.pipelines.token_classification import AggregationStrategy, TokenClassificationPipeline
 
-        super().__init__(tokenizer, model, device, job)
+        super().__init__(tokenizer, backend, device, job)
         # Only the pipeline's grouping of tokens into entities is used (postprocess), which reads the model's
-        # config and the tokenizer alone; built without __init__ so that any backend's model will do.
+        # config and the tokenizer alone; built without __init__ so that any backend will do.
         self.pipeline = TokenClassificationPipeline.__new__(TokenClassificationPipeline)
-        self.pipeline.model, self.pipeline.tokenizer = model, tokenizer
+        self.pipeline.model, self.pipeline.tokenizer = backend, tokenizer
         self.aggregation = AggregationStrategy(job.output.aggregation)
 
-    def head(self, inputs: dict, mask: torch.Tensor) -> list:
-        logits = self.model(**inputs).logits.float().cpu().numpy()  # [b, L, labels]
-        return [logits[i, :n] for i, n in enumerate(mask.sum(dim=1).tolist())]  # each [tokens, labels]
+    def head(self, out, batch) -> list:
+        logits = torch.as_tensor(out).float().cpu().numpy()  # [b, L, labels]
+        return [logits[i, :n] for i, n in enumerate(batch.lengths.tolist())]  # each [tokens, labels]
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
         rows = []

@@ -20,8 +20,8 @@ from .protocol import Tokens
 class ZeroShotRunner(EncoderRunner):
     pairs = True
 
-    def __init__(self, tokenizer, model, device, job, model_path=None):
-        super().__init__(tokenizer, model, device, job)
+    def __init__(self, tokenizer, backend, device, job, model_path=None):
+        super().__init__(tokenizer, backend, device, job)
         self.tokenizer.enable_truncation(self.max_length, strategy="only_first")  # never cut the hypothesis
         self.labels = list(job.model.labels)
         self.score_labels = self.labels
@@ -37,7 +37,7 @@ class ZeroShotRunner(EncoderRunner):
                 f"raise model.max_length above {longest}, or shorten model.hypothesis_template",
             )
         self.entailment = next(
-            i for label, i in model.config.label2id.items() if str(label).lower().startswith("entail")
+            i for label, i in backend.config.label2id.items() if str(label).lower().startswith("entail")
         )
         self.contradiction = -1 if self.entailment == 0 else 0
 
@@ -46,8 +46,8 @@ class ZeroShotRunner(EncoderRunner):
         owner = np.repeat(np.arange(len(texts)), len(self.labels))
         return tokens_of(self.encode(pairs), owner, pairs=True)
 
-    def head(self, inputs: dict, mask: torch.Tensor) -> list:
-        return list(self.model(**inputs).logits.float().cpu().numpy())  # [b] x [classes]
+    def head(self, out, batch) -> list:
+        return list(torch.as_tensor(out).float().cpu().numpy())  # logits in, [b] x [classes] out
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
         logits = np.array(results, dtype=np.float32).reshape(

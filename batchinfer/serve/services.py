@@ -12,8 +12,6 @@ import numpy as np
 import pyarrow as pa
 from fastapi import Request
 
-from ..backends.packing import supports_packing
-from ..batching.probe import BACKEND_BUDGETS, DEFAULT_BUDGET
 from ..constrained.spec import Constraint, response_format
 from ..job.config import GREEDY_BELOW, JobConfig
 from ..openai_compat.requests import GenerationSettings
@@ -36,9 +34,8 @@ class EncoderService:
         batching = job.batching
         strategy = batching.strategy
         if strategy == "auto":  # packed where the model allows it: no padding computed, the same results
-            strategy = "packed" if supports_packing(self.runner.model) is None else "padded"
-        auto = BACKEND_BUDGETS.get(self.runner.backend, DEFAULT_BUDGET)
-        max_tokens = batching.max_tokens if batching.max_tokens != "auto" else auto
+            strategy = "packed" if self.runner.packing_problem() is None else "padded"
+        max_tokens = batching.max_tokens if batching.max_tokens != "auto" else self.runner.default_budget
         self.batcher = Batcher(
             self.runner,
             max_tokens,

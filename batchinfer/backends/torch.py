@@ -1,0 +1,61 @@
+"""The torch backend: a transformers model (CPU or CUDA) as a Backend (base.py), in the dtype it was loaded in.
+Padded batches go in as tensors on the model's device; packed ones through packing.py (varlen attention on a
+GPU, re-padded attention elsewhere), their output padded back to [b, L, ...] before the task's output is read."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..batching.probe import DEFAULT_BUDGET
+from .base import Batch
+from .packing import first_position, pack, packed_forward, supports_packing
+
+
+class TorchBackend:
+    """model: the transformers model; output: the model output the task reads ("logits", "last_hidden_state"), and
+    a function building a torch module of (hidden states [b, L, h], mask [b, L]) run on them instead, or None
+    (runners/base.py converted_output)."""
+
+    name, reference, default_budget = "torch", True, DEFAULT_BUDGET
+    precision = None  # the dtype it was loaded in
+    precisions = [None]
+
+    def __init__(self, model, device: torch.device, output: tuple[str, Callable | None]):
+        self.model, self.device = model, device
+        self.config = model.config
+        self.output, self.head = output
+
+    @property
+    def packing_problem(self) -> str | None:
+        return supports_packing(self.model)
+
+    @property
+    def f32(self) -> bool:
+        return self.model.dtype == torch.float32
+
+    def use(self, precision: str | None) -> None:
+        pass  # one precision: the loaded dtype
+
+    def keep(self, precision: str | None) -> None:
+        pass
+
+    def remember(self, rates: dict[str, float]) -> None:
+        pass  # nothing of its own to keep them beside; OpenVINO keeps them beside its conversion
+
+    @torch.inference_mode()
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """The task's output for the batch, [b, ...] on the model's device."""
+        if batch.packed:
+            inputs, packing = pack(batch, self.device, first_position(self.config))
+            with packed_forward(self.model, packing):
+                return self.read(self.model(**inputs, packing=packing), packing.mask)
+        inputs = {name: torch.from_numpy(v).to(self.device) for name, v in batch.inputs().items()}
+        return self.read(self.model(**inputs), inputs["attention_mask"])
+
+    def read(self, out, mask: torch.Tensor) -> torch.Tensor:
+        """The task's output from the model's outputs; mask: [b, L] on the device."""
+        if self.head is None:
+            return getattr(out, self.output)
+        return self.head(str(mask.device))(out.last_hidden_state, mask)

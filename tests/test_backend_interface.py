@@ -1,0 +1,153 @@
+"""backends/base.py: the Backend interface. A backend is one module (a class and a loader registered in
+backends.LOADERS): a fake one here runs a whole job, and nothing above backends/ asks a backend its name."""
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+import transformers
+from helpers import make_job, read_output
+
+from batchinfer import backends
+from batchinfer.backends.base import Batch, Pair, batch_of
+from batchinfer.execution.driver import run_job
+
+PACKAGE = Path(__file__).resolve().parent.parent / "batchinfer"
+NAMES = {"torch", "openvino"}  # the built-in backends' names
+
+
+class FakeBackend:
+    """A logit per label from an item's real tokens alone (expected_logits): numpy only, padded only, one
+    precision. What it received is kept, to show what the runner hands a backend."""
+
+    name, reference, default_budget = "fake", False, 512
+    precision, precisions = None, [None]
+    packing_problem = "the fake runs padded batches only"
+    f32 = False
+    device = None
+
+    def __init__(self, config):
+        self.config = config
+        self.batches: list[Batch] = []
+        self.remembered: list[dict] = []
+
+    def use(self, precision):
+        pass
+
+    def keep(self, precision):
+        pass
+
+    def remember(self, rates):
+        self.remembered.append(rates)
+
+    def forward(self, batch: Batch) -> np.ndarray:
+        self.batches.append(batch)
+        total = (batch.ids * batch.mask).sum(axis=1)  # the pad id's tokens count for nothing
+        label = np.arange(self.config.num_labels)
+        return ((total[:, None] + label[None, :] * batch.lengths[:, None]) % 7).astype(np.float32)  # [b, labels]
+
+
+def expected_logits(ids: list[int], labels: int) -> list[int]:
+    return [(sum(ids) + k * len(ids)) % 7 for k in range(labels)]
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """The fake registered as a new backend's module registers itself: a loader in backends.LOADERS."""
+    loaded = []
+
+    def load(cfg, path, output):
+        assert output == ("logits", None)  # what classify's head reads
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        loaded.append(FakeBackend(transformers.AutoConfig.from_pretrained(path)))
+        return tokenizer, loaded[-1], backends.openvino.Device()
+
+    monkeypatch.setitem(backends.LOADERS, "fake", load)
+    return loaded
+
+
+def _fake_job(sms_parquet, tiny_classify, out, **overrides):
+    job = make_job(sms_parquet, tiny_classify, out, "classify", output__scores=True, **overrides)
+    # model.backend's choices are job/config.py's Literal: a backend shipped in batchinfer adds its name there
+    return job.model_copy(update={"model": job.model.model_copy(update={"backend": "fake"})})
+
+
+def test_a_fake_backend_runs_a_whole_job_and_its_results_are_what_it_computed(
+    sms_parquet, sms_table, tiny_classify, tmp_path, fake
+):
+    job = _fake_job(sms_parquet, tiny_classify, tmp_path / "out", batching={"max_tokens": "auto", "strategy": "auto"})
+    report = run_job(job)
+    assert report["batching"]["backend"] == "fake"
+    assert report["batching"]["strategy"] == "padded"  # the fake does not pack: the probe never offers packed
+    # Its slices run too fast to measure (microseconds): the probe keeps the backend's own default budget.
+    assert report["batching"]["max_tokens"] == FakeBackend.default_budget
+    backend = fake[0]
+    assert backend.batches and not any(batch.packed for batch in backend.batches)
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_classify)
+    table = read_output(tmp_path / "out").sort_by("sms_id")
+    texts = dict(zip(sms_table.column("sms_id").to_pylist(), sms_table.column("text").to_pylist()))
+    ids = [
+        tokenizer(texts[i], truncation=True, max_length=128)["input_ids"] for i in table.column("sms_id").to_pylist()
+    ]
+    labels = transformers.AutoConfig.from_pretrained(tiny_classify).num_labels
+    logits = np.array([expected_logits(row, labels) for row in ids], dtype=np.float64)
+    scores = np.exp(logits - logits.max(axis=1, keepdims=True))
+    scores /= scores.sum(axis=1, keepdims=True)
+    assert table.column("label_id").to_pylist() == scores.argmax(axis=1).tolist()
+    np.testing.assert_allclose(np.array(table.column("scores").to_pylist()), scores, rtol=1e-5)
+    assert len(table) == 600  # every row of the three shards ran: none in _errors/
+
+
+def test_a_fake_backend_that_cannot_pack_refuses_packed_naming_its_reason(sms_parquet, tiny_classify, tmp_path, fake):
+    from batchinfer.errors import ConfigError
+
+    job = _fake_job(sms_parquet, tiny_classify, tmp_path / "out", batching__strategy="packed")
+    with pytest.raises(ConfigError, match="the fake runs padded batches only"):
+        run_job(job)
+
+
+def test_a_batch_is_built_once_padded_or_packed_with_token_types_for_pairs():
+    items = [Pair([5, 6, 7], [0, 0, 1]), Pair([8], [1])]
+    padded, packed = batch_of(items, pad_id=3), batch_of(items, pad_id=3, packed=True)
+    assert padded.ids.tolist() == [[5, 6, 7], [8, 3, 3]] and padded.type_ids.tolist() == [[0, 0, 1], [1, 0, 0]]
+    assert padded.mask.tolist() == packed.mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert packed.ids.tolist() == [5, 6, 7, 8] and packed.type_ids.tolist() == [0, 0, 1, 1]
+    assert packed.cu_lengths.tolist() == [0, 3, 4] and padded.cu_lengths is None
+    assert list(padded.inputs()) == ["input_ids", "token_type_ids", "attention_mask"]
+    assert batch_of([[1, 2]], pad_id=0).type_ids is None
+
+
+def _name_compares(path: Path) -> list[str]:
+    """Comparisons with a built-in backend's name (==, !=, in, not in; a tuple of names counts) and lookups by one
+    (x["torch"]) in `path`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.Subscript):
+            operands = [node.slice]
+        else:
+            continue
+        for operand in operands:
+            values = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+            if any(isinstance(v, ast.Constant) and v.value in NAMES for v in values):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+# Generation picks an engine (generation.engine), not an encoder Backend: its engines stand behind runners/engine.py's
+# Engine protocol, and their names are that protocol's business.
+ENGINES = {"runners/generate.py", "runners/engine.py"}
+
+
+def test_nothing_above_backends_compares_a_backends_name():
+    """Runners, the probe, plan and serve ask the Backend (packs, default_budget, precisions, reference), so a new
+    backend needs no branch of theirs."""
+    found = []
+    for folder in ("runners", "batching", "commands", "serve", "execution"):
+        for path in sorted((PACKAGE / folder).rglob("*.py")):
+            if str(path.relative_to(PACKAGE)) not in ENGINES:
+                found += _name_compares(path)
+    assert not found, "\n".join(found)
