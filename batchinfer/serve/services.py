@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import secrets
 import time
 import uuid
 
@@ -15,7 +16,7 @@ from fastapi import Request
 from ..backends.packing import supports_packing
 from ..batching.probe import BACKEND_BUDGETS, DEFAULT_BUDGET
 from ..constrained.spec import Constraint, response_format
-from ..job.config import GREEDY_BELOW, JobConfig
+from ..job.config import GREEDY_BELOW, GenerationConfig, JobConfig
 from ..openai_compat.requests import GenerationSettings
 from ..runners import make_runner
 from ..runners.protocol import ChunkInput, Tokens
@@ -101,7 +102,7 @@ class GenerateService:
         checked against what this server runs, and tokenized; never past the positions the model knows,
         as offline."""
         started = time.perf_counter()
-        self.check(body.temperature, body.top_p, body.seed)
+        settings = self.settings(body)
         if self.problem():  # before a stream's status line goes out
             raise EngineDown(self.problem())
         usage = include_usage(body)
@@ -113,7 +114,7 @@ class GenerateService:
         ids = (await asyncio.to_thread(self.runner.tokenize, [prompt])).ids[0]
         if self.runner.context:
             max_new = max(1, min(max_new, self.runner.context - len(ids)))
-        return Asked(chat, ids, max_new, stops, constraint, body.stream, usage, started)
+        return Asked(chat, ids, max_new, settings, stops, constraint, body.stream, usage, started)
 
     async def constraint(self, body) -> Constraint | None:
         """The request's response_format, else the server's job's; compiled (off the event loop, which goes on
@@ -136,23 +137,35 @@ class GenerateService:
             raise BadInput(str(exc)) from None
         return constraint
 
-    def check(self, temperature: float | None, top_p: float | None, seed: int | None) -> None:
-        """Decoding settings are the server's (one engine runs every request): a request may repeat them, and
+    def settings(self, body: GenerationSettings) -> GenerationConfig:
+        """The request's decoding: its temperature, top_p and seed over the job's generation section, checked as
+        a batch file's row is. A request that samples without a seed draws from a fresh one, as OpenAI's do (the
+        job's seed would give every such request the same text)."""
+        asked = {"temperature": body.temperature, "top_p": body.top_p, "seed": body.seed}
+        if self.engine.fixed:
+            self.check(asked, self.engine.fixed)
+            return self.job.generation
+        if body.seed is None:
+            asked["seed"] = secrets.randbits(63)
+        settings, problem = self.runner.request_config({k: v for k, v in asked.items() if v is not None})
+        if problem:
+            raise BadInput(problem[1])
+        return settings
+
+    def check(self, asked: dict, why: str) -> None:
+        """Where the engine decodes every request alike (`why`), a request may repeat the server's settings, and
         may send what changes nothing under them: on a greedy server, a greedy temperature (below GREEDY_BELOW,
         as the job file reads it) with any top_p and seed, as an OpenAI Batch file's greedy rows run together."""
         gen = self.job.generation
-        if gen.temperature == 0 and (temperature or 0.0) < GREEDY_BELOW:
+        if gen.temperature == 0 and (asked["temperature"] or 0.0) < GREEDY_BELOW:
             return
-        for name, asked, served in (
-            ("temperature", temperature, gen.temperature),
-            ("top_p", top_p, gen.top_p),
-            ("seed", seed, gen.seed),
-        ):
-            if asked is not None and abs(asked - served) > 1e-9:
+        for name, value in asked.items():
+            served = getattr(gen, name)
+            if value is not None and abs(value - served) > 1e-9:
                 how = "greedily (temperature 0)" if name == "temperature" and served == 0 else f"with {name} {served}"
                 raise BadInput(
-                    f"{name}: this server decodes {how} for every request; start it with "
-                    f"--set generation.{name}={asked}, or leave {name} out"
+                    f"{name}: this server decodes {how} for every request ({why}); start it with "
+                    f"--set generation.{name}={value}, or leave {name} out"
                 )
 
     async def stream(self, asked: Asked, request: Request):
@@ -163,7 +176,7 @@ class GenerateService:
         self.engine.listen(request_id, asked.constraint, outputs.put_nowait)
         try:
             # add blocks (up to 10 s) while the engine's input queue is full: off the event loop
-            if not await asyncio.to_thread(self.engine.add, request_id, asked.ids, asked.max_new):
+            if not await asyncio.to_thread(self.engine.add, request_id, asked.ids, asked.max_new, asked.settings):
                 raise EngineDown(self.problem() or "the engine takes no new requests")
             async for output in self._outputs(outputs, request):
                 yield output
