@@ -157,6 +157,22 @@ def test_a_full_queue_answers_429_and_a_bad_body_400_naming_the_problem(tiny_emb
     assert odd[2].json()["error"]["message"].startswith("input[1]: not valid Unicode (surrogates not allowed")
 
 
+def test_a_served_request_reads_its_rows_as_the_job_does_and_a_too_long_text_is_a_400(tiny_embed):
+    job = _serving(tiny_embed, "embed")
+    job = job.model_copy(update={"model": job.model.model_copy(update={"truncation": "error", "max_length": 8})})
+
+    async def go():
+        async with _client(job) as client:
+            short = await client.post("/v1/embeddings", json={"input": ["ok", "fine"]})
+            long = await client.post("/v1/embeddings", json={"input": ["ok", "word " * 20]})
+            return short, long
+
+    short, long = asyncio.run(go())
+    assert short.status_code == 200 and len(short.json()["data"]) == 2
+    assert long.status_code == 400  # model.truncation: error, as a run sends the row to _errors/
+    assert long.json()["error"]["message"] == "input[1]: text is longer than max_length=8 tokens"
+
+
 def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
     async def go():
         async with _client(_serving(tiny_llama, "generate")) as client:

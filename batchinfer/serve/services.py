@@ -16,11 +16,10 @@ from fastapi import Request
 from ..backends.packing import supports_packing
 from ..batching.probe import BACKEND_BUDGETS, DEFAULT_BUDGET
 from ..constrained.spec import Constraint, response_format
-from ..job.config import GREEDY_BELOW, GenerationConfig, JobConfig
+from ..execution.run_rows import load_rows
+from ..job.config import GREEDY_BELOW, GenerationConfig, InputConfig, JobConfig
 from ..openai_compat.requests import GenerationSettings
 from ..runners import make_runner
-from ..runners.protocol import ChunkInput, Tokens
-from ..sources.prepare import Prepared
 from .batcher import Batcher, Overloaded, Ticket, TokenQueue
 from .bodies import Asked, BadInput, include_usage
 from .failures import Disconnected, EngineDown
@@ -49,6 +48,7 @@ class EncoderService:
             job.serve.max_queue_tokens,
             metrics.batch,
         )
+        self.rows_job = request_rows_job(job)
 
     async def run(self, texts: list, request: Request) -> tuple[dict, int]:
         """Each text's result columns (as Python lists) and the request's token count."""
@@ -56,13 +56,17 @@ class EncoderService:
         # a full queue refuses before the tokenizer runs, and so does a request of more texts than the queue's
         # tokens (each text is a token at least)
         with self.batcher.reserved(most, least=len(texts)):
-            tokens = await asyncio.to_thread(self.runner.tokenize, texts)
+            loaded = await asyncio.to_thread(load_rows, self.rows_job, self.runner, request_rows(texts))
+            if loaded.prepared.errors:  # model.truncation: error
+                position, (reason, message) = min(loaded.prepared.errors.items())
+                raise BadInput(f"input[{position}]: {message}")
+            tokens = loaded.tokens
             pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop(), reserved=most)
         results, failed = await until_done(pending, request, self.batcher.cancel)
         if failed:
             position, (reason, message) = next(iter(sorted(failed.items())))
             raise RuntimeError(f"input[{position}]: {reason}: {message}")
-        columns = self.runner.columns([[r] for r in results], np.arange(len(texts)), as_chunk(texts, tokens))
+        columns = self.runner.columns([[r] for r in results], np.arange(len(texts)), loaded)
         if pa.types.is_list(columns.get("embedding", pa.array([])).type):  # a job for OpenAI Batch files: a
             columns["embedding"] = columns["embedding"].flatten()  # list of vectors per request; here one each
         self.metrics.rows.inc(len(texts))
@@ -222,17 +226,18 @@ def most_tokens(texts: list, max_length: int) -> int:
     )
 
 
-def as_chunk(texts: list, tokens: Tokens) -> ChunkInput:
-    """A request's rows as the chunk a runner's columns read (some read its tokens: embed's prompt_tokens)."""
-    every = np.arange(len(texts))
-    return ChunkInput(
-        table=pa.table({}),
-        prepared=Prepared(texts, every, {}),
-        tokens=tokens,
-        index=every,
-        batches=[],
-        cut_with=(0, ""),
-    )
+def request_rows_job(job: JobConfig) -> JobConfig:
+    """The job as it reads a request's rows (request_rows): its input section for them, the rest as served."""
+    pair = {"text_pair": "text_pair"} if job.model.task == "score" else {}
+    return job.model_copy(update={"input": InputConfig(path="-", text="text", **pair)})
+
+
+def request_rows(texts: list) -> pa.Table:
+    """A request's texts (or (text, text_pair) tuples) as the rows request_rows_job reads."""
+    if texts and isinstance(texts[0], tuple):
+        first, second = zip(*texts)
+        return pa.table({"text": pa.array(first, pa.string()), "text_pair": pa.array(second, pa.string())})
+    return pa.table({"text": pa.array(texts, pa.string())})
 
 
 async def until_done(pending, request: Request, cancel):
