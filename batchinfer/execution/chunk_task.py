@@ -31,7 +31,8 @@ from ..output.records import ChunkRecord, ChunkResult
 from ..reasons import Reason
 from ..runners.protocol import ChunkContext, ChunkInput, Runner
 from ..sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
-from ..sources.base import ShardChanged, as_text
+from ..sources.column_types import as_text
+from ..sources.file_identity import ShardChanged
 from .run_rows import load_rows, run_rows
 
 SCORE_LABELS = "labels"  # the key of the `scores` field's metadata that names its entries
