@@ -65,7 +65,9 @@ class SeededSampling(RequestHook):
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         # scores: [rows, vocab], one row per request that gets a token this step
         slots = tensor_arg[: scores.size(0)].tolist()
-        drawers = {row: self.drawers[slot] for row, slot in enumerate(slots) if slot in self.drawers}
+        # get, not []: serve drops a cancelled request's generator from another thread, maybe mid-step
+        found = ((row, self.drawers.get(slot)) for row, slot in enumerate(slots))
+        drawers = {row: drawer for row, drawer in found if drawer is not None}
         if not drawers:
             return scores
         seeded = list(drawers)

@@ -58,7 +58,7 @@ class EncoderService:
         with self.batcher.reserved(most, least=len(texts)):
             loaded = await asyncio.to_thread(load_rows, self.rows_job, self.runner, request_rows(texts))
             if loaded.prepared.errors:  # model.truncation: error
-                position, (reason, message) = min(loaded.prepared.errors.items())
+                position, (_, message) = min(loaded.prepared.errors.items())
                 raise BadInput(f"input[{position}]: {message}")
             tokens = loaded.tokens
             pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop(), reserved=most)
