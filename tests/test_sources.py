@@ -446,14 +446,14 @@ def test_a_file_of_unknown_extension_says_so_and_names_the_formats(tmp_path):
 def test_a_same_length_edit_anywhere_in_a_small_file_changes_its_identity(monkeypatch):
     import io
 
-    import batchinfer.sources.base as base
-    from batchinfer.sources.base import content_digest
+    import batchinfer.sources.file_identity as file_identity
+    from batchinfer.sources.file_identity import content_digest
 
     data = bytearray(b"PAR1" + bytes(range(256)) * 40 + b"\x10\x00\x00\x00PAR1")
     edited = bytearray(data)
     edited[5000] ^= 1  # a byte in the middle, far from the footer
     assert content_digest(io.BytesIO(data)) != content_digest(io.BytesIO(edited))
-    monkeypatch.setattr(base, "FULL_HASH_BYTES", 100)  # a large file: footer, size and modification time
+    monkeypatch.setattr(file_identity, "FULL_HASH_BYTES", 100)  # a large file: footer, size and modification time
     assert content_digest(io.BytesIO(data), 1.0) == content_digest(io.BytesIO(edited), 1.0)
     assert content_digest(io.BytesIO(data), 1.0) != content_digest(io.BytesIO(data), 2.0)
 

@@ -7,7 +7,11 @@ seeds share one pass.
 
 from __future__ import annotations
 
+import itertools
+from typing import Callable
+
 import torch
+from transformers.generation import LogitsProcessorList
 from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
 
 
@@ -34,15 +38,25 @@ class SeededSampling(RequestHook):
     """Last of the engine's processors: from the distribution its warpers left (temperature, top-k, top-p),
     each seeded request draws its token with its own generator and keeps only that token, which the
     engine's own sampling then picks. A row's generator travels in the step's tensor argument (its slot),
-    so a step prepared ahead (asynchronous batching) still draws for the right request."""
+    so a step prepared ahead (asynchronous batching) still draws for the right request.
+
+    In a greedy engine (serve's), a request may bring its own warpers: transformers' own, built from its
+    settings as the sampling engine builds them (sampling_warpers); they warp its row before the draw, and
+    the engine's argmax picks the kept token. Rows without a slot keep the engine's greedy token."""
 
     def __init__(self):
-        self.generators: list[torch.Generator] = []
-        self.slots: dict[str, int] = {}  # request id -> its generator's index
+        self.slots: dict[str, int] = {}  # request id -> its slot
+        self.drawers: dict[int, tuple[torch.Generator, Callable | None]] = {}  # slot -> generator, warpers
+        self.taken = itertools.count()
 
-    def add(self, request_id: str, seed: int) -> None:
-        self.slots[request_id] = len(self.generators)
-        self.generators.append(torch.Generator().manual_seed(seed))
+    def add(self, request_id: str, seed: int, warpers: Callable | None = None) -> None:
+        slot = next(self.taken)
+        self.drawers[slot] = (torch.Generator().manual_seed(seed), warpers)
+        self.slots[request_id] = slot
+
+    def drop(self, request_id: str) -> None:
+        """Free a finished request's generator (serve's requests come and go)."""
+        self.drawers.pop(self.slots.pop(request_id, -1), None)
 
     def prepare_tensor_args(self, requests_with_new_token: list) -> torch.Tensor:
         slots = [self.slots.get(future.state.request_id, -1) for future in requests_with_new_token]
@@ -51,10 +65,16 @@ class SeededSampling(RequestHook):
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         # scores: [rows, vocab], one row per request that gets a token this step
         slots = tensor_arg[: scores.size(0)].tolist()
-        seeded = [row for row, slot in enumerate(slots) if slot >= 0]
-        if not seeded:
+        # get, not []: serve drops a cancelled request's generator from another thread, maybe mid-step
+        found = ((row, self.drawers.get(slot)) for row, slot in enumerate(slots))
+        drawers = {row: drawer for row, drawer in found if drawer is not None}
+        if not drawers:
             return scores
-        draws = torch.stack([torch.rand((), generator=self.generators[slots[row]]) for row in seeded])
+        seeded = list(drawers)
+        for row, (_, warpers) in drawers.items():
+            if warpers is not None:  # [1, vocab]: transformers' warpers read no input ids
+                scores[row : row + 1] = warpers(None, scores[row : row + 1])
+        draws = torch.stack([torch.rand((), generator=drawers[row][0]) for row in seeded])
         rows = torch.tensor(seeded, device=scores.device)
         cumulative = scores[rows].float().softmax(-1).cumsum(-1)
         # the first token whose cumulative probability passes the draw: never one the warpers removed
@@ -63,3 +83,14 @@ class SeededSampling(RequestHook):
         scores[rows] = float("-inf")
         scores[rows, picked] = 0.0
         return scores
+
+
+def sampling_warpers(model, greedy, sampled) -> Callable | None:
+    """The warpers (temperature, top-k, top-p, and any the model's generation_config adds) that transformers
+    applies when decoding with `sampled` and not with `greedy` (two transformers GenerationConfigs): the tail
+    of its logits processors past the greedy ones, which come first in the same order. None when the greedy
+    ones are not such a prefix (a watermark or renormalization, which transformers puts last)."""
+    first, every = model._get_logits_processor(greedy), model._get_logits_processor(sampled)
+    if [type(p) for p in every[: len(first)]] != [type(p) for p in first]:
+        return None
+    return LogitsProcessorList(every[len(first) :])

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from ..batching.budget import Batching
 from ..control import StopFlag
-from ..errors import ConfigError, InputError, ModelError
+from ..errors import ConfigError, InputError
 from ..heap import HeapGuard
 from ..job.config import JobConfig
 from ..job.plan import Chunk, Work
@@ -31,8 +31,9 @@ from ..output.records import ChunkRecord, ChunkResult
 from ..reasons import Reason
 from ..runners.protocol import ChunkContext, ChunkInput, Runner
 from ..sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
-from ..sources.base import ShardChanged, as_text
-from ..sources.prepare import prepare_rows
+from ..sources.column_types import as_text
+from ..sources.file_identity import ShardChanged
+from .run_rows import load_rows, run_rows
 
 SCORE_LABELS = "labels"  # the key of the `scores` field's metadata that names its entries
 
@@ -115,37 +116,8 @@ class ChunkTask:
             )
             row_ids = row_ids[work.offsets]
         self.stop.check()
-        prepared = prepare_rows(job, block.table, block.bad_rows)
-        settings = self.runner.row_settings(job, block.table, prepared)
-        self.stop.check()
-        tokens = self.runner.tokenize(prepared.texts)
-        self.stop.check()
-        owners = tokens.owners()
-        if job.model.truncation == "error":
-            for i in np.flatnonzero(tokens.truncated).tolist():
-                prepared.errors[int(prepared.rows[owners[i]])] = (
-                    Reason.TOO_LONG,
-                    f"text is longer than max_length={self.runner.max_length} tokens",
-                )
-        # the items of rows with no error so far (a row whose text was too long loses all its items)
-        failed = np.isin(
-            prepared.rows[owners], np.fromiter(prepared.errors, dtype=np.int64, count=len(prepared.errors))
-        )
-        index = np.flatnonzero(~failed) if len(owners) else np.zeros(0, dtype=np.int64)
-        cut_with = self.budget.key
-        return Loaded(
-            table=block.table,
-            prepared=prepared,
-            tokens=tokens,
-            index=index,
-            batches=self.runner.cut(tokens.lengths[index], cut_with, job.batching.max_rows),
-            cut_with=cut_with,
-            row_settings=settings,
-            work=work,
-            shard=shard,
-            row_ids=row_ids,
-            seconds=time.perf_counter() - t0,
-        )
+        rows = load_rows(job, self.runner, block.table, block.bad_rows, self.budget.key, self.stop.check)
+        return Loaded(**vars(rows), work=work, shard=shard, row_ids=row_ids, seconds=time.perf_counter() - t0)
 
     # --- the model and the part files ------------------------------------------------------------------------
 
@@ -167,23 +139,10 @@ class ChunkTask:
         ctx = ChunkContext(job, self.budget, self.stop, self.heap, log, probe)
         if partial:
             ctx.on_batch = _rows_so_far(loaded.work.rows, len(index), partial)
-        out = self.runner.run_chunk(loaded, ctx)
+        done = run_rows(self.runner, loaded, ctx, f"chunk {loaded.work.name}")
+        out = done.output
         self.budget = out.budget or self.budget  # the next chunk is cut with what this one ended with
-        kept = out.kept
-        owners = tokens.owners()
-        sent = np.unique(owners[index])  # the rows (positions in the chunk's texts) that went to the model
-        errors = [prepared.errors.get(int(prepared.rows[t]), ("", "")) for t in np.setdiff1d(sent, kept)]
-        model_errors = [message for reason, message in errors if reason == Reason.MODEL_ERROR]
-        if len(sent) > 1 and len(model_errors) == len(sent):
-            raise ModelError(
-                f"the model failed on every row of chunk {loaded.work.name}: {model_errors[0]}",
-                "this is no problem of single rows; check model.device, model.dtype and the model folder",
-            )
-        real = int(tokens.lengths[index].sum())
-        cut = np.zeros(len(prepared.texts), dtype=bool)
-        np.logical_or.at(cut, owners, tokens.truncated)  # a row is cut when any of its items is
-        rows = prepared.rows[kept]
-        table = name_scores(result_table(job, loaded, rows, out.columns, cut[kept]), self.runner)
+        table = name_scores(result_table(job, loaded, done.rows, out.columns, done.truncated), self.runner)
         errors, carried = error_table(job, loaded), loaded.work.carry
         if carried is not None and carried.num_rows:  # a retry keeps the error rows it did not run again
             errors = carried if errors is None else pa.concat_tables([errors, carried]).sort_by("row")
@@ -198,12 +157,12 @@ class ChunkTask:
                 Counter(reason for reason, _ in prepared.errors.values())
                 + Counter(carried.column("reason").to_pylist() if carried is not None else [])
             ),
-            truncated=int(cut[kept].sum()) if job.model.truncation is True else 0,
-            tokens=real,
+            truncated=int(done.truncated.sum()) if job.model.truncation is True else 0,
+            tokens=int(tokens.lengths[index].sum()),
             padded_tokens=out.padded_tokens,
             model_seconds=out.model_seconds,
             # label scoring's prefix computed once; a runner's own figures (generation's cache pages) take its place
-            **{"prefix": tokens.prefix_reused(index, kept), **out.figures},
+            **{"prefix": tokens.prefix_reused(index, out.kept), **out.figures},
             seconds=round(loaded.seconds + time.perf_counter() - t0, 4),
             worker=self.worker,
             max_tokens_lowered=out.lowered,

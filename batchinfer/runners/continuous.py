@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from ..constrained.sampling import SeededSampling
+from ..constrained.sampling import SeededSampling, sampling_warpers
 from ..constrained.spec import Constraint
 from ..errors import ModelError
 from ..job.config import GenerationConfig
@@ -124,26 +124,53 @@ class ContinuousEngine:
 
     def serve(self, gen: GenerationConfig, max_rows: int, max_length: int) -> ContinuousServing:
         """One manager running for the server's life; grammar masks installed when xgrammar is there, so any
-        request may bring a response_format."""
+        request may bring a response_format. The manager decodes greedily; a request that samples (its own
+        settings, else the job's) draws its tokens with its own generator through transformers' warpers for
+        its settings (SeededSampling), so its text depends on its seed alone, not on the requests beside it.
+        CUDA graphs asked for in engine_options replay one sampler for all: every request decodes as `gen`."""
         constrained = importlib.util.find_spec("xgrammar") is not None
-        session = self.session(gen, [max_length] * max_rows, max_rows, gen.max_new_tokens, constrained)
+        greedy = gen.model_copy(update={"temperature": 0.0})
+        plain = generation_config(self.model, greedy, gen.max_new_tokens, self.pad_id)
+
+        def warpers(settings: GenerationConfig):
+            sampled = generation_config(self.model, settings, gen.max_new_tokens, self.pad_id)
+            return sampling_warpers(self.model, plain, sampled)
+
+        fixed = None
+        if self.options.get("use_cuda_graph"):
+            fixed = "generation.engine_options.use_cuda_graph replays one captured sampler for every request"
+        elif warpers(gen.model_copy(update={"temperature": 0.5})) is None:
+            fixed = "the model's generation_config puts a processor (a watermark) after the sampling warpers"
+        if fixed:
+            session = self.session(gen, [max_length] * max_rows, max_rows, gen.max_new_tokens, constrained)
+            session.manager.start()
+            return ContinuousServing(session, None, fixed)
+        session = self.session(greedy, [max_length] * max_rows, max_rows, gen.max_new_tokens, constrained, True)
+        sampler = SeededSampling()
+        sampler.install(session.manager)
         session.manager.start()
-        return ContinuousServing(session)
+        return ContinuousServing(session, (sampler, warpers), None)
 
 
 class ContinuousServing:
-    """transformers' manager running for serve: requests join its batch at the next step."""
+    """transformers' manager running for serve: requests join its batch at the next step, each with its own
+    decoding settings (`sampling`: the manager's SeededSampling and the warpers for a request's settings),
+    unless `fixed` says why they are the server's."""
 
-    def __init__(self, session: Session):
+    def __init__(self, session: Session, sampling: tuple | None, fixed: str | None):
         self.manager, self.masks = session.manager, session.masks
         self.constrained = self.masks is not None
+        self.sampling, self.fixed = sampling, fixed
 
     def listen(self, request_id: str, constraint: Constraint | None, deliver: Callable) -> None:
         self.manager.register_result_handler(request_id, deliver)  # called on this event loop
         if constraint is not None:
             self.masks.add(request_id, constraint)
 
-    def add(self, request_id: str, ids: list[int], max_new: int) -> bool:
+    def add(self, request_id: str, ids: list[int], max_new: int, settings: GenerationConfig) -> bool:
+        if self.sampling is not None and settings.temperature > 0:
+            sampler, warpers = self.sampling
+            sampler.add(request_id, settings.seed, warpers(settings))
         added = self.manager.add_request(ids, request_id=request_id, max_new_tokens=max_new, streaming=True)
         return added is not None
 
@@ -153,6 +180,8 @@ class ContinuousServing:
     def forget(self, request_id: str) -> None:
         if self.masks is not None:
             self.masks.drop(request_id)
+        if self.sampling is not None:
+            self.sampling[0].drop(request_id)
 
     def problem(self) -> str | None:
         if self.manager.is_running():

@@ -52,14 +52,17 @@ class Serving(Protocol):
     """An engine's running batch, taking requests as they come (serve). Request ids are the caller's."""
 
     constrained: bool  # takes a constraint per request (listen's); False: a constrained request is refused
+    # why every request decodes with the server's settings (None: add takes each request's own temperature,
+    # top_p and seed, a seed giving the same text whatever runs beside it)
+    fixed: str | None
 
     def listen(self, request_id: str, constraint: Constraint | None, deliver: Callable) -> None:
         """Before add: deliver(output) gets the request's outputs (Streamed's shape, each holding every token so
         far) on the calling event loop, the last one finished; `constraint` holds its output to a grammar."""
 
-    def add(self, request_id: str, ids: list[int], max_new: int) -> bool:
-        """Admit a listened-for request (blocks while the engine's input queue is full; raises queue.Full when it
-        stays full). False: the engine takes no new requests."""
+    def add(self, request_id: str, ids: list[int], max_new: int, settings: GenerationConfig) -> bool:
+        """Admit a listened-for request, decoded with `settings` (blocks while the engine's input queue is full;
+        raises queue.Full when it stays full). False: the engine takes no new requests."""
 
     def cancel(self, request_id: str) -> None:
         """Stop a request (its client left); what it holds is freed."""
@@ -88,8 +91,8 @@ class Engine(Protocol):
         ...
 
     def serve(self, gen: GenerationConfig, max_rows: int, max_length: int) -> Serving:
-        """A running batch for serve: `gen`'s decoding for every request, max_rows in flight, each up to
-        max_length tokens (prompt and completion); raises BadInput-like errors where the engine cannot serve."""
+        """A running batch for serve: `gen`'s decoding for what a request does not set, max_rows in flight, each
+        up to max_length tokens (prompt and completion); raises BadInput-like errors where the engine cannot serve."""
         ...
 
 

@@ -337,12 +337,16 @@ class GenerateRunner:
             return self.gen, None
         key = json.dumps(asked, sort_keys=True)
         if key not in self._configs:
-            try:
-                self._configs[key] = (GenerationConfig.model_validate(self.gen.model_dump() | asked), None)
-            except ValidationError as exc:
-                said = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
-                self._configs[key] = (self.gen, (Reason.BAD_REQUEST, said))
+            self._configs[key] = self.request_config(asked)
         return self._configs[key]
+
+    def request_config(self, asked: dict) -> tuple[GenerationConfig, tuple[str, str] | None]:
+        """row_config without its memo, for serve, whose requests' settings (a fresh seed each) do not repeat."""
+        try:
+            return GenerationConfig.model_validate(self.gen.model_dump() | asked), None
+        except ValidationError as exc:
+            said = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+            return self.gen, (Reason.BAD_REQUEST, said)
 
     def incomplete(
         self, constraint: Constraint, ids: list[int], text: str, reason: str, limit: int

@@ -256,6 +256,7 @@ class OpenVINOServing:
         self.fallback = None  # the transformers engine's Serving, once a constrained request came
         self.routed: set[str] = set()  # request ids on the fallback
         self.constrained = importlib.util.find_spec("xgrammar") is not None
+        self.fixed = None  # each request brings its own GenerationConfig
         self.pipeline = engine.pipelines[engine.precision]
         self.ids = itertools.count()
         self.lock = threading.Lock()  # add_request from the server's threads, step from this one
@@ -275,14 +276,14 @@ class OpenVINOServing:
         self.routed.add(request_id)
         self.fallback.listen(request_id, constraint, deliver)
 
-    def add(self, request_id: str, ids: list[int], max_new: int) -> bool:
+    def add(self, request_id: str, ids: list[int], max_new: int, settings: GenerationConfig) -> bool:
         import openvino as ov
 
         if request_id in self.routed:
-            return self.fallback.add(request_id, ids, max_new)
+            return self.fallback.add(request_id, ids, max_new, settings)
         if self.problem() or self.stopping.is_set():
             return False
-        rows = PassRows([self.gen], [ids], [max_new], [None])
+        rows = PassRows([settings], [ids], [max_new], [None])  # a GenerationConfig per request (its rng_seed)
         with self.lock:
             handle = self.pipeline.add_request(
                 next(self.ids), ov.Tensor(np.asarray([ids], dtype=np.int64)), self.engine.config(rows, 0)

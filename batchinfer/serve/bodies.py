@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..constrained.spec import Constraint
 from ..errors import shorten
+from ..job.config import GenerationConfig
 from ..messages import is_blank
 from ..openai_compat.requests import CompletionRequest, EmbeddingsRequest, GenerationSettings, Texts
 
@@ -98,6 +99,7 @@ class Asked:
     chat: bool
     ids: list[int]  # the prompt's tokens
     max_new: int
+    settings: GenerationConfig  # its decoding: its own temperature, top_p and seed over the job's
     stops: list[str]
     constraint: Constraint | None
     stream: bool  # answered as server-sent events

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import secrets
 import time
 import uuid
 
@@ -13,11 +14,10 @@ import pyarrow as pa
 from fastapi import Request
 
 from ..constrained.spec import Constraint, response_format
-from ..job.config import GREEDY_BELOW, JobConfig
+from ..execution.run_rows import load_rows
+from ..job.config import GREEDY_BELOW, GenerationConfig, InputConfig, JobConfig
 from ..openai_compat.requests import GenerationSettings
 from ..runners import make_runner
-from ..runners.protocol import ChunkInput, Tokens
-from ..sources.prepare import Prepared
 from .batcher import Batcher, Overloaded, Ticket, TokenQueue
 from .bodies import Asked, BadInput, include_usage
 from .failures import Disconnected, EngineDown
@@ -45,6 +45,7 @@ class EncoderService:
             job.serve.max_queue_tokens,
             metrics.batch,
         )
+        self.rows_job = request_rows_job(job)
 
     async def run(self, texts: list, request: Request) -> tuple[dict, int]:
         """Each text's result columns (as Python lists) and the request's token count."""
@@ -52,13 +53,17 @@ class EncoderService:
         # a full queue refuses before the tokenizer runs, and so does a request of more texts than the queue's
         # tokens (each text is a token at least)
         with self.batcher.reserved(most, least=len(texts)):
-            tokens = await asyncio.to_thread(self.runner.tokenize, texts)
+            loaded = await asyncio.to_thread(load_rows, self.rows_job, self.runner, request_rows(texts))
+            if loaded.prepared.errors:  # model.truncation: error
+                position, (_, message) = min(loaded.prepared.errors.items())
+                raise BadInput(f"input[{position}]: {message}")
+            tokens = loaded.tokens
             pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop(), reserved=most)
         results, failed = await until_done(pending, request, self.batcher.cancel)
         if failed:
             position, (reason, message) = next(iter(sorted(failed.items())))
             raise RuntimeError(f"input[{position}]: {reason}: {message}")
-        columns = self.runner.columns([[r] for r in results], np.arange(len(texts)), as_chunk(texts, tokens))
+        columns = self.runner.columns([[r] for r in results], np.arange(len(texts)), loaded)
         if pa.types.is_list(columns.get("embedding", pa.array([])).type):  # a job for OpenAI Batch files: a
             columns["embedding"] = columns["embedding"].flatten()  # list of vectors per request; here one each
         self.metrics.rows.inc(len(texts))
@@ -98,7 +103,7 @@ class GenerateService:
         checked against what this server runs, and tokenized; never past the positions the model knows,
         as offline."""
         started = time.perf_counter()
-        self.check(body.temperature, body.top_p, body.seed)
+        settings = self.settings(body)
         if self.problem():  # before a stream's status line goes out
             raise EngineDown(self.problem())
         usage = include_usage(body)
@@ -110,7 +115,7 @@ class GenerateService:
         ids = (await asyncio.to_thread(self.runner.tokenize, [prompt])).ids[0]
         if self.runner.context:
             max_new = max(1, min(max_new, self.runner.context - len(ids)))
-        return Asked(chat, ids, max_new, stops, constraint, body.stream, usage, started)
+        return Asked(chat, ids, max_new, settings, stops, constraint, body.stream, usage, started)
 
     async def constraint(self, body) -> Constraint | None:
         """The request's response_format, else the server's job's; compiled (off the event loop, which goes on
@@ -133,23 +138,35 @@ class GenerateService:
             raise BadInput(str(exc)) from None
         return constraint
 
-    def check(self, temperature: float | None, top_p: float | None, seed: int | None) -> None:
-        """Decoding settings are the server's (one engine runs every request): a request may repeat them, and
+    def settings(self, body: GenerationSettings) -> GenerationConfig:
+        """The request's decoding: its temperature, top_p and seed over the job's generation section, checked as
+        a batch file's row is. A request that samples without a seed draws from a fresh one, as OpenAI's do (the
+        job's seed would give every such request the same text)."""
+        asked = {"temperature": body.temperature, "top_p": body.top_p, "seed": body.seed}
+        if self.engine.fixed:
+            self.check(asked, self.engine.fixed)
+            return self.job.generation
+        if body.seed is None:
+            asked["seed"] = secrets.randbits(63)
+        settings, problem = self.runner.request_config({k: v for k, v in asked.items() if v is not None})
+        if problem:
+            raise BadInput(problem[1])
+        return settings
+
+    def check(self, asked: dict, why: str) -> None:
+        """Where the engine decodes every request alike (`why`), a request may repeat the server's settings, and
         may send what changes nothing under them: on a greedy server, a greedy temperature (below GREEDY_BELOW,
         as the job file reads it) with any top_p and seed, as an OpenAI Batch file's greedy rows run together."""
         gen = self.job.generation
-        if gen.temperature == 0 and (temperature or 0.0) < GREEDY_BELOW:
+        if gen.temperature == 0 and (asked["temperature"] or 0.0) < GREEDY_BELOW:
             return
-        for name, asked, served in (
-            ("temperature", temperature, gen.temperature),
-            ("top_p", top_p, gen.top_p),
-            ("seed", seed, gen.seed),
-        ):
-            if asked is not None and abs(asked - served) > 1e-9:
+        for name, value in asked.items():
+            served = getattr(gen, name)
+            if value is not None and abs(value - served) > 1e-9:
                 how = "greedily (temperature 0)" if name == "temperature" and served == 0 else f"with {name} {served}"
                 raise BadInput(
-                    f"{name}: this server decodes {how} for every request; start it with "
-                    f"--set generation.{name}={asked}, or leave {name} out"
+                    f"{name}: this server decodes {how} for every request ({why}); start it with "
+                    f"--set generation.{name}={value}, or leave {name} out"
                 )
 
     async def stream(self, asked: Asked, request: Request):
@@ -160,7 +177,7 @@ class GenerateService:
         self.engine.listen(request_id, asked.constraint, outputs.put_nowait)
         try:
             # add blocks (up to 10 s) while the engine's input queue is full: off the event loop
-            if not await asyncio.to_thread(self.engine.add, request_id, asked.ids, asked.max_new):
+            if not await asyncio.to_thread(self.engine.add, request_id, asked.ids, asked.max_new, asked.settings):
                 raise EngineDown(self.problem() or "the engine takes no new requests")
             async for output in self._outputs(outputs, request):
                 yield output
@@ -206,17 +223,18 @@ def most_tokens(texts: list, max_length: int) -> int:
     )
 
 
-def as_chunk(texts: list, tokens: Tokens) -> ChunkInput:
-    """A request's rows as the chunk a runner's columns read (some read its tokens: embed's prompt_tokens)."""
-    every = np.arange(len(texts))
-    return ChunkInput(
-        table=pa.table({}),
-        prepared=Prepared(texts, every, {}),
-        tokens=tokens,
-        index=every,
-        batches=[],
-        cut_with=(0, ""),
-    )
+def request_rows_job(job: JobConfig) -> JobConfig:
+    """The job as it reads a request's rows (request_rows): its input section for them, the rest as served."""
+    pair = {"text_pair": "text_pair"} if job.model.task == "score" else {}
+    return job.model_copy(update={"input": InputConfig(path="-", text="text", **pair)})
+
+
+def request_rows(texts: list) -> pa.Table:
+    """A request's texts (or (text, text_pair) tuples) as the rows request_rows_job reads."""
+    if texts and isinstance(texts[0], tuple):
+        first, second = zip(*texts)
+        return pa.table({"text": pa.array(first, pa.string()), "text_pair": pa.array(second, pa.string())})
+    return pa.table({"text": pa.array(texts, pa.string())})
 
 
 async def until_done(pending, request: Request, cancel):

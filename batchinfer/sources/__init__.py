@@ -34,25 +34,15 @@ from ..storage import (
     reach_problem,
     refuse_location,
 )
-from .base import (
-    READ_ERRORS,
-    BadShard,
-    CheckedReader,
-    Reader,
-    ReadSpec,
-    RowBlock,
-    Shard,
-    ShardInfo,
-    describe_read_error,
-    job_type,
-    shard_contents,
-)
+from .column_types import job_type
 from .csv import CsvFormat
+from .file_identity import READ_ERRORS, CheckedReader, describe_read_error
 from .hf import MARKERS as HF_MARKERS
 from .hf import HfFormat
 from .jsonl import JsonlFormat
 from .openai import REQUEST_COLUMNS, REQUEST_TYPES, OpenAIFormat, find_repeats
 from .parquet import ParquetFormat
+from .shards import BadShard, Reader, ReadSpec, RowBlock, Shard, ShardInfo, shard_contents
 
 __all__ = [
     "READ_ERRORS",

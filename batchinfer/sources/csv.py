@@ -31,7 +31,9 @@ from ..errors import InputError
 from ..reasons import Problem, Reason
 from ..storage import open_binary
 from ..storage.lines import decompressed
-from .base import ReadSpec, RowBlock, Shard, ShardInfo, Tap, cast_columns, next_row
+from .column_types import cast_columns
+from .file_identity import Tap, next_row
+from .shards import ReadSpec, RowBlock, Shard, ShardInfo
 
 BLOCK = 1 << 20
 _TEXT_HEAD = 200

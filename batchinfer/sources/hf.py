@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..storage import is_uri
-from .base import ReadSpec, Shard, ShardInfo, ShardUnreadable, TableReader, content_digest
+from .file_identity import ShardUnreadable, content_digest
+from .shards import ReadSpec, Shard, ShardInfo, TableReader
 
 MARKERS = ("dataset_info.json", "state.json")
 

@@ -16,7 +16,9 @@ import pyarrow as pa
 from ..messages import message_problem
 from ..reasons import Problem, Reason
 from ..storage.lines import Oversized, count_lines, numbered_lines, open_lines, parse_object, read_lines, sniff_field
-from .base import Kinds, ReadSpec, RowBlock, Shard, ShardInfo, Tap, as_text, next_row
+from .column_types import Kinds, as_text
+from .file_identity import Tap, next_row
+from .shards import ReadSpec, RowBlock, Shard, ShardInfo
 
 _BLOCK = 1 << 20
 

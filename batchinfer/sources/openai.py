@@ -12,8 +12,8 @@ import pyarrow as pa
 from ..openai_compat.batch_files import parse_request
 from ..reasons import Problem, Reason
 from ..storage.lines import Oversized, parse_object, sniff_field
-from .base import ReadSpec
 from .jsonl import JsonlFormat
+from .shards import ReadSpec
 
 REQUEST_COLUMNS = [  # what this source reads of a request line, in this order
     "custom_id",

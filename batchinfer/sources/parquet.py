@@ -17,17 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..storage import modified, open_random
-from .base import (
-    ReadSpec,
-    RowBlock,
-    Shard,
-    ShardChanged,
-    ShardInfo,
-    cast_columns,
-    content_digest,
-    footer_digest,
-    next_row,
-)
+from .column_types import cast_columns
+from .file_identity import ShardChanged, content_digest, footer_digest, next_row
+from .shards import ReadSpec, RowBlock, Shard, ShardInfo
 
 BUFFER = 1 << 20  # bytes read from the file at a time: column chunks are streamed, not loaded whole
 MAX_BATCH = 1 << 10  # rows per record batch at most: small batches keep the peak down, whatever the chunk

@@ -25,7 +25,7 @@ pytest.importorskip("fastapi")
 from batchinfer.serve import create_app  # noqa: E402
 
 
-def _serving(model, task, **serve):
+def _serving(model, task, engine="auto", engine_options=None, **serve):
     return make_job(
         "-",
         model,
@@ -37,6 +37,8 @@ def _serving(model, task, **serve):
         batching__chunk_rows=None,
         batching__max_tokens=4096,
         generation__max_new_tokens=12 if task == "generate" else None,
+        generation__engine=engine if task == "generate" else None,
+        generation__engine_options=engine_options,
         serve={"max_wait_ms": 50, **serve},
     )
 
@@ -155,6 +157,22 @@ def test_a_full_queue_answers_429_and_a_bad_body_400_naming_the_problem(tiny_emb
     assert odd[2].json()["error"]["message"].startswith("input[1]: not valid Unicode (surrogates not allowed")
 
 
+def test_a_served_request_reads_its_rows_as_the_job_does_and_a_too_long_text_is_a_400(tiny_embed):
+    job = _serving(tiny_embed, "embed")
+    job = job.model_copy(update={"model": job.model.model_copy(update={"truncation": "error", "max_length": 8})})
+
+    async def go():
+        async with _client(job) as client:
+            short = await client.post("/v1/embeddings", json={"input": ["ok", "fine"]})
+            long = await client.post("/v1/embeddings", json={"input": ["ok", "word " * 20]})
+            return short, long
+
+    short, long = asyncio.run(go())
+    assert short.status_code == 200 and len(short.json()["data"]) == 2
+    assert long.status_code == 400  # model.truncation: error, as a run sends the row to _errors/
+    assert long.json()["error"]["message"] == "input[1]: text is longer than max_length=8 tokens"
+
+
 def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
     async def go():
         async with _client(_serving(tiny_llama, "generate")) as client:
@@ -174,7 +192,6 @@ def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
             chat = await client.post(
                 "/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5}
             )
-            hot = await client.post("/v1/completions", json={"prompt": "x", "temperature": 0.9})
             # what changes nothing under greedy decoding is taken, as a client's defaults send it
             greedy = await client.post(
                 "/v1/completions",
@@ -184,9 +201,9 @@ def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
                 await client.post("/v1/completions", json={"prompt": "x", **extra})
                 for extra in ({"n": 3}, {"stream": "yes"}, {"max_tokens": 10**11}, {"n": None})
             ]
-            return plain, chunks, chat, hot, greedy, odd
+            return plain, chunks, chat, greedy, odd
 
-    plain, chunks, chat, hot, greedy, odd = asyncio.run(go())
+    plain, chunks, chat, greedy, odd = asyncio.run(go())
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
@@ -198,13 +215,78 @@ def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
     assert "".join(c["choices"][0]["text"] for c in chunks) == plain[0].json()["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
-    assert hot.status_code == 400 and "temperature" in hot.json()["error"]["message"]
-    assert "decodes greedily (temperature 0) for every request" in hot.json()["error"]["message"]
     assert greedy.status_code == 200 and greedy.json()["choices"][0]["text"] == plain[0].json()["choices"][0]["text"]
     assert [o.status_code for o in odd] == [400, 400, 200, 200]  # n and stream are not guessed at
     assert odd[0].json()["error"]["message"].startswith("unsupported: n (one completion per request")
     context = json.loads((tiny_llama / "config.json").read_text())["max_position_embeddings"]
     assert sum(odd[2].json()["usage"][k] for k in ("prompt_tokens", "completion_tokens")) <= context
+
+
+@pytest.mark.parametrize("engine", ["transformers", "openvino"])
+def test_a_greedy_server_samples_each_request_with_its_own_settings_as_a_batch_file_row(tmp_path, tiny_llama, engine):
+    """A client's temperature 0.7 on a server started greedy is sampled, not refused; a request's seed gives
+    its text whatever runs beside it, the text the same request gives as an OpenAI Batch file's row."""
+    if engine == "openvino":
+        pytest.importorskip("openvino_genai")
+    prompt = "Free entry in 2 a wkly comp"
+    asked = [{"temperature": 2.0, "top_p": 0.95, "seed": seed} for seed in (1, 1, 2)]
+
+    async def go():
+        async with _client(_serving(tiny_llama, "generate", engine)) as client:
+            openai, api = _openai_client(client)
+            default = await api.completions.create(model="m", prompt=prompt, max_tokens=8, temperature=0.7, top_p=0.9)
+            both = await asyncio.gather(  # the same seed twice, at once, beside a greedy request and another seed
+                *(api.completions.create(model="m", prompt=prompt, max_tokens=8, **a) for a in asked),
+                api.completions.create(model="m", prompt=prompt, max_tokens=8),
+            )
+            return default, [b.choices[0].text for b in both]
+
+    default, (one, again, other, greedy) = asyncio.run(go())
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    assert default.choices[0].text and default.choices[0].finish_reason in ("stop", "length")
+    assert one == again and one != other
+    assert greedy == tokenizer.decode(
+        generate_alone(tiny_llama, tokenizer(prompt)["input_ids"], 8), skip_special_tokens=True
+    )
+    lines = [
+        {"custom_id": f"r{i}", "url": "/v1/completions", "body": {"prompt": prompt, "max_tokens": 8, **a}}
+        for i, a in enumerate(asked)
+    ]
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps({"method": "POST", **line}) + "\n" for line in lines))
+    job = make_job(
+        tmp_path / "requests.jsonl",
+        tiny_llama,
+        tmp_path / "out",
+        "generate",
+        input={"format": "openai", "text": None, "id": None, "keep": None},
+        output__format="openai",
+        generation={"max_new_tokens": 8, "engine": engine},
+    )
+    run_job(job)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "output.jsonl").read_text().splitlines()]
+    offline = {row["custom_id"]: row["response"]["body"]["choices"][0]["text"] for row in rows}
+    assert [offline["r0"], offline["r2"]] == [one, other]
+
+
+def test_a_server_whose_engine_samples_alike_for_every_request_refuses_a_requests_own_settings(tiny_llama):
+    job = _serving(tiny_llama, "generate", "transformers", {"use_cuda_graph": True})
+
+    async def go():
+        async with _client(job) as client:
+            hot = await client.post("/v1/completions", json={"prompt": "x", "temperature": 0.7})
+            # what changes nothing under greedy decoding is taken, as a client's defaults send it
+            cold = await client.post("/v1/completions", json={"prompt": "x", "temperature": 0, "top_p": 0.5})
+            return hot, cold
+
+    hot, cold = asyncio.run(go())
+    assert hot.status_code == 400 and cold.status_code == 200
+    assert hot.json()["error"]["message"] == (
+        "temperature: this server decodes greedily (temperature 0) for every request "
+        "(generation.engine_options.use_cuda_graph replays one captured sampler for every request); "
+        "start it with --set generation.temperature=0.7, or leave temperature out"
+    )
 
 
 def test_every_request_field_is_honoured_or_refused_by_name(tiny_llama, tiny_embed):
