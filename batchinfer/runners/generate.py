@@ -129,8 +129,10 @@ class GenerateRunner:
                 problem = f"the model did not convert for OpenVINO GenAI ({type(exc).__name__}: {exc})"
             else:
                 precisions = openvino_engine.precision_candidates(job.model.dtype)
-                fallback = lambda: transformers  # noqa: E731  (constrained rows)
-                self.engine = openvino_engine.OpenVINOEngine(folder, self.gen, precisions, self.eos, fallback)
+                fallback = lambda: transformers  # noqa: E731  (rows whose grammar cannot run on OpenVINO GenAI)
+                self.engine = openvino_engine.OpenVINOEngine(
+                    folder, self.gen, precisions, self.eos, fallback, lambda: self.grammars
+                )
                 return
         if job.generation.engine == "openvino":
             raise ConfigError(f"generation.engine openvino: {problem}", "set generation.engine: auto (or transformers)")
@@ -452,8 +454,6 @@ def openvino_problem(job, runner: GenerateRunner) -> str | None:
         return "model.quantize: int8 is a torch path"
     if job.model.dtype not in ("auto", "float32"):
         return f"it runs float32 (bf16 where the CPU has it, after a check), not model.dtype {job.model.dtype}"
-    if runner.constraint is not None:
-        return "constrained output (choices, regex, response_format) runs on the transformers engine's grammar masks"
     return openvino_causal.problem(runner.model.config) or openvino_engine.settings_problem(
         runner.model.generation_config
     )
