@@ -53,6 +53,20 @@ def test_in_f32_the_openvino_engine_gives_the_transformers_engines_tokens_and_co
     } == built
 
 
+def test_a_warm_run_loads_no_transformers_weights_beside_the_pipeline(sms_table, tmp_path, tiny_llama, monkeypatch):
+    import transformers
+
+    pq.write_table(prompt_table(sms_table, 12), tmp_path / "prompts.parquet")
+    _, expected = _run(tmp_path, "cold", tiny_llama)  # converts, unless an earlier test did
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("a warm OpenVINO run loaded the transformers model")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    report, got = _run(tmp_path, "warm", tiny_llama)
+    assert report["engine"]["name"] == "openvino" and got == expected
+
+
 def test_engine_auto_runs_transformers_with_a_note_where_openvino_cannot_run_the_job(
     sms_table, tmp_path, tiny_llama, tiny_gpt2, monkeypatch
 ):
