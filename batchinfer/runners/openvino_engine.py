@@ -220,12 +220,8 @@ class OpenVINOEngine:
         from its own xgrammar build, allow what batchinfer's allow and also overlong UTF-8 byte sequences; so a
         greedy row whose every token batchinfer's masks allow is the transformers engine's, and the others are
         run there again."""
-        grammars = self.grammars()
-        return [
-            i
-            for i, (tokens, error) in zip(own, done)
-            if rows.constraints[i] is not None and error is None and not grammars.follows(rows.constraints[i], tokens)
-        ]
+        bound = [(i, tokens) for i, (tokens, error) in zip(own, done) if rows.constraints[i] is not None and not error]
+        return [i for i, tokens in bound if not self.grammars().follows(rows.constraints[i], tokens)]
 
     @functools.cached_property
     def vocabulary_problem(self) -> str | None:
