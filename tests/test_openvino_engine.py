@@ -288,3 +288,16 @@ def test_openai_batch_runs_on_the_openvino_engine(tmp_path, tiny_llama):
         expected = generate_alone(tiny_llama, tokenizer(prompt)["input_ids"], 8)
         text = answers[f"r{i}"]["response"]["body"]["choices"][0]["text"]
         assert text == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_the_pipeline_keeps_the_measured_rows_in_flight_unless_engine_options_say(tmp_path, monkeypatch):
+    import openvino_genai
+
+    from batchinfer.job.config import GenerationConfig
+    from batchinfer.runners.openvino_engine import IN_FLIGHT, OpenVINOEngine
+
+    built = []
+    monkeypatch.setattr(openvino_genai, "ContinuousBatchingPipeline", lambda *args: built.append(args[1]))
+    for options in ({}, {"max_num_seqs": 8}):
+        OpenVINOEngine(tmp_path, GenerationConfig(engine_options=options), ["f32"], {0}, None, None)
+    assert IN_FLIGHT == 32 and [scheduler.max_num_seqs for scheduler in built] == [32, 8]
