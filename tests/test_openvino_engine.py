@@ -53,6 +53,22 @@ def test_in_f32_the_openvino_engine_gives_the_transformers_engines_tokens_and_co
     } == built
 
 
+def test_a_warm_run_loads_no_transformers_weights_beside_the_pipeline(sms_table, tmp_path, tiny_llama, monkeypatch):
+    import transformers
+
+    pq.write_table(prompt_table(sms_table, 12), tmp_path / "prompts.parquet")
+    _, expected = _run(tmp_path, "cold", tiny_llama)  # converts, unless an earlier test did
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("a warm OpenVINO run loaded the transformers model")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    # nor, free rows only, xgrammar's view of the vocabulary (seconds on a real tokenizer)
+    monkeypatch.setattr("batchinfer.constrained.grammar.Grammars.__init__", no_weights)
+    report, got = _run(tmp_path, "warm", tiny_llama)
+    assert report["engine"]["name"] == "openvino" and got == expected
+
+
 def test_engine_auto_runs_transformers_with_a_note_where_openvino_cannot_run_the_job(
     sms_table, tmp_path, tiny_llama, tiny_gpt2, monkeypatch
 ):
@@ -60,15 +76,114 @@ def test_engine_auto_runs_transformers_with_a_note_where_openvino_cannot_run_the
     gpt2, _ = _run(tmp_path, "gpt2", tiny_gpt2)
     assert gpt2["engine"]["name"] == "transformers"
     assert "checked on llama" in gpt2["engine"]["notes"][0] and "not gpt2" in gpt2["engine"]["notes"][0]
-    pytest.importorskip("xgrammar")
-    constrained, rows = _run(tmp_path, "choices", tiny_llama, generation__choices=["yes", "no"])
-    assert constrained["engine"]["name"] == "transformers" and "constrained output" in constrained["engine"]["notes"][0]
-    assert {r["text"] for r in rows} <= {"yes", "no"}  # never unconstrained
     monkeypatch.setattr("batchinfer.runners.openvino_engine.available", lambda: False)
     missing, _ = _run(tmp_path, "missing", tiny_llama)
     assert "openvino-genai is not installed" in missing["engine"]["notes"][0]
     with pytest.raises(ConfigError, match="generation.engine openvino: openvino-genai is not installed"):
         _run(tmp_path, "pinned", tiny_llama, generation__engine="openvino")
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"spam": {"type": "boolean"}, "why": {"type": "string", "maxLength": 12}},
+    "required": ["spam", "why"],
+}
+CONSTRAINTS = {  # each kind, as the job file asks for it
+    "choices": {"generation__choices": ["ham", "spam", 'not "sure"']},
+    "regex": {"generation__regex": r"[0-9]{2}-[a-z]{1,3}"},
+    "schema": {"generation__response_format": {"type": "json_schema", "json_schema": {"name": "v", "schema": SCHEMA}}},
+}
+
+
+def _constrained(tmp_path, name, model, kind, **settings):
+    """A constrained job's report, its rows ({id: text}) and its errors ({id: reason})."""
+    job = generate_job(
+        tmp_path / "prompts.parquet",
+        model,
+        tmp_path / name,
+        model__dtype="float32",
+        generation__max_new_tokens=40,
+        generation__max_new_tokens_column=None,
+        **CONSTRAINTS[kind],
+        **settings,
+    )
+    report = run_job(job)
+    rows = ds.dataset(str(tmp_path / name), format="parquet").to_table().to_pylist()
+    errors = pq.read_table(tmp_path / name / "_errors").to_pylist() if (tmp_path / name / "_errors").exists() else []
+    return report, {r["id"]: r["text"] for r in rows}, {e["id"]: e["reason"] for e in errors}
+
+
+@pytest.mark.parametrize("kind", list(CONSTRAINTS))
+def test_constrained_jobs_run_on_the_openvino_engine_and_answer_as_the_transformers_engine(
+    sms_table, tmp_path, tiny_llama, kind
+):
+    from transformers import AutoTokenizer
+
+    from batchinfer.constrained.grammar import Grammars
+    from batchinfer.constrained.spec import job_constraint
+
+    pytest.importorskip("xgrammar")
+    pq.write_table(prompt_table(sms_table, 40), tmp_path / "prompts.parquet")
+    _, expected, refused = _constrained(tmp_path, "transformers", tiny_llama, kind, generation__engine="transformers")
+    report, got, errors = _constrained(tmp_path, "auto", tiny_llama, kind)
+    assert report["engine"]["name"] == "openvino" and report["engine"]["precision"] == "f32"
+    # greedy in f32 under the same grammar: each row's answer, or the reason it has none, is the transformers engine's
+    assert (got, errors) == (expected, refused)
+    assert len(got) >= 20 and set(errors.values()) <= {"length", "invalid_output"}
+    job = generate_job("-", tiny_llama, "-", **CONSTRAINTS[kind])
+    constraint = job_constraint(job.generation)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    grammars = Grammars(tokenizer, len(tokenizer), {tokenizer.eos_token_id}, job.generation.grammar_limits)
+    for text in got.values():  # every answer is whole and valid by the project's own check
+        assert grammars.complete(constraint, tokenizer.encode(text, add_special_tokens=False), text), text
+
+
+def test_a_grammar_the_pipeline_cannot_take_runs_on_the_transformers_engine_with_a_note(
+    sms_table, tmp_path, tiny_llama, monkeypatch
+):
+    from transformers import AutoTokenizer
+
+    from batchinfer.constrained.grammar import Grammars
+    from batchinfer.runners.generate import GenerateRunner
+
+    pytest.importorskip("xgrammar")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    prompts = [tokenizer(t)["input_ids"] for t in sms_table.column("text").to_pylist()[:8]]
+
+    def answers(engine: str) -> tuple[dict, list, list]:
+        """The engine's description and answers for the 8 prompts, every other one held to the schema."""
+        settings = {"model__dtype": "float32", "generation__engine": engine, **CONSTRAINTS["schema"]}
+        job = generate_job("-", tiny_llama, "-", **settings)
+        runner = GenerateRunner.load(job, tiny_llama)
+        constraints = [runner.constraint if i % 2 else None for i in range(len(prompts))]
+        out = runner.generate(prompts, [24] * len(prompts), 8, constraints=constraints)
+        return runner.engine.described, out.text, sorted(out.failed.items())
+
+    _, expected, failed = answers("transformers")
+    # xgrammar 0.2's own spelling of an unbounded repeat, which the pipeline's older xgrammar refuses
+    monkeypatch.setattr("batchinfer.runners.openvino_engine.portable", lambda grammar: grammar)
+    described, got, problems = answers("auto")
+    assert described["name"] == "openvino"
+    assert any("run on the transformers engine: OpenVINO GenAI's xgrammar refuses" in n for n in described["notes"])
+    assert (got, problems) == (expected, failed)  # the free rows ran on the pipeline after it refused the grammar
+    monkeypatch.undo()
+    built = Grammars.__init__
+
+    def another_reading(self, *args):  # a tokenizer whose bytes for one token the pipeline would read otherwise
+        built(self, *args)
+        self.vocabulary = [*self.vocabulary[:5], b"?", *self.vocabulary[6:]]
+
+    monkeypatch.setattr(Grammars, "__init__", another_reading)
+    described, got, problems = answers("auto")
+    assert any("the converted tokenizer reads 1 of" in n for n in described["notes"])
+    assert (got, problems) == (expected, failed)
+
+
+def test_portable_spells_unbounded_repeats_as_openvino_genais_xgrammar_reads_them_and_leaves_literals():
+    from batchinfer.runners.openvino_engine import portable
+
+    grammar = 'root ::= (("[" item{0, -1} "{1, -1}" [{2, -1}\\]] digit{1, -1} item{0, 3}))'
+    assert portable(grammar) == 'root ::= (("[" item{0,} "{1, -1}" [{2, -1}\\]] digit{1,} item{0, 3}))'
 
 
 def test_the_fast_precision_runs_only_after_agreeing_with_f32_on_the_jobs_own_rows(
@@ -173,3 +288,16 @@ def test_openai_batch_runs_on_the_openvino_engine(tmp_path, tiny_llama):
         expected = generate_alone(tiny_llama, tokenizer(prompt)["input_ids"], 8)
         text = answers[f"r{i}"]["response"]["body"]["choices"][0]["text"]
         assert text == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_the_pipeline_keeps_the_measured_rows_in_flight_unless_engine_options_say(tmp_path, monkeypatch):
+    import openvino_genai
+
+    from batchinfer.job.config import GenerationConfig
+    from batchinfer.runners.openvino_engine import IN_FLIGHT, OpenVINOEngine
+
+    built = []
+    monkeypatch.setattr(openvino_genai, "ContinuousBatchingPipeline", lambda *args: built.append(args[1]))
+    for options in ({}, {"max_num_seqs": 8}):
+        OpenVINOEngine(tmp_path, GenerationConfig(engine_options=options), ["f32"], {0}, None, None)
+    assert IN_FLIGHT == 32 and [scheduler.max_num_seqs for scheduler in built] == [32, 8]

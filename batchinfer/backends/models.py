@@ -10,6 +10,7 @@ import importlib.util
 import json
 import pickle
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -312,7 +313,6 @@ def load_model(cfg: ModelConfig, path: Path):
     """(tokenizer, model, device) for the task; raises ModelError with what to do."""
     import torch
     import transformers
-    from transformers import AutoTokenizer
 
     quiet_libraries()
     check_model_folder(path, cfg.allow_pickle)
@@ -328,24 +328,13 @@ def load_model(cfg: ModelConfig, path: Path):
     config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     check_head(config, cfg, path)
     loader = getattr(transformers, model_spec(cfg.task, cfg.labels).auto_class)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    tokenizer = load_tokenizer(cfg, path)
+    with _loading(path):
         # Attention as the model's class defines it by default: sdpa where it has it, else its own (Gemma2's
         # soft-capping and BLOOM's ALiBi have no sdpa path, and transformers refuses sdpa for them).
         model = loader.from_pretrained(
             path, dtype=dtype, use_safetensors=use_safetensors, trust_remote_code=cfg.trust_remote_code
         )
-    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as exc:
-        # RuntimeError: shapes that do not fit the config; the others: missing, truncated or corrupt files
-        raise ModelError(
-            f"cannot load the model in {path}: {type(exc).__name__}: {exc}",
-            "check that the folder was saved whole with save_pretrained (a weights file may be truncated)",
-        ) from exc
-    except ValueError as exc:  # transformers refuses what the folder asks (a setting, an architecture)
-        raise ModelError(
-            f"transformers refuses the model in {path}: {exc}",
-            "check its config.json against the transformers version installed (pip show transformers)",
-        ) from exc
     if cfg.quantize == "int8":
         if device.type != "cpu":
             raise ModelError(
@@ -357,10 +346,37 @@ def load_model(cfg: ModelConfig, path: Path):
             # Per-channel weight scales: cosine to fp32 0.965 (mean) on MiniLM, against 0.92 per-tensor.
             qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
             model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear: qconfig}, dtype=torch.qint8)
+    return tokenizer, model.to(device).eval(), device
+
+
+def load_tokenizer(cfg: ModelConfig, path: Path):
+    """transformers' fast tokenizer for the model, with model.chat_template in place of its own where set."""
+    from transformers import AutoTokenizer
+
+    with _loading(path):
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     if not getattr(tokenizer, "is_fast", False):
         raise ModelError(
             f"{path} has no fast tokenizer (tokenizer.json)", "save the tokenizer with a tokenizers backend"
         )
     if cfg.chat_template is not None:
         tokenizer.chat_template = chat_template(cfg.chat_template)
-    return tokenizer, model.to(device).eval(), device
+    return tokenizer
+
+
+@contextmanager
+def _loading(path: Path):
+    """transformers' errors on reading a model folder, as ModelErrors saying what to check."""
+    try:
+        yield
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, SafetensorError) as exc:
+        # RuntimeError: shapes that do not fit the config; the others: missing, truncated or corrupt files
+        raise ModelError(
+            f"cannot load the model in {path}: {type(exc).__name__}: {exc}",
+            "check that the folder was saved whole with save_pretrained (a weights file may be truncated)",
+        ) from exc
+    except ValueError as exc:  # transformers refuses what the folder asks (a setting, an architecture)
+        raise ModelError(
+            f"transformers refuses the model in {path}: {exc}",
+            "check its config.json against the transformers version installed (pip show transformers)",
+        ) from exc

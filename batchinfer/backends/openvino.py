@@ -213,6 +213,12 @@ def cached(of: dict, write) -> tuple[Path, dict]:
     return entry, seconds
 
 
+def hit(of: dict) -> Path | None:
+    """The cache entry holding the conversion `of` where it is there whole, without converting or locking."""
+    entry = entry_of(of)
+    return entry if _valid(entry) else None
+
+
 def entry_of(of: dict) -> Path:
     return cache_root() / "openvino" / hashlib.sha256(json.dumps(of, sort_keys=True).encode()).hexdigest()[:24]
 

@@ -12,6 +12,10 @@ batchinfer tokenizes and decodes with transformers' own, and hands the pipeline 
 
 No exporter package is involved (optimum-intel pins transformers below the installed one and pulls a CUDA torch
 through torchvision): only openvino, openvino-tokenizers and the transformers and torch already here.
+
+A warm run (the conversion cached) loads no weights into transformers (`warm`): the runner reads the model's
+config and tokenizer as a cold run does, and its generation config as the cold run's model had it (written
+beside the conversion); the weights load only if rows go to the transformers engine.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 from . import openvino
 from .openvino import _no_telemetry
 
-FORMAT = 1  # bump when what is converted changes
+FORMAT = 2  # bump when what is converted changes
 # Architectures traced and checked here (tests/test_openvino_engine.py on a tiny Llama; SmolLM2 in the benchmark):
 # a plain growing cache per layer, rotary positions from position_ids, attention through torch's SDPA.
 CONVERTIBLE = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo", "olmo2")
@@ -56,6 +60,47 @@ def conversion(identity: str) -> dict:
     }
 
 
+def warm(cfg, path: Path, identity: str):
+    """(tokenizer, model, device) for a generate job on the CPU whose model's conversion is cached, the model
+    a DeferredModel: its config and generation config without its weights. None where the conversion is not
+    cached, or the job is not one the OpenVINO engine may run (then the weights are needed anyway)."""
+    from .models import check_head, check_model_folder, device_type, load_model, load_tokenizer, quiet_libraries
+
+    if device_type(cfg.device) != "cpu" or cfg.quantize != "none" or cfg.dtype not in ("auto", "float32"):
+        return None
+    entry = openvino.hit(conversion(identity))
+    if entry is None:
+        return None
+    import torch
+    import transformers
+
+    quiet_libraries()
+    check_model_folder(path, cfg.allow_pickle)
+    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    check_head(config, cfg, path)
+    generation_config = transformers.GenerationConfig.from_pretrained(entry)
+    model = DeferredModel(config, generation_config, lambda: load_model(cfg, path)[1])
+    return load_tokenizer(cfg, path), model, torch.device("cpu")
+
+
+class DeferredModel:
+    """A causal LM whose weights load when first asked for anything but its config and generation config (a warm
+    OpenVINO run needs them only for rows the transformers engine runs). Every other attribute is the loaded
+    model's."""
+
+    def __init__(self, config, generation_config, load):
+        self.config, self.generation_config = config, generation_config
+        self._load = load
+        self._model = None
+
+    def __getattr__(self, name: str):  # only for what __init__ did not set
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._model is None:
+            self._model = self._load()
+        return getattr(self._model, name)
+
+
 def converted(identity: str, model_path: Path, model, tokenizer) -> tuple[Path, dict]:
     """The cache folder holding `model` (a float32 transformers causal LM loaded from model_path) and `tokenizer`
     converted for GenAI, converting them now on a miss; and the seconds that took."""
@@ -73,9 +118,8 @@ def _export(model, tokenizer, model_path: Path, folder: Path) -> None:
         encoder, decoder = convert_tokenizer(tokenizer, with_detokenizer=True)
     ov.save_model(encoder, folder / "openvino_tokenizer.xml")
     ov.save_model(decoder, folder / "openvino_detokenizer.xml")
-    for name in ("config.json", "generation_config.json"):
-        if (model_path / name).exists():
-            shutil.copy(model_path / name, folder / name)
+    shutil.copy(model_path / "config.json", folder / "config.json")
+    model.generation_config.save_pretrained(folder)  # as the model has it: what a warm run reads (`warm`)
 
 
 def _stateful(model):

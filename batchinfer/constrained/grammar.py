@@ -65,6 +65,7 @@ class Grammars:
         self.stop_ids = sorted(stop_ids)
         self.limits = limits
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_ids)
+        self.vocabulary: list[bytes] = info.decoded_vocab  # each token id's bytes, as the masks read them
         threads = max(1, min(8, torch.get_num_threads()))
         self.compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_limit_bytes=CACHE_BYTES)
         self._compiling: dict[tuple[Constraint, bool], Future] = {}
@@ -102,18 +103,12 @@ class Grammars:
                 del self._compiling[key]
 
     def _compile(self, constraint: Constraint, loose: bool):
-        kind, spec = constraint.kind, constraint.spec
         try:
-            if kind in JSON_KINDS:
-                return self.compiler.compile_grammar(_json_grammar(spec if kind == "json_schema" else "", loose))
-            if kind == "choices":
-                options = " | ".join(json.dumps(c, ensure_ascii=False) for c in json.loads(spec))
-                return self.compiler.compile_grammar(f"root ::= {options}")
-            return self.compiler.compile_regex(spec)
+            return self.compiler.compile_grammar(ebnf(constraint, loose))
         except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar raises RuntimeError for bad input
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            first = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)  # xgrammar's time and source line
-            raise Uncompilable(f"{constraint.where}: xgrammar cannot compile this {WHAT[kind]}: {first}") from None
+            raise Uncompilable(
+                f"{constraint.where}: xgrammar cannot compile this {WHAT[constraint.kind]}: {xgrammar_message(exc)}"
+            ) from None
 
     def matcher(self, constraint: Constraint):
         return self.xgr.GrammarMatcher(self.compile(constraint))
@@ -148,6 +143,11 @@ class Grammars:
             return True
         return jsonschema.Draft202012Validator(json.loads(constraint.spec)).is_valid(value)
 
+    def follows(self, constraint: Constraint, tokens: list[int]) -> bool:
+        """Whether each of `tokens` is one the masks allow after those before it: an answer, or the start of one."""
+        matcher = self.matcher(constraint)
+        return all(matcher.accept_token(t) for t in tokens)
+
     def _accepts(self, constraint: Constraint, tokens: list[int], loose: bool) -> bool:
         matcher = self.xgr.GrammarMatcher(self.compile(constraint, loose))
         return all(matcher.accept_token(t) for t in tokens) and matcher.is_completed()
@@ -158,6 +158,22 @@ class Grammars:
             self.xgr.apply_token_bitmask_inplace(
                 scores, bitmask.to(scores.device), vocab_size=min(self.vocab_size, scores.shape[-1]), indices=rows
             )
+
+
+def ebnf(constraint: Constraint, loose: bool = False) -> str:
+    """The grammar a constraint compiles to, as xgrammar's EBNF text: the one text every engine's masks follow."""
+    kind, spec = constraint.kind, constraint.spec
+    if kind in JSON_KINDS:
+        return _json_grammar(spec if kind == "json_schema" else "", loose)
+    if kind == "choices":
+        return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in json.loads(spec))
+    return str(_xgrammar().Grammar.from_regex(spec))
+
+
+def xgrammar_message(exc: Exception) -> str:
+    """The first line of an error xgrammar raised, without its time and source line."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)
 
 
 @functools.lru_cache(maxsize=TEXTS_CACHED)

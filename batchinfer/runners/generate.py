@@ -25,7 +25,6 @@ from ..job.templates import chat_template, no_chat_template
 from ..reasons import Reason
 from ..sources.prepare import Prepared, row_limits
 from .base import encode_capped
-from .continuous import ContinuousEngine
 from .engine import Engine, PassRows, engine_passes
 from .prefix import page_figures
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
@@ -58,13 +57,18 @@ class GenerateRunner:
             if job.model.chat_template is not None:
                 tokenizer.chat_template = chat_template(job.model.chat_template)
         else:
-            from ..backends.models import load_model
+            from ..backends import openvino_causal
+            from ..backends.models import load_model, model_identity
+            from . import openvino_engine
 
             if job.model.backend == "openvino":
                 from ..backends import candidates
 
                 candidates(job.model, "cpu")  # says why not
-            tokenizer, model, device = load_model(job.model, model_path)
+            warm = None
+            if job.generation.engine in ("auto", "openvino") and openvino_engine.available():
+                warm = openvino_causal.warm(job.model, model_path, model_identity(model_path))
+            tokenizer, model, device = warm or load_model(job.model, model_path)
         runner = cls(tokenizer, model, device, job.model.max_length, job.generation)
         if job.generation.engine in ("auto", "openvino"):
             runner.use_openvino(job, model_path)
@@ -86,7 +90,8 @@ class GenerateRunner:
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None) or tokenizer.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
-        self.engine = make_engine(gen, model, device, self.pad_id, self.eos, lambda: self.grammars)
+        # auto and openvino: use_openvino settles it (OpenVINO GenAI's, or the model's own with a note)
+        self.engine: Engine | None = None if gen.engine in ("auto", "openvino") else self.model_engine
         self._configs: dict[str, tuple] = {}  # a row's own settings (JSON) -> row_config's answer
         self.constraint = job_constraint(gen)  # every row's, unless an OpenAI request brings its own
         if self.constraint is not None:
@@ -107,6 +112,12 @@ class GenerateRunner:
         vocab = config.get_text_config().vocab_size if config is not None else len(self.tokenizer)
         return Grammars(self.tokenizer, max(vocab, len(self.tokenizer)), self.eos, self.gen.grammar_limits)
 
+    @functools.cached_property
+    def model_engine(self) -> Engine:
+        """generation.engine's engine over the loaded model (transformers' for auto and openvino), built on first
+        use: a run on OpenVINO GenAI imports transformers' continuous batching (seconds) only if rows go to it."""
+        return make_engine(self.gen, self.model, self.device, self.pad_id, self.eos, lambda: self.grammars)
+
     def shared_page(self) -> int | None:
         """The cache page (tokens) in which the engine shares rows' common prefixes; None when it shares none."""
         return self.engine.shared_page
@@ -119,7 +130,6 @@ class GenerateRunner:
         from ..backends.models import model_identity
         from . import openvino_engine
 
-        transformers = self.engine
         problem = openvino_problem(job, self)
         if problem is None:
             identity = model_identity(model_path)
@@ -129,12 +139,15 @@ class GenerateRunner:
                 problem = f"the model did not convert for OpenVINO GenAI ({type(exc).__name__}: {exc})"
             else:
                 precisions = openvino_engine.precision_candidates(job.model.dtype)
-                fallback = lambda: transformers  # noqa: E731  (constrained rows)
-                self.engine = openvino_engine.OpenVINOEngine(folder, self.gen, precisions, self.eos, fallback)
+                fallback = lambda: self.model_engine  # noqa: E731  (rows whose grammar cannot run on OpenVINO GenAI)
+                self.engine = openvino_engine.OpenVINOEngine(
+                    folder, self.gen, precisions, self.eos, fallback, lambda: self.grammars
+                )
                 return
         if job.generation.engine == "openvino":
             raise ConfigError(f"generation.engine openvino: {problem}", "set generation.engine: auto (or transformers)")
-        transformers.note(f"engine auto: transformers, not openvino: {problem}")
+        self.engine = self.model_engine
+        self.engine.note(f"engine auto: transformers, not openvino: {problem}")
 
     # --- prompts ---------------------------------------------------------------------------------------------
 
@@ -435,11 +448,14 @@ def max_new_tokens(job, loaded, context: int | None) -> list[int]:
 
 def make_engine(gen: GenerationConfig, model, device: torch.device, pad_id: int, eos: set[int], grammars) -> Engine:
     """generation.engine's engine over a loaded model (vllm.LLM for vllm); `grammars` builds the compiler.
-    auto and openvino start on transformers' (openvino_or_note then puts OpenVINO GenAI's in its place)."""
+    transformers' for auto and openvino (where GenerateRunner.use_openvino does not put OpenVINO GenAI's first);
+    imported here, as transformers' continuous batching imports torch's compiler (seconds)."""
     if gen.engine == "vllm":
         return VllmEngine(model, gen.engine_options, eos)
     if gen.engine == "static":
         return StaticEngine(model, device, pad_id, grammars)
+    from .continuous import ContinuousEngine
+
     return ContinuousEngine(model, device, gen.engine_options, pad_id, grammars)
 
 
@@ -456,8 +472,6 @@ def openvino_problem(job, runner: GenerateRunner) -> str | None:
         return "model.quantize: int8 is a torch path"
     if job.model.dtype not in ("auto", "float32"):
         return f"it runs float32 (bf16 where the CPU has it, after a check), not model.dtype {job.model.dtype}"
-    if runner.constraint is not None:
-        return "constrained output (choices, regex, response_format) runs on the transformers engine's grammar masks"
     return openvino_causal.problem(runner.model.config) or openvino_engine.settings_problem(
         runner.model.generation_config
     )

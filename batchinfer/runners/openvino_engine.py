@@ -7,14 +7,21 @@ Precision as for encoders: f32 (compute and KV cache) gives the transformers eng
 runs bf16, bf16 compute with a u8 KV cache runs only after it agreed with f32 on the job's own first rows
 (check_precision), the check going to the report; model.dtype: float32 keeps f32.
 
-Constrained rows (choices, regex, a JSON schema) run on the transformers continuous-batching engine over the same
-model (`fallback`), with a note: their grammar masks are batchinfer's (xgrammar), checked the same way."""
+Constrained rows (choices, regex, a JSON schema) run here too, on the pipeline's structured output: the grammar text
+batchinfer's own masks compile (constrained/grammar.py's `ebnf`) over the same token bytes (checked once against the
+pipeline's tokenizer), each distinct grammar first tried alone on the pipeline, whose xgrammar is its own build.
+Where one of these fails, that grammar's rows run on the transformers continuous-batching engine over the same
+model (`fallback`), with a note saying why. Every constrained output is checked whole afterwards either way
+(generate.py). serve sends constrained requests to the fallback engine: a grammar the pipeline refused would fail
+every request stepped with it."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import itertools
+import re
 import threading
 import time
 from pathlib import Path
@@ -22,14 +29,21 @@ from typing import Callable
 
 import numpy as np
 
+from ..constrained.spec import Constraint
 from ..errors import ConfigError, ModelError
 from ..job.config import GenerationConfig
 from .engine import PassOutput, PassRows, Streamed, engine_passes
 
 F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
 FAST = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8"}  # the CPU's own default where it has bf16
+# Sequences in flight (SchedulerConfig.max_num_seqs; its default is 256): on SmolLM2-135M, a 2-core AVX2 EPYC,
+# 32 ran workload A (4 new tokens) as fast as 64 and B (64 new tokens) 4-5% faster, and 16 ran A 10% slower
+# (docs/benchmarks.md, "Rows in flight on the OpenVINO engine"). engine_options.max_num_seqs sets it.
+IN_FLIGHT = 32
 CHECK_ROWS, CHECK_TOKENS = 16, 8  # the precision check: the job's first rows, their first greedy tokens
 AGREEMENT = 0.9  # of the checked rows whose first tokens match f32's, at least
+# xgrammar's EBNF text, a string literal or a character class (kept as they are) or an unbounded repeat `{n, -1}`
+_LITERAL_OR_REPEAT = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\{(\d+), -1\}')
 # transformers generation settings with no OpenVINO GenAI counterpart mapped here: a model whose
 # generation_config sets one runs on the transformers engine instead (auto), never without it.
 UNMAPPED = (
@@ -82,11 +96,16 @@ class OpenVINOEngine:
     pads = False
     shared_page = None  # its prefix cache is its own: the rows' shared pages are not counted here
 
-    def __init__(self, folder: Path, gen: GenerationConfig, precisions: list[str], eos: set[int], fallback):
+    def __init__(
+        self, folder: Path, gen: GenerationConfig, precisions: list[str], eos: set[int], fallback, grammars: Callable
+    ):
         self.folder, self.gen, self.eos = folder, gen, eos
-        self.fallback = fallback  # the transformers engine, for constrained rows
+        self.fallback = fallback  # () -> the transformers engine, for rows whose grammar cannot run here
+        self.grammars = grammars  # () -> grammar.Grammars, built on first use
         self.notes: list[str] = []
         self.check: dict | None = None
+        self.ids = itertools.count()  # request ids: the pipeline keeps a grammar state per id
+        self.structures: dict[Constraint, object | None] = {}  # a grammar -> its StructuredOutputConfig, or None
         self.pipelines: dict[str, object] = {p: self.pipeline(p, gen.max_memory) for p in precisions}
         self.precision = precisions[0] if len(precisions) == 1 else None  # None: settled on the first rows
 
@@ -107,6 +126,7 @@ class OpenVINOEngine:
         options = self.gen.engine_options
         scheduler = openvino_genai.SchedulerConfig()
         scheduler.enable_prefix_caching = True
+        scheduler.max_num_seqs = IN_FLIGHT
         if max_memory != "auto":  # the KV cache's GB; auto: the pipeline grows it as the rows in flight need
             scheduler.cache_size = max(1, int(max_memory) >> 30)
         properties = dict(F32 if precision == "f32" else FAST)
@@ -129,20 +149,25 @@ class OpenVINOEngine:
     # --- a pass ----------------------------------------------------------------------------------------------
 
     def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
-        """One pass, every row with its own settings; constrained rows on the fallback engine."""
-        free = [i for i, c in enumerate(rows.constraints) if c is None]
-        bound = [i for i, c in enumerate(rows.constraints) if c is not None]
-        raw: list = [None] * len(rows.prompts)
+        """One pass, every row with its own settings and grammar; rows whose grammar cannot run here
+        (`structured`) on the fallback engine."""
         if self.precision is None:
             self.settle(rows, check)
-        configs = [self.config(rows, i) for i in free]
-        done, first = self.generate(self.precision, [rows.prompts[i] for i in free], configs, check)
-        for i, result in zip(free, done):
+        here = [c is None or self.structured(c) is not None for c in rows.constraints]
+        own = [i for i, ok in enumerate(here) if ok]
+        bound = [i for i, ok in enumerate(here) if not ok]
+        raw: list = [None] * len(rows.prompts)
+        configs = [self.config(rows, i) for i in own]
+        done, first = self.generate(self.precision, [rows.prompts[i] for i in own], configs, check)
+        for i, result in zip(own, done):
             raw[i] = result
+        if strays := self.strays(rows, own, done):
+            self.note(
+                "constrained rows whose tokens batchinfer's masks refuse run again on the transformers engine (the "
+                "pipeline's xgrammar, an older build, lets through bytes that are no UTF-8)"
+            )
+            bound = sorted(bound + strays)
         if bound:
-            note = "constrained rows run on the transformers engine (grammar masks)"
-            if note not in self.notes:
-                self.notes.append(note)
             for group in engine_passes([rows.settings[i] for i in bound], "transformers"):
                 positions = [bound[g] for g in group]
                 sub = PassRows(*[[values[p] for p in positions] for values in vars(rows).values()])
@@ -168,7 +193,83 @@ class OpenVINOEngine:
             config.rng_seed = gen.seed
         else:
             config.do_sample = False
+        if rows.constraints[i] is not None and (structure := self.structured(rows.constraints[i])) is not None:
+            config.structured_output_config = structure
         return config
+
+    def note(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
+
+    # --- constrained rows ------------------------------------------------------------------------------------
+
+    def structured(self, constraint: Constraint):
+        """The pipeline's StructuredOutputConfig for `constraint`, or None (with a note saying why) where it
+        would not give batchinfer's own masks: the same grammar text over the same token bytes, taken by the
+        pipeline's xgrammar. Settled once per distinct grammar."""
+        if constraint not in self.structures:
+            import openvino_genai
+
+            from ..constrained.grammar import ebnf
+
+            structure = openvino_genai.StructuredOutputConfig()
+            structure.grammar = portable(ebnf(constraint))
+            problem = self.vocabulary_problem or self.refused(structure)
+            self.structures[constraint] = None if problem else structure
+            if problem:
+                self.note(f"rows constrained by {constraint.where} run on the transformers engine: {problem}")
+        return self.structures[constraint]
+
+    def strays(self, rows: PassRows, own: list[int], done: list) -> list[int]:
+        """The constrained rows of `own` whose tokens batchinfer's masks refuse somewhere. The pipeline's masks,
+        from its own xgrammar build, allow what batchinfer's allow and also overlong UTF-8 byte sequences; so a
+        greedy row whose every token batchinfer's masks allow is the transformers engine's, and the others are
+        run there again."""
+        bound = [(i, tokens) for i, (tokens, error) in zip(own, done) if rows.constraints[i] is not None and not error]
+        return [i for i, tokens in bound if not self.grammars().follows(rows.constraints[i], tokens)]
+
+    @functools.cached_property
+    def vocabulary_problem(self) -> str | None:
+        """Why the pipeline's tokenizer would let the grammar see other tokens than batchinfer's masks do (its
+        bytes per token id differ from xgrammar's reading of the transformers tokenizer), or None."""
+        ours = self.grammars().vocabulary
+        theirs = [b""] * len(ours)
+        for token, i in next(iter(self.pipelines.values())).get_tokenizer().get_vocab().items():
+            if i >= len(theirs):
+                return f"the converted tokenizer has token {i}, past the model's {len(ours)} tokens"
+            theirs[i] = token
+        apart = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+        if apart:
+            i = apart[0]
+            return (
+                f"the converted tokenizer reads {len(apart)} of {len(ours)} tokens otherwise than transformers' "
+                f"(token {i}: {theirs[i]!r}, not {ours[i]!r})"
+            )
+        return None
+
+    def refused(self, structure) -> str | None:
+        """What the pipeline's xgrammar says of `structure`'s grammar, tried alone (one token after a one-token
+        prompt), or None when it takes it. A grammar it refuses fails the step that meets it, and every request
+        stepped with it, until that request is cancelled."""
+        import openvino as ov
+        import openvino_genai
+
+        from ..constrained.grammar import xgrammar_message
+
+        config = openvino_genai.GenerationConfig()
+        config.max_new_tokens, config.do_sample = 1, False
+        config.stop_token_ids = set(self.eos)
+        config.structured_output_config = structure
+        for pipeline in self.pipelines.values():
+            start = ov.Tensor(np.asarray([[min(self.eos, default=0)]], dtype=np.int64))
+            handle = pipeline.add_request(next(self.ids), start, config)
+            try:
+                while pipeline.has_non_finished_requests():
+                    pipeline.step()
+            except RuntimeError as exc:
+                drain(pipeline, [handle])
+                return f"OpenVINO GenAI's xgrammar refuses the grammar ({xgrammar_message(exc)})"
+        return None
 
     def generate(
         self, precision: str, prompts: list[list[int]], configs: list, check: Callable[[], None]
@@ -179,11 +280,10 @@ class OpenVINOEngine:
         import openvino_genai
 
         pipeline, started = self.pipelines[precision], time.perf_counter()
+        handles: list = []
         try:
-            handles = [
-                pipeline.add_request(i, ov.Tensor(np.asarray([p], dtype=np.int64)), c)
-                for i, (p, c) in enumerate(zip(prompts, configs))
-            ]
+            for p, c in zip(prompts, configs):
+                handles.append(pipeline.add_request(next(self.ids), ov.Tensor(np.asarray([p], dtype=np.int64)), c))
             first: dict[int, float] = {}
             while pipeline.has_non_finished_requests():
                 check()
@@ -193,6 +293,7 @@ class OpenVINOEngine:
                         first[i] = time.perf_counter() - started
             outputs = [handle.read_all()[0] for handle in handles]
         except RuntimeError as exc:
+            drain(pipeline, handles)
             return [([], f"OpenVINO GenAI: {exc}")] * len(prompts), []
         stop = openvino_genai.GenerationFinishReason.STOP
         return [(self.ended(list(o.generated_ids), o.finish_reason == stop), None) for o in outputs], list(
@@ -226,6 +327,24 @@ class OpenVINOEngine:
             self.notes.append("serve: f32 (bf16 runs only after a check on a job's own rows)")
             self.pipelines = {"f32": self.pipelines["f32"]}
         return OpenVINOServing(self, gen, lambda: self.fallback().serve(gen, max_rows, max_length))
+
+
+def drain(pipeline, handles: list) -> None:
+    """Cancel `handles` after a failed step and step the pipeline clear: a request whose step failed stays queued,
+    failing every later step, until it is cancelled."""
+    for handle in handles:
+        handle.cancel()
+    try:
+        while pipeline.has_non_finished_requests():
+            pipeline.step()
+    except RuntimeError:
+        pass  # a pipeline that fails again fails the next requests with its message
+
+
+def portable(grammar: str) -> str:
+    """xgrammar's EBNF text as the xgrammar built into OpenVINO GenAI reads it: the unbounded repeat `rule{n, -1}`
+    that xgrammar 0.2 prints is spelled `rule{n,}`; string literals and character classes are kept as they are."""
+    return _LITERAL_OR_REPEAT.sub(lambda m: f"{{{m[1]},}}" if m[1] is not None else m[0], grammar)
 
 
 def check_precision(outputs: Callable[[str], list[list[int]]]) -> tuple[str, dict]:

