@@ -342,7 +342,12 @@ def plan_command(
     job: Path = typer.Argument(..., help="The job file (YAML)."),
     set_: Optional[List[str]] = SetOption,
     output: Optional[str] = OutputOption,
-    sample: int = typer.Option(2000, "--sample", min=1, help="Rows to tokenize and time."),
+    sample: Optional[int] = typer.Option(
+        None,
+        "--sample",
+        min=1,
+        help="Rows to tokenize and time [default: the job's first chunk, at least 2,000: the probe's share of it].",
+    ),
     limit: Optional[int] = typer.Option(
         None, "--limit", min=1, help="Plan what `run --limit N` would run: the job's first N rows."
     ),

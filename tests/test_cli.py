@@ -337,6 +337,19 @@ def test_plan_with_limit_plans_the_trial_that_run_with_the_same_limit_runs(tmp_p
     assert result.exit_code == 0 and "for 500 rows left:" in result.output, result.output
 
 
+def test_plan_samples_as_many_rows_as_the_first_chunk_holds_so_its_probe_cuts_slices_as_the_runs(
+    tmp_path, sms_table, tiny_embed
+):
+    """By default plan reads the first chunk's rows (2,000 at least): its probe's slices are then the size the run's
+    probe of that chunk cuts, not a 2,000-row sample's, whose slices fit one batch of the larger budgets."""
+    from batchinfer.commands.dryrun import estimate_job
+
+    pq.write_table(sms_table.slice(0, 5000), tmp_path / "sms.parquet")
+    for chunk_rows, sampled in ((2500, 2500), (500, 2000)):
+        job = make_job(tmp_path / "sms.parquet", tiny_embed, tmp_path / "out", batching__chunk_rows=chunk_rows)
+        assert estimate_job(job, timed=False)["sampled_rows"] == sampled
+
+
 def test_validate_reads_the_head_and_the_output_folder_and_a_failed_run_leaves_no_trap(
     tmp_path, sms_parquet, tiny_embed
 ):

@@ -48,10 +48,18 @@ def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[in
     return seen, reasons, examples
 
 
-def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True, limit: int | None = None) -> dict:
+SAMPLE_ROWS = 2000  # the fewest rows plan samples by default
+
+
+def estimate_job(job: JobConfig, sample: int | None = None, timed: bool = True, limit: int | None = None) -> dict:
     """`batchinfer plan`'s summary of a job: its input and chunks, what the output folder holds, the tokens of a
     sample of its rows, the batches they cut into and (timed) how long the rows left will take. With `limit`, of
-    what `run --limit` would run: the job's first `limit` rows, sampled from them alone. Writes nothing."""
+    what `run --limit` would run: the job's first `limit` rows, sampled from them alone. Writes nothing.
+
+    sample: rows to read; by default as many as the first chunk holds (SAMPLE_ROWS at least), so that plan's probe
+    cuts its slices as the run's probe of that chunk does: slices cut from a smaller sample fit one batch of the
+    larger budgets, and the probe could not tell them apart (the shipped classifier on 300,000 rows: 2,000 sampled
+    rows settled 4,096 tokens where the run settled 8,192 and ran 1.2x faster)."""
     plan = JobPlan.open(job)
     inputs, model_path, chunks = plan.inputs, plan.model_path, plan.chunks(limit)
     rows = rows_of(chunks) if limit is not None else plan.rows
@@ -72,6 +80,7 @@ def estimate_job(job: JobConfig, sample: int = 2000, timed: bool = True, limit: 
     if not summary["rows_left"]:  # a finished job: no row to check, sample or time, no model to load
         return {**summary, "sample_check": (0, Counter(), {}), "estimate": {}}
     summary["sample_check"] = sample_problems(job, inputs)
+    sample = sample or max(SAMPLE_ROWS, chunks[0].rows if chunks else 0)
     aside = time.perf_counter() - aside
 
     # the model, torch and a timed sample: only for rows left to run
