@@ -94,7 +94,7 @@ class DeferredModel:
         self._model = None
 
     def __getattr__(self, name: str):  # only for what __init__ did not set
-        if name.startswith("_"):
+        if name.startswith("__") or name in ("_load", "_model"):  # copy and pickle ask before __init__ ran
             raise AttributeError(name)
         if self._model is None:
             self._model = self._load()

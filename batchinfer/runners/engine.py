@@ -90,6 +90,10 @@ class Engine(Protocol):
         raise to stop (Ctrl-C)."""
         ...
 
+    def note(self, note: str) -> None:
+        """Add `note` to the report's entry for it (described["notes"]): why this engine runs the job."""
+        ...
+
     def serve(self, gen: GenerationConfig, max_rows: int, max_length: int) -> Serving:
         """A running batch for serve: `gen`'s decoding for what a request does not set, max_rows in flight, each
         up to max_length tokens (prompt and completion); raises BadInput-like errors where the engine cannot serve."""

@@ -22,6 +22,12 @@ class StaticEngine:
         self.model, self.device, self.pad_id = model, device, pad_id
         self.grammars = grammars  # () -> grammar.Grammars, built on first use
 
+    def note(self, note: str) -> None:
+        self.described = {
+            **self.described,
+            "notes": [*self.described.get("notes", []), note],
+        }  # this one's, not the class's
+
     @torch.inference_mode()
     def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
         """Batches of max_rows in input order, left-padded; the pass's rows share its settings and seed."""

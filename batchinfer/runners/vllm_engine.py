@@ -24,6 +24,12 @@ class VllmEngine:
         self.llm, self.eos = llm, eos
         self.shared_page = options.get("block_size", VLLM_BLOCK) if options.get("enable_prefix_caching", True) else None
 
+    def note(self, note: str) -> None:
+        self.described = {
+            **self.described,
+            "notes": [*self.described.get("notes", []), note],
+        }  # this one's, not the class's
+
     def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
         """One pass: vLLM takes each row's own settings (its seed, stop strings, temperature) and schedules
         the rows itself (max_rows does not apply)."""
