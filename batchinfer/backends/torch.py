@@ -25,7 +25,9 @@ class TorchBackend:
     def __init__(self, model, device: torch.device, output: tuple[str, Callable | None]):
         self.model, self.device = model, device
         self.config = model.config
-        self.output, self.head = output
+        self.output, head = output
+        # the head module (cached per device by its builder), looked up once rather than per batch
+        self.head = head(str(device)) if head is not None else None
 
     @property
     def packing_problem(self) -> str | None:
@@ -58,4 +60,4 @@ class TorchBackend:
         """The task's output from the model's outputs; mask: [b, L] on the device."""
         if self.head is None:
             return getattr(out, self.output)
-        return self.head(str(mask.device))(out.last_hidden_state, mask)
+        return self.head(out.last_hidden_state, mask)
