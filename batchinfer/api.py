@@ -72,7 +72,7 @@ def infer(data, *, model: str, task: str = "embed", text: str = "text", **overri
 def _run_in_memory(job: JobConfig, table: pa.Table) -> tuple[pa.Table | None, dict[int, tuple[str, str]]]:
     """`table`'s rows through the job's model, a chunk of batching.chunk_rows at a time as a run cuts its input:
     the result columns of the rows that ran (their positions in `row`), and why each other row did not."""
-    from .backends.models import check_chat_template, read_config, resolve_model_path
+    from .backends.models import checked_model_path
     from .control import StopFlag
     from .execution.chunk_task import check_strategy
     from .execution.driver import settle_budget
@@ -80,9 +80,7 @@ def _run_in_memory(job: JobConfig, table: pa.Table) -> tuple[pa.Table | None, di
     from .runners import make_runner
     from .runners.protocol import ChunkContext
 
-    model_path = resolve_model_path(job.model.path)
-    read_config(job.model, model_path)  # a model without the task's head, or a chat job without a template: here
-    check_chat_template(job.model, model_path, job.input.messages)
+    model_path = checked_model_path(job.model, job.input.messages)
     budget, probe = settle_budget(job, None)
     runner = make_runner(job, model_path, budget)
     check_strategy(job, runner)

@@ -256,6 +256,15 @@ def read_config(cfg: ModelConfig, path: Path):
     return config
 
 
+def checked_model_path(cfg: ModelConfig, messages: str | None) -> Path:
+    """model.path resolved, and checked to do the task: a model without the task's head, or a chat job (messages:
+    input.messages) whose model has no chat template, fails here, before any row is read or output written."""
+    path = resolve_model_path(cfg.path)
+    read_config(cfg, path)
+    check_chat_template(cfg, path, messages)
+    return path
+
+
 def check_chat_template(cfg: ModelConfig, path: Path, messages: str | None) -> None:
     """Before the output folder is touched: model.chat_template reads and parses, and a job of chat messages
     (input.messages, the column `messages`) has a template to format them, its own or the model's."""

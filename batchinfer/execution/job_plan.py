@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backends.models import check_chat_template, model_identity, read_config, resolve_model_path
+from ..backends.models import checked_model_path, model_identity
 from ..control import StopFlag
 from ..job.config import JobConfig
 from ..job.plan import Chunk, fingerprint, plan_chunks
@@ -30,9 +30,7 @@ class JobPlan:
         stop = stop or StopFlag()
         with stop.at_once():  # discovery hashes every byte of the input
             inputs = discover_shards(job.input, job.columns, output=job.output.path)
-            model_path = resolve_model_path(job.model.path)
-            read_config(job.model, model_path)
-            check_chat_template(job.model, model_path, job.input.messages)
+            model_path = checked_model_path(job.model, job.input.messages)
         with stop.at_once():  # the model's identity reads every byte of its weights the first time
             model_id = model_identity(model_path)
         return cls(job, inputs, model_path, model_id, sum(s.num_rows for s in inputs.shards))

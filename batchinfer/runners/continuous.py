@@ -16,7 +16,7 @@ from ..constrained.sampling import SeededSampling, sampling_warpers
 from ..constrained.spec import Constraint
 from ..errors import ModelError
 from ..job.config import GenerationConfig
-from .engine import PassOutput, PassRows, generation_config
+from .engine import PassOutput, PassRows, generation_config, with_note
 from .kv_cache import cache_blocks, engine_options, kv_bytes_per_block, memory_budget, sized_by_user
 from .prefix import admission
 
@@ -120,7 +120,7 @@ class ContinuousEngine:
 
     def note(self, note: str) -> None:
         """Say in the report why this engine runs the job (engine auto's fallback)."""
-        self.described.setdefault("notes", []).append(note)
+        self.described = with_note(self.described, note)
 
     def serve(self, gen: GenerationConfig, max_rows: int, max_length: int) -> ContinuousServing:
         """One manager running for the server's life; grammar masks installed when xgrammar is there, so any

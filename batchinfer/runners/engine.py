@@ -100,6 +100,11 @@ class Engine(Protocol):
         ...
 
 
+def with_note(described: dict, note: str) -> dict:
+    """An engine's report entry with `note` added to its notes, as a new dict (a class's entry is shared)."""
+    return {**described, "notes": [*described.get("notes", []), note]}
+
+
 def cannot_serve(engine: str) -> ConfigError:
     """The error for an engine that runs whole passes only."""
     return ConfigError(

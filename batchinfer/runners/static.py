@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .engine import PassOutput, PassRows, cannot_serve, generation_config
+from .engine import PassOutput, PassRows, cannot_serve, generation_config, with_note
 
 
 class StaticEngine:
@@ -23,10 +23,7 @@ class StaticEngine:
         self.grammars = grammars  # () -> grammar.Grammars, built on first use
 
     def note(self, note: str) -> None:
-        self.described = {
-            **self.described,
-            "notes": [*self.described.get("notes", []), note],
-        }  # this one's, not the class's
+        self.described = with_note(self.described, note)
 
     @torch.inference_mode()
     def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:

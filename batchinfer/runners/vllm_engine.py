@@ -10,7 +10,7 @@ import torch
 
 from ..constrained.spec import Constraint
 from ..errors import ModelError
-from .engine import PassOutput, PassRows, cannot_serve
+from .engine import PassOutput, PassRows, cannot_serve, with_note
 
 VLLM_BLOCK = 16  # vLLM's default cache block (tokens)
 
@@ -25,10 +25,7 @@ class VllmEngine:
         self.shared_page = options.get("block_size", VLLM_BLOCK) if options.get("enable_prefix_caching", True) else None
 
     def note(self, note: str) -> None:
-        self.described = {
-            **self.described,
-            "notes": [*self.described.get("notes", []), note],
-        }  # this one's, not the class's
+        self.described = with_note(self.described, note)
 
     def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
         """One pass: vLLM takes each row's own settings (its seed, stop strings, temperature) and schedules
