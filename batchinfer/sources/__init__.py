@@ -98,7 +98,9 @@ def open_reader(shard: Shard, spec: ReadSpec) -> Reader:
 
 def shard_format(path: str, declared: str = "auto", folder: bool | None = None) -> str | None:
     """The format of the shard at `path` (folder: whether it is a local folder, where the caller knows), or None."""
-    if folder if folder is not None else not is_uri(path) and Path(path).is_dir():
+    if folder is None:
+        folder = not is_uri(path) and Path(path).is_dir()
+    if folder:
         return "hf" if any((Path(path) / m).exists() for m in HF_MARKERS) else None
     if declared != "auto":
         return declared
