@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
 
+from batchinfer.backends.openvino import STAND_IN
 from batchinfer.backends.precision import COSINE_FLOOR
 from batchinfer.control import Quiet
 from batchinfer.job.config import validate_job
@@ -329,16 +330,6 @@ def check_docs_section(page: str, name: str, generated: str) -> None:
     assert current == generated + "\n", f"docs/{page} {name} section is stale: rerun with BATCHINFER_UPDATE_DOCS=1"
 
 
-# The CPU kinds the project runs on, as OpenVINO's CPU plugin lists their capabilities: AVX2-only (an AMD EPYC
-# before Zen 4; measured), AVX-512 with avx512_bf16 and no AMX (a Zen 4 EPYC) and AMX (a Sapphire Rapids
-# Xeon). batchinfer reads BF16 alone (backends/openvino.bf16_supported); `lscpu | grep -o 'avx512_bf16\|amx_bf16'`
-# tells them apart on a machine. Each kind's precision under model.dtype auto on OpenVINO.
-CPU_KINDS = {
-    "avx2": (("FP32", "INT8", "BIN", "EXPORT_IMPORT"), "f32"),
-    "avx512_bf16": (("FP32", "BF16", "INT8", "BIN", "EXPORT_IMPORT"), "bf16"),
-    "amx": (("FP32", "BF16", "FP16", "INT8", "BIN", "EXPORT_IMPORT"), "bf16"),
-}
-
 # Each row's cosine to the same row of another run, where either ran bf16: against f32 the run's own check's
 # floor (precision.COSINE_FLOOR, on its sample; 10,000 real rows on an avx512_bf16 EPYC: min 0.99992); between two
 # bf16 runs (another batch, a resume, another auto run), what two results each that close to f32 are from each
@@ -348,19 +339,17 @@ BF16_COSINE_TO_BF16 = 0.9996
 
 
 def stand_in_for_cpu_kind(kind: str, monkeypatch) -> None:
-    """Make OpenVINO describe this CPU as one of CPU_KINDS, so each kind's path (the precision dtype auto picks,
-    its check, its bound) runs on any machine. What runs is still this CPU's: on a CPU without native bf16
-    OpenVINO compiles a bf16 hint to f32."""
-    from batchinfer.backends import openvino
-
-    monkeypatch.setattr(openvino, "_cpu_capabilities", lambda: CPU_KINDS[kind][0])
+    """Make OpenVINO describe this CPU as one of CPU_KINDS (in this process and the workers it starts), so each
+    kind's path (the precision dtype auto picks, its check, its bound) runs on any machine. What runs is still
+    this CPU's: on a CPU without native bf16, bf16's outputs are rounded to bf16 (openvino.emulates_bf16)."""
+    monkeypatch.setenv(STAND_IN, kind)
     monkeypatch.delenv("BATCHINFER_NO_BF16", raising=False)
 
 
 def ran_in(out: Path) -> str:
     """The precision the last run into output folder `out` reports (`_report.json`'s batching.precision): bf16 or
-    f32 (torch on a CPU reports none: its float32)."""
-    return json.loads((out / "_report.json").read_text())["batching"].get("precision") or "f32"
+    f32, whichever backend ran (torch says the dtype it loaded the model in)."""
+    return json.loads((out / "_report.json").read_text())["batching"]["precision"]
 
 
 def assert_rows_agree(ours, theirs, precisions: tuple[str, str], f32_bound: float) -> str:

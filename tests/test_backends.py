@@ -14,7 +14,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import (
-    CPU_KINDS,
     Crash,
     CrashAfterChunks,
     assert_rows_agree,
@@ -28,6 +27,7 @@ from helpers import (
 )
 from tokenizer_families import FAMILIES, TRICKY
 
+from batchinfer.backends.openvino import CPU_KINDS
 from batchinfer.control import Quiet
 from batchinfer.errors import ConfigError, ModelError, ResumeError
 from batchinfer.execution.driver import run_job
@@ -350,11 +350,9 @@ def test_a_warm_run_loads_only_the_backend_that_was_clearly_faster_on_this_cpu_b
 
 
 WARM_RUN = """
-import json, sys
-from batchinfer.backends import openvino
+import sys
 from batchinfer.cli import app
 
-openvino._cpu_capabilities = lambda: tuple(json.loads(sys.argv[2]))  # the CPU kind the test stands in for
 try:
     app(["run", sys.argv[1], "-q"], standalone_mode=False)
 except SystemExit:
@@ -384,8 +382,7 @@ def test_a_warm_embed_run_on_openvino_imports_neither_torch_nor_transformers_and
     (entry / openvino.RATES).write_text(json.dumps({openvino.cpu_id(): {"openvino": 3.0, "torch": 1.0}}))
     warm = tmp_path / "warm"
     job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, warm, raw=True, model__backend="auto"))
-    capabilities = json.dumps(CPU_KINDS[kind][0])
-    command = [sys.executable, "-c", WARM_RUN, str(job), capabilities]
+    command = [sys.executable, "-c", WARM_RUN, str(job)]  # the stand-in's CPU kind is in its environment
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "imported: []" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads((warm / "_report.json").read_text())

@@ -402,3 +402,22 @@ def test_serve_compiles_off_the_event_loop_once_per_schema_and_within_the_limits
     assert (
         too_deep.status_code == 400 and "past generation.grammar_max_depth (16)" in too_deep.json()["error"]["message"]
     )
+
+
+def test_refused_at_names_the_first_token_the_masks_refuse(tiny_llama):
+    """What the OpenVINO engine's note quotes when the pipeline's masks let a row through that batchinfer's refuse:
+    the first refused token, not a guess at why."""
+    from transformers import AutoTokenizer
+
+    from batchinfer.constrained.spec import choices
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    grammars = _grammars(tiny_llama)
+    constraint = choices(["ham", "spam"], "generation.choices")
+    spam = tokenizer.encode("spam", add_special_tokens=False)
+    assert grammars.refused_at(constraint, spam) is None  # an answer
+    assert grammars.refused_at(constraint, spam[:1]) is None  # the start of one
+    ham_then_more = tokenizer.encode("ham", add_special_tokens=False) + tokenizer.encode(
+        "xyz", add_special_tokens=False
+    )
+    assert grammars.refused_at(constraint, ham_then_more) == len(tokenizer.encode("ham", add_special_tokens=False))

@@ -116,6 +116,7 @@ def test_a_shared_instruction_runs_once_and_scores_as_a_direct_computation(
     scores = np.array(table.column("scores").to_pylist(), dtype=np.float64)[picked]
     assert np.allclose(scores, expected / expected.sum(1, keepdims=True), atol=1e-4)
     assert table.column("label").to_pylist()[::7] == [LABELS[i] for i in direct.argmax(1)]
+    assert report["batching"]["precision"] == "f32"  # what ran is said, on torch as on OpenVINO
     # the prefix: the prompts' common token start (the chat preamble and the instruction), prefilled once for
     # both chunks, never counted in what the batches computed
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -1,7 +1,8 @@
 """The OpenVINO GenAI engine (runners/openvino_engine.py) over the tiny random Llama, its conversion built
 offline and cached (backends/openvino_causal.py): in f32 the same greedy tokens as the transformers engine, chosen
-by generation.engine: auto on a CPU, a fallback with a note where it cannot run the job, bf16 only after a check
-on the job's rows, and serve and openai-batch reaching it through the Engine protocol."""
+by generation.engine: auto on a CPU, a fallback with a note where it cannot run the job, one precision per model
+and CPU kind (bf16 only where model.dtype asks for it) that a resume keeps, and serve and openai-batch reaching it
+through the Engine protocol."""
 
 import asyncio
 import json
@@ -10,11 +11,12 @@ import httpx
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from helpers import generate_alone, generate_job, make_job, prompt_table
+from helpers import Crash, CrashAfterChunks, generate_alone, generate_job, make_job, prompt_table, stand_in_for_cpu_kind
 from typer.testing import CliRunner
 
 from batchinfer.backends.models import resolve_model_path
-from batchinfer.errors import ConfigError
+from batchinfer.backends.openvino import CPU_KINDS
+from batchinfer.errors import ConfigError, ResumeError
 from batchinfer.execution.driver import run_job
 
 pytest.importorskip("openvino_genai")
@@ -38,8 +40,8 @@ def test_in_f32_the_openvino_engine_gives_the_transformers_engines_tokens_and_co
     reference, expected = _run(tmp_path, "transformers", tiny_llama, generation__engine="transformers")
     report, got = _run(tmp_path, "openvino", tiny_llama, generation__engine="openvino")
     assert got == expected  # every row's text, finish reason and token counts
-    assert reference["engine"] == {"name": "transformers"}
-    assert report["engine"] == {"name": "openvino", "precision": "f32"}  # this CPU kind aside: f32 unless bf16 checked
+    assert reference["engine"] == {"name": "transformers", "precision": "f32"}
+    assert _ran_on(report) == ("openvino", "f32")  # on every CPU kind: bf16 only where model.dtype asks for it
     # the worker's cache may hold other tests' conversions: this model's is among them, and none is made again
     built = {entry: (entry / "openvino_model.bin").stat().st_mtime_ns for entry in _conversions(conversion_cache)}
     assert built
@@ -47,7 +49,7 @@ def test_in_f32_the_openvino_engine_gives_the_transformers_engines_tokens_and_co
         manifest = json.loads((entry / "batchinfer.json").read_text())
         assert {"openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml"} <= set(manifest["files"])
     auto, again = _run(tmp_path, "auto", tiny_llama, generation__engine="auto", model__dtype="float32")
-    assert auto["engine"] == {"name": "openvino", "precision": "f32"} and again == expected
+    assert _ran_on(auto) == ("openvino", "f32") and again == expected
     assert {
         entry: (entry / "openvino_model.bin").stat().st_mtime_ns for entry in _conversions(conversion_cache)
     } == built
@@ -186,33 +188,63 @@ def test_portable_spells_unbounded_repeats_as_openvino_genais_xgrammar_reads_the
     assert portable(grammar) == 'root ::= (("[" item{0,} "{1, -1}" [{2, -1}\\]] digit{1,} item{0, 3}))'
 
 
-def test_the_fast_precision_runs_only_after_agreeing_with_f32_on_the_jobs_own_rows(
-    sms_table, tmp_path, tiny_llama, monkeypatch
+def _ran_on(report) -> tuple[str, str]:
+    return report["engine"]["name"], report["engine"]["precision"]
+
+
+@pytest.mark.parametrize("kind", list(CPU_KINDS))
+def test_generation_runs_one_precision_per_dtype_and_cpu_kind_and_says_which(
+    sms_table, tmp_path, tiny_llama, monkeypatch, kind
 ):
-    # This CPU may have no bf16: a u8 KV cache in f32 stands in for bf16's compile properties, the same code path
-    monkeypatch.setattr("batchinfer.backends.openvino.bf16_supported", lambda: True)
-    monkeypatch.setattr(
-        "batchinfer.runners.openvino_engine.FAST", {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "u8"}
+    """dtype auto: f32 on every kind (bf16 changes generated text), with a note on the kinds that have bf16;
+    bfloat16: bf16 on OpenVINO where the CPU has it, else the transformers engine in bf16 with the reason; its
+    constrained rows run on the transformers engine, as serve's do."""
+    stand_in_for_cpu_kind(kind, monkeypatch)
+    native = CPU_KINDS[kind][1] == "bf16"
+    pq.write_table(prompt_table(sms_table, 6), tmp_path / "prompts.parquet")
+    auto, _ = _run(tmp_path, "auto", tiny_llama)
+    assert _ran_on(auto) == ("openvino", "f32")
+    assert any("model.dtype: bfloat16" in note for note in auto["engine"].get("notes", [])) == native
+    opted, _ = _run(tmp_path, "bf16", tiny_llama, model__dtype="bfloat16", generation__choices=["yes", "no"])
+    if native:
+        assert _ran_on(opted) == ("openvino", "bf16")
+        assert any("transformers engine" in note and "bf16" in note for note in opted["engine"]["notes"])
+    else:
+        assert _ran_on(opted) == ("transformers", "bf16")
+        assert "needs a CPU with native bf16" in " ".join(opted["engine"]["notes"])
+
+
+@pytest.mark.parametrize(
+    "resumed,why",
+    [
+        ({"no_bf16": True}, "would run on transformers in bf16.*BATCHINFER_NO_BF16 is set"),
+        ({"no_genai": True}, "would run on transformers in bf16.*openvino-genai is not installed"),
+    ],
+)
+def test_a_generation_job_resumes_on_its_first_engine_and_precision_or_refuses(
+    sms_table, tmp_path, tiny_llama, monkeypatch, resumed, why
+):
+    """Its first chunks ran on OpenVINO in bf16 (an AMX CPU stood in for); a resume that would change the engine
+    or the precision refuses before any chunk, naming both and the fix; one that keeps them finishes the folder."""
+    stand_in_for_cpu_kind("amx", monkeypatch)
+    pq.write_table(prompt_table(sms_table, 12), tmp_path / "prompts.parquet")
+    job = lambda **kw: generate_job(  # noqa: E731
+        tmp_path / "prompts.parquet", tiny_llama, tmp_path / "out", batching__chunk_rows=4, **kw
     )
-    pq.write_table(prompt_table(sms_table, 20), tmp_path / "prompts.parquet")
-    report, _ = _run(tmp_path, "checked", tiny_llama)
-    check = report["engine"]["precision_check"]
-    assert check["rows"] == 16 and check["tokens"] == 8 and 0 <= check["agreement"] <= 1
-    assert report["engine"]["precision"] == check["kept"] == ("bf16" if check["agreement"] >= 0.9 else "f32")
-    pinned, _ = _run(tmp_path, "pinned", tiny_llama, model__dtype="float32")  # the one key that turns it off
-    assert pinned["engine"] == {"name": "openvino", "precision": "f32"}
-
-
-def test_check_precision_keeps_f32_unless_the_first_greedy_tokens_agree():
-    from batchinfer.runners.openvino_engine import check_precision
-
-    same = [list(range(10))] * 10
-    assert check_precision(lambda precision: same)[0] == "bf16"
-    apart = same[:8] + [[0, 1, 9]] * 2  # 80% agree: below the 90% needed
-    kept, check = check_precision(lambda precision: same if precision == "f32" else apart)
-    assert kept == "f32" and check["agreement"] == 0.8 and check["kept"] == "f32"
-    late = same[:8] + [[*range(8), 7, 7]] * 2  # apart only past the 8 tokens compared
-    assert check_precision(lambda precision: same if precision == "f32" else late)[0] == "bf16"
+    with pytest.raises(Crash):
+        run_job(job(model__dtype="bfloat16"), progress=CrashAfterChunks(1))
+    with monkeypatch.context() as elsewhere:
+        if resumed.get("no_bf16"):
+            elsewhere.setenv("BATCHINFER_NO_BF16", "1")
+        if resumed.get("no_genai"):
+            elsewhere.setattr("batchinfer.runners.openvino_engine.available", lambda: False)
+        parts = sorted(p.name for p in (tmp_path / "out").glob("part-*"))
+        with pytest.raises(ResumeError, match=f"ran on the openvino engine in bf16.*{why}") as refused:
+            run_job(job(model__dtype="bfloat16"))
+    assert "--restart" in refused.value.hint
+    assert sorted(p.name for p in (tmp_path / "out").glob("part-*")) == parts  # nothing written
+    report = run_job(job(model__dtype="bfloat16"))
+    assert report["complete"] and report["rows_ok"] == 12 and _ran_on(report) == ("openvino", "bf16")
 
 
 def test_serve_answers_completions_on_the_openvino_engine_and_constrained_ones_on_transformers(tiny_llama):

@@ -250,24 +250,67 @@ def test_a_greedy_server_samples_each_request_with_its_own_settings_as_a_batch_f
     assert greedy == tokenizer.decode(
         generate_alone(tiny_llama, tokenizer(prompt)["input_ids"], 8), skip_special_tokens=True
     )
+    bodies = [{"prompt": prompt, "max_tokens": 8, **a} for a in asked]
+    offline, _ = _as_batch_file(tmp_path, tiny_llama, bodies, generation={"max_new_tokens": 8, "engine": engine})
+    assert [offline[0], offline[2]] == [one, other]
+
+
+def _as_batch_file(tmp_path, model, bodies: list[dict], **job) -> tuple[list[str], dict]:
+    """Completion request bodies answered offline, as an OpenAI Batch file's lines: each one's text, and the
+    job's report."""
     lines = [
-        {"custom_id": f"r{i}", "url": "/v1/completions", "body": {"prompt": prompt, "max_tokens": 8, **a}}
-        for i, a in enumerate(asked)
+        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": b} for i, b in enumerate(bodies)
     ]
-    (tmp_path / "requests.jsonl").write_text("".join(json.dumps({"method": "POST", **line}) + "\n" for line in lines))
-    job = make_job(
-        tmp_path / "requests.jsonl",
-        tiny_llama,
-        tmp_path / "out",
-        "generate",
-        input={"format": "openai", "text": None, "id": None, "keep": None},
-        output__format="openai",
-        generation={"max_new_tokens": 8, "engine": engine},
-    )
-    run_job(job)
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    openai = {"input": {"format": "openai", "text": None, "id": None, "keep": None}, "output__format": "openai"}
+    report = run_job(make_job(tmp_path / "requests.jsonl", model, tmp_path / "out", "generate", **openai, **job))
     rows = [json.loads(line) for line in (tmp_path / "out" / "output.jsonl").read_text().splitlines()]
-    offline = {row["custom_id"]: row["response"]["body"]["choices"][0]["text"] for row in rows}
-    assert [offline["r0"], offline["r2"]] == [one, other]
+    texts = {row["custom_id"]: row["response"]["body"]["choices"][0]["text"] for row in rows}
+    return [texts[f"r{i}"] for i in range(len(bodies))], report
+
+
+CHOICES = ["ham", "spam", "not sure"]
+CHOSEN = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": {"enum": CHOICES}}}
+ALIKE_ASKED = [  # greedy, seeded and constrained: each answered alike by serve and by an offline job
+    {"max_tokens": 8},
+    {"max_tokens": 8, "temperature": 2.0, "top_p": 0.95, "seed": 7},
+    {"max_tokens": 12, "response_format": CHOSEN},
+]
+
+
+@pytest.mark.parametrize(
+    "kind,dtype",
+    [("avx2", "auto"), ("avx512_bf16", "auto"), ("amx", "bfloat16")],
+    ids=["avx2", "avx512_bf16", "amx-bfloat16"],
+)
+def test_serve_and_an_offline_job_give_one_answer_in_one_precision_on_every_cpu_kind(
+    tmp_path, tiny_llama, monkeypatch, kind, dtype
+):
+    """One precision decision for a model on a machine (the CPU kind stood in for): serve says which precision
+    answers (/v1/models), the offline job's report says the same, and greedy, seeded and constrained requests
+    get the same text through either."""
+    pytest.importorskip("openvino_genai")
+    pytest.importorskip("xgrammar")
+    from helpers import stand_in_for_cpu_kind
+
+    stand_in_for_cpu_kind(kind, monkeypatch)
+    prompts = ["Free entry in 2 a wkly comp", "Ok lar... Joking wif u oni"]
+    asked = [{"prompt": p, **a} for p in prompts for a in ALIKE_ASKED]
+    job = _serving(tiny_llama, "generate").model_copy(deep=True)
+    job.model.dtype = dtype
+
+    async def go():
+        async with _client(job) as client:
+            served = (await client.get("/v1/models")).json()["data"][0]["batchinfer"]
+            answers = await asyncio.gather(*(client.post("/v1/completions", json=a) for a in asked))
+            return served, answers
+
+    served, answers = asyncio.run(go())
+    assert [a.status_code for a in answers] == [200] * len(asked), [a.text for a in answers]
+    offline, report = _as_batch_file(tmp_path, tiny_llama, asked, model__dtype=dtype, generation__max_new_tokens=12)
+    assert served["precision"] == report["engine"]["precision"] == ("bf16" if dtype == "bfloat16" else "f32")
+    assert served["engine"] == report["engine"]["name"]
+    assert offline == [a.json()["choices"][0]["text"] for a in answers]
 
 
 def test_a_server_whose_engine_samples_alike_for_every_request_refuses_a_requests_own_settings(tiny_llama):

@@ -66,25 +66,39 @@ def openvino_problem(cfg: ModelConfig, device: str) -> tuple[str, str] | None:
     return None
 
 
-def precisions(cfg: ModelConfig, backend: str) -> list[str | None]:
-    """The inference precisions `backend` may use, the default first; None: the model's own dtype (torch).
+def precisions(cfg: ModelConfig, backend: str) -> list[str]:
+    """The inference precisions `backend` may use, the default first; torch: the dtype it loads the model in.
 
     dtype auto on OpenVINO: bf16 first on a CPU that runs it natively, checked against f32 on a sample."""
     if backend != "openvino":
-        return [None]
+        from .models import device_type
+
+        return [torch_precision(cfg.dtype, device_type(cfg.device))]
     if cfg.dtype != "auto":
         return [openvino.PRECISIONS[cfg.dtype]]
     return ["bf16", "f32"] if openvino.bf16_supported() else ["f32"]
+
+
+def torch_precision(dtype: str, device: str) -> str:
+    """The precision torch runs a model in (models.pick_dtype's choice for model.dtype `dtype` on `device`), by
+    name: f32, bf16 or f16. Asks torch only on a GPU."""
+    if dtype != "auto":
+        return openvino.PRECISIONS[dtype]
+    if device != "cuda":
+        return "f32"
+    import torch
+
+    return "bf16" if torch.cuda.is_bf16_supported() else "f16"
 
 
 def precision_note(cfg: ModelConfig, backend: str | None, precision: str | None) -> str | None:
     """Why an OpenVINO job with dtype auto runs f32 without a bf16 check (for the report), or None."""
     if backend != "openvino" or cfg.dtype != "auto" or precision != "f32" or len(precisions(cfg, backend)) > 1:
         return None
-    return f"f32: {_why_no_bf16()}" + (", so bf16 was not tried" if openvino.bf16_turned_off() else "")
+    return f"f32: {why_no_bf16()}" + (", so bf16 was not tried" if openvino.bf16_turned_off() else "")
 
 
-def _why_no_bf16() -> str:
+def why_no_bf16() -> str:
     """Why OpenVINO does not offer bf16 here (bf16_supported is false)."""
     if openvino.bf16_turned_off():
         return "BATCHINFER_NO_BF16 is set"
@@ -103,7 +117,7 @@ def refuse_a_mixed_resume(job, recorded: dict) -> None:
     names = candidates(job.model, device_type(job.model.device), job.batching.strategy == "packed")
     if backend in names and precision in precisions(job.model, backend):
         return
-    why = f"model.backend is {job.model.backend}" if backend not in names else _why_no_bf16()
+    why = f"model.backend is {job.model.backend}" if backend not in names else why_no_bf16()
     raise ResumeError(
         f"the output folder's first chunks ran on {backend} in {precision} (its _batchinfer.json says so), and "
         f"this run cannot ({why}); a resume never mixes the results of two precisions",

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cache import cache_root, file_digest
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from .base import Batch
 from .precision import COSINE_FLOOR
 
@@ -68,6 +68,20 @@ def available() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
+# The CPU kinds the project runs on, as OpenVINO's CPU plugin lists their capabilities: AVX2-only (an AMD EPYC
+# before Zen 4), AVX-512 with avx512_bf16 and no AMX (a Zen 4 EPYC) and AMX (a Sapphire Rapids Xeon);
+# `lscpu | grep -o 'avx512_bf16\|amx_bf16'` tells them apart on a machine. Each kind's precision under model.dtype
+# auto on OpenVINO's encoders.
+CPU_KINDS = {
+    "avx2": (("FP32", "INT8", "BIN", "EXPORT_IMPORT"), "f32"),
+    "avx512_bf16": (("FP32", "BF16", "INT8", "BIN", "EXPORT_IMPORT"), "bf16"),
+    "amx": (("FP32", "BF16", "FP16", "INT8", "BIN", "EXPORT_IMPORT"), "bf16"),
+}
+# For tests: OpenVINO's capabilities read as those of another CPU kind (a key of CPU_KINDS), in this process and
+# every worker it starts, so that the suite runs each kind's path on any machine (docs/architecture.md, "Tests").
+STAND_IN = "BATCHINFER_STAND_IN_CPU"
+
+
 def bf16_supported() -> bool:
     """Whether this CPU runs bf16 matrix work natively (avx512_bf16 or AMX), as OpenVINO reports it.
 
@@ -75,11 +89,33 @@ def bf16_supported() -> bool:
     return not bf16_turned_off() and "BF16" in _cpu_capabilities()
 
 
-@functools.cache
 def _cpu_capabilities() -> tuple[str, ...]:
+    kind = os.environ.get(STAND_IN, "").strip()
+    if not kind:
+        return _native_capabilities()
+    if kind not in CPU_KINDS:
+        raise ConfigError(f"{STAND_IN}={kind} is no CPU kind", f"use one of {', '.join(CPU_KINDS)}, or unset it")
+    return CPU_KINDS[kind][0]
+
+
+@functools.cache
+def _native_capabilities() -> tuple[str, ...]:
     import openvino as ov
 
     return tuple(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
+def emulates_bf16() -> bool:
+    """Whether bf16 here is a stand-in's: OpenVINO compiles a bf16 hint to f32 on a CPU without native bf16, so
+    forward rounds its outputs to bf16 instead, and a result that assumes f32 fails here as on a real bf16 CPU."""
+    return "BF16" not in _native_capabilities() and bool(os.environ.get(STAND_IN, "").strip())
+
+
+def to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), kept as float32."""
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & np.uint32(0xFFFF0000)
+    return rounded.view(np.float32)
 
 
 def bf16_turned_off() -> bool:
@@ -131,7 +167,8 @@ class OpenVINOBackend:
         request = self.requests[self.precision]
         request.infer({name: inputs[name] for name in self.names})
         # The request's output buffer is reused by the next call: copy it out.
-        return request.get_output_tensor(0).data.copy()
+        out = request.get_output_tensor(0).data.copy()
+        return to_bf16(out) if self.precision == "bf16" and emulates_bf16() else out
 
     def use(self, precision: str | None) -> None:
         """Run the next calls in `precision` (one compiled; None: the first)."""

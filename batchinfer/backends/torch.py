@@ -12,6 +12,8 @@ from ..batching.probe import DEFAULT_BUDGET
 from .base import Batch
 from .packing import first_position, pack, packed_forward, supports_packing
 
+DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
 
 class TorchBackend:
     """model: the transformers model; output: the model output the task reads ("logits", "last_hidden_state"), and
@@ -19,8 +21,6 @@ class TorchBackend:
     (runners/base.py converted_output)."""
 
     name, reference, default_budget = "torch", True, DEFAULT_BUDGET
-    precision = None  # the dtype it was loaded in
-    precisions = [None]
 
     def __init__(self, model, device: torch.device, output: tuple[str, Callable | None]):
         self.model, self.device = model, device
@@ -32,6 +32,15 @@ class TorchBackend:
     @property
     def packing_problem(self) -> str | None:
         return supports_packing(self.model)
+
+    @property
+    def precision(self) -> str:
+        """The dtype it was loaded in, by name (f32, bf16, f16), as the report and the output folder say it."""
+        return DTYPE_NAMES.get(self.model.dtype, str(self.model.dtype).removeprefix("torch."))
+
+    @property
+    def precisions(self) -> list[str]:
+        return [self.precision]  # one: the loaded dtype
 
     @property
     def f32(self) -> bool:

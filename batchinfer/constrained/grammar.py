@@ -143,10 +143,11 @@ class Grammars:
             return True
         return jsonschema.Draft202012Validator(json.loads(constraint.spec)).is_valid(value)
 
-    def follows(self, constraint: Constraint, tokens: list[int]) -> bool:
-        """Whether each of `tokens` is one the masks allow after those before it: an answer, or the start of one."""
+    def refused_at(self, constraint: Constraint, tokens: list[int]) -> int | None:
+        """The position of the first of `tokens` the masks do not allow after those before it, or None where all
+        are allowed (an answer, or the start of one)."""
         matcher = self.matcher(constraint)
-        return all(matcher.accept_token(t) for t in tokens)
+        return next((i for i, t in enumerate(tokens) if not matcher.accept_token(t)), None)
 
     def _accepts(self, constraint: Constraint, tokens: list[int], loose: bool) -> bool:
         matcher = self.xgr.GrammarMatcher(self.compile(constraint, loose))

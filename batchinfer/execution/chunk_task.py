@@ -58,12 +58,17 @@ class TaskInputs:
     spec: ReadSpec
     writer: PartWriter
     budget: Batching
+    engine: dict | None = None  # generate: the engine the folder's first chunks ran on (their records' `engine`)
 
     def task(self, stop: StopFlag, worker: str = "local", wrap: Callable | None = None) -> ChunkTask:
         """A ChunkTask with its runner loaded in this process; `wrap` wraps the runner (tests crash a run)."""
         from ..runners import make_runner
 
         runner = make_runner(self.job, self.model_path, self.budget)
+        if self.engine is not None:  # a generation folder's: imports torch, as its runner did
+            from ..runners.generate import refuse_a_mixed_engine
+
+            refuse_a_mixed_engine(self.engine, runner)
         runner = wrap(runner) if wrap else runner
         return ChunkTask(self.job, self.shards, self.spec, runner, self.writer, self.budget, stop, worker)
 

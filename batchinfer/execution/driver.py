@@ -76,7 +76,7 @@ def run_job(
         if todo:
             refuse_a_mixed_resume(job, recorded or {})
             spec = read_spec(job.input, job.columns, types)
-            inputs = TaskInputs(job, model_path, shards, spec, out.writer(), budget)
+            inputs = TaskInputs(job, model_path, shards, spec, out.writer(), budget, first_engine(done))
             ran = _run_chunks(inputs, out, todo, chunks, auto and recorded is None, stop, progress, on_runner, started)
         seconds = time.perf_counter() - started
         # the probe's choice: this run's, or the earlier one reused
@@ -104,6 +104,11 @@ def _start(out, plan: JobPlan, limit, restart: bool, command: str, files, retry_
         planned=planned_rows(chunks),
     )
     return chunks
+
+
+def first_engine(done: dict[str, ChunkRecord]) -> dict | None:
+    """The generation engine the folder's first committed chunk ran on ({name, precision, ...}), or None."""
+    return next((done[name].engine for name in sorted(done) if done[name].engine), None)
 
 
 def _todo(chunks: list, done: dict, error_files: dict | None, progress: Progress) -> list[Work]:

@@ -69,16 +69,19 @@ class GenerateRunner:
             if job.generation.engine in ("auto", "openvino") and openvino_engine.available():
                 warm = openvino_causal.warm(job.model, model_path, model_identity(model_path))
             tokenizer, model, device = warm or load_model(job.model, model_path)
-        runner = cls(tokenizer, model, device, job.model.max_length, job.generation)
+        runner = cls(tokenizer, model, device, job.model.max_length, job.generation, precision_of(job, device))
         if job.generation.engine in ("auto", "openvino"):
             runner.use_openvino(job, model_path)
         return runner
 
-    def __init__(self, tokenizer, model, device: torch.device, max_length: int, gen: GenerationConfig):
+    def __init__(
+        self, tokenizer, model, device: torch.device, max_length: int, gen: GenerationConfig, precision: str = "f32"
+    ):
         self.tokenizer = tokenizer
         self.model = model
         self.device = device
         self.gen = gen
+        self.precision = precision  # the loaded model's, by name (the torch engines run in it)
         # Positions the model knows; vllm.LLM keeps its own (max_model_len).
         self.context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         # A prompt leaves room for at least one new token inside the context.
@@ -116,7 +119,10 @@ class GenerateRunner:
     def model_engine(self) -> Engine:
         """generation.engine's engine over the loaded model (transformers' for auto and openvino), built on first
         use: a run on OpenVINO GenAI imports transformers' continuous batching (seconds) only if rows go to it."""
-        return make_engine(self.gen, self.model, self.device, self.pad_id, self.eos, lambda: self.grammars)
+        engine = make_engine(self.gen, self.model, self.device, self.pad_id, self.eos, lambda: self.grammars)
+        if engine.name != "vllm":
+            engine.described = {**engine.described, "precision": self.precision}
+        return engine
 
     def shared_page(self) -> int | None:
         """The cache page (tokens) in which the engine shares rows' common prefixes; None when it shares none."""
@@ -128,6 +134,7 @@ class GenerateRunner:
         engine: openvino, a ConfigError saying why)."""
         from ..backends import openvino_causal
         from ..backends.models import model_identity
+        from ..backends.openvino import bf16_supported
         from . import openvino_engine
 
         problem = openvino_problem(job, self)
@@ -138,11 +145,13 @@ class GenerateRunner:
             except (ModelError, RuntimeError, ValueError, TypeError) as exc:  # the cache's, the tracer's, OpenVINO's
                 problem = f"the model did not convert for OpenVINO GenAI ({type(exc).__name__}: {exc})"
             else:
-                precisions = openvino_engine.precision_candidates(job.model.dtype)
+                precision = openvino_engine.precision(job.model.dtype)
                 fallback = lambda: self.model_engine  # noqa: E731  (rows whose grammar cannot run on OpenVINO GenAI)
                 self.engine = openvino_engine.OpenVINOEngine(
-                    folder, self.gen, precisions, self.eos, fallback, lambda: self.grammars
+                    folder, self.gen, precision, self.eos, fallback, lambda: self.grammars
                 )
+                if job.model.dtype == "auto" and bf16_supported():
+                    self.engine.note("f32: bf16 changes generated text; model.dtype: bfloat16 runs it in bf16")
                 return
         if job.generation.engine == "openvino":
             raise ConfigError(f"generation.engine openvino: {problem}", "set generation.engine: auto (or transformers)")
@@ -459,6 +468,34 @@ def make_engine(gen: GenerationConfig, model, device: torch.device, pad_id: int,
     return ContinuousEngine(model, device, gen.engine_options, pad_id, grammars)
 
 
+def refuse_a_mixed_engine(recorded: dict, runner) -> None:
+    """Refuse to go on with a generation job whose folder's chunks ran on another engine or in another precision
+    than this run's (`recorded`: an earlier chunk record's `engine`): a folder holds one engine's answers."""
+    from ..errors import ResumeError
+
+    engine = getattr(runner, "engine", None)
+    if engine is None:
+        return
+    ours, theirs = engine.described, recorded
+    if (ours["name"], ours.get("precision")) == (theirs["name"], theirs.get("precision")):
+        return
+    why = "; ".join(ours.get("notes", [])) or f"generation.engine is {runner.gen.engine}"
+    raise ResumeError(
+        f"the output folder's first chunks ran on the {theirs['name']} engine in {theirs.get('precision', 'f32')} "
+        f"(their markers say so), and this run would run on {ours['name']} in {ours.get('precision', 'f32')} "
+        f"({why}); a resume never mixes two engines' or precisions' answers",
+        f"resume where the first run ran (set generation.engine: {theirs['name']} and the model.dtype it ran, on a "
+        "machine where it runs), or run it again whole with --restart",
+    )
+
+
+def precision_of(job, device) -> str:
+    """The precision the torch engines run the job's model in (models.pick_dtype's), by name."""
+    from ..backends import torch_precision
+
+    return torch_precision(job.model.dtype, device.type)
+
+
 def openvino_problem(job, runner: GenerateRunner) -> str | None:
     """Why the OpenVINO GenAI engine cannot run this job here, or None."""
     from ..backends import openvino_causal
@@ -470,8 +507,10 @@ def openvino_problem(job, runner: GenerateRunner) -> str | None:
         return "openvino-genai is not installed (pip install 'batchinfer[cpu]')"
     if job.model.quantize != "none":
         return "model.quantize: int8 is a torch path"
-    if job.model.dtype not in ("auto", "float32"):
-        return f"it runs float32 (bf16 where the CPU has it, after a check), not model.dtype {job.model.dtype}"
+    if job.model.dtype not in ("auto", "float32", "bfloat16"):
+        return f"it runs float32 or bfloat16, not model.dtype {job.model.dtype}"
+    if problem := openvino_engine.bf16_problem(job.model.dtype):
+        return problem
     return openvino_causal.problem(runner.model.config) or openvino_engine.settings_problem(
         runner.model.generation_config
     )

@@ -3,9 +3,14 @@ batching, prefix caching, a GenerationConfig per request) over the model convert
 (backends/openvino_causal.py). Token ids in, token ids out: batchinfer tokenizes, decodes and cuts at stop
 strings with transformers' own tokenizer, as for every engine.
 
-Precision as for encoders: f32 (compute and KV cache) gives the transformers engine's greedy text; where the CPU
-runs bf16, bf16 compute with a u8 KV cache runs only after it agreed with f32 on the job's own first rows
-(check_precision), the check going to the report; model.dtype: float32 keeps f32.
+Precision: f32 (compute and KV cache), which gives the transformers engine's greedy text, unless model.dtype is
+bfloat16 on a CPU that runs bf16 natively (bf16 compute, with the u8 KV cache that OpenVINO takes by default there;
+engine_options.KV_CACHE_PRECISION sets another). The choice is a function of the job and the
+CPU alone (`precision`), so `run`, `openai-batch`, `infer()` and `serve` take the same one for a model on a machine,
+and every run into a folder takes its first run's. dtype auto does not try bf16: on a Zen 4 EPYC bf16's first 8
+greedy tokens equalled f32's on 75% of rows, so whole completions (what a job writes) would differ on more.
+In bf16, constrained rows run on the transformers engine (in bf16 too), offline as in serve, so that a request's
+answer is the same through either.
 
 Constrained rows (choices, regex, a JSON schema) run here too, on the pipeline's structured output: the grammar text
 batchinfer's own masks compile (constrained/grammar.py's `ebnf`) over the same token bytes (checked once against the
@@ -35,13 +40,11 @@ from ..job.config import GenerationConfig
 from .engine import PassOutput, PassRows, Streamed, engine_passes
 
 F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
-FAST = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8"}  # the CPU's own default where it has bf16
+BF16 = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8"}  # OpenVINO's own default on bf16 CPUs
 # Sequences in flight (SchedulerConfig.max_num_seqs; its default is 256): on SmolLM2-135M, a 2-core AVX2 EPYC,
 # 32 ran workload A (4 new tokens) as fast as 64 and B (64 new tokens) 4-5% faster, and 16 ran A 10% slower
 # (docs/benchmarks.md, "Rows in flight on the OpenVINO engine"). engine_options.max_num_seqs sets it.
 IN_FLIGHT = 32
-CHECK_ROWS, CHECK_TOKENS = 16, 8  # the precision check: the job's first rows, their first greedy tokens
-AGREEMENT = 0.9  # of the checked rows whose first tokens match f32's, at least
 # xgrammar's EBNF text, a string literal or a character class (kept as they are) or an unbounded repeat `{n, -1}`
 _LITERAL_OR_REPEAT = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\{(\d+), -1\}')
 # transformers generation settings with no OpenVINO GenAI counterpart mapped here: a model whose
@@ -76,19 +79,28 @@ def settings_problem(generation_config) -> str | None:
     return None
 
 
-def precision_candidates(dtype: str) -> list[str]:
-    """The precisions the engine may run, the one to try first first: bf16 (with a u8 KV cache) only where
-    model.dtype is auto and the CPU runs bf16 natively."""
+def precision(dtype: str) -> str:
+    """The precision the engine runs model.dtype `dtype` in on this CPU: f32 for auto and float32, bf16 for
+    bfloat16 (GenerateRunner moves a bfloat16 job to the transformers engine where the CPU has no native bf16)."""
+    if dtype in ("auto", "float32"):
+        return "f32"
+    if dtype == "bfloat16":
+        return "bf16"
+    raise ConfigError(
+        f"generation.engine openvino runs float32 or bfloat16, not model.dtype {dtype}",
+        "set model.dtype: auto, float32 or bfloat16, or generation.engine: transformers",
+    )
+
+
+def bf16_problem(dtype: str) -> str | None:
+    """Why the engine cannot run model.dtype `dtype` here (bfloat16 on a CPU without native bf16), or None."""
     from ..backends.openvino import bf16_supported
 
-    if dtype == "float32":
-        return ["f32"]
-    if dtype != "auto":
-        raise ConfigError(
-            f"generation.engine openvino runs float32 (or bf16 where the CPU has it, dtype auto), not {dtype}",
-            "set model.dtype: auto or float32, or generation.engine: transformers",
-        )
-    return ["bf16", "f32"] if bf16_supported() else ["f32"]
+    if dtype == "bfloat16" and not bf16_supported():
+        from ..backends import why_no_bf16
+
+        return f"model.dtype bfloat16 needs a CPU with native bf16, and {why_no_bf16()}"
+    return None
 
 
 class OpenVINOEngine:
@@ -97,26 +109,23 @@ class OpenVINOEngine:
     shared_page = None  # its prefix cache is its own: the rows' shared pages are not counted here
 
     def __init__(
-        self, folder: Path, gen: GenerationConfig, precisions: list[str], eos: set[int], fallback, grammars: Callable
+        self, folder: Path, gen: GenerationConfig, precision: str, eos: set[int], fallback, grammars: Callable
     ):
-        self.folder, self.gen, self.eos = folder, gen, eos
+        self.folder, self.gen, self.eos, self.precision = folder, gen, eos, precision
         self.fallback = fallback  # () -> the transformers engine, for rows whose grammar cannot run here
         self.grammars = grammars  # () -> grammar.Grammars, built on first use
         self.notes: list[str] = []
-        self.check: dict | None = None
         self.ids = itertools.count()  # request ids: the pipeline keeps a grammar state per id
         self.structures: dict[Constraint, object | None] = {}  # a grammar -> its StructuredOutputConfig, or None
-        self.pipelines: dict[str, object] = {p: self.pipeline(p, gen.max_memory) for p in precisions}
-        self.precision = precisions[0] if len(precisions) == 1 else None  # None: settled on the first rows
+        self.pipe = self.pipeline(precision, gen.max_memory)
 
     @property
     def described(self) -> dict:
-        return {
-            "name": self.name,
-            "precision": self.precision,
-            **({"notes": self.notes} if self.notes else {}),
-            **({"precision_check": self.check} if self.check else {}),
-        }
+        kv = self.gen.engine_options.get(
+            "KV_CACHE_PRECISION", (F32 if self.precision == "f32" else BF16)["KV_CACHE_PRECISION"]
+        )
+        described = {"name": self.name, "precision": self.precision, "kv_cache": kv}
+        return described | ({"notes": self.notes} if self.notes else {})
 
     def pipeline(self, precision: str, max_memory):
         """A ContinuousBatchingPipeline compiled in `precision`; engine_options: SchedulerConfig fields, and
@@ -129,7 +138,7 @@ class OpenVINOEngine:
         scheduler.max_num_seqs = IN_FLIGHT
         if max_memory != "auto":  # the KV cache's GB; auto: the pipeline grows it as the rows in flight need
             scheduler.cache_size = max(1, int(max_memory) >> 30)
-        properties = dict(F32 if precision == "f32" else FAST)
+        properties = dict(F32 if precision == "f32" else BF16)
         for key, value in options.items():
             if key.isupper():
                 properties[key] = value
@@ -151,22 +160,20 @@ class OpenVINOEngine:
     def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
         """One pass, every row with its own settings and grammar; rows whose grammar cannot run here
         (`structured`) on the fallback engine."""
-        if self.precision is None:
-            self.settle(rows, check)
         here = [c is None or self.structured(c) is not None for c in rows.constraints]
         own = [i for i, ok in enumerate(here) if ok]
         bound = [i for i, ok in enumerate(here) if not ok]
         raw: list = [None] * len(rows.prompts)
         configs = [self.config(rows, i) for i in own]
-        done, first = self.generate(self.precision, [rows.prompts[i] for i in own], configs, check)
+        done, first = self.generate([rows.prompts[i] for i in own], configs, check)
         for i, result in zip(own, done):
             raw[i] = result
         if strays := self.strays(rows, own, done):
             self.note(
-                "constrained rows whose tokens batchinfer's masks refuse run again on the transformers engine (the "
-                "pipeline's xgrammar, an older build, lets through bytes that are no UTF-8)"
+                f"{len(strays)} constrained rows ran again on the transformers engine: the pipeline's xgrammar (its "
+                f"own build) let through tokens batchinfer's masks refuse, first {strays[0][1]}"
             )
-            bound = sorted(bound + strays)
+            bound = sorted(bound + [i for i, _ in strays])
         if bound:
             for group in engine_passes([rows.settings[i] for i in bound], "transformers"):
                 positions = [bound[g] for g in group]
@@ -214,19 +221,34 @@ class OpenVINOEngine:
 
             structure = openvino_genai.StructuredOutputConfig()
             structure.grammar = portable(ebnf(constraint))
-            problem = self.vocabulary_problem or self.refused(structure)
+            problem = self.bf16_constrained or self.vocabulary_problem or self.refused(structure)
             self.structures[constraint] = None if problem else structure
             if problem:
                 self.note(f"rows constrained by {constraint.where} run on the transformers engine: {problem}")
         return self.structures[constraint]
 
-    def strays(self, rows: PassRows, own: list[int], done: list) -> list[int]:
-        """The constrained rows of `own` whose tokens batchinfer's masks refuse somewhere. The pipeline's masks,
-        from its own xgrammar build, allow what batchinfer's allow and also overlong UTF-8 byte sequences; so a
-        greedy row whose every token batchinfer's masks allow is the transformers engine's, and the others are
-        run there again."""
-        bound = [(i, tokens) for i, (tokens, error) in zip(own, done) if rows.constraints[i] is not None and not error]
-        return [i for i, tokens in bound if not self.grammars().follows(rows.constraints[i], tokens)]
+    def strays(self, rows: PassRows, own: list[int], done: list) -> list[tuple[int, str]]:
+        """The constrained rows of `own` whose tokens batchinfer's masks refuse somewhere, each with what was
+        refused. The pipeline's masks come from its own xgrammar build; a greedy row whose every token
+        batchinfer's masks allow is the transformers engine's, and the others are run there again."""
+        strays = []
+        for i, (tokens, error) in zip(own, done):
+            if rows.constraints[i] is None or error:
+                continue
+            at = self.grammars().refused_at(rows.constraints[i], tokens)
+            if at is not None:
+                vocabulary = self.grammars().vocabulary
+                token = vocabulary[tokens[at]] if tokens[at] < len(vocabulary) else b"?"
+                after = b"".join(vocabulary[t] for t in tokens[:at] if t < len(vocabulary))
+                strays.append((i, f"token {tokens[at]} ({token!r}) after {after[-40:]!r} in rows constrained by "
+                                  f"{rows.constraints[i].where}"))  # fmt: skip
+        return strays
+
+    @property
+    def bf16_constrained(self) -> str | None:
+        """Why constrained rows leave the pipeline in bf16, or None in f32: serve sends constrained requests to the
+        transformers engine, so a job does too, and both give the same answers."""
+        return "the engine runs bf16, and in bf16 they run where serve's do" if self.precision == "bf16" else None
 
     @functools.cached_property
     def vocabulary_problem(self) -> str | None:
@@ -234,7 +256,7 @@ class OpenVINOEngine:
         bytes per token id differ from xgrammar's reading of the transformers tokenizer), or None."""
         ours = self.grammars().vocabulary
         theirs = [b""] * len(ours)
-        for token, i in next(iter(self.pipelines.values())).get_tokenizer().get_vocab().items():
+        for token, i in self.pipe.get_tokenizer().get_vocab().items():
             if i >= len(theirs):
                 return f"the converted tokenizer has token {i}, past the model's {len(ours)} tokens"
             theirs[i] = token
@@ -260,26 +282,25 @@ class OpenVINOEngine:
         config.max_new_tokens, config.do_sample = 1, False
         config.stop_token_ids = set(self.eos)
         config.structured_output_config = structure
-        for pipeline in self.pipelines.values():
-            start = ov.Tensor(np.asarray([[min(self.eos, default=0)]], dtype=np.int64))
-            handle = pipeline.add_request(next(self.ids), start, config)
-            try:
-                while pipeline.has_non_finished_requests():
-                    pipeline.step()
-            except RuntimeError as exc:
-                drain(pipeline, [handle])
-                return f"OpenVINO GenAI's xgrammar refuses the grammar ({xgrammar_message(exc)})"
+        start = ov.Tensor(np.asarray([[min(self.eos, default=0)]], dtype=np.int64))
+        handle = self.pipe.add_request(next(self.ids), start, config)
+        try:
+            while self.pipe.has_non_finished_requests():
+                self.pipe.step()
+        except RuntimeError as exc:
+            drain(self.pipe, [handle])
+            return f"OpenVINO GenAI's xgrammar refuses the grammar ({xgrammar_message(exc)})"
         return None
 
     def generate(
-        self, precision: str, prompts: list[list[int]], configs: list, check: Callable[[], None]
+        self, prompts: list[list[int]], configs: list, check: Callable[[], None]
     ) -> tuple[list[tuple[list[int], str | None]], list[float]]:
         """(tokens, None) per prompt, ending in an end token where the pipeline says it stopped at one; and each
         row's seconds to its first token. Stepped here, so that `check` (Ctrl-C) is asked between steps."""
         import openvino as ov
         import openvino_genai
 
-        pipeline, started = self.pipelines[precision], time.perf_counter()
+        pipeline, started = self.pipe, time.perf_counter()
         handles: list = []
         try:
             for p, c in zip(prompts, configs):
@@ -306,26 +327,9 @@ class OpenVINOEngine:
             tokens.append(min(self.eos))
         return tokens
 
-    def settle(self, rows: PassRows, check: Callable[[], None]) -> None:
-        """bf16 or f32, on the pass's first rows (check_precision); the loser is freed."""
-        check()
-        picks = list(range(min(CHECK_ROWS, len(rows.prompts))))
-        prompts = [rows.prompts[i] for i in picks]
-        configs = [self.config(rows, i, CHECK_TOKENS) for i in picks]
-        for config in configs:
-            config.do_sample = False
-        self.precision, self.check = check_precision(
-            lambda precision: [tokens for tokens, _ in self.generate(precision, prompts, configs, check)[0]]
-        )
-        self.pipelines = {self.precision: self.pipelines[self.precision]}
-
     # --- serve -----------------------------------------------------------------------------------------------
 
     def serve(self, gen: GenerationConfig, max_rows: int, max_length: int) -> OpenVINOServing:
-        if self.precision is None:  # no rows to check bf16 on: f32, which needs no check
-            self.precision = "f32"
-            self.notes.append("serve: f32 (bf16 runs only after a check on a job's own rows)")
-            self.pipelines = {"f32": self.pipelines["f32"]}
         return OpenVINOServing(self, gen, lambda: self.fallback().serve(gen, max_rows, max_length))
 
 
@@ -347,23 +351,6 @@ def portable(grammar: str) -> str:
     return _LITERAL_OR_REPEAT.sub(lambda m: f"{{{m[1]},}}" if m[1] is not None else m[0], grammar)
 
 
-def check_precision(outputs: Callable[[str], list[list[int]]]) -> tuple[str, dict]:
-    """bf16 (with a u8 KV cache) if its greedy first tokens equal f32's on at least AGREEMENT of the rows, else
-    f32; and the check's figures. outputs(precision): each checked row's first tokens in that precision."""
-    reference, fast = outputs("f32"), outputs("bf16")
-    same = sum(a[:CHECK_TOKENS] == b[:CHECK_TOKENS] for a, b in zip(reference, fast))
-    agreement = same / len(reference) if reference else 0.0
-    kept = "bf16" if reference and agreement >= AGREEMENT else "f32"
-    return kept, {
-        "candidate": "bf16 compute, u8 KV cache",
-        "rows": len(reference),
-        "tokens": CHECK_TOKENS,
-        "agreement": round(agreement, 4),
-        "needed": AGREEMENT,
-        "kept": kept,
-    }
-
-
 class OpenVINOServing:
     """The pipeline stepped by a thread of its own: requests added as they come, each one's new tokens handed to
     its listener on the event loop after every step. A constrained request goes to the transformers engine's
@@ -376,7 +363,7 @@ class OpenVINOServing:
         self.routed: set[str] = set()  # request ids on the fallback
         self.constrained = importlib.util.find_spec("xgrammar") is not None
         self.fixed = None  # each request brings its own GenerationConfig
-        self.pipeline = engine.pipelines[engine.precision]
+        self.pipeline = engine.pipe
         self.ids = itertools.count()
         self.lock = threading.Lock()  # add_request from the server's threads, step from this one
         self.listeners: dict[str, tuple[Callable, asyncio.AbstractEventLoop]] = {}

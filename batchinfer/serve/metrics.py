@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
 
 from .batcher import BatchStats
 
@@ -41,6 +41,12 @@ class Metrics:
             ["endpoint"],
             registry=self.registry,
             buckets=LATENCY,
+        )
+
+    def serving(self, described: dict) -> None:
+        """What answers the requests: the task, its backend or engine, and the precision it runs in."""
+        Info("batchinfer_serving", "What answers requests", registry=self.registry).info(
+            {k: str(v) for k, v in described.items()}
         )
 
     def batch(self, stats: BatchStats) -> None:

@@ -101,12 +101,16 @@ class Routes:
 
     async def models(self):
         """The one model this server runs, in OpenAI's list (clients such as openai's models.list() ask first)."""
-        return {"object": "list", "data": [model_object(self.model, self.created)]}
+        return {"object": "list", "data": [self.model_object()]}
 
     async def model_of(self, model: str):
         if model not in (self.model, self.job.model.path):
             raise NoModel(repr(model), self.model)
-        return model_object(self.model, self.created)
+        return self.model_object()
+
+    def model_object(self) -> dict:
+        """OpenAI's model object, and what answers its requests here: the backend or engine and its precision."""
+        return model_object(self.model, self.created) | {"batchinfer": self.service.described}
 
     async def prometheus(self):
         return PlainTextResponse(self.metrics.text(), media_type="text/plain; version=0.0.4")

@@ -46,6 +46,8 @@ class EncoderService:
             metrics.batch,
         )
         self.rows_job = request_rows_job(job)
+        self.described = {"task": job.model.task, "backend": self.runner.backend, "precision": self.runner.precision}
+        metrics.serving(self.described)
 
     async def run(self, texts: list, request: Request) -> tuple[dict, int]:
         """Each text's result columns (as Python lists) and the request's token count."""
@@ -88,6 +90,9 @@ class GenerateService:
         self.runner = make_runner(job, model_path)
         gen = job.generation
         self.engine = self.runner.engine.serve(gen, job.batching.max_rows, job.model.max_length + gen.max_new_tokens)
+        engine = self.runner.engine.described
+        self.described = {"task": job.model.task, "engine": engine["name"], "precision": engine.get("precision")}
+        metrics.serving(self.described)
         self.queue = TokenQueue(job.serve.max_queue_tokens)
 
     def admit(self, texts: list, max_tokens: int | None) -> Ticket:
