@@ -664,6 +664,33 @@ def test_settings_out_of_range_and_chat_without_a_template_are_400s_in_the_batch
     assert text.status_code == 200
 
 
+@pytest.mark.parametrize("engine", ["transformers", "openvino"])
+def test_a_seed_no_engine_takes_is_a_400_naming_it_and_the_requests_beside_it_are_answered(tiny_llama, engine):
+    """Any int64 passed as a seed; OpenVINO GenAI's rng_seed is unsigned, and a negative one was its TypeError
+    inside the running batch: a 500 in plain text. Every engine takes 0 to 2**63-1 (a seed's int64 column)."""
+    if engine == "openvino":
+        pytest.importorskip("openvino_genai")
+    sampled = {"prompt": "Free entry in 2 a wkly comp", "max_tokens": 4, "temperature": 1.0}
+
+    async def go():
+        async with _client(_serving(tiny_llama, "generate", engine)) as client:
+            return await asyncio.gather(
+                *(client.post("/v1/completions", json=sampled | {"seed": seed}) for seed in (-1, 7, 2**64 - 1)),
+                client.post("/v1/completions", json={"prompt": "Ok lar joking wif u oni", "max_tokens": 4}),
+            )
+
+    negative, seeded, past, greedy = asyncio.run(go())
+    assert (negative.status_code, seeded.status_code, past.status_code, greedy.status_code) == (400, 200, 400, 200)
+    assert negative.json()["error"] == {
+        "message": f"seed: must be a whole number from 0 to {2**63 - 1} (got -1)",
+        "type": "invalid_request_error",
+        "param": "seed",
+        "code": None,
+    }
+    assert past.json()["error"]["param"] == "seed"
+    assert seeded.json()["choices"][0]["text"] and greedy.json()["choices"][0]["text"]
+
+
 def _openai_client(client: httpx.AsyncClient):
     """The official openai client over the app that `client` reaches, so every answer is parsed into its types."""
     openai = pytest.importorskip("openai")

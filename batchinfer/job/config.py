@@ -309,7 +309,7 @@ class GenerationConfig(Section):
         "cache (CPU and GPU). vllm: vllm.LLM on a GPU (pip install batchinfer[vllm]). static: padded "
         "model.generate batches in input order, a baseline.",
     )
-    max_new_tokens: int = Field(default=256, ge=1, description="Most tokens generated per row.")
+    max_new_tokens: int = Field(default=256, ge=1, le=(1 << 63) - 1, description="Most tokens generated per row.")
     max_new_tokens_column: str | None = Field(
         default=None,
         description="A column whose whole-number value overrides max_new_tokens for its row (empty: the default; "
@@ -319,16 +319,23 @@ class GenerationConfig(Section):
     temperature: float = Field(
         default=0.0,
         ge=0.0,
+        allow_inf_nan=False,
         description=f"0 is greedy decoding; above 0 samples (below {GREEDY_BELOW:g}: greedy, as vLLM reads it).",
     )
     top_p: float = Field(
         default=1.0,
         gt=0.0,
+        allow_inf_nan=False,
         le=1.0,
         description="Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p.",
     )
     top_k: int = Field(default=0, ge=0, description="Sample among the k likeliest tokens; 0 means no limit.")
-    seed: int = Field(default=0, description="Seed of the sampler, for repeatable sampling.")
+    seed: int = Field(
+        default=0,
+        ge=0,
+        le=(1 << 63) - 1,  # what every engine takes (openai_compat/requests.py SEED): OpenVINO's is unsigned
+        description="Seed of the sampler, for repeatable sampling: a whole number from 0 to 2**63-1.",
+    )
     stop: list[str] = Field(
         default_factory=list,
         description='Strings that end a completion, e.g. ["\\n\\n"]; '
