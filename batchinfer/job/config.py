@@ -295,6 +295,7 @@ class BatchingConfig(Section):
 
 
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature is decoded greedily
+TOP_P_LEAST = 1.1754943508222875e-38  # float32's smallest normal number (numpy.finfo(numpy.float32).tiny)
 
 
 class GenerationConfig(Section):
@@ -412,6 +413,13 @@ class GenerationConfig(Section):
         # logits divided by a temperature as small as 1e-40 overflow float32: NaN probabilities, and the
         # engine's pick is then the vocabulary's last token, every step
         return 0.0 if value < GREEDY_BELOW else value
+
+    @field_validator("top_p")
+    @classmethod
+    def _float32_top_p(cls, value: float) -> float:
+        # engines read top_p as a float32, where 1e-300 is 0 (OpenVINO GenAI then refuses the whole pass); any
+        # top_p this small keeps the likeliest token alone, as float32's smallest normal number does
+        return max(value, TOP_P_LEAST)
 
     @field_validator("response_format")
     @classmethod
