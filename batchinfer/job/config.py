@@ -526,7 +526,14 @@ class ServeConfig(Section):
         default=None,
         description="batchinfer serve: the model id clients send and the server names (/v1/models, each answer's "
         "model). Default: the model folder's name (a hub id or pkg: path as written). Requests may also name the "
-        "model by its model.path.",
+        "model by its model.path or by one of serve.model_aliases; a request naming another model is answered 404 "
+        "(OpenAI's model_not_found), and one naming no model is answered by this one.",
+    )
+    model_aliases: list[str] = Field(
+        default_factory=list,
+        description="batchinfer serve: other model ids requests may send for this model, e.g. [gpt-4o-mini] for "
+        "clients written for another service; GET /v1/models/{alias} finds it, and /v1/models lists the served name "
+        "alone.",
     )
     max_wait_ms: float = Field(
         default=5.0,

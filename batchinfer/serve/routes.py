@@ -79,12 +79,14 @@ def served_name(job: JobConfig) -> str:
 class Routes:
     def __init__(self, job: JobConfig, service: EncoderService | GenerateService, metrics: Metrics):
         self.job, self.service, self.metrics, self.model = job, service, metrics, served_name(job)
+        self.names = {self.model, job.model.path, *job.serve.model_aliases}  # the ids a request may send
         self.created = int(time.time())
         self.completer = Completions(service, metrics, self.model) if job.model.task == "generate" else None
 
     def accept(self, task: str, body: BaseModel, request: Request) -> float:
         """Refuse a body this server cannot answer as it asks; returns when the request started."""
         started = time.perf_counter()
+        self.named(body.model)
         if self.job.model.task != task:
             served = self.job.model.task
             raise BadInput(f"this server runs task {served}; {task} needs a server started with --task {task}")
@@ -103,9 +105,14 @@ class Routes:
         """The one model this server runs, in OpenAI's list (clients such as openai's models.list() ask first)."""
         return {"object": "list", "data": [model_object(self.model, self.created)]}
 
+    def named(self, model: str | None) -> None:
+        """Refuse a request naming a model this server does not serve (one naming none is answered by its model):
+        a client that means another model must not get this one's answer."""
+        if model is not None and model not in self.names:
+            raise NoModel(model, self.model)
+
     async def model_of(self, model: str):
-        if model not in (self.model, self.job.model.path):
-            raise NoModel(repr(model), self.model)
+        self.named(model)
         return model_object(self.model, self.created)
 
     async def prometheus(self):
