@@ -159,8 +159,10 @@ class InputConfig(Section):
 
 class ModelConfig(Section):
     path: str = Field(
-        description="A local model folder, a hub id (when online), or pkg:<module> for a model shipped inside an "
-        "installed Python package (the package's get_model_path(), or its model/ folder)."
+        description="A local model folder (relative paths start at the current directory), pkg:<module> for a "
+        "model shipped inside an installed Python package (the package's get_model_path(), or its model/ folder), "
+        "or hf:<namespace/name> for a Hugging Face hub model, downloaded once to the hub's cache: the only form "
+        "that reaches the network. A folder that is not there is an error, never a download."
     )
     task: Literal[tuple(TASKS)] = Field(  # type: ignore[valid-type]
         description=" ".join(f"{name}: {spec.summary}." for name, spec in TASKS.items())
@@ -525,7 +527,8 @@ class ServeConfig(Section):
     model_name: str | None = Field(
         default=None,
         description="batchinfer serve: the model id clients send and the server names (/v1/models, each answer's "
-        "model). Default: the model folder's name (a hub id or pkg: path as written). Requests may also name the "
+        "model). Default: the model folder's name, a hub model's id (namespace/name), or pkg:<module> as written. "
+        "Requests may also name the "
         "model by its model.path or by one of serve.model_aliases; a request naming another model is answered 404 "
         "(OpenAI's model_not_found), and one naming no model is answered by this one.",
     )

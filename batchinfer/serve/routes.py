@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 
+from ..backends.models import HUB
 from ..job.config import JobConfig
 from ..messages import message_problem
 from ..openai_compat.fields import CHAT, CLASSIFY, COMPLETIONS, EMBEDDINGS, SCORE, chat_messages, unsupported
@@ -69,11 +70,12 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
 
 def served_name(job: JobConfig) -> str:
     """The model's id to clients: serve.model_name, else a local folder's name (a client names its model in a
-    word, not by a path on the server's disk), else model.path as written (a hub id, pkg:module)."""
+    word, not by a path on the server's disk), else a hub model's id (hf:org/name is org/name, as the hub
+    and vLLM name it), else model.path as written (pkg:module)."""
     if job.serve.model_name:
         return job.serve.model_name
     path = Path(job.model.path)
-    return path.resolve().name if path.is_dir() else job.model.path
+    return path.resolve().name if path.is_dir() else job.model.path.removeprefix(HUB)
 
 
 class Routes:
