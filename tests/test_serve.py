@@ -23,6 +23,7 @@ from batchinfer.execution.driver import run_job
 
 pytest.importorskip("fastapi")
 from batchinfer.serve import create_app  # noqa: E402
+from batchinfer.serve.routes import served_name  # noqa: E402
 
 
 def _serving(model, task, engine="auto", engine_options=None, **serve):
@@ -736,6 +737,7 @@ def test_a_request_naming_another_model_is_openais_404_model_not_found(
         assert answers["GET", "gpt-4o-mini"].json()["id"] == model.name
         assert answers["GET", "nope"].status_code == 404
         assert answers["GET", "nope"].json()["error"]["code"] == "model_not_found"
+    assert served_name(_serving("hf:org/name", "embed")) == "org/name"  # a hub model by its id, as vLLM names it
 
 
 def _openai_client(client: httpx.AsyncClient):
