@@ -288,7 +288,8 @@ def test_a_model_that_cannot_run_the_files_url_says_where_the_task_came_from(tmp
     result = runner.invoke(
         app, ["openai-batch", str(path), "-m", str(tmp_path / "nope"), "-o", str(tmp_path / "r.jsonl")]
     )
-    assert result.exit_code == 1 and "follows from the url" not in result.output  # not the url's fault
+    assert result.exit_code == 2 and "follows from the url" not in result.output  # not the url's fault
+    assert "no folder at" in result.output
 
 
 CHAT_URL = "/v1/chat/completions"
