@@ -485,6 +485,37 @@ def test_a_failed_batch_answers_500_and_the_server_goes_on(sms_table, tiny_embed
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
 
+def test_a_bug_is_a_500_in_openais_error_body_not_plain_text_and_the_server_goes_on(tiny_llama):
+    """A negative seed was OpenVINO GenAI's TypeError, answered `Internal Server Error` in plain text: whatever
+    escapes a route is still an error body a client reads."""
+
+    async def go():
+        job = _serving(tiny_llama, "generate")
+        app = create_app(job, resolve_model_path(job.model.path))
+        service, ask = app.state.service, app.state.service.ask
+
+        async def broken(*args):
+            raise TypeError("a bug the test put in")
+
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)  # as a server answers
+            async with httpx.AsyncClient(transport=transport, base_url="http://batchinfer", timeout=60) as client:
+                service.ask = broken
+                failed = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+                service.ask = ask
+                after = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        return failed, after
+
+    failed, after = asyncio.run(go())
+    assert failed.status_code == 500 and failed.json()["error"] == {
+        "message": "internal error: TypeError: a bug the test put in",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+    assert after.status_code == 200
+
+
 def test_a_stopped_generation_engine_answers_503_and_health_says_so(tiny_llama):
     async def go():
         job = _serving(tiny_llama, "generate")

@@ -92,6 +92,8 @@ class Failures:
             TooLarge: lambda exc: (413, str(exc), None),
             EngineDown: lambda exc: (503, f"{exc}; restart the server (batchinfer serve --debug shows why)", None),
             RuntimeError: lambda exc: (500, str(exc), None),
+            # a bug: still OpenAI's error body (a client reads JSON), and the log keeps its traceback
+            Exception: lambda exc: (500, f"internal error: {type(exc).__name__}: {exc}", None),
         }
         for kind, read in handlers.items():
             app.add_exception_handler(kind, self._handler(read))
