@@ -12,10 +12,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, shorten
 from .execution.driver import run_job
 from .execution.run_rows import load_rows, run_rows
 from .job.config import TASK_COLUMNS, JobConfig, apply_override, load_job, validate_job
+from .openai_compat.requests import unicode_problem
+from .reasons import Problem, Reason
 
 
 def run(
@@ -49,8 +51,10 @@ def infer(data, *, model: str, task: str = "embed", text: str = "text", **overri
     data: a list of strings, a pyarrow Table, or a pandas DataFrame with a `text` column (or the column
     named by text=, or a template such as "{title}. {body}"). overrides: other job keys with __ between
     the parts, e.g. model__max_length=128 or batching__max_tokens=8192. A list of strings becomes the
-    column named by text= (`text`), or `prompt` where the task writes that column (generate)."""
-    table, text = _table(data, text, TASK_COLUMNS.get(task, ()))
+    column named by text= (`text`), or `prompt` where the task writes that column (generate); an item that
+    is not a string (a number, a dict, bytes) or not valid Unicode is null there and its row's error says
+    so, and None or "" fail as a null or empty row of a file does."""
+    table, text, problems = _table(data, text, TASK_COLUMNS.get(task, ()))
     clash = sorted(set(table.column_names) & {*TASK_COLUMNS.get(task, ()), "error"})
     if clash:
         raise ConfigError(
@@ -66,7 +70,8 @@ def infer(data, *, model: str, task: str = "embed", text: str = "text", **overri
             f"it has: {', '.join(table.column_names)}",
             'give text= a column of the data, or a template over its columns such as "{title}. {body}"',
         )
-    return _align(table, *_run_in_memory(config, table))
+    results, errors = _run_in_memory(config, table)
+    return _align(table, results, errors | problems)  # a null left for an item that is not text: its own error
 
 
 def _run_in_memory(job: JobConfig, table: pa.Table) -> tuple[pa.Table | None, dict[int, tuple[str, str]]]:
@@ -118,20 +123,37 @@ def _yaml(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
-def _table(data, text: str, results: tuple[str, ...]) -> tuple[pa.Table, str]:
-    """The rows as a table, and the job's input.text for it."""
+def _table(data, text: str, results: tuple[str, ...]) -> tuple[pa.Table, str, dict[int, Problem]]:
+    """The rows as a table, the job's input.text for it, and the rows whose item is no text, by position."""
     if isinstance(data, pa.Table):
-        return data, text
+        return data, text, {}
     if isinstance(data, (list, tuple)):
         name = text if "{" not in text else "text"
         name = "prompt" if name in results else name
-        return pa.table({name: pa.array(list(data), pa.string())}), name
+        texts, problems = _texts(data)
+        return pa.table({name: pa.array(texts, pa.string())}), name, problems
     if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a pandas DataFrame
-        return pa.Table.from_pandas(data, preserve_index=False), text
+        return pa.Table.from_pandas(data, preserve_index=False), text, {}
     raise TypeError("data must be a list of strings, a pyarrow Table or a pandas DataFrame")
 
 
-def _align(table: pa.Table, results: pa.Table | None, errors: dict[int, tuple[str, str]]) -> pa.Table:
+def _texts(items) -> tuple[list[str | None], dict[int, Problem]]:
+    """A list's items as a text column: a string as it is, None a null (run reads both as a file's row); any
+    other item (a number, a dict, bytes), or a string that is not valid Unicode (a lone surrogate, which
+    Arrow cannot encode), is a null whose row fails with what it is."""
+    texts, problems = [], {}
+    for i, item in enumerate(items):
+        problem = unicode_problem(item, f"data[{i}]") if isinstance(item, str) else None
+        if item is None or (isinstance(item, str) and problem is None):
+            texts.append(item)
+        else:
+            texts.append(None)
+            what = f"{type(item).__name__} ({shorten(item, 40)}), not text"
+            problems[i] = (Reason.BAD_UTF8, problem) if problem else (Reason.NOT_TEXT, f"data[{i}] is {what}")
+    return texts, problems
+
+
+def _align(table: pa.Table, results: pa.Table | None, errors: dict[int, Problem]) -> pa.Table:
     """Results and error rows back in input order, one output row per input row."""
     import numpy as np
 

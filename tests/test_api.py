@@ -52,6 +52,31 @@ def test_infer_keeps_input_order_and_names_rows_that_cannot_run(tmp_path, sms_ta
     assert isinstance(again, pa.Table)
 
 
+def test_infer_answers_each_item_that_is_no_text_with_its_own_error_in_input_order(tiny_classify):
+    """A list holding an int, a dict or a lone surrogate made pyarrow's or Python's error escape infer(), and
+    the valid items beside it went unanswered."""
+    items = ["Ok lar joking wif u oni", 7, {"a": 1}, "\ud800", None, "", b"bytes", 1.5, ["x"], "Free entry in 2"]
+    table = batchinfer.infer(items, model=str(tiny_classify), task="classify", model__backend="torch")
+    assert table.num_rows == len(items)
+    assert table.column("text").to_pylist() == [items[0], None, None, None, None, "", None, None, None, items[-1]]
+    assert table.column("error").to_pylist() == [
+        None,
+        "not_text: data[1] is int (7), not text",
+        "not_text: data[2] is dict ({'a': 1}), not text",
+        "bad_utf8: data[3]: not valid Unicode (surrogates not allowed at character 0)",
+        "null_text: column 'text' is null",
+        "empty_text: text is empty, or only whitespace, invisible or control characters",
+        "not_text: data[6] is bytes (b'bytes'), not text",
+        "not_text: data[7] is float (1.5), not text",
+        "not_text: data[8] is list (['x']), not text",
+        None,
+    ]
+    labels = table.column("label").to_pylist()
+    assert labels[0] is not None and labels[-1] is not None and labels[1:-1] == [None] * 8
+    alone = batchinfer.infer([items[0], items[-1]], model=str(tiny_classify), task="classify", model__backend="torch")
+    assert [labels[0], labels[-1]] == alone.column("label").to_pylist()
+
+
 def test_infer_never_hides_a_result_behind_an_input_column(sms_table, tiny_classify, tiny_llama):
     texts = sms_table.column("text").to_pylist()[:4]
     table = pa.table({"text": texts, "label": ["spam", "ham", "ham", "ham"]})

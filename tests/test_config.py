@@ -84,6 +84,22 @@ def test_bad_device_and_limits():
     )
 
 
+def test_generation_settings_no_engine_takes_are_refused_by_name():
+    """A seed OpenVINO GenAI cannot take (its rng_seed is unsigned) or an infinite temperature was passed to the
+    engine, which failed inside the run."""
+    generate = {**GOOD, "model": {"path": "m", "task": "generate"}}
+    assert "generation.seed: Input should be greater than or equal to 0" in _error(
+        {**generate, "generation": {"seed": -1}}
+    )
+    assert "generation.seed: Input should be less than or equal to" in _error(
+        {**generate, "generation": {"seed": 2**63}}
+    )
+    assert "generation.temperature: Input should be a finite number" in _error(
+        {**generate, "generation": {"temperature": float("inf")}}
+    )
+    assert validate_job({**generate, "generation": {"seed": 2**63 - 1}}).generation.seed == 2**63 - 1
+
+
 def test_keep_column_clashing_with_output_is_refused():
     message = _error({**GOOD, "input": {"path": "d", "text": "t", "keep": ["embedding"]}})
     assert "input.keep: column 'embedding' clashes" in message and "keep: {embedding: embedding_in}" in message

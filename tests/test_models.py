@@ -3,10 +3,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+import batchinfer
 from batchinfer.backends.models import check_model_folder, load_model, model_identity, resolve_model_path
 from batchinfer.backends.sentence_modules import Normalize, Pooling, sentence_model
-from batchinfer.errors import ModelError
+from batchinfer.cli import app
+from batchinfer.errors import ConfigError, ModelError
 from batchinfer.job.config import ModelConfig
 
 
@@ -47,29 +50,48 @@ def test_a_path_that_is_not_there_is_named_as_a_folder_not_a_hub_id(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models").mkdir()  # the fine-tune's output folder exists; the model in it not yet
     monkeypatch.setattr("huggingface_hub.snapshot_download", _no_hub)
-    with pytest.raises(ModelError) as info:
+    with pytest.raises(ConfigError) as info:
         resolve_model_path(spec)
     assert info.value.message == f"model.path {spec}: no folder at {Path(spec).expanduser().absolute()}"
-    assert "relative paths start at the current directory" in info.value.hint and "hf download" not in info.value.hint
+    assert "relative paths start at the current directory" in info.value.hint and "hf:" not in info.value.hint
 
 
 def _no_hub(*args, **kwargs):
-    raise AssertionError("a path was taken for a hub id")
+    raise AssertionError("the Hugging Face hub was asked")
 
 
-def test_hub_id_offline_says_how_to_use_a_local_folder(monkeypatch, tmp_path):
+@pytest.mark.parametrize("spec", ["models/all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"])
+def test_a_missing_folder_shaped_like_a_hub_id_never_reaches_the_network(tmp_path, monkeypatch, spec):
+    """A mistyped local folder (no models/ here) read as a hub id was a download: only hf: reaches the hub.
+    Every surface resolves model.path here: run, plan, openai-batch, serve and infer() alike."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("huggingface_hub.snapshot_download", _no_hub)
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", _no_hub)
+    with pytest.raises(ConfigError) as info:
+        resolve_model_path(spec)
+    assert info.value.message == f"model.path {spec}: no folder at {tmp_path / spec}"
+    assert info.value.hint.endswith(f"; to download the hub model {spec}, write model.path: hf:{spec}")
+    with pytest.raises(ConfigError, match=f"no folder at {tmp_path / spec}"):
+        batchinfer.infer(["a text"], model=spec, task="embed")
+    served = CliRunner().invoke(app, ["serve", "--model", spec, "--task", "embed"])
+    assert served.exit_code == 2 and f"write model.path: hf:{spec}" in " ".join(served.output.split())
+
+
+def test_hf_fetches_from_the_hub_and_offline_says_how_to_copy_the_model_over(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ModelError, match="could not be fetched") as info:
-        resolve_model_path("someone/some-model")
-    assert f"no folder at {tmp_path / 'someone' / 'some-model'}" in info.value.message  # both readings said
-    assert "set model.path to it" in info.value.hint and "a model you train or convert" in info.value.hint
-    assert "(hf download someone/some-model --local-dir DIR)" in info.value.hint  # huggingface_hub's current CLI
+    with pytest.raises(ModelError, match="^model.path hf:someone/some-model: the hub model someone/some-model could"):
+        resolve_model_path("hf:someone/some-model")
+    fetched = []
+    monkeypatch.setattr("huggingface_hub.snapshot_download", lambda repo, **kw: fetched.append(repo) or str(tmp_path))
+    assert resolve_model_path("hf:someone/some-model") == tmp_path and fetched == ["someone/some-model"]
+    with pytest.raises(ConfigError, match="^model.path hf:a//b: 'a//b' is not a hub model id"):
+        resolve_model_path("hf:a//b")
 
 
 def test_missing_and_incomplete_folders(tmp_path, tiny_embed):
-    with pytest.raises(ModelError, match="no folder at"):
+    with pytest.raises(ConfigError, match="no folder at"):
         resolve_model_path(str(tmp_path / "nope"))
     partial = tmp_path / "partial"
     shutil.copytree(tiny_embed, partial)

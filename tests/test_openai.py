@@ -255,7 +255,8 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
         ({"prompt": "t", "temperature": -1}, "body.temperature: must be a number from 0 to 2 (got -1)"),
         ({"prompt": "t", "temperature": float("nan")}, "body.temperature: must be a number from 0 to 2 (got nan)"),
         ({"prompt": "t", "temperature": "0.5"}, "body.temperature: input should be a valid number (got '0.5')"),
-        ({"prompt": "t", "seed": 2**70}, f"body.seed: must be a whole number from {-(2**63)} to {2**63 - 1} (got"),
+        ({"prompt": "t", "seed": 2**70}, f"body.seed: must be a whole number from 0 to {2**63 - 1} (got"),
+        ({"prompt": "t", "seed": -1}, f"body.seed: must be a whole number from 0 to {2**63 - 1} (got -1)"),
         ({"prompt": "t", "n": 0}, f"body.n: must be a whole number from 1 to {2**63 - 1} (got 0)"),
         ({"prompt": 5}, "body.prompt: must be a text or a list of texts, not a number (got 5)"),
         ({"prompt": None}, "body.prompt: must be a text or a list of texts, not null (got None)"),
@@ -287,7 +288,8 @@ def test_a_model_that_cannot_run_the_files_url_says_where_the_task_came_from(tmp
     result = runner.invoke(
         app, ["openai-batch", str(path), "-m", str(tmp_path / "nope"), "-o", str(tmp_path / "r.jsonl")]
     )
-    assert result.exit_code == 1 and "follows from the url" not in result.output  # not the url's fault
+    assert result.exit_code == 2 and "follows from the url" not in result.output  # not the url's fault
+    assert "no folder at" in result.output
 
 
 CHAT_URL = "/v1/chat/completions"
@@ -474,6 +476,36 @@ def test_a_seed_or_stop_per_request_shares_one_engine_pass_and_a_bad_value_is_on
     alone, _ = _answers(tmp_path, tiny_llama, "alone", [hot[1], greedy[2]], engine=engine)
     for key in ("s1", "g2"):  # a request's own seed: the same completion beside others as alone
         assert alone[key]["response"]["body"]["choices"] == answers[key]["response"]["body"]["choices"], key
+
+
+@pytest.mark.parametrize("engine", ["transformers", "openvino"])
+def test_a_negative_seed_is_that_lines_error_and_the_other_lines_are_answered(tmp_path, tiny_llama, engine):
+    """OpenVINO GenAI's rng_seed is unsigned: a negative seed was its TypeError, and openai-batch stopped with an
+    internal error, the valid lines beside it unanswered. Every engine takes a seed from 0 to 2**63-1. A top_p
+    of 1e-300 is 0 in float32, which OpenVINO GenAI refused for the whole pass: it keeps the likeliest token."""
+    if engine == "openvino":
+        pytest.importorskip("openvino_genai")
+    prompt = "Free entry in 2 a wkly comp"
+    lines = [
+        _completion("negative", prompt, seed=-5, temperature=1.0, max_tokens=4),
+        _completion("seeded", prompt, seed=5, temperature=1.0, max_tokens=4),
+        _completion("tiny_top_p", prompt, seed=5, temperature=1.0, top_p=1e-300, max_tokens=4),
+        _completion("greedy", prompt, max_tokens=4),
+    ]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    out = tmp_path / "results.jsonl"
+    command = ["openai-batch", str(path), "-m", str(tiny_llama), "-o", str(out), "-q"]
+    result = runner.invoke(app, [*command, "--set", f"generation.engine={engine}"])
+    assert result.exit_code == 0, result.output
+    answers = {line["custom_id"]: line["response"]["body"] for line in map(json.loads, out.read_text().splitlines())}
+    assert sorted(answers) == ["greedy", "seeded", "tiny_top_p"]
+    assert answers["tiny_top_p"]["choices"] == answers["greedy"]["choices"]
+    (failed,) = [json.loads(line) for line in (tmp_path / "results.errors.jsonl").read_text().splitlines()]
+    assert failed["custom_id"] == "negative" and failed["error"] == {
+        "code": "bad_request",
+        "message": f"body.seed: must be a whole number from 0 to {2**63 - 1} (got -5)",
+    }
 
 
 def test_chat_requests_to_a_model_without_a_chat_template_are_error_lines_until_model_chat_template_is_set(

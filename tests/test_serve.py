@@ -23,6 +23,7 @@ from batchinfer.execution.driver import run_job
 
 pytest.importorskip("fastapi")
 from batchinfer.serve import create_app  # noqa: E402
+from batchinfer.serve.routes import served_name  # noqa: E402
 
 
 def _serving(model, task, engine="auto", engine_options=None, **serve):
@@ -234,10 +235,12 @@ def test_a_greedy_server_samples_each_request_with_its_own_settings_as_a_batch_f
     async def go():
         async with _client(_serving(tiny_llama, "generate", engine)) as client:
             openai, api = _openai_client(client)
-            default = await api.completions.create(model="m", prompt=prompt, max_tokens=8, temperature=0.7, top_p=0.9)
+            default = await api.completions.create(
+                model=tiny_llama.name, prompt=prompt, max_tokens=8, temperature=0.7, top_p=0.9
+            )
             both = await asyncio.gather(  # the same seed twice, at once, beside a greedy request and another seed
-                *(api.completions.create(model="m", prompt=prompt, max_tokens=8, **a) for a in asked),
-                api.completions.create(model="m", prompt=prompt, max_tokens=8),
+                *(api.completions.create(model=tiny_llama.name, prompt=prompt, max_tokens=8, **a) for a in asked),
+                api.completions.create(model=tiny_llama.name, prompt=prompt, max_tokens=8),
             )
             return default, [b.choices[0].text for b in both]
 
@@ -366,7 +369,7 @@ def test_every_request_field_is_honoured_or_refused_by_name(tiny_llama, tiny_emb
         async with _client(_serving(tiny_embed, "embed")) as client:
             return [
                 await client.post("/v1/embeddings", json={"input": "hi", **extra})
-                for extra in ({"user": "u", "model": "m"}, {"dimensions": 8}, {"input_type": "query"})
+                for extra in ({"user": "u", "model": tiny_embed.name}, {"dimensions": 8}, {"input_type": "query"})
             ]
 
     same, neutral, refused, events = asyncio.run(chat())
@@ -523,6 +526,37 @@ def test_a_failed_batch_answers_500_and_the_server_goes_on(sms_table, tiny_embed
     assert "the batch failed: KeyError" in batch_failed.json()["error"]["message"]
     assert after.status_code == 200 and len(after.json()["data"]) == 3
     assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def test_a_bug_is_a_500_in_openais_error_body_not_plain_text_and_the_server_goes_on(tiny_llama):
+    """A negative seed was OpenVINO GenAI's TypeError, answered `Internal Server Error` in plain text: whatever
+    escapes a route is still an error body a client reads."""
+
+    async def go():
+        job = _serving(tiny_llama, "generate")
+        app = create_app(job, resolve_model_path(job.model.path))
+        service, ask = app.state.service, app.state.service.ask
+
+        async def broken(*args):
+            raise TypeError("a bug the test put in")
+
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)  # as a server answers
+            async with httpx.AsyncClient(transport=transport, base_url="http://batchinfer", timeout=60) as client:
+                service.ask = broken
+                failed = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+                service.ask = ask
+                after = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        return failed, after
+
+    failed, after = asyncio.run(go())
+    assert failed.status_code == 500 and failed.json()["error"] == {
+        "message": "internal error: TypeError: a bug the test put in",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+    assert after.status_code == 200
 
 
 def test_a_stopped_generation_engine_answers_503_and_health_says_so(tiny_llama):
@@ -707,6 +741,79 @@ def test_settings_out_of_range_and_chat_without_a_template_are_400s_in_the_batch
     assert text.status_code == 200
 
 
+@pytest.mark.parametrize("engine", ["transformers", "openvino"])
+def test_a_seed_no_engine_takes_is_a_400_naming_it_and_the_requests_beside_it_are_answered(tiny_llama, engine):
+    """Any int64 passed as a seed; OpenVINO GenAI's rng_seed is unsigned, and a negative one was its TypeError
+    inside the running batch: a 500 in plain text. Every engine takes 0 to 2**63-1 (a seed's int64 column)."""
+    if engine == "openvino":
+        pytest.importorskip("openvino_genai")
+    sampled = {"prompt": "Free entry in 2 a wkly comp", "max_tokens": 4, "temperature": 1.0}
+
+    async def go():
+        async with _client(_serving(tiny_llama, "generate", engine)) as client:
+            return await asyncio.gather(
+                *(client.post("/v1/completions", json=sampled | {"seed": seed}) for seed in (-1, 7, 2**64 - 1)),
+                client.post("/v1/completions", json={"prompt": "Ok lar joking wif u oni", "max_tokens": 4}),
+            )
+
+    negative, seeded, past, greedy = asyncio.run(go())
+    assert (negative.status_code, seeded.status_code, past.status_code, greedy.status_code) == (400, 200, 400, 200)
+    assert negative.json()["error"] == {
+        "message": f"seed: must be a whole number from 0 to {2**63 - 1} (got -1)",
+        "type": "invalid_request_error",
+        "param": "seed",
+        "code": None,
+    }
+    assert past.json()["error"]["param"] == "seed"
+    assert seeded.json()["choices"][0]["text"] and greedy.json()["choices"][0]["text"]
+
+
+def test_a_request_naming_another_model_is_openais_404_model_not_found(
+    tiny_embed, tiny_classify, tiny_cross_encoder, tiny_llama
+):
+    """Every endpoint that takes `model` answered any name with the served model ("gpt-4o" got a tiny Llama's
+    text) while GET /v1/models/gpt-4o was a 404. The served name, model.path and serve.model_aliases are
+    taken; a request naming no model is answered by the served one."""
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    servers = [
+        (tiny_embed, "embed", {"/v1/embeddings": {"input": "hi"}}),
+        (tiny_classify, "classify", {"/classify": {"input": "hi"}}),
+        (tiny_cross_encoder, "score", {"/score": {"pairs": [["hi", "there"]]}}),
+        (tiny_llama, "generate", {"/v1/completions": {"prompt": "hi", "max_tokens": 2}, "/v1/chat/completions": chat}),
+    ]
+
+    async def go(model, task, bodies):
+        async with _client(_serving(model, task, model_aliases=["gpt-4o-mini"])) as client:
+            answers = {}
+            for path, body in bodies.items():
+                for name in ("nope", "gpt-4o", model.name, str(model), "gpt-4o-mini", None):
+                    sent = body if name is None else body | {"model": name}
+                    answers[path, name] = await client.post(path, json=sent)
+            for name in ("gpt-4o-mini", "nope"):
+                answers["GET", name] = await client.get(f"/v1/models/{name}")
+            return answers
+
+    for model, task, bodies in servers:
+        answers = asyncio.run(go(model, task, bodies))
+        for path in bodies:
+            statuses = [answers[path, name].status_code for name in ("nope", "gpt-4o", model.name, str(model))]
+            statuses += [answers[path, "gpt-4o-mini"].status_code, answers[path, None].status_code]
+            assert statuses == [404, 404, 200, 200, 200, 200], (path, answers[path, "nope"].text)
+            assert answers[path, "gpt-4o"].json() == {
+                "error": {
+                    "message": f"the model 'gpt-4o' does not exist here; this server serves '{model.name}' "
+                    "(GET /v1/models)",
+                    "type": "invalid_request_error",
+                    "param": "model",
+                    "code": "model_not_found",
+                }
+            }
+        assert answers["GET", "gpt-4o-mini"].json()["id"] == model.name
+        assert answers["GET", "nope"].status_code == 404
+        assert answers["GET", "nope"].json()["error"]["code"] == "model_not_found"
+    assert served_name(_serving("hf:org/name", "embed")) == "org/name"  # a hub model by its id, as vLLM names it
+
+
 def _openai_client(client: httpx.AsyncClient):
     """The official openai client over the app that `client` reaches, so every answer is parsed into its types."""
     openai = pytest.importorskip("openai")
@@ -724,12 +831,14 @@ def test_the_openai_client_lists_models_and_embeds_lists_and_reads_errors_with_t
             by_path = await api.models.retrieve(job.model.path)  # or by its path: the slashes are quoted
             with pytest.raises(openai.NotFoundError) as missing:
                 await api.models.retrieve("gpt-4o")
-            vectors = await api.embeddings.create(input=["one", "two words"], model="any")  # base64 by default
-            floats = await api.embeddings.create(input="one", model="any", encoding_format="float")
+            vectors = await api.embeddings.create(
+                input=["one", "two words"], model=tiny_embed.name
+            )  # base64 by default
+            floats = await api.embeddings.create(input="one", model=tiny_embed.name, encoding_format="float")
             with pytest.raises(openai.BadRequestError) as bad:
-                await api.embeddings.create(input=["one", " "], model="any")
+                await api.embeddings.create(input=["one", " "], model=tiny_embed.name)
             with pytest.raises(openai.BadRequestError) as refused:
-                await api.embeddings.create(input="one", model="any", extra_body={"logprobs": True})
+                await api.embeddings.create(input="one", model=tiny_embed.name, extra_body={"logprobs": True})
             curl = await client.post("/v1/embeddings", content=b'{"input": "one"}')  # as curl -d sends it
             form = await client.post("/v1/embeddings", data={"input": "one"})
             nowhere = await client.post("/v1/nothing", json={"input": "x"})
@@ -769,23 +878,25 @@ def test_the_openai_client_completes_a_list_of_prompts_and_streams_chat_with_its
     async def go():
         async with _client(_serving(tiny_llama, "generate")) as client:
             openai, api = _openai_client(client)
-            both = await api.completions.create(model="any", prompt=["Hello there", "Are you coming"], max_tokens=6)
+            both = await api.completions.create(
+                model=tiny_llama.name, prompt=["Hello there", "Are you coming"], max_tokens=6
+            )
             alone = [
-                await api.completions.create(model="any", prompt=p, max_tokens=6)
+                await api.completions.create(model=tiny_llama.name, prompt=p, max_tokens=6)
                 for p in ("Hello there", "Are you coming")
             ]
             messages = [{"role": "user", "content": "Hi"}]
             chunks = [
                 c
                 async for c in await api.chat.completions.create(
-                    model="any", messages=messages, max_tokens=4, stream=True
+                    model=tiny_llama.name, messages=messages, max_tokens=4, stream=True
                 )
             ]
-            whole = await api.chat.completions.create(model="any", messages=messages, max_tokens=4)
+            whole = await api.chat.completions.create(model=tiny_llama.name, messages=messages, max_tokens=4)
             streamed = [  # a list streamed: each chunk a piece of one prompt's choice, as OpenAI streams it
                 c
                 async for c in await api.completions.create(
-                    model="any",
+                    model=tiny_llama.name,
                     prompt=["Hello there", "Are you coming"],
                     max_tokens=6,
                     stream=True,

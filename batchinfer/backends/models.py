@@ -34,18 +34,24 @@ if TYPE_CHECKING:  # imported where a model loads on it: a warm OpenVINO run nev
 GPU_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 
 
+HUB = "hf:"  # model.path hf:namespace/name: the one form that reaches the network (the Hugging Face hub)
+
+
 def resolve_model_path(spec: str) -> Path:
-    """The local folder behind model.path: a folder, pkg:<module>, or a hub id (namespace/name)."""
+    """The local folder behind model.path: a folder, pkg:<module>, or hf:<namespace/name>, fetched from the
+    Hugging Face hub (or its cache). Only hf: reaches the network: a folder that is not there is an error,
+    even when its name could be a hub id (a mistyped models/all-MiniLM-L6-v2 is not a download)."""
     if spec.startswith("pkg:"):
         return _package_model(spec[4:])
+    if spec.startswith(HUB):
+        return _hub_snapshot(spec[len(HUB) :])
     path = Path(spec).expanduser()
     if path.exists():
         if not path.is_dir():
             raise ModelError(f"model.path {spec} is a file", "point model.path at the folder holding config.json")
         return path.resolve()
-    if not _hub_id(spec):
-        raise ModelError(f"model.path {spec}: no folder at {path.absolute()}", _NO_FOLDER)
-    return _hub_snapshot(spec, path)
+    hub = f"; to download the hub model {spec}, write model.path: {HUB}{spec}" if _hub_id(spec) else ""
+    raise ConfigError(f"model.path {spec}: no folder at {path.absolute()}", _NO_FOLDER + hub)
 
 
 _NO_FOLDER = (
@@ -55,7 +61,7 @@ _NO_FOLDER = (
 
 
 def _hub_id(spec: str) -> bool:
-    """Whether `spec` can only mean a hub model: `namespace/name` as huggingface_hub's validate_repo_id allows
+    """Whether `spec` reads as a hub model's id: `namespace/name` as huggingface_hub's validate_repo_id allows
     it, and not under a folder that is here (`models/spam-classifier` beside a models/ folder is a path). A
     path starts with . / or ~, or has another number of slashes."""
     from huggingface_hub.errors import HFValidationError
@@ -114,20 +120,27 @@ def _installed_model_packages(name: str) -> list[str]:
     return found[:3]
 
 
-def _hub_snapshot(repo_id: str, path: Path) -> Path:
+def _hub_snapshot(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
 
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise ConfigError(
+            f"model.path {HUB}{repo_id}: {repo_id!r} is not a hub model id ({exc})",
+            f"write {HUB}namespace/name, e.g. {HUB}sentence-transformers/all-MiniLM-L6-v2",
+        ) from None
     try:
         return Path(
             snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "1_Pooling/*"])
         )
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
         raise ModelError(
-            f"model.path {repo_id}: no folder at {path.absolute()}, and the hub model {repo_id} could not be fetched "
-            f"({type(exc).__name__})",
-            f"a local model: {_NO_FOLDER}. A hub model on an offline machine: download it elsewhere (hf download "
-            f"{repo_id} --local-dir DIR), copy DIR here, and set model.path to it",
+            f"model.path {HUB}{repo_id}: the hub model {repo_id} could not be fetched ({type(exc).__name__})",
+            f"on an offline machine: download it elsewhere (hf download {repo_id} --local-dir DIR), copy DIR here, "
+            "and set model.path to DIR",
         ) from exc
 
 

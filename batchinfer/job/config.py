@@ -159,8 +159,10 @@ class InputConfig(Section):
 
 class ModelConfig(Section):
     path: str = Field(
-        description="A local model folder, a hub id (when online), or pkg:<module> for a model shipped inside an "
-        "installed Python package (the package's get_model_path(), or its model/ folder)."
+        description="A local model folder (relative paths start at the current directory), pkg:<module> for a "
+        "model shipped inside an installed Python package (the package's get_model_path(), or its model/ folder), "
+        "or hf:<namespace/name> for a Hugging Face hub model, downloaded once to the hub's cache: the only form "
+        "that reaches the network. A folder that is not there is an error, never a download."
     )
     task: Literal[tuple(TASKS)] = Field(  # type: ignore[valid-type]
         description=" ".join(f"{name}: {spec.summary}." for name, spec in TASKS.items())
@@ -295,6 +297,7 @@ class BatchingConfig(Section):
 
 
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature is decoded greedily
+TOP_P_LEAST = 1.1754943508222875e-38  # float32's smallest normal number (numpy.finfo(numpy.float32).tiny)
 
 
 class GenerationConfig(Section):
@@ -309,7 +312,7 @@ class GenerationConfig(Section):
         "cache (CPU and GPU). vllm: vllm.LLM on a GPU (pip install batchinfer[vllm]). static: padded "
         "model.generate batches in input order, a baseline.",
     )
-    max_new_tokens: int = Field(default=256, ge=1, description="Most tokens generated per row.")
+    max_new_tokens: int = Field(default=256, ge=1, le=(1 << 63) - 1, description="Most tokens generated per row.")
     max_new_tokens_column: str | None = Field(
         default=None,
         description="A column whose whole-number value overrides max_new_tokens for its row (empty: the default; "
@@ -319,16 +322,23 @@ class GenerationConfig(Section):
     temperature: float = Field(
         default=0.0,
         ge=0.0,
+        allow_inf_nan=False,
         description=f"0 is greedy decoding; above 0 samples (below {GREEDY_BELOW:g}: greedy, as vLLM reads it).",
     )
     top_p: float = Field(
         default=1.0,
         gt=0.0,
+        allow_inf_nan=False,
         le=1.0,
         description="Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p.",
     )
     top_k: int = Field(default=0, ge=0, description="Sample among the k likeliest tokens; 0 means no limit.")
-    seed: int = Field(default=0, description="Seed of the sampler, for repeatable sampling.")
+    seed: int = Field(
+        default=0,
+        ge=0,
+        le=(1 << 63) - 1,  # what every engine takes (openai_compat/requests.py SEED): OpenVINO's is unsigned
+        description="Seed of the sampler, for repeatable sampling: a whole number from 0 to 2**63-1.",
+    )
     stop: list[str] = Field(
         default_factory=list,
         description='Strings that end a completion, e.g. ["\\n\\n"]; '
@@ -405,6 +415,13 @@ class GenerationConfig(Section):
         # logits divided by a temperature as small as 1e-40 overflow float32: NaN probabilities, and the
         # engine's pick is then the vocabulary's last token, every step
         return 0.0 if value < GREEDY_BELOW else value
+
+    @field_validator("top_p")
+    @classmethod
+    def _float32_top_p(cls, value: float) -> float:
+        # engines read top_p as a float32, where 1e-300 is 0 (OpenVINO GenAI then refuses the whole pass); any
+        # top_p this small keeps the likeliest token alone, as float32's smallest normal number does
+        return max(value, TOP_P_LEAST)
 
     @field_validator("response_format")
     @classmethod
@@ -510,8 +527,16 @@ class ServeConfig(Section):
     model_name: str | None = Field(
         default=None,
         description="batchinfer serve: the model id clients send and the server names (/v1/models, each answer's "
-        "model). Default: the model folder's name (a hub id or pkg: path as written). Requests may also name the "
-        "model by its model.path.",
+        "model). Default: the model folder's name, a hub model's id (namespace/name), or pkg:<module> as written. "
+        "Requests may also name the "
+        "model by its model.path or by one of serve.model_aliases; a request naming another model is answered 404 "
+        "(OpenAI's model_not_found), and one naming no model is answered by this one.",
+    )
+    model_aliases: list[str] = Field(
+        default_factory=list,
+        description="batchinfer serve: other model ids requests may send for this model, e.g. [gpt-4o-mini] for "
+        "clients written for another service; GET /v1/models/{alias} finds it, and /v1/models lists the served name "
+        "alone.",
     )
     max_wait_ms: float = Field(
         default=5.0,

@@ -48,8 +48,9 @@ class Field:
 
 
 FIELDS: dict[str, Field] = {
-    # implemented (the model answering is always batchinfer's: --model, or the served one)
-    "model": Field((*OPENAI, CLASSIFY), SURFACES, _any),
+    # implemented: a batch file's lines are answered by --model whatever they name (a file written for OpenAI
+    # names OpenAI's models); serve answers the ids it serves and refuses another (404 model_not_found)
+    "model": Field((*OPENAI, CLASSIFY, SCORE), SURFACES, _any),
     "messages": Field((CHAT,), SURFACES),
     "prompt": Field((COMPLETIONS,), SURFACES),
     "input": Field((EMBEDDINGS, CLASSIFY), SURFACES),

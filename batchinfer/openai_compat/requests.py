@@ -17,7 +17,10 @@ from pydantic_core import PydanticCustomError
 from ..errors import shorten
 from .fields import CHAT, COMPLETIONS, EMBEDDINGS
 
-INT64 = 1 << 63  # a seed is stored in an int64 column, and torch and vLLM take no more
+INT64 = 1 << 63  # a seed or a count is stored in an int64 column
+# A seed every engine takes as it is: OpenVINO GenAI's rng_seed is unsigned (size_t: a negative seed is its
+# TypeError), torch's manual_seed takes -2**63 to 2**64-1, and the column holds no more than an int64.
+SEED = (0, INT64 - 1)
 MAX_INPUTS = 2048  # the texts (or prompts) one request may hold, as OpenAI caps an embeddings input
 
 
@@ -102,7 +105,7 @@ class GenerationSettings(BaseModel):
     max_tokens: Count = None
     temperature: Annotated[float | None, _range(0, 2)] = None
     top_p: Annotated[float | None, _range(0, 1, low_open=True)] = None
-    seed: Annotated[int | None, _range(-INT64, INT64 - 1, kind="a whole number")] = None
+    seed: Annotated[int | None, _range(*SEED, kind="a whole number")] = None
     stop: Annotated[Any, AfterValidator(_stops)] = None
     n: Count = None
     stream: bool = False

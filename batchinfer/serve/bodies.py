@@ -23,6 +23,7 @@ class BadInput(Exception):
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")  # every field is judged by openai_compat.fields.FIELDS: done, or refused
+    model: str | None = None
 
 
 class EmbeddingsBody(EmbeddingsRequest):

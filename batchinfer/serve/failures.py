@@ -35,7 +35,21 @@ class Unanswered(Exception):
 
 
 class NoModel(Exception):
-    """A model id this server does not serve (GET /v1/models/{id})."""
+    """A model id this server does not serve (GET /v1/models/{id}, or a request's model)."""
+
+    def __init__(self, model: str, served: str):
+        super().__init__(f"the model {model!r} does not exist here; this server serves {served!r} (GET /v1/models)")
+
+    def body(self) -> dict:
+        """OpenAI's answer to a model it does not have."""
+        return {
+            "error": {
+                "message": str(self),
+                "type": "invalid_request_error",
+                "param": "model",
+                "code": "model_not_found",
+            }
+        }
 
 
 class EngineDown(Exception):
@@ -76,13 +90,15 @@ class Failures:
             BadInput: lambda exc: (400, str(exc), None),
             Overloaded: lambda exc: (429, f"the server is busy: {exc}; retry shortly", {"Retry-After": "1"}),
             TooLarge: lambda exc: (413, str(exc), None),
-            NoModel: lambda exc: (404, f"no model {exc}; this server serves {exc.args[1]} (GET /v1/models)", None),
             EngineDown: lambda exc: (503, f"{exc}; restart the server (batchinfer serve --debug shows why)", None),
             RuntimeError: lambda exc: (500, str(exc), None),
+            # a bug: still OpenAI's error body (a client reads JSON), and the log keeps its traceback
+            Exception: lambda exc: (500, f"internal error: {type(exc).__name__}: {exc}", None),
         }
         for kind, read in handlers.items():
             app.add_exception_handler(kind, self._handler(read))
-        app.add_exception_handler(Unanswered, self._unanswered)
+        for kind, status in ((Unanswered, 422), (NoModel, 404)):
+            app.add_exception_handler(kind, self._coded(status))
         app.add_exception_handler(HTTPException, self._http)
         app.add_exception_handler(Disconnected, self._gone)
 
@@ -111,6 +127,11 @@ class Failures:
     async def _gone(self, request: Request, exc: Disconnected) -> JSONResponse:
         return self.answer(request.url.path, GONE, gone(request.url.path))
 
-    async def _unanswered(self, request: Request, exc: Unanswered) -> JSONResponse:
-        self.metrics.refused(request.url.path, 422)
-        return JSONResponse(exc.body(), status_code=422)
+    def _coded(self, status: int):
+        """A failure whose error body carries its own code (exc.body()), answered with `status`."""
+
+        async def handle(request: Request, exc: Unanswered | NoModel) -> JSONResponse:
+            self.metrics.refused(request.url.path, status)
+            return JSONResponse(exc.body(), status_code=status)
+
+        return handle

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 
+from ..backends.models import HUB
 from ..job.config import JobConfig
 from ..messages import message_problem
 from ..openai_compat.fields import CHAT, CLASSIFY, COMPLETIONS, EMBEDDINGS, SCORE, chat_messages, unsupported
@@ -69,22 +70,25 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
 
 def served_name(job: JobConfig) -> str:
     """The model's id to clients: serve.model_name, else a local folder's name (a client names its model in a
-    word, not by a path on the server's disk), else model.path as written (a hub id, pkg:module)."""
+    word, not by a path on the server's disk), else a hub model's id (hf:org/name is org/name, as the hub
+    and vLLM name it), else model.path as written (pkg:module)."""
     if job.serve.model_name:
         return job.serve.model_name
     path = Path(job.model.path)
-    return path.resolve().name if path.is_dir() else job.model.path
+    return path.resolve().name if path.is_dir() else job.model.path.removeprefix(HUB)
 
 
 class Routes:
     def __init__(self, job: JobConfig, service: EncoderService | GenerateService, metrics: Metrics):
         self.job, self.service, self.metrics, self.model = job, service, metrics, served_name(job)
+        self.names = {self.model, job.model.path, *job.serve.model_aliases}  # the ids a request may send
         self.created = int(time.time())
         self.completer = Completions(service, metrics, self.model) if job.model.task == "generate" else None
 
     def accept(self, task: str, body: BaseModel, request: Request) -> float:
         """Refuse a body this server cannot answer as it asks; returns when the request started."""
         started = time.perf_counter()
+        self.named(body.model)
         if self.job.model.task != task:
             served = self.job.model.task
             raise BadInput(f"this server runs task {served}; {task} needs a server started with --task {task}")
@@ -103,9 +107,14 @@ class Routes:
         """The one model this server runs, in OpenAI's list (clients such as openai's models.list() ask first)."""
         return {"object": "list", "data": [self.model_object()]}
 
+    def named(self, model: str | None) -> None:
+        """Refuse a request naming a model this server does not serve (one naming none is answered by its model):
+        a client that means another model must not get this one's answer."""
+        if model is not None and model not in self.names:
+            raise NoModel(model, self.model)
+
     async def model_of(self, model: str):
-        if model not in (self.model, self.job.model.path):
-            raise NoModel(repr(model), self.model)
+        self.named(model)
         return self.model_object()
 
     def model_object(self) -> dict:
