@@ -13,6 +13,9 @@ from dataclasses import dataclass
 # its own process, whose start (/proc/self/stat) is the shell's, before the install.
 IMPORTED = time.monotonic()
 BUSY_CORES = 0.25  # other processes' share of the cores (in cores) from which a measurement is flagged
+# Two loads are comparable when the slowdowns they imply are within this factor of each other: a rate measured under
+# one stands for the other (a loaded 2-core machine timed torch at 1,157 tokens/s, quiet it ran 4,226: 3.7x apart).
+COMPARABLE = 1.5
 _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
@@ -56,6 +59,11 @@ class Load:
 
     def busy(self) -> bool:
         return self.others + self.steal >= BUSY_CORES
+
+    def comparable(self, other: Load) -> bool:
+        """Whether what was timed under one load stands for the other (COMPARABLE)."""
+        a, b = self.slowdown(), other.slowdown()
+        return max(a, b) / min(a, b) <= COMPARABLE
 
     def describe(self) -> str:
         """One clause: what took the machine, e.g. 'other processes used 1.3 of 2 cores (load average 3.1)'."""
@@ -107,3 +115,12 @@ class LoadWindow:
             os.cpu_count() or 1,
             os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0,
         )
+
+
+_SINCE_IMPORT = LoadWindow()
+
+
+def load_so_far() -> Load | None:
+    """The machine's load since batchinfer was imported in this process: what this run has met before it times
+    anything (a cached measurement is weighed against it). None off Linux."""
+    return _SINCE_IMPORT.stop()

@@ -38,8 +38,11 @@ class FakeBackend:
     def keep(self, precision):
         pass
 
-    def remember(self, rates):
+    def remember(self, rates, load):
         self.remembered.append(rates)
+
+    def best_rates(self):
+        return {}
 
     def forward(self, batch: Batch) -> np.ndarray:
         self.batches.append(batch)

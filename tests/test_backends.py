@@ -32,6 +32,7 @@ from batchinfer.control import Quiet
 from batchinfer.errors import ConfigError, ModelError, ResumeError
 from batchinfer.execution.driver import run_job
 from batchinfer.job.config import validate_job
+from batchinfer.machine import load_so_far
 
 pytest.importorskip("openvino", reason="the OpenVINO backend needs the openvino package (pip install -e '.[cpu]')")
 
@@ -334,8 +335,8 @@ def test_a_warm_run_loads_only_the_backend_that_was_clearly_faster_on_this_cpu_b
 
     run_job(make_job(sms_parquet, tiny_embed, tmp_path / "first", model__backend="openvino", model__dtype="float32"))
     (entry,) = [e for e in _entries(conversion_cache) if _is_for(e, tiny_embed)]
-    rates = {"cpu-of-another-machine": {"openvino": 1.0, "torch": 100.0}}
-    (entry / openvino.RATES).write_text(json.dumps({**rates, openvino.cpu_id(): {"openvino": ratio, "torch": 1.0}}))
+    (entry / openvino.RATES).write_text(json.dumps({"cpu-of-another-machine": {"openvino": 1.0, "torch": 100.0}}))
+    openvino.remember(entry, {"openvino": ratio, "torch": 1.0}, load_so_far().as_dict())
     real, kept = backends.load_encoders, []
     monkeypatch.setattr(backends, "load_encoders", lambda *a: kept.append(sorted((got := real(*a))[1])) or got)
     report = run_job(make_job(sms_parquet, tiny_embed, tmp_path / "out", model__backend="auto"))
@@ -346,6 +347,7 @@ def test_a_warm_run_loads_only_the_backend_that_was_clearly_faster_on_this_cpu_b
         assert report["batching"]["backend"] == loaded[0]
         faster, times = ("OpenVINO", ratio) if ratio > 1 else ("torch", 1 / ratio)
         assert f"not loaded: {faster} ran this model at {times:.1f}x its speed" in notes, notes
+        assert "measured 0 hours ago, while " in notes  # when, and under what load
     (entry / openvino.RATES).unlink()
 
 
@@ -353,6 +355,8 @@ WARM_RUN = """
 import sys
 from batchinfer.cli import app
 
+from batchinfer import backends, machine
+backends.load_so_far = lambda: machine.Load(1.0, 0.0, 0.0, 2, 0.0)  # as quiet as the kept rates' (a shared machine)
 try:
     app(["run", sys.argv[1], "-q"], standalone_mode=False)
 except SystemExit:
@@ -379,7 +383,7 @@ def test_a_warm_embed_run_on_openvino_imports_neither_torch_nor_transformers_and
     run_job(make_job(sms_parquet, tiny_embed, torch_run))
     run_job(make_job(sms_parquet, tiny_embed, tmp_path / "first", model__backend="openvino", model__dtype="float32"))
     (entry,) = [e for e in _entries(conversion_cache) if _is_for(e, tiny_embed)]
-    (entry / openvino.RATES).write_text(json.dumps({openvino.cpu_id(): {"openvino": 3.0, "torch": 1.0}}))
+    openvino.remember(entry, {"openvino": 3.0, "torch": 1.0}, {"cores": 2, "other_cores": 0.0, "steal_cores": 0.0})
     warm = tmp_path / "warm"
     job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, warm, raw=True, model__backend="auto"))
     command = [sys.executable, "-c", WARM_RUN, str(job)]  # the stand-in's CPU kind is in its environment
@@ -592,9 +596,12 @@ def test_a_probe_that_timed_both_backends_keeps_their_rates_for_this_cpu(tmp_pat
 
     model = openvino.OpenVINOBackend.__new__(openvino.OpenVINOBackend)
     model.entry = tmp_path
-    openvino.remember(model, {"openvino": 30_000, "torch": 10_000})
-    known = json.loads((tmp_path / openvino.RATES).read_text())
-    assert known == {openvino.cpu_id(): {"openvino": 30_000, "torch": 10_000}}
+    quiet = {"cores": 2, "other_cores": 0.0, "steal_cores": 0.0, "load_avg": 0.1}
+    model.remember({"openvino": 30_000, "torch": 10_000}, quiet)
+    model.remember({"openvino": 20_000, "torch": 12_000}, quiet)
+    (known,) = json.loads((tmp_path / openvino.RATES).read_text()).values()
+    assert known["openvino"] == 20_000 and known["torch"] == 12_000 and known["load"] == quiet
+    assert known["best"] == {"openvino": 30_000, "torch": 12_000} and model.best_rates() == known["best"]
 
 
 @pytest.fixture

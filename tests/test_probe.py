@@ -141,3 +141,39 @@ def test_the_probes_overhead_is_its_losing_slices_at_their_rates_not_its_whole_t
     tuning = Tuning(4096, "padded", "openvino", rates, winner="openvino:padded@4096")
     expected = 16384 / 4 * (1 / 500 - 1 / 2000) + 16384 * (1 / 1000 - 1 / 2000)
     assert overhead(tuning, 2000.0, 16384) == pytest.approx(expected)
+
+
+def _timed(lengths, rates: dict[str, list[float]], seen: list):
+    """run() whose backends time their slices (not the warm-ups) at the tokens/s `rates` lists, the last repeating."""
+
+    def run(batches, strategy, backend):
+        rows = np.concatenate(batches)
+        if len(rows) <= 8:  # the warm-up
+            return 0.0
+        seen.append(backend)
+        left = rates[backend]
+        return float(lengths[rows].sum() / (left.pop(0) if len(left) > 1 else left[0]))
+
+    return run
+
+
+def test_a_backend_timed_under_half_its_best_known_rate_is_timed_again_before_its_rate_counts():
+    """A loaded machine timed torch at 1,157 tokens/s where it ran 4,226 before: timed once more, the low rate
+    dropped; the choice is made on the second timing."""
+    lengths, seen = np.full(8000, 50), []
+    known = Candidate("torch", reference=True, known=4226.0)
+    run = _timed(lengths, {"openvino": [5550.0], "torch": [1157.0, 4300.0]}, seen)
+    tuning, _ = probe(lengths, run, 4096, "padded", 64, torch.device("cpu"), (OPENVINO, known))
+    assert tuning.backends == {"openvino": 5550, "torch": 4300}  # not 1,157, nor its mean with 4,300
+    assert seen[:3] == ["openvino", "torch", "torch"]
+    assert any("torch timed at 1,157 tokens/s, under half the 4,226" in note for note in tuning.notes)
+    assert tuning.load is not None and tuning.load.seconds > 0  # the load the rates were timed under, kept with them
+
+
+def test_a_second_low_timing_is_kept_and_a_backend_with_no_known_rate_is_not_timed_again():
+    lengths, seen = np.full(8000, 50), []
+    known = Candidate("torch", reference=True, known=4226.0)
+    run = _timed(lengths, {"openvino": [1000.0], "torch": [1157.0, 1200.0]}, seen)
+    tuning, _ = probe(lengths, run, 4096, "padded", 64, torch.device("cpu"), (OPENVINO, known))
+    assert tuning.backends == {"openvino": 1000, "torch": 1200} and seen.count("openvino") == 1
+    assert sum("timed again" in note for note in tuning.notes) == 1

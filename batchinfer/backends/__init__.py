@@ -21,6 +21,7 @@ from typing import Callable
 
 from ..errors import ConfigError, ModelError, ResumeError
 from ..job.config import ModelConfig
+from ..machine import load_so_far
 from . import folder, openvino
 from .base import Backend
 
@@ -223,13 +224,19 @@ def _openvino_config(cfg: ModelConfig, path: Path, plain: bool) -> tuple[object,
 
 def _known_faster(names: list[str], of: dict, load: dict) -> tuple[list[str], dict | None]:
     """The backends to load and the conversion to load (None: none) where one backend ran this model at
-    CLEAR_WIN times the other's speed on this CPU before: that one alone, with a note in `load` saying why."""
-    known = "torch" in names and openvino.known_faster(of)
+    CLEAR_WIN times the other's speed on this CPU before, under a load comparable to this run's and within
+    openvino.MAX_AGE: that one alone, with a note in `load` saying why and under what load it was measured; else
+    both, with a note saying why a kept choice is timed again."""
+    if "torch" not in names:
+        return names, of
+    known, note = openvino.known_faster(of, load_so_far())
     if not known:
+        if note:
+            load["note"] = note
         return names, of
     winner, times = known
     faster, slower = ("OpenVINO", "torch") if winner == "openvino" else ("torch", "OpenVINO")
-    load["note"] = f"{slower} not loaded: {faster} ran this model at {times:.1f}x its speed on this CPU before"
+    load["note"] = f"{slower} not loaded: {faster} ran this model at {times:.1f}x its speed on this CPU before ({note})"
     return [winner], of if winner == "openvino" else None
 
 

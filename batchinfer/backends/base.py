@@ -104,4 +104,7 @@ class Backend(Protocol):
     def use(self, precision: str | None) -> None: ...  # run the next forwards in `precision` (None: the default)
     def keep(self, precision: str | None) -> None: ...  # settle on `precision` and free the others
     def forward(self, batch: Batch): ...  # the task's output for the batch (see above)
-    def remember(self, rates: dict[str, float]) -> None: ...  # the probe's tokens/s of each backend, for later jobs
+    # the probe's tokens/s of each backend and the machine's load (machine.Load.as_dict) they were timed under,
+    # for later jobs; and the best tokens/s each backend ran this model at on this CPU before (empty: none kept)
+    def remember(self, rates: dict[str, float], load: dict | None) -> None: ...
+    def best_rates(self) -> dict[str, float]: ...

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..cache import cache_root, file_digest
 from ..errors import ConfigError, ModelError
+from ..machine import Load
 from .base import Batch
 from .precision import COSINE_FLOOR
 
@@ -55,6 +56,8 @@ STAGING = re.compile(r"\.tmp-([0-9a-f]{24})-[0-9a-f]{8}")  # a conversion being 
 # One backend measured this many times the other's speed on this CPU before: auto loads the faster alone. The
 # probe's own margin (batching.probe.NOISE): closer rates are measured again.
 CLEAR_WIN = 1.1
+# A kept choice older than this is timed again: drivers, libraries and the machine's neighbours change.
+MAX_AGE = 7 * 86400
 CHECK_LENGTHS = (3, 11, 29, 64)  # a conversion's check rows: other lengths than the trace's 8, padding among them
 # OpenVINO's CPU kernels run small batches as fast as large ones (MiniLM, bf16, 2 cores: 4,096 tokens 15% faster
 # than 16,384), and a small budget keeps each batch's activations in cache: its max_tokens where the probe cannot
@@ -180,8 +183,11 @@ class OpenVINOBackend:
         self.compiled = {self.precision: self.compiled[self.precision]}
         self.requests = {self.precision: self.requests[self.precision]}
 
-    def remember(self, rates: dict[str, float]) -> None:
-        remember(self, rates)
+    def remember(self, rates: dict[str, float], load: dict | None) -> None:
+        remember(self.entry, rates, load)
+
+    def best_rates(self) -> dict[str, float]:
+        return (_kept(self.entry, RATES) or {}).get(cpu_id(), {}).get("best", {})
 
 
 def conversion(identity: str, auto_class: str, output: str, names: tuple[str, ...]) -> dict:
@@ -289,9 +295,13 @@ def threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) // per_core)
 
 
-def remember(model: OpenVINOBackend, rates: dict[str, float]) -> None:
-    """Keep the backends' measured tokens/s beside the conversion, for later jobs on this CPU."""
-    _keep(model.entry, RATES, {**(_kept(model.entry, RATES) or {}), cpu_id(): rates})
+def remember(entry: Path, rates: dict[str, float], load: dict | None) -> None:
+    """Keep the backends' measured tokens/s beside the conversion, for later jobs on this CPU: with the machine's
+    load they were timed under (machine.Load.as_dict), when, and each backend's best rate here so far."""
+    kept = _kept(entry, RATES) or {}
+    before = kept.get(cpu_id()) if isinstance(kept.get(cpu_id()), dict) else {}
+    best = {name: max(rate, before.get("best", {}).get(name, 0.0)) for name, rate in rates.items()}
+    _keep(entry, RATES, {**kept, cpu_id(): {**rates, "load": load, "at": round(time.time()), "best": best}})
 
 
 def saved_tokenizer(model: OpenVINOBackend) -> dict | None:
@@ -321,19 +331,39 @@ def _keep(entry: Path, name: str, value) -> None:
         staging.unlink(missing_ok=True)
 
 
-def known_faster(of: dict) -> tuple[str, float] | None:
-    """The backend that ran the conversion `of` clearly faster than the other on this CPU before (by CLEAR_WIN
-    or more), and how many times the other's speed; None where they were close or were not both timed here."""
+def known_faster(of: dict, now: Load | None) -> tuple[tuple[str, float] | None, str | None]:
+    """The backend that ran the conversion `of` clearly faster than the other on this CPU before (by CLEAR_WIN or
+    more) and how many times the other's speed, where that choice still stands: measured under a load comparable
+    to `now` (this run's so far: machine.load_so_far) and less than MAX_AGE ago. And a note: under what load the
+    choice was measured, or why it is not used (both backends are then timed again). (None, None) where they were
+    close or were not both timed here."""
     try:
-        rates = _kept(entry_of(of), RATES)[cpu_id()]
-        ratio = rates["openvino"] / rates["torch"]
+        record = _kept(entry_of(of), RATES)[cpu_id()]
+        ratio = record["openvino"] / record["torch"]
     except (KeyError, TypeError, ZeroDivisionError):
-        return None
+        return None, None
     if ratio >= CLEAR_WIN:
-        return "openvino", ratio
-    if ratio > 0 and 1 / ratio >= CLEAR_WIN:
-        return "torch", 1 / ratio
-    return None
+        winner = ("openvino", ratio)
+    elif ratio > 0 and 1 / ratio >= CLEAR_WIN:
+        winner = ("torch", 1 / ratio)
+    else:
+        return None, None
+    said = f"{'OpenVINO' if winner[0] == 'openvino' else 'torch'} at {winner[1]:.1f}x the other's speed"
+    then, at = Load.from_dict(record.get("load")), record.get("at")
+    if not isinstance(at, (int, float)) or (then is None) != (now is None):
+        return None, f"both backends timed again: the kept choice ({said}) has no record of when or under what load"
+    if time.time() - at > MAX_AGE:
+        return None, f"both backends timed again: the kept choice ({said}) was measured {_ago(at)}, over 7 days"
+    if then is not None and not then.comparable(now):
+        why = f"was measured while {then.describe()}; now {now.describe()}"
+        return None, f"both backends timed again: the kept choice ({said}) {why}"
+    while_ = f", while {then.describe()}" if then is not None else ""
+    return winner, f"measured {_ago(at)}{while_}"
+
+
+def _ago(at: float) -> str:
+    hours = max(0.0, time.time() - at) / 3600
+    return f"{hours:.0f} hours ago" if hours < 48 else f"{hours / 24:.0f} days ago"
 
 
 def _convert(model, of: dict, folder: Path, head=None) -> dict:

@@ -52,8 +52,11 @@ class TorchBackend:
     def keep(self, precision: str | None) -> None:
         pass
 
-    def remember(self, rates: dict[str, float]) -> None:
+    def remember(self, rates: dict[str, float], load: dict | None) -> None:
         pass  # nothing of its own to keep them beside; OpenVINO keeps them beside its conversion
+
+    def best_rates(self) -> dict[str, float]:
+        return {}  # OpenVINO's conversion keeps them, where it is loaded beside
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:

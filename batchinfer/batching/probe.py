@@ -8,6 +8,10 @@ must beat the default by more than NOISE (10%) to replace it, and two leaders th
 so a busy machine does not pick a different setting every run. On a CPU the fastest budget wins (small
 enough to stay in cache, large enough to amortise per-batch overhead); on a GPU the budget is the largest
 whose activations fit in half the free memory, measured on one slice and scaled.
+
+The backends' rates are kept for later jobs with the machine's load while they were timed (Tuning.load), and a
+backend timed at under half the best rate it ran this model at here before (Candidate.known) is timed again before
+the rate is kept: a machine loaded by other processes once timed torch at 1,157 tokens/s against its 4,226.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from ..machine import Load, LoadWindow
 from .cut import cut_batches
 
 if TYPE_CHECKING:  # imported where a GPU is measured: a warm OpenVINO run never imports torch
@@ -44,6 +49,7 @@ class Candidate:
     packs: bool = False  # it can run this task's batches packed: padded and packed are compared on it
     budget: int = DEFAULT_BUDGET  # its max_tokens when the probe leaves it at the default
     reference: bool = False  # the model's own library (torch): its keys carry no name, as records before backends did
+    known: float = 0.0  # the best tokens/s it ran this model at in the backend comparison here before (0: none)
 
     def key(self, how: str, budget: int, share: int = 1) -> str:
         """The name its measurements go by: "padded@8192" (the reference) or "openvino:padded@8192", and the share
@@ -64,6 +70,7 @@ class Tuning:
     seconds: float = 0.0  # the probe's wall time: its warm-up and timed slices (whose results are kept)
     rows: int = 0  # the chunk's items the probe ran
     winner: str = ""  # the chosen setting's key in tokens_per_s
+    load: Load | None = None  # the machine's load while the probe timed (None off Linux)
 
     def describe(self) -> str:
         rates = ", ".join(f"{k} {v:,.0f}" for k, v in self.tokens_per_s.items())
@@ -87,6 +94,7 @@ def gpu_budget(bytes_per_token: float, free_bytes: int) -> int:
 RunBatches = Callable[[list[np.ndarray], str, str], float]
 NOISE = 0.10  # rates closer than this are a tie: measured once more, and a tie that stays keeps the default
 MIN_SECONDS = 0.05  # a slice done faster than this measures per-batch overheads, not the model: not compared
+DOUBTFUL = 0.5  # of a backend's best known rate: a backend timed below it is timed again before the rate is kept
 
 
 def probe(
@@ -112,11 +120,12 @@ def probe(
     default stays, with a note; and with nothing else to compare it runs no row. Returns the choice and the
     positions not yet run."""
     strategies, slice_tokens = candidates(int(lengths.sum()), max_tokens, strategy, device, backends, share)
-    started = time.perf_counter()
+    started, window = time.perf_counter(), LoadWindow()
     tuning, rest = Probe(
         lengths, run, max_tokens, max_rows, device, backends, strategies, slice_tokens, share is not None
     ).settle()
     tuning.seconds, tuning.rows = round(time.perf_counter() - started, 3), len(lengths) - len(rest)
+    tuning.load = window.stop()
     return tuning, rest
 
 
@@ -177,6 +186,8 @@ class Probe:
         self.left = Slices(lengths)
         self.samples: dict[str, list[float]] = {}
         self.notes: list[str] = []
+        # the backend comparison's keys -> the best rate each ran this model at here before (Candidate.known)
+        self.known = {b.key("padded", self.default(b), 4): b.known for b in backends if b.known > 0}
 
     def settle(self) -> tuple[Tuning, np.ndarray]:
         """The backend, then the budget on it, then the strategy; and the positions not yet run. With nothing to
@@ -244,8 +255,15 @@ class Probe:
         batches = cut_batches(self.lengths[part], budget, how, self.max_rows, self.device)
         seconds = self.run([part[b] for b in batches], how, backend.name)
         if seconds >= MIN_SECONDS:
-            rate = float(self.lengths[part].sum() / seconds)
-            self.samples.setdefault(backend.key(how, budget, share), []).append(rate)
+            rate, key = float(self.lengths[part].sum() / seconds), backend.key(how, budget, share)
+            best = self.known.pop(key, 0.0)  # asked once: a second low rate is kept, the machine being that slow now
+            if rate < best * DOUBTFUL:
+                self.notes.append(
+                    f"backend: {backend.name} timed at {rate:,.0f} tokens/s, under half the {best:,.0f} it ran this "
+                    "model at here before: timed again"
+                )
+                return self.measure(backend, how, budget, share)
+            self.samples.setdefault(key, []).append(rate)
 
     def rates(self, options: dict[str, tuple]) -> dict[str, float]:
         found = {name: self.samples.get(setting[0].key(*setting[1:])) for name, setting in options.items()}

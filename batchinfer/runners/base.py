@@ -195,9 +195,11 @@ class EncoderRunner:
         return problem
 
     def candidates(self) -> tuple[Candidate, ...]:
-        """The loaded backends as the probe weighs them, the default first."""
+        """The loaded backends as the probe weighs them, the default first, each with the best rate it ran this
+        model at here before."""
+        best = {name: rate for b in self.backends.values() for name, rate in b.best_rates().items()}
         return tuple(
-            Candidate(b.name, self.packing_problem_on(b) is None, b.default_budget, b.reference)
+            Candidate(b.name, self.packing_problem_on(b) is None, b.default_budget, b.reference, best.get(b.name, 0.0))
             for b in self.backends.values()
         )
 
@@ -284,7 +286,7 @@ class EncoderRunner:
         )
         if len(tuning.backends) > 1:
             for backend in self.backends.values():
-                backend.remember(tuning.backends)
+                backend.remember(tuning.backends, tuning.load.as_dict() if tuning.load else None)
         if "note" in self.load_seconds:
             tuning.notes.append(self.load_seconds["note"])
         self.keep(tuning.backend)

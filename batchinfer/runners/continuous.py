@@ -18,6 +18,7 @@ from ..errors import ModelError
 from ..job.config import GenerationConfig
 from .engine import PassOutput, PassRows, generation_config, with_note
 from .kv_cache import cache_blocks, engine_options, kv_bytes_per_block, memory_budget, sized_by_user
+from .model_generation import History, history_config, needs_history
 from .prefix import admission
 
 # Cache page (tokens) when rows may share a prefix: the engine shares whole pages, so transformers' default of 256
@@ -27,10 +28,12 @@ SHARED_PAGE = 32
 
 @dataclass
 class Session:
-    """A continuous-batching manager, not yet started, and its grammar masks (None: no request is constrained)."""
+    """A continuous-batching manager, not yet started, its grammar masks (None: no request is constrained) and the
+    model's history processors (None: its generation_config sets none)."""
 
     manager: object
     masks: object | None
+    history: History | None = None
 
 
 class ContinuousEngine:
@@ -45,7 +48,8 @@ class ContinuousEngine:
 
     def config(self, gen: GenerationConfig, lengths: list[int], concurrency: int, constrained: bool, seeded: bool):
         """transformers' ContinuousBatchingConfig for requests of `lengths` tokens (prompt plus new tokens),
-        `concurrency` of them in flight: the KV cache sized from them, unless engine_options size it."""
+        `concurrency` of them in flight: the KV cache sized from them, unless engine_options size it.
+        `constrained`: a processor reads each step's tokens on the host; `seeded`: one draws on the host."""
         from transformers import ContinuousBatchingConfig
 
         cpu = self.device.type == "cpu"
@@ -76,10 +80,16 @@ class ContinuousEngine:
         constrained: bool,
         seeded: bool = False,
     ) -> Session:
-        """A manager for requests of `lengths` tokens, with grammar masks installed when `constrained`."""
+        """A manager for requests of `lengths` tokens, with grammar masks installed when `constrained`, and the
+        model's history processors when its generation_config sets any (model_generation.History)."""
+        config, history = generation_config(self.model, gen, max_new_tokens, self.pad_id), None
+        if needs_history(config):
+            config, own = history_config(config)
+            history = History(self.model, own)
+        stepwise = constrained or history is not None
         manager = self.model.init_continuous_batching(
-            generation_config=generation_config(self.model, gen, max_new_tokens, self.pad_id),
-            continuous_batching_config=self.config(gen, lengths, concurrency, constrained, seeded),
+            generation_config=config,
+            continuous_batching_config=self.config(gen, lengths, concurrency, stepwise, seeded or stepwise),
         )
         masks = None
         if constrained:
@@ -87,7 +97,9 @@ class ContinuousEngine:
 
             masks = ContinuousMasks(self.grammars())
             masks.install(manager, first=True)  # masks before temperature, top-k and top-p
-        return Session(manager, masks)
+        if history is not None:
+            history.install(manager, first=True)  # before the masks, as generate puts its own before the caller's
+        return Session(manager, masks, history)
 
     def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
         """One engine pass (its rows share temperature and top_p); when it samples, each row draws with its
@@ -158,7 +170,7 @@ class ContinuousServing:
     unless `fixed` says why they are the server's."""
 
     def __init__(self, session: Session, sampling: tuple | None, fixed: str | None):
-        self.manager, self.masks = session.manager, session.masks
+        self.manager, self.masks, self.history = session.manager, session.masks, session.history
         self.constrained = self.masks is not None
         self.sampling, self.fixed = sampling, fixed
 
@@ -180,6 +192,8 @@ class ContinuousServing:
     def forget(self, request_id: str) -> None:
         if self.masks is not None:
             self.masks.drop(request_id)
+        if self.history is not None:
+            self.history.drop(request_id)
         if self.sampling is not None:
             self.sampling[0].drop(request_id)
 

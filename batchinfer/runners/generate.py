@@ -24,6 +24,7 @@ from ..job.config import GenerationConfig
 from ..job.templates import chat_template, no_chat_template
 from ..reasons import Reason
 from ..sources.prepare import Prepared, row_limits
+from . import model_generation
 from .base import encode_capped
 from .engine import Engine, PassRows, engine_passes
 from .prefix import page_figures
@@ -52,6 +53,8 @@ class GenerateRunner:
         """The runner for `job`: transformers' model (and its OpenVINO GenAI conversion for engine openvino, and
         auto where it runs), or vllm.LLM for generation.engine: vllm."""
         if job.generation.engine == "vllm":
+            if problem := generation_problem(model_generation.from_folder(model_path), "vllm"):
+                raise ConfigError(problem, "set generation.engine: auto, transformers or static")
             llm = load_vllm(model_path, job.generation.engine_options)
             tokenizer, model, device = llm.get_tokenizer(), llm, torch.device("cuda")
             if job.model.chat_template is not None:
@@ -118,11 +121,22 @@ class GenerateRunner:
     @functools.cached_property
     def model_engine(self) -> Engine:
         """generation.engine's engine over the loaded model (transformers' for auto and openvino), built on first
-        use: a run on OpenVINO GenAI imports transformers' continuous batching (seconds) only if rows go to it."""
-        engine = make_engine(self.gen, self.model, self.device, self.pad_id, self.eos, lambda: self.grammars)
-        if engine.name != "vllm":
-            engine.described = {**engine.described, "precision": self.precision}
-        return engine
+        use: a run on OpenVINO GenAI imports transformers' continuous batching (seconds) only if rows go to it.
+        Where it would not apply all of the model's generation_config (model_generation), auto runs the static
+        engine (model.generate itself) with a note, and an engine named in the job file is refused."""
+        gen, note = self.gen, None
+        engine = "transformers" if gen.engine in ("auto", "openvino") else gen.engine
+        if problem := generation_problem(self.model.generation_config, engine):
+            if gen.engine != "auto" or generation_problem(self.model.generation_config, "static"):
+                hint = "set generation.engine: static (model.generate), or edit the model's generation_config.json"
+                raise ConfigError(problem, hint)
+            gen, note = gen.model_copy(update={"engine": "static"}), f"engine auto: static, not transformers: {problem}"
+        built = make_engine(gen, self.model, self.device, self.pad_id, self.eos, lambda: self.grammars)
+        if note:
+            built.note(note)
+        if built.name != "vllm":
+            built.described = {**built.described, "precision": self.precision}
+        return built
 
     def shared_page(self) -> int | None:
         """The cache page (tokens) in which the engine shares rows' common prefixes; None when it shares none."""
@@ -496,6 +510,12 @@ def precision_of(job, device) -> str:
     return torch_precision(job.model.dtype, device.type)
 
 
+def generation_problem(generation_config, engine: str) -> str | None:
+    """Why `engine` would not decode as transformers' generate does with the model's generation_config, or None."""
+    left = model_generation.unhonoured(generation_config, engine)
+    return model_generation.refusal(left, generation_config, engine) if left else None
+
+
 def openvino_problem(job, runner: GenerateRunner) -> str | None:
     """Why the OpenVINO GenAI engine cannot run this job here, or None."""
     from ..backends import openvino_causal
@@ -511,8 +531,8 @@ def openvino_problem(job, runner: GenerateRunner) -> str | None:
         return f"it runs float32 or bfloat16, not model.dtype {job.model.dtype}"
     if problem := openvino_engine.bf16_problem(job.model.dtype):
         return problem
-    return openvino_causal.problem(runner.model.config) or openvino_engine.settings_problem(
-        runner.model.generation_config
+    return openvino_causal.problem(runner.model.config) or generation_problem(
+        runner.model.generation_config, "openvino"
     )
 
 

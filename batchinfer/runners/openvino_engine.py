@@ -47,36 +47,12 @@ BF16 = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8"}  # OpenV
 IN_FLIGHT = 32
 # xgrammar's EBNF text, a string literal or a character class (kept as they are) or an unbounded repeat `{n, -1}`
 _LITERAL_OR_REPEAT = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\{(\d+), -1\}')
-# transformers generation settings with no OpenVINO GenAI counterpart mapped here: a model whose
-# generation_config sets one runs on the transformers engine instead (auto), never without it.
-UNMAPPED = (
-    "no_repeat_ngram_size",
-    "bad_words_ids",
-    "suppress_tokens",
-    "begin_suppress_tokens",
-    "forced_bos_token_id",
-    "forced_eos_token_id",
-    "sequence_bias",
-    "typical_p",
-    "epsilon_cutoff",
-    "eta_cutoff",
-    "min_p",
-    "exponential_decay_length_penalty",
-)
 
 
 def available() -> bool:
     import importlib.util
 
     return all(importlib.util.find_spec(name) is not None for name in ("openvino_genai", "openvino_tokenizers"))
-
-
-def settings_problem(generation_config) -> str | None:
-    """Why the model's own generation settings cannot be given to OpenVINO GenAI, or None."""
-    for name in UNMAPPED:
-        if getattr(generation_config, name, None) not in (None, 0, 1.0, [], {}):
-            return f"its generation_config sets {name}, which the OpenVINO engine does not take"
-    return None
 
 
 def precision(dtype: str) -> str:
@@ -193,6 +169,12 @@ class OpenVINOEngine:
         config.stop_token_ids = set(self.eos)
         if self.eos:
             config.eos_token_id = min(self.eos)
+        # the model's own settings that GenAI applies as transformers does (model_generation.HONOURED; checked
+        # against model.generate in tests/test_generate.py): its repetition penalty over prompt and completion,
+        # and end tokens held back until min_new_tokens, or min_length counting the prompt
+        model = self.model_defaults
+        config.repetition_penalty = model.repetition_penalty or 1.0
+        config.min_new_tokens = max(model.min_new_tokens or 0, (model.min_length or 0) - len(rows.prompts[i]))
         if gen.temperature > 0:
             config.do_sample = True
             config.temperature, config.top_p = gen.temperature, gen.top_p
@@ -203,6 +185,13 @@ class OpenVINOEngine:
         if rows.constraints[i] is not None and (structure := self.structured(rows.constraints[i])) is not None:
             config.structured_output_config = structure
         return config
+
+    @functools.cached_property
+    def model_defaults(self):
+        """The model's GenerationConfig (transformers'), as saved beside its conversion."""
+        from .model_generation import from_folder
+
+        return from_folder(self.folder)
 
     def note(self, note: str) -> None:
         if note not in self.notes:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from .engine import PassOutput, PassRows, cannot_serve, generation_config, with_note
+from .model_generation import batch_bound
 
 
 class StaticEngine:
@@ -21,6 +22,12 @@ class StaticEngine:
     def __init__(self, model, device: torch.device, pad_id: int, grammars: Callable):
         self.model, self.device, self.pad_id = model, device, pad_id
         self.grammars = grammars  # () -> grammar.Grammars, built on first use
+        # rows one at a time where padding or the batch's budget would change what generate makes of the model's
+        # own settings (model_generation.BATCH_BOUND)
+        self.alone = batch_bound(model.generation_config)
+        if self.alone:
+            said = ", ".join(self.alone)
+            self.note(f"rows run one at a time: in a padded batch generate would apply {said} otherwise")
 
     def note(self, note: str) -> None:
         self.described = with_note(self.described, note)
@@ -34,7 +41,7 @@ class StaticEngine:
         started = time.perf_counter()
         if gen.temperature > 0:
             torch.manual_seed(gen.seed)
-        for batch in in_order(len(prompts), max_rows):
+        for batch in in_order(len(prompts), 1 if self.alone else max_rows):
             check()
             batch_rows = [prompts[i] for i in batch.tolist()]
             longest = max(len(r) for r in batch_rows)

@@ -1,0 +1,172 @@
+"""The model's own generation settings (its generation_config.json) as transformers' `generate` applies them, and
+which engine honours which. A model may ship a repetition penalty (Qwen2.5-Instruct: 1.05), a minimum length,
+suppressed tokens...: an engine that dropped one would write other text than the model's library, silently. So
+every field that changes what `generate` computes is honoured by the engine that runs the job, or the job goes to
+one that honours it (engine auto, with a note) or is refused (an engine named in the job file), naming the field.
+
+The job's own decoding settings (generation.temperature, top_p, top_k, seed) replace the model's: see
+engine.generation_config. The rest is the model's, as here.
+
+transformers' continuous batching drops the processors that read a row's tokens so far (the repetition penalty,
+minimum lengths) or hands them the step's last tokens only (n-gram bans, bad words); `History` applies them as
+`generate` does, each request with its own prompt and tokens."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..constrained.sampling import RequestHook
+
+# Logits processors over a row's tokens so far (prompt and completion) or its length, before the sampling warpers.
+HISTORY = (
+    "repetition_penalty",
+    "encoder_repetition_penalty",  # a decoder-only model's "encoder" ids are its prompt
+    "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size",
+    "bad_words_ids",
+    "sequence_bias",
+    "min_length",
+    "min_new_tokens",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "remove_invalid_values",
+)
+# Warpers transformers adds when sampling, after temperature, top-k and top-p (a row at a time, no history).
+WARPERS = ("min_p", "typical_p", "top_h", "epsilon_cutoff", "eta_cutoff")
+# Decoding that is no longer one row's token after token: beams, guidance (a second forward pass), a watermark
+# (after the warpers, over the row's last tokens). Only model.generate itself runs them.
+SEARCH = ("num_beams", "num_beam_groups", "diversity_penalty", "penalty_alpha", "dola_layers", "guidance_scale")
+SEARCH_AFTER = ("watermarking_config",)
+BEAMS_ONLY = ("length_penalty", "early_stopping", "low_memory")  # read by beam search alone
+# What no engine here gives as generate does: stop strings are kept in generate's text and cut from batchinfer's
+# (set generation.stop instead), max_time stops by the clock, token healing re-tokenizes the prompt, and
+# batchinfer writes one completion per row.
+NOWHERE = ("stop_strings", "max_time", "token_healing", "num_return_sequences", "constraints", "force_words_ids")
+
+# What changes with the batch in model.generate: padding counted as prompt (min_length, the encoder-side penalties
+# and n-grams over the padded prompt) or the batch's longest budget taken as every row's (beam search, forced_eos).
+# The static engine runs rows one at a time when the model sets one of these.
+BATCH_BOUND = (
+    "min_length",
+    "encoder_repetition_penalty",
+    "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size",
+    "forced_eos_token_id",
+    "num_beams",
+    "guidance_scale",
+)
+
+# What each engine honours of them. The static engine is model.generate itself. The OpenVINO engine's mapping is in
+# openvino_engine.config; the transformers engine's history processors are History's.
+HONOURED = {
+    "static": (*HISTORY, *WARPERS, *SEARCH, *SEARCH_AFTER, *BEAMS_ONLY),
+    "transformers": (*HISTORY, *WARPERS),
+    "openvino": ("repetition_penalty", "min_new_tokens", "min_length"),
+    "vllm": (),
+}
+# Values with which a field changes nothing (transformers' own defaults aside).
+_NO_OP = {"guidance_scale": 1.0, "remove_invalid_values": False, "suppress_tokens": [], "begin_suppress_tokens": []}
+
+
+def model_settings(generation_config) -> dict[str, object]:
+    """The fields of the model's GenerationConfig (transformers') that change what `generate` computes: those set to
+    other than transformers' defaults (pure). Beam-search fields count only where the model searches with beams."""
+    from transformers import GenerationConfig
+
+    defaults = {**GenerationConfig._get_default_generation_params(), **_NO_OP}
+    beams = (getattr(generation_config, "num_beams", None) or 1) > 1
+    fields = (*HISTORY, *WARPERS, *SEARCH, *SEARCH_AFTER, *NOWHERE, *(BEAMS_ONLY if beams else ()))
+    found = {}
+    for name in fields:
+        value = getattr(generation_config, name, None)
+        if value is not None and value != defaults.get(name) and value not in ([], {}):
+            found[name] = value
+    return found
+
+
+def unhonoured(generation_config, engine: str) -> list[str]:
+    """The fields the model's generation_config sets that `engine` does not apply as `generate` does (pure)."""
+    return [name for name in model_settings(generation_config) if name not in HONOURED[engine]]
+
+
+def from_folder(path):
+    """The GenerationConfig (transformers') in a model folder; an empty one where it has none."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(path)
+    except OSError:  # no generation_config.json: generate applies transformers' defaults
+        return GenerationConfig()
+
+
+def batch_bound(generation_config) -> list[str]:
+    """The fields the model sets whose effect in a padded model.generate batch differs from the row's alone."""
+    return [name for name in model_settings(generation_config) if name in BATCH_BOUND]
+
+
+def refusal(fields: list[str], generation_config, engine: str) -> str:
+    """What a report note or an error says of the fields `engine` leaves out."""
+    said = ", ".join(f"{name} {getattr(generation_config, name)!r}" for name in fields)
+    return f"the model's generation_config.json sets {said}, which the {engine} engine does not apply as generate does"
+
+
+def history_config(generation_config):
+    """(the config the continuous-batching manager is built with: the history fields cleared, as its own processors
+    drop or misread them; the config History builds each request's processors from: theirs alone, greedy)."""
+    shared, own = copy.deepcopy(generation_config), copy.deepcopy(generation_config)
+    for name in HISTORY:
+        setattr(shared, name, None)
+    own.do_sample, own.watermarking_config, own.renormalize_logits, own.guidance_scale = False, None, False, None
+    return shared, own
+
+
+def needs_history(generation_config) -> bool:
+    return any(name in HISTORY for name in model_settings(generation_config))
+
+
+class History(RequestHook):
+    """transformers' continuous-batching hook for the model's history processors (HISTORY): each request gets the
+    processors `generate` builds for it alone (its prompt's length, its own max_length), and each step they see its
+    whole sequence (prompt and completion, [1, tokens]), as in `generate`. Installed first, with the grammar masks,
+    before temperature, top-k and top-p: generate's order."""
+
+    def __init__(self, model, generation_config):
+        self.model, self.config = model, generation_config
+        eos = generation_config.eos_token_id
+        self.eos = None if eos is None else torch.tensor(eos if isinstance(eos, list) else [eos])
+        self.requests: dict[str, object] = {}  # request id -> its LogitsProcessorList
+        self.step: list[tuple[object, torch.Tensor]] = []  # per row of the step: its processors, its tokens
+
+    def processors(self, state):
+        """`generate`'s processors for this request alone, as `generate` builds them for a one-row batch."""
+        if state.request_id not in self.requests:
+            # a request the engine re-queued carries what it had generated in its prompt
+            prompt = state.initial_tokens[: state._true_initial_tokens or len(state.initial_tokens)]
+            config = copy.copy(self.config)
+            config.max_length = len(prompt) + (state.max_new_tokens or 0)  # forced_eos_token_id's last position
+            config._eos_token_tensor = self.eos
+            self.requests[state.request_id] = self.model._get_logits_processor(
+                config, len(prompt), encoder_input_ids=torch.tensor([prompt]), device=self.model.device
+            )
+        return self.requests[state.request_id]
+
+    def drop(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+    def prepare_tensor_args(self, requests_with_new_token: list) -> torch.Tensor:
+        self.step = []
+        for future in requests_with_new_token:
+            state = future.state
+            self.step.append((self.processors(state), torch.tensor([state.initial_tokens + state.generated_tokens])))
+        return torch.arange(len(self.step), dtype=torch.int32)
+
+    def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        # scores: [rows, vocab], one row per request that gets a token this step, in prepare_tensor_args' order
+        for row, (processors, tokens) in enumerate(self.step[: scores.size(0)]):
+            scores[row : row + 1] = processors(tokens.to(scores.device), scores[row : row + 1])
+        return scores
