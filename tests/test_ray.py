@@ -1,5 +1,5 @@
-"""The Ray executor on a local cluster (2 CPUs): the same output as in-process, every row once, whatever
-dies: a worker process killed with kill -9, a node of a two-node cluster lost mid-run, the driver stopped by
+"""The Ray executor on a cluster of two nodes of 1 CPU each, on this machine: the same output as in-process,
+every row once, whatever dies: a worker process killed with kill -9, a node lost mid-run, the driver stopped by
 SIGTERM or killed with kill -9."""
 
 import os
@@ -19,27 +19,29 @@ from batchinfer.job.config import validate_job
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture  # one worker runs these (conftest.ONE_WORKER), maybe with other files between
+@pytest.fixture(scope="session")  # one worker runs these (conftest.ONE_WORKER), maybe with other files between
 def cluster():
-    """The local Ray of 2 CPUs the tests share: started once, and again after a test of a cluster of its own."""
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error")
+    """The Ray cluster the tests share, on this machine (ray.cluster_utils): two nodes of 1 CPU each, the head,
+    which this process joins (a run started by a test joins it too), and another."""
+    from ray.cluster_utils import Cluster
+
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    nodes.add_node(num_cpus=1)
+    ray.init(address=nodes.address, log_to_driver=False, logging_level="error")
+    nodes.wait_for_nodes()
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()
 
 
 @pytest.fixture
-def two_nodes():
-    """A cluster of two nodes of 1 CPU each (ray.cluster_utils): the head, which this process joins, and
-    another, yielded (to remove). The shared local Ray is stopped for it; `cluster` starts it again."""
-    from ray.cluster_utils import Cluster
-
-    ray.shutdown()
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    other = nodes.add_node(num_cpus=1)
-    ray.init(address=nodes.address, log_to_driver=False, logging_level="error")
-    nodes.wait_for_nodes()
-    yield nodes, other
-    ray.shutdown()
-    nodes.shutdown()
+def a_node(cluster):
+    """The cluster's node other than the head, to remove; a node of 1 CPU takes its place afterwards."""
+    node = next(iter(cluster.worker_nodes))
+    yield node
+    if node not in cluster.worker_nodes:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
 
 
 _job = partial(
@@ -191,8 +193,9 @@ def test_sigterm_then_the_driver_killed_with_kill_9_then_the_same_command_finish
 
 
 class LoseNodeAfter(AfterChunks):
-    """Removes a node of the cluster as a machine lost (its raylet and workers killed, not drained); from then
-    on, the job is stopped if it runs `limit` seconds more (a stalled job fails the test, never hangs it)."""
+    """Removes a node of the cluster (its raylet stops, and the workers on it with it; removed with kill -9
+    instead, allow_graceful=False, the worker's chunks fail the same way); from then on, the job is stopped if it
+    runs `limit` seconds more (a stalled job fails the test, never hangs it)."""
 
     def __init__(self, chunks, cluster, node, stop, limit):
         super().__init__(chunks)
@@ -200,21 +203,20 @@ class LoseNodeAfter(AfterChunks):
         self.removed, self.timer = None, threading.Timer(limit, stop.set, (signal.SIGTERM,))  # cancel when done
 
     def act(self):
-        self.cluster.remove_node(self.node, allow_graceful=False)
+        self.cluster.remove_node(self.node)
         self.removed = time.monotonic()
         self.timer.start()
 
 
 def test_a_lost_node_costs_its_chunks_in_flight_and_the_other_worker_finishes_the_job(
-    two_nodes, sms_parquet, sms_table, tiny_embed, tmp_path
+    cluster, a_node, sms_parquet, sms_table, tiny_embed, tmp_path
 ):
     # 21 chunks on two workers, one per node; the node of one is lost after 4 chunks, and Ray cannot place its
     # worker again (the other node's one CPU is taken): the job does not wait for it
     from batchinfer.control import Interrupted, StopFlag
 
-    cluster, node = two_nodes
     out, stop = tmp_path / "out", StopFlag()
-    progress = LoseNodeAfter(4, cluster, node, stop, limit=60)
+    progress = LoseNodeAfter(4, cluster, a_node, stop, limit=60)
     job = _job(sms_parquet, tiny_embed, out, batching__chunk_rows=30, batching__max_rows=2)
     try:
         report = run_job(validate_job(job), progress=progress, stop=stop)
@@ -234,9 +236,7 @@ def test_a_lost_node_costs_its_chunks_in_flight_and_the_other_worker_finishes_th
     assert _read(out).column("sms_id").to_pylist() == ids  # each committed once, in input order
 
 
-def test_workers_auto_on_a_cluster_without_gpus_is_one_per_cpu_of_each_node(
-    two_nodes, sms_parquet, tiny_embed, tmp_path
-):
+def test_workers_auto_on_a_cluster_without_gpus_is_one_per_cpu_of_each_node(cluster, sms_parquet, tiny_embed, tmp_path):
     report = run_job(validate_job(_job(sms_parquet, tiny_embed, tmp_path / "out", runtime__workers="auto")))
     assert report["device"] == "cpu x2 (ray)" and report["complete"]
     assert sorted(report["run"]["workers"]) == ["ray-0", "ray-1"]
