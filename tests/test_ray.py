@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="session")  # one worker runs these (conftest.ONE_WORKER), maybe with other files between
 def cluster():
     """The Ray cluster the tests share, on this machine (ray.cluster_utils): two nodes of 1 CPU each, the head,
-    which this process joins (a run started by a test joins it too), and another."""
+    which this process joins (a run started by a test joins it by its address), and another."""
     from ray.cluster_utils import Cluster
 
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
@@ -169,6 +169,7 @@ def test_sigterm_then_the_driver_killed_with_kill_9_then_the_same_command_finish
     out = tmp_path / "out"
     job = write_job(tmp_path, **{**_job(sms_parquet, tiny_embed, out, batching__max_rows=2), "runtime": {}})
     command = ["run", str(job), "--set", "runtime.executor=ray", "--set", "runtime.workers=1"]  # 2: the tests above
+    command += ["--set", f"runtime.ray_address={cluster.address}"]  # not another Ray running on this machine
     stopped = run_until(command, lambda _: done_chunks(out) >= 1, signal.SIGTERM, timeout=180)
     output = stopped.output
     assert stopped.returncode == 143 and "stopped on SIGTERM" in output and "resume with: batchinfer run" in output
