@@ -1,8 +1,10 @@
-"""The Ray executor on a local cluster (2 CPUs): the same output as in-process, every row once, whatever
-dies: a worker process killed with kill -9, the driver stopped by SIGTERM or killed with kill -9."""
+"""The Ray executor on a cluster of two nodes of 1 CPU each, on this machine: the same output as in-process,
+every row once, whatever dies: a worker process killed with kill -9, a node lost mid-run, the driver stopped by
+SIGTERM or killed with kill -9."""
 
 import os
 import signal
+import threading
 import time
 from functools import partial
 
@@ -19,9 +21,27 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="session")  # one worker runs these (conftest.ONE_WORKER), maybe with other files between
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error")
-    yield
+    """The Ray cluster the tests share, on this machine (ray.cluster_utils): two nodes of 1 CPU each, the head,
+    which this process joins (a run started by a test joins it by its address), and another."""
+    from ray.cluster_utils import Cluster
+
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    nodes.add_node(num_cpus=1)
+    ray.init(address=nodes.address, log_to_driver=False, logging_level="error")
+    nodes.wait_for_nodes()
+    yield nodes
     ray.shutdown()
+    nodes.shutdown()
+
+
+@pytest.fixture
+def a_node(cluster):
+    """The cluster's node other than the head, to remove; a node of 1 CPU takes its place afterwards."""
+    node = next(iter(cluster.worker_nodes))
+    yield node
+    if node not in cluster.worker_nodes:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
 
 
 _job = partial(
@@ -40,12 +60,12 @@ def _read(out):
     return ds.dataset(str(out), format="parquet").to_table()
 
 
-class KillWorkerAfter:
-    """Progress that kills a worker's process with kill -9 once `chunks` chunks are committed. (ray.kill ends
-    an actor the same way to the driver: a RayActorError on its chunks in flight.)"""
+class AfterChunks:
+    """Progress that does something (`act`) to the cluster once `chunks` chunks are committed, in the driver's
+    thread: the run goes on only after it; the run's log lines are kept in `notes`."""
 
     def __init__(self, chunks):
-        self.left, self.killed, self.notes = chunks, [], []
+        self.left, self.notes = chunks, []
 
     def start(self, total_rows, done_rows):
         pass
@@ -56,9 +76,24 @@ class KillWorkerAfter:
     def advance(self, rows, tokens):
         self.left -= 1
         if self.left == 0:
-            name = next(n for n in ray.util.list_named_actors() if n.startswith("batchinfer-") and n.endswith("-ray-1"))
-            os.kill(ray.get(ray.get_actor(name).describe.remote())[1], signal.SIGKILL)
-            self.killed.append(name)
+            self.act()
+
+    def act(self):
+        raise NotImplementedError
+
+
+class KillWorkerAfter(AfterChunks):
+    """Kills a worker's process with kill -9. (ray.kill ends an actor the same way to the driver: a RayActorError
+    on its chunks in flight.)"""
+
+    def __init__(self, chunks):
+        super().__init__(chunks)
+        self.killed = []
+
+    def act(self):
+        name = next(n for n in ray.util.list_named_actors() if n.startswith("batchinfer-") and n.endswith("-ray-1"))
+        os.kill(ray.get(ray.get_actor(name).describe.remote())[1], signal.SIGKILL)
+        self.killed.append(name)
 
 
 # One Ray run proves both (each Ray run costs actor starts): a classify job's labels and named scores come back
@@ -134,6 +169,7 @@ def test_sigterm_then_the_driver_killed_with_kill_9_then_the_same_command_finish
     out = tmp_path / "out"
     job = write_job(tmp_path, **{**_job(sms_parquet, tiny_embed, out, batching__max_rows=2), "runtime": {}})
     command = ["run", str(job), "--set", "runtime.executor=ray", "--set", "runtime.workers=1"]  # 2: the tests above
+    command += ["--set", f"runtime.ray_address={cluster.address}"]  # not another Ray running on this machine
     stopped = run_until(command, lambda _: done_chunks(out) >= 1, signal.SIGTERM, timeout=180)
     output = stopped.output
     assert stopped.returncode == 143 and "stopped on SIGTERM" in output and "resume with: batchinfer run" in output
@@ -155,3 +191,53 @@ def test_sigterm_then_the_driver_killed_with_kill_9_then_the_same_command_finish
         ).max()
         < 1e-5
     )
+
+
+class LoseNodeAfter(AfterChunks):
+    """Removes a node of the cluster (its raylet stops, and the workers on it with it; removed with kill -9
+    instead, allow_graceful=False, the worker's chunks fail the same way); from then on, the job is stopped if it
+    runs `limit` seconds more (a stalled job fails the test, never hangs it)."""
+
+    def __init__(self, chunks, cluster, node, stop, limit):
+        super().__init__(chunks)
+        self.cluster, self.node = cluster, node
+        self.removed, self.timer = None, threading.Timer(limit, stop.set, (signal.SIGTERM,))  # cancel when done
+
+    def act(self):
+        self.cluster.remove_node(self.node)
+        self.removed = time.monotonic()
+        self.timer.start()
+
+
+def test_a_lost_node_costs_its_chunks_in_flight_and_the_other_worker_finishes_the_job(
+    cluster, a_node, sms_parquet, sms_table, tiny_embed, tmp_path
+):
+    # 21 chunks on two workers, one per node; the node of one is lost after 4 chunks, and Ray cannot place its
+    # worker again (the other node's one CPU is taken): the job does not wait for it
+    from batchinfer.control import Interrupted, StopFlag
+
+    out, stop = tmp_path / "out", StopFlag()
+    progress = LoseNodeAfter(4, cluster, a_node, stop, limit=60)
+    job = _job(sms_parquet, tiny_embed, out, batching__chunk_rows=30, batching__max_rows=2)
+    try:
+        report = run_job(validate_job(job), progress=progress, stop=stop)
+    except Interrupted:
+        pytest.fail(f"the job stalled for 60 s after the node was lost: {done_chunks(out)} of 21 chunks done")
+    finally:
+        progress.timer.cancel()
+    assert time.monotonic() - progress.removed < 60 and report["complete"] and report["rows"] == 600
+    (lost, what), *others = report["run"]["lost_workers"].items()
+    assert not others and what["died"] == 1 and not what["back"], report["run"]
+    planned = {f"{shard:05d}-{chunk:05d}" for shard in range(3) for chunk in range(7)}
+    assert what["chunks_rerun"] and set(what["chunks_rerun"]) <= planned
+    died = [note for note in progress.notes if "died" in note]
+    assert len(died) == 1 and died[0].startswith(f"{lost} died") and what["chunks_rerun"][0] in died[0], died
+    assert done_chunks(out) == 21
+    ids = sms_table.column("sms_id").to_pylist()[:600]
+    assert _read(out).column("sms_id").to_pylist() == ids  # each committed once, in input order
+
+
+def test_workers_auto_on_a_cluster_without_gpus_is_one_per_cpu_of_each_node(cluster, sms_parquet, tiny_embed, tmp_path):
+    report = run_job(validate_job(_job(sms_parquet, tiny_embed, tmp_path / "out", runtime__workers="auto")))
+    assert report["device"] == "cpu x2 (ray)" and report["complete"]
+    assert sorted(report["run"]["workers"]) == ["ray-0", "ray-1"]

@@ -131,6 +131,8 @@ def _report(
     report = build_report(job, chunks, done, ran.stats, seconds, ran.device, ran.workers)
     if ran.machine is not None:  # how busy the machine was while this run measured its rates
         report["run"]["machine"] = ran.machine.as_dict()
+    if ran.lost_workers:
+        report["run"]["lost_workers"] = ran.lost_workers
     report["skipped_shards"] = [{"source": b.name, "message": b.message} for b in bad_shards]
     report["model_size"] = size
     if batching is not None:
@@ -160,7 +162,8 @@ def _batching(job, tuning: dict | None, budget) -> dict:
 @dataclass
 class Ran:
     """What this run's chunks did: totals (run and per worker), the batching the workers ended with, each
-    out-of-memory that lowered it, the device, the start-up figures and how busy the machine was."""
+    out-of-memory that lowered it, the device, the start-up figures, how busy the machine was and the workers
+    lost on the way (with the chunks they had in flight, run again by the others)."""
 
     budget: Batching
     stats: Counter = field(default_factory=Counter)
@@ -169,6 +172,7 @@ class Ran:
     device: str = "none"
     startup: dict = field(default_factory=dict)
     machine: Load | None = None
+    lost_workers: dict = field(default_factory=dict)
 
 
 def _run_chunks(
@@ -207,6 +211,7 @@ def _run_chunks(
             progress.advance(result.record.rows, result.record.tokens)
         ran.stats["loop"] = time.perf_counter() - loop_started
         ran.machine = window.stop() if window else None
+        ran.lost_workers = executor.lost_workers
     return ran
 
 

@@ -503,7 +503,8 @@ class RuntimeConfig(Section):
     )
     workers: Union[int, Literal["auto"]] = Field(
         default="auto",
-        description="executor ray: how many workers. auto: one per GPU the cluster has, else 1.",
+        description="executor ray: how many workers. auto: as many as the cluster's nodes hold, one per "
+        "gpus_per_worker GPUs on a cluster with GPUs, else one per cpus_per_worker CPUs.",
     )
     gpus_per_worker: float = Field(
         default=1.0, ge=0, description="executor ray: GPUs each worker holds when the cluster has GPUs (0 on CPUs)."

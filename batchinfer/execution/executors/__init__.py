@@ -17,6 +17,8 @@ class Executor(Protocol):
 
     device: str  # what the runners run on, for the report
     load_seconds: dict  # the model's load in steps (converting, compiling), for the report's startup figures
+    # workers that died during the run: name -> {"died", "error", "chunks_rerun", "back"}, for the report
+    lost_workers: dict
 
     def run(self, todo: list[Work], probe: bool) -> Iterator[ChunkResult]:
         """Run every chunk of `todo` once; yield each chunk's result as it finishes (in any order).

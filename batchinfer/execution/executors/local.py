@@ -18,6 +18,7 @@ class LocalExecutor:
         self.task, self.progress = task, progress
         self.device = str(task.runner.device)
         self.load_seconds = getattr(task.runner, "load_seconds", {})
+        self.lost_workers: dict = {}  # one worker, this process: none to lose and carry on without
 
     def run(self, todo: list[Work], probe: bool) -> Iterator[ChunkResult]:
         for loaded in self._prefetch(todo):
