@@ -136,3 +136,24 @@ def test_model_settings_lists_what_changes_generate_and_no_transformers_default(
     assert unhonoured(qwen, "openvino") == [] and unhonoured(qwen, "vllm") == ["repetition_penalty"]
     guided = GenerationConfig(guidance_scale=1.5, min_p=0.1)
     assert unhonoured(guided, "transformers") == ["guidance_scale"] and unhonoured(guided, "static") == []
+
+
+def test_a_model_whose_generation_config_samples_is_sampled_unless_the_job_says_how_to_decode(
+    sms_table, tmp_path, tiny_llama
+):
+    """transformers' generate samples a model whose generation_config says do_sample (Qwen2.5-Instruct: temperature
+    0.7, top_p 0.8, top_k 20); a job that sets none of temperature, top_p, top_k does too, seeded, with a note; one
+    that sets any decodes as it says."""
+    sampling = _with_generation(tmp_path / "sampling", tiny_llama, do_sample=True, temperature=0.7, top_p=0.8, top_k=20)
+    report, rows = _run(tmp_path, sms_table, sampling, "own", generation__engine="transformers")
+    assert any("sampled as the model's generation_config says" in n for n in report["engine"]["notes"])
+    asked = dict(generation__temperature=0.7, generation__top_p=0.8, generation__top_k=20)
+    _, said = _run(tmp_path, sms_table, sampling, "said", generation__engine="transformers", **asked)
+    _, greedy = _run(
+        tmp_path, sms_table, sampling, "greedy", generation__engine="transformers", generation__temperature=0
+    )
+    texts = {
+        name: [r["text"] for r in sorted(got, key=lambda r: r["id"])]
+        for name, got in (("own", rows), ("said", said), ("greedy", greedy))
+    }
+    assert texts["own"] == texts["said"] != texts["greedy"]

@@ -72,9 +72,13 @@ class GenerateRunner:
             if job.generation.engine in ("auto", "openvino") and openvino_engine.available():
                 warm = openvino_causal.warm(job.model, model_path, model_identity(model_path))
             tokenizer, model, device = warm or load_model(job.model, model_path)
-        runner = cls(tokenizer, model, device, job.model.max_length, job.generation, precision_of(job, device))
+        own = getattr(model, "generation_config", None) or model_generation.from_folder(model_path)  # vllm.LLM: none
+        gen, sampled = model_generation.model_sampling(job.generation, own)
+        runner = cls(tokenizer, model, device, job.model.max_length, gen, precision_of(job, device))
         if job.generation.engine in ("auto", "openvino"):
             runner.use_openvino(job, model_path)
+        if sampled:
+            runner.engine.note(sampled)
         return runner
 
     def __init__(

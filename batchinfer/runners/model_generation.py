@@ -4,8 +4,10 @@ suppressed tokens...: an engine that dropped one would write other text than the
 every field that changes what `generate` computes is honoured by the engine that runs the job, or the job goes to
 one that honours it (engine auto, with a note) or is refused (an engine named in the job file), naming the field.
 
-The job's own decoding settings (generation.temperature, top_p, top_k, seed) replace the model's: see
-engine.generation_config. The rest is the model's, as here.
+The job's own decoding settings (generation.temperature, top_p, top_k, seed) replace the model's where the job
+sets any of the first three; where it sets none, a model whose generation_config samples is sampled with its own
+temperature, top_p and top_k, as `generate` does (`model_sampling`; the job's seed keeps it repeatable). The rest
+is the model's, as here.
 
 transformers' continuous batching drops the processors that read a row's tokens so far (the repetition penalty,
 minimum lengths) or hands them the step's last tokens only (n-gram bans, bad words); `History` applies them as
@@ -170,3 +172,25 @@ class History(RequestHook):
         for row, (processors, tokens) in enumerate(self.step[: scores.size(0)]):
             scores[row : row + 1] = processors(tokens.to(scores.device), scores[row : row + 1])
         return scores
+
+
+SAMPLING = ("temperature", "top_p", "top_k")
+
+
+def model_sampling(gen, generation_config) -> tuple[object, str | None]:
+    """The job's generation settings `gen`, with the model's own sampling where its generation_config samples
+    (do_sample) and the job sets none of temperature, top_p and top_k: transformers' generate samples such a model
+    unless told otherwise, so a job that says nothing does too. Also the note saying so, or None."""
+    if not getattr(generation_config, "do_sample", False) or gen.model_fields_set & set(SAMPLING):
+        return gen, None
+    ours = {
+        "temperature": generation_config.temperature if generation_config.temperature is not None else 1.0,
+        "top_p": generation_config.top_p if generation_config.top_p is not None else 1.0,
+        "top_k": generation_config.top_k or 0,
+    }
+    said = ", ".join(f"{k} {v}" for k, v in ours.items())
+    note = (
+        f"sampled as the model's generation_config says (do_sample, {said}; seed {gen.seed}), the job setting none "
+        "of generation.temperature, top_p, top_k; generation.temperature: 0 decodes greedily"
+    )
+    return gen.model_copy(update=ours), note
