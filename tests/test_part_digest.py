@@ -105,3 +105,22 @@ def test_a_marker_records_its_parts_size_and_digest_and_the_footer_its_chunk(tmp
     assert marker["files"] == {DAMAGED: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}}
     footer = pq.read_metadata(out / DAMAGED).metadata
     assert footer[b"batchinfer.chunk"] == b"00001-00000" and ID_KEY in footer
+
+
+def test_a_part_changed_in_place_on_s3_is_named_and_redone(tmp_path, sms_parquet, tiny_embed, s3):
+    """The same check through an object store: the digest streamed from the bucket."""
+    bucket, client = s3
+    out = f"s3://{bucket}/out"
+    job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, out, raw=True, output__compression="none"))
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    key = f"out/{DAMAGED}"
+    data = bytearray(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    middle = len(data) // 2
+    data[middle : middle + 200] = bytes(200)
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+    status = runner.invoke(app, ["status", out])
+    said = " ".join(status.output.split())
+    assert f"{DAMAGED} does not hold the bytes its chunk committed" in said and "(complete)" not in said, said
+    again = runner.invoke(app, ["run", str(job)])
+    assert again.exit_code == 0 and "chunk 00001-00000 runs again" in again.output, again.output
+    assert "6/6 done (complete)" in runner.invoke(app, ["status", out]).output
