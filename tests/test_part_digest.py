@@ -124,3 +124,24 @@ def test_a_part_changed_in_place_on_s3_is_named_and_redone(tmp_path, sms_parquet
     again = runner.invoke(app, ["run", str(job)])
     assert again.exit_code == 0 and "chunk 00001-00000 runs again" in again.output, again.output
     assert "6/6 done (complete)" in runner.invoke(app, ["status", out]).output
+
+
+def test_markers_without_seals_are_checked_by_footer_and_said_so(tmp_path, sms_parquet, tiny_embed):
+    """Markers written before parts were sealed (no `files`): the folder stays complete and resumes, its parts
+    checked by listing and footer alone, and status says so; a part cut short is still redone."""
+    out = tmp_path / "out"
+    job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, out, raw=True))
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    for marker in (out / "_done").glob("*.json"):
+        content = json.loads(marker.read_text())
+        content.pop("files")
+        marker.write_text(json.dumps(content))
+    status = " ".join(runner.invoke(app, ["status", str(out)]).output.split())
+    assert "6/6 done (complete)" in status and "checked 6 part(s) by their footers alone" in status, status
+    _cut_short(out)
+    status = " ".join(runner.invoke(app, ["status", str(out)]).output.split())
+    assert f"chunk 00001-00000: {DAMAGED} is not a whole Parquet file" in status and "(complete)" not in status
+    again = runner.invoke(app, ["run", str(job)])
+    assert again.exit_code == 0 and "chunk 00001-00000 runs again" in again.output, again.output
+    status = " ".join(runner.invoke(app, ["status", str(out)]).output.split())
+    assert "6/6 done (complete)" in status and "checked 5 part(s) by their footers alone" in status, status
