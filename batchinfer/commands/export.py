@@ -42,7 +42,7 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
     check_target(target, fmt, force)
     try:
         state = FolderStatus.of_run(folder)
-        lost = state.lost()
+        lost = state.lost(digests=False)  # the bytes are checked as they are read, below
     except OSError as exc:
         raise reach_error(folder, exc, "read", "check the path or URL and the credentials") from exc
     command = state.command or "batchinfer run JOB.yaml"
@@ -58,12 +58,7 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
             )
         held = f"{chunks}/{total} chunks"
     if lost:  # the check a run makes when it opens the folder: every committed part there, this job's, whole
-        problems = list(dict.fromkeys(lost.values()))
-        raise OutputError(
-            f"{folder} lost rows of {len(lost)} finished chunk(s): {'; '.join(problems[:3])}"
-            f"{' and more' if len(problems) > 3 else ''}; an export would miss them",
-            f"rerun {command}: it runs those chunks again; then export",
-        )
+        raise _lost(folder, lost, command)
     parts = state.parts()
     if not chunks:
         raise OutputError(
@@ -77,7 +72,10 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
     def tables():
         nonlocal rows
         for part in parts:
-            table = state.read_table(part).replace_schema_metadata(None)  # the job id marks the folder's files only
+            table, problem = state.read_part(part)
+            if problem:  # the file under construction goes: it is written whole or not at all
+                raise _lost(folder, {state.committed[part].chunk: problem}, command)
+            table = table.replace_schema_metadata(None)  # the job id marks the folder's files only
             rows += table.num_rows
             yield table
 
@@ -93,6 +91,17 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}", "choose a writable -o path") from exc
     return Exported(rows, held)
+
+
+def _lost(folder: str, lost: dict[str, str], command: str) -> OutputError:
+    """Finished chunks whose parts do not hold what they committed (chunk -> what is wrong): an export would
+    miss or damage their rows."""
+    problems = list(dict.fromkeys(lost.values()))
+    return OutputError(
+        f"{folder} lost rows of {len(lost)} finished chunk(s): {'; '.join(problems[:3])}"
+        f"{' and more' if len(problems) > 3 else ''}; an export would miss or damage them",
+        f"rerun {command}: it runs those chunks again; then export",
+    )
 
 
 def check_target(target: Path, fmt: str, force: bool) -> None:
@@ -130,11 +139,14 @@ def exported(path: Path) -> bool:
 
 def _parquet(tables, f, metadata: dict[bytes, bytes]) -> None:
     writer = None
-    for table in tables:
-        table = table.replace_schema_metadata(metadata)
-        writer = writer or pq.ParquetWriter(f, table.schema, compression="zstd")
-        writer.write_table(table)
-    writer.close()
+    try:
+        for table in tables:
+            table = table.replace_schema_metadata(metadata)
+            writer = writer or pq.ParquetWriter(f, table.schema, compression="zstd")
+            writer.write_table(table)
+    finally:  # also when a part read fails: the writer never outlives the file it writes to
+        if writer is not None:
+            writer.close()
 
 
 def _jsonl(tables, f) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ..backends.model_size import describe_size
 from ..output.layout import REPORT
 from ..output.records import ChunkRecord, current_errors
+from ..output.verify import NOT_OURS
 
 if TYPE_CHECKING:
     from ..job.config import JobConfig
@@ -111,18 +112,33 @@ def status_lines(state: FolderStatus) -> list[str]:
             f"damaged {shown}: not a completion marker of this job, so its chunk counts as not done and a "
             "run refuses the folder until you move the file(s) away",
         )
-    if lost:
-        shown = "; ".join(f"chunk {chunk}: {problem}" for chunk, problem in list(lost.items())[:3])
-        lines.append(
-            f"lost    {len(lost)} finished chunk(s) whose rows are not all there ({shown}"
-            f"{' and more' if len(lost) > 3 else ''}): they count as not done; the next run redoes those whose "
-            "part is missing and refuses a file that is not this job's until you move it away",
-        )
+    lines += lost_lines(lost, state.unsealed())
     command = state.command or "batchinfer run JOB.yaml (the same job file and --set options)"
     if limit and not holder and len(chunks) >= extent["chunks"]:  # the limited run is done: go on past it
         lines.append(f"go on   {without_limit(command)} (the whole job), or the same with a larger --limit")
     elif not complete and not holder:
         lines.append(f"resume  {command}")
+    return lines
+
+
+def lost_lines(lost: dict[str, str], unsealed: int) -> list[str]:
+    """status: the finished chunks whose parts are not as committed, and how the others were checked."""
+    lines = []
+    if lost:
+        shown = "; ".join(f"chunk {chunk}: {problem}" for chunk, problem in list(lost.items())[:3])
+        foreign = sum(1 for problem in lost.values() if problem.endswith(NOT_OURS))
+        one = len(lost) == 1
+        lines.append(
+            f"lost    {len(lost)} finished chunk(s) whose part is not as committed ({shown}"
+            f"{' and more' if len(lost) > 3 else ''}): {'it counts' if one else 'they count'} as not done, and "
+            f"the next run redoes {'it' if one else 'them'}"
+            + (f", but refuses the folder until you move away the {foreign} file(s) not this job's" if foreign else "")
+        )
+    if unsealed:
+        lines.append(
+            f"checked {unsealed} part(s) by their footers alone (job, chunk, rows): their markers, written by "
+            "an earlier batchinfer, hold no digest of their bytes"
+        )
     return lines
 
 

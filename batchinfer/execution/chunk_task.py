@@ -151,7 +151,7 @@ class ChunkTask:
         errors, carried = error_table(job, loaded), loaded.work.carry
         if carried is not None and carried.num_rows:  # a retry keeps the error rows it did not run again
             errors = carried if errors is None else pa.concat_tables([errors, carried]).sort_by("row")
-        self.writer.write_chunk(loaded.work.name, table, errors)
+        files = self.writer.write_chunk(loaded.work.name, table, errors)
         self.heap.trim()
         record = ChunkRecord(
             chunk=loaded.work.name,
@@ -171,6 +171,7 @@ class ChunkTask:
             seconds=round(loaded.seconds + time.perf_counter() - t0, 4),
             worker=self.worker,
             max_tokens_lowered=out.lowered,
+            files=files,
         )
         return ChunkResult(record, self.budget, out.tuning)
 

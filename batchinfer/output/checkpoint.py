@@ -32,7 +32,6 @@ from .layout import (
     SUCCESS,
     dumps,
     error_part_name,
-    has_id,
     marker_name,
     part_name,
     tmp_prefix,
@@ -42,6 +41,7 @@ from .ownership import refuse_foreign, refuse_foreign_folder
 from .parts import PartWriter, read_table
 from .records import ChunkRecord, committed_parts, current_errors
 from .scan import Scan, scan
+from .verify import lost_chunks
 
 
 class Checkpoint:
@@ -145,10 +145,10 @@ class Checkpoint:
             self.job = create_job(self.folder, self.path, fields)
             return
         self._take_up(found, fingerprint, command, may_change, files, extent or {})
-        lost = lost_chunks(self.done, found.listing, found.footers, self.job_id)
+        lost = lost_chunks(self.folder, self.done, found.listing, found.footers, self.job_id)
         for chunk, problem in lost.items():
             self.notes.append(f"{problem}: chunk {chunk} runs again")
-        self.forget(list(lost))  # every file at their part names is this job's (checked at open)
+        self.forget(list(lost))  # every file at their part names is this job's (checked at open: ownership.py)
         _remove_leftovers(self.folder, found.listing, self.done)
         planned = planned or {}
         self.forget([n for n, r in self.done.items() if not r.retry_of and n in planned and r.rows < planned[n]])
@@ -270,25 +270,6 @@ class Checkpoint:
 
     def _save(self, job: dict) -> None:
         self.job = save_job(self.folder, self.path, job)
-
-
-def lost_chunks(done: dict[str, ChunkRecord], listing: dict[str, int], footers: dict, job_id: str) -> dict[str, str]:
-    """Finished chunks whose rows are not all there: a committed part file missing, not this job's, or not
-    holding the rows its marker counts. Chunk -> what is wrong, first problem only."""
-    lost: dict[str, str] = {}
-    for name, (chunk, rows) in committed_parts(done).items():
-        if name not in listing:
-            problem = f"{name} is missing"
-        elif footers.get(name) is None:
-            problem = f"{name} is not a whole Parquet file (cut short, or another file)"
-        elif not has_id(footers[name], job_id):
-            problem = f"{name} is not this job's file"
-        elif rows is not None and footers[name].num_rows != rows:
-            problem = f"{name} holds {footers[name].num_rows:,} rows where its chunk committed {rows:,}"
-        else:
-            continue
-        lost.setdefault(chunk, problem)
-    return lost
 
 
 def _clear(folder, listing: dict[str, int]) -> None:

@@ -21,6 +21,7 @@ BAD_RECORDS = f"{ERRORS}/bad-records.parquet"  # batchinfer 0.2's bad CSV record
 LEGACY = "_manifest.jsonl"  # batchinfer 0.1's appended manifest
 FORMAT = 2
 ID_KEY = b"batchinfer.job_id"
+CHUNK_KEY = b"batchinfer.chunk"  # a part's footer: the pass that wrote it (SSSSS-CCCCC, or SSSSS-CCCCC-rN)
 ERROR_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -62,6 +63,12 @@ def tmp_prefix(job_id: str) -> str:
 def has_id(metadata: pq.FileMetaData | None, job_id: str) -> bool:
     """Whether a Parquet footer carries this job's id: the only proof that batchinfer wrote the file."""
     return metadata is not None and (metadata.metadata or {}).get(ID_KEY) == job_id.encode()
+
+
+def footer_chunk(metadata: pq.FileMetaData) -> str | None:
+    """The pass a part's footer names (None: written before parts named theirs)."""
+    chunk = (metadata.metadata or {}).get(CHUNK_KEY)
+    return chunk.decode(errors="replace") if chunk is not None else None
 
 
 def dumps(value: dict, indent: int | None = None) -> bytes:

@@ -1,5 +1,6 @@
 """What batchinfer may touch: only files it can prove it wrote (the job's id in the JSON, in the Parquet
-footer or in a temporary file's name). Anything else in the folder is refused before any change."""
+footer or in a temporary file's name, or a committed part's name in one of its markers where what is there is
+not a whole Parquet file). Anything else in the folder is refused before any change."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from ..errors import OutputError
 from .failures import foreign_error
 from .layout import CREATING, JOB, LEGACY, LOCK, MARKER, REPORT, SUCCESS, has_id, tmp_prefix
+from .records import committed_parts
 from .scan import Scan
 
 
@@ -33,12 +35,13 @@ def refuse_foreign_folder(folder, path) -> None:
 
 def refuse_foreign(folder, path, found: Scan) -> None:
     """A folder holding this job: refuse it if any file in it is not the job's."""
-    foreign = [name for name in found.listing if not _owned(folder, name, found)]
+    committed = committed_parts(found.done)
+    foreign = [name for name in found.listing if not _owned(folder, name, found, committed)]
     if foreign:
         raise foreign_error(path, foreign, "holds files that are not this job's")
 
 
-def _owned(folder, name: str, found: Scan) -> bool:
+def _owned(folder, name: str, found: Scan, committed: dict) -> bool:
     if name in (JOB, LOCK) or CREATING.fullmatch(name):
         return True
     if not found.job:
@@ -55,6 +58,10 @@ def _owned(folder, name: str, found: Scan) -> bool:
             return json.loads(folder.read(name) or b"{}").get("job_id") == job_id
         except (ValueError, AttributeError):
             return False
-    if name in found.footers:  # a part (even one a marker names) is ours only if its footer says so
+    if name in committed and found.footers.get(name) is None:
+        # A file at a name this job's marker says it committed a part under, that is not a whole Parquet file:
+        # the part batchinfer wrote, cut short or damaged since, so the run may replace it.
+        return True
+    if name in found.footers:  # a whole Parquet file (even where a marker names it) is ours if its footer says so
         return has_id(found.footers[name], job_id)
     return False

@@ -1,13 +1,17 @@
 """Part files: each chunk's results (and error rows) written whole under their final names, carrying the
-job's id in the footer; read back in input order."""
+job's id and the pass that wrote them in the footer, and sealed (size, sha256) for the chunk's marker; read
+back in input order."""
 
 from __future__ import annotations
+
+import hashlib
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .failures import writing
-from .layout import ERRORS, ID_KEY, PART, error_part_name, part_name, tmp_prefix
+from .layout import CHUNK_KEY, ERRORS, ID_KEY, PART, error_part_name, part_name, tmp_prefix
+from .records import Seal
 
 
 class PartWriter:
@@ -17,17 +21,25 @@ class PartWriter:
     def __init__(self, folder, compression: str | None, job_id: str):
         self.folder, self.compression, self.job_id = folder, compression, job_id
 
-    def write_chunk(self, chunk_name: str, results: pa.Table, errors: pa.Table | None) -> None:
+    def write_chunk(self, chunk_name: str, results: pa.Table, errors: pa.Table | None) -> dict[str, Seal]:
+        """The pass's part files, written; returns each one's seal, for its marker."""
+        files = {}
         if errors is not None and errors.num_rows:
-            self.write_table(error_part_name(chunk_name), errors)
+            files[error_part_name(chunk_name)] = self.write_table(error_part_name(chunk_name), errors, chunk_name)
         if results.num_rows:  # a chunk of error rows only has no part file; its marker records it
-            self.write_table(part_name(chunk_name), results)
+            files[part_name(chunk_name)] = self.write_table(part_name(chunk_name), results, chunk_name)
+        return files
 
-    def write_table(self, name: str, table: pa.Table) -> None:
-        table = table.replace_schema_metadata({**(table.schema.metadata or {}), ID_KEY: self.job_id.encode()})
-        writing(
-            self.folder, lambda: self.folder.write_table(name, table, self.compression, tmp=tmp_prefix(self.job_id))
-        )
+    def write_table(self, name: str, table: pa.Table, chunk_name: str | None = None) -> Seal:
+        """`table` as Parquet at `name`, its footer naming the job (and `chunk_name`, the pass that wrote it).
+        Serialized in memory first: the bytes written are the bytes sealed."""
+        marks = {ID_KEY: self.job_id.encode(), **({CHUNK_KEY: chunk_name.encode()} if chunk_name else {})}
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **marks})
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table, buffer, compression=self.compression)
+        data = buffer.getvalue().to_pybytes()
+        writing(self.folder, lambda: self.folder.write(name, data, tmp=tmp_prefix(self.job_id)))
+        return Seal(len(data), hashlib.sha256(data).hexdigest())
 
 
 def part_names(folder, errors: bool = False) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass, field, replace
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from pydantic import Field, StrictFloat, StrictInt, StrictStr, TypeAdapter
 
@@ -23,12 +23,21 @@ _OMITTED_WHEN_EMPTY = (
     "run_started",
     "prefix",
     "engine",
+    "files",
 )
 
 
 # A marker's fields as read back (ChunkRecord.from_marker): of the type batchinfer writes, counts never negative.
 Tally = Annotated[StrictInt, Field(ge=0)]
 Seconds = Annotated[StrictFloat, Field(ge=0)]
+
+
+@dataclass(frozen=True)
+class Seal:
+    """A part file as its pass wrote it: what a later read compares it with (size first, then the digest)."""
+
+    size: Tally  # bytes
+    sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]  # of the file's bytes
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,9 @@ class ChunkRecord:
     run_started: Seconds | None = None
     # generate: the engine that ran it {name, precision, notes, precision_check} (runners/engine.py: described)
     engine: dict | None = None
+    # the part files it wrote (its result part, its error file), each sealed; None: a marker written before
+    # parts were sealed, whose parts are checked by their footers alone
+    files: dict[StrictStr, Seal] | None = None
 
     @property
     def base(self) -> str:
@@ -113,15 +125,26 @@ def current_errors(done: dict[str, ChunkRecord]) -> dict[str, str]:
     return current
 
 
-def committed_parts(done: dict[str, ChunkRecord]) -> dict[str, tuple[str, int | None]]:
-    """The part files the finished chunks committed: name -> (chunk, rows). Each pass with results has its
-    part; the latest pass of a chunk with error rows has its error file (rows not checked: batchinfer 0.2
-    kept bad CSV records apart)."""
+class Committed(NamedTuple):
+    """A part file that a finished pass committed, and what it must hold."""
+
+    chunk: str  # the chunk it belongs to
+    written_by: str  # the pass that wrote it, which its footer names
+    rows: int | None  # None: an error file (rows not checked: batchinfer 0.2 kept bad CSV records apart)
+    seal: Seal | None  # None: committed by a batchinfer that sealed no part
+
+
+def committed_parts(done: dict[str, ChunkRecord]) -> dict[str, Committed]:
+    """The part files the finished chunks committed, by name. Each pass with results has its part; the latest
+    pass of a chunk with error rows has its error file."""
     current = set(current_errors(done).values())
     parts = {}
     for name, record in done.items():
+        seals = record.files or {}
         if record.ok:
-            parts[part_name(name)] = (record.base, record.ok)
+            part = part_name(name)
+            parts[part] = Committed(record.base, name, record.ok, seals.get(part))
         if name in current and sum(record.errors.values()):
-            parts[error_part_name(name)] = (record.base, None)
+            part = error_part_name(name)
+            parts[part] = Committed(record.base, name, None, seals.get(part))
     return parts

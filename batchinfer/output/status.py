@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..errors import OutputError
 from ..job.plan import describe_changes
 from ..storage import open_folder, refuse_location
-from .checkpoint import lost_chunks, read_report
+from .checkpoint import read_report
 from .failures import display_path, reach_error
 from .layout import JOB, LEGACY, REPORT, SKIPPED, SUCCESS
 from .lock import live_holder
 from .ownership import refuse_foreign, refuse_foreign_folder
 from .parts import in_input_order, read_table
-from .records import ChunkRecord, committed_parts
+from .records import ChunkRecord, Committed, committed_parts
 from .scan import Scan, read_footers, scan
+from .verify import damaged, lost_chunks, unsealed
 
 
 class FolderStatus:
@@ -62,6 +66,11 @@ class FolderStatus:
     def done(self) -> dict[str, ChunkRecord]:
         return self.found.done
 
+    @functools.cached_property
+    def committed(self) -> dict[str, Committed]:
+        """The part files the finished chunks committed (records.committed_parts)."""
+        return committed_parts(self.done)
+
     @property
     def command(self) -> str:
         return self.job.get("command", "")
@@ -79,11 +88,16 @@ class FolderStatus:
         """The job's totals: chunks and rows (job_chunks, job_rows and limit after a --limit run)."""
         return self.job.get("plan", {})
 
-    def lost(self) -> dict[str, str]:
-        """Finished chunks whose part files are missing or not this job's (see lost_chunks); reads footers."""
+    def lost(self, digests: bool = True) -> dict[str, str]:
+        """Finished chunks whose part files are not as committed (see lost_chunks); reads footers, and, with
+        `digests`, every sealed part whole."""
         listing = self.found.listing  # the footers only where the read left them out
         footers = self.found.footers or read_footers(self.folder, listing)
-        return lost_chunks(self.done, listing, footers, self.job["job_id"])
+        return lost_chunks(self.folder, self.done, listing, footers, self.job["job_id"], digests)
+
+    def unsealed(self) -> int:
+        """Committed parts whose markers hold no seal (written before parts were sealed): checked by footer alone."""
+        return unsealed(self.done)
 
     def stray_markers(self) -> list[str]:
         return self.found.stray_markers()
@@ -125,10 +139,15 @@ class FolderStatus:
     def parts(self, errors: bool = False) -> list[str]:
         """Names of the result (or error) part files the finished chunks committed, in input order: never a
         file that only sits at a part's name (see lost() for whether each is there and whole)."""
-        return in_input_order(committed_parts(self.done), errors)
+        return in_input_order(self.committed, errors)
 
-    def read_table(self, name: str) -> pa.Table | None:
-        return read_table(self.folder, name)
+    def read_part(self, name: str) -> tuple[pa.Table | None, str | None]:
+        """A committed part's rows, and what is wrong with its bytes (they are not those its chunk sealed, or
+        gone) if anything: the check of lost(), made on the very bytes read."""
+        raw = self.folder.read(name)
+        digest = hashlib.sha256(raw).hexdigest() if raw is not None else None
+        problem = damaged(name, self.committed[name].seal, digest)
+        return (None, problem) if problem else (pq.read_table(pa.BufferReader(raw)), None)
 
 
 def describe_folder(
@@ -151,7 +170,7 @@ def describe_folder(
     found.refuse_damaged(shown)
     changed = describe_changes(found.job["fingerprint"], fingerprint)
     changed.pop("limit", None)
-    lost = lost_chunks(found.done, found.listing, found.footers, found.job["job_id"])
+    lost = lost_chunks(folder, found.done, found.listing, found.footers, found.job["job_id"])
     chunks = sum(1 for name, r in found.done.items() if not r.retry_of and name not in lost)
     again = f"; {len(lost)} finished chunk(s) lost a part file and run again" if lost else ""
     state = None if changed else FolderStatus(shown, folder, found)

@@ -336,6 +336,16 @@ def glob_base(pattern: str) -> str:
 
 
 TMP = ".tmp-"  # the prefix of temporary files no job owns (a file written beside a user's own)
+BLOCK = 1 << 20  # bytes read at a time by a digest
+
+
+def sha256(stream: IO[bytes]) -> str:
+    """The sha256 of what `stream` holds, read a block at a time: a file's digest in constant memory
+    (hashlib lets go of the GIL over each block, so digests of several files run in parallel threads)."""
+    digest = hashlib.sha256()
+    while block := stream.read(BLOCK):
+        digest.update(block)
+    return digest.hexdigest()
 
 
 class Folder(Protocol):
@@ -350,9 +360,9 @@ class Folder(Protocol):
     def read(self, name: str) -> bytes | None: ...
     def mtime(self, name: str) -> float | None: ...
     def parquet_metadata(self, name: str) -> pq.FileMetaData | None: ...
+    def digest(self, name: str) -> str | None: ...  # sha256 of the file's bytes, streamed; None: no such file
     def write(self, name: str, data: bytes, *, tmp: str) -> None: ...
     def write_with(self, name: str, fill: Callable[[IO[bytes]], object], *, tmp: str) -> None: ...
-    def write_table(self, name: str, table: pa.Table, compression: str | None, *, tmp: str) -> None: ...
     def create(self, name: str, data: bytes, *, tmp: str) -> bool: ...  # False: it existed
     def create_with(self, name: str, fill: Callable[[IO[bytes]], object], *, tmp: str) -> bool: ...
     def delete(self, name: str) -> None: ...
@@ -414,15 +424,19 @@ class LocalFolder:
         except (OSError, pa.ArrowException):
             return None
 
+    def digest(self, name: str) -> str | None:
+        try:
+            with open(self.path / name, "rb") as f:
+                return sha256(f)
+        except FileNotFoundError:
+            return None
+
     def write(self, name: str, data: bytes, *, tmp: str) -> None:
         self._atomic(name, lambda f: f.write(data), tmp)
 
     def write_with(self, name: str, fill, *, tmp: str) -> None:
         """Write `name` whole from fill(binary file), for content too large to hold in memory."""
         self._atomic(name, fill, tmp)
-
-    def write_table(self, name: str, table: pa.Table, compression: str | None, *, tmp: str) -> None:
-        self._atomic(name, lambda f: pq.write_table(table, f, compression=compression), tmp)
 
     def create(self, name: str, data: bytes, *, tmp: str) -> bool:
         """Write `name` only if it does not exist, content and all at once; False if it existed."""
@@ -544,6 +558,14 @@ class ObjectFolder:
         except (OSError, pa.ArrowException):
             return None
 
+    def digest(self, name: str) -> str | None:
+        """Streamed as it downloads: the object is never held whole."""
+        try:
+            with self.fs.open_input_stream(self._path(name)) as f:
+                return sha256(f)
+        except FileNotFoundError:
+            return None
+
     def write(self, name: str, data: bytes, *, tmp: str = "") -> None:
         with self.fs.open_output_stream(self._path(name)) as f:
             f.write(data)
@@ -557,11 +579,6 @@ class ObjectFolder:
             pafs.copy_files(
                 tmp.name, self._path(name), source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs
             )
-
-    def write_table(self, name: str, table: pa.Table, compression: str | None, *, tmp: str = "") -> None:
-        buffer = pa.BufferOutputStream()
-        pq.write_table(table, buffer, compression=compression)
-        self.write(name, buffer.getvalue().to_pybytes())
 
     def create(self, name: str, data: bytes, *, tmp: str = "") -> bool:
         """Write `name` only if it does not exist; False if it did or another writer won the race.
