@@ -89,7 +89,7 @@ def test_the_openvino_engine_applies_the_models_repetition_penalty_and_min_new_t
     pytest.importorskip("openvino_genai")
     _plain_differs(penalized, tiny_llama, sms_table)
     report, rows = _run(tmp_path, sms_table, penalized, "openvino", generation__engine="openvino")
-    assert report["engine"] == {"name": "openvino", "precision": "f32"}
+    assert (report["engine"]["name"], report["engine"]["precision"]) == ("openvino", "f32")  # on every CPU kind
     _as_model_generate(penalized, rows, sms_table)
 
 
