@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from batchinfer.serve.batcher import Batcher, Overloaded, TooLarge
+from batchinfer.serve.batcher import Batcher, Overloaded, Shed, TooLarge
 
 FOREVER = 60.0  # a max_wait no test reaches: the window closes on the token budget or on stop()
 
@@ -240,3 +240,48 @@ def test_a_request_cancelled_while_its_window_runs_stops_at_the_next_batch():
     batcher.stop()
     assert results == [sum(range(100, 104))] and not resolved
     assert len(runner.batches) == 2  # the batch under way, then the other request's row; not the three left
+
+
+class Held(Runner):
+    """A Runner whose batches wait for `go`, set by the test: what comes meanwhile stays queued behind them."""
+
+    def __init__(self):
+        super().__init__()
+        self.started, self.go = threading.Event(), threading.Event()
+
+    def run(self, ids):
+        self.started.set()
+        self.go.wait(30)
+        return super().run(ids)
+
+
+def test_with_a_latency_target_a_request_predicted_past_it_is_shed_at_once_and_windows_take_one_budget():
+    """serve.p99_ms: a request is refused (Shed, with Retry-After) when the running batch and the rows queued
+    ahead of it would answer it past the target, by the measured cost; the others queue and are answered, in
+    windows of one budget each, first come first served. Latencies measured, not timed: a second a token."""
+    runner = Held()
+    batcher = _batcher(runner, max_tokens=30, max_wait=0, target=100.0)  # allowed: 80 s (headroom 0.8)
+    batcher.window.cost.add(10, 10.0)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        first = batcher.submit(_rows(10), loop)
+        assert await asyncio.to_thread(runner.started.wait, 10)  # running: about 10 s left
+        queued = [batcher.submit(_rows(10, start=100 * i), loop) for i in range(1, 8)]  # each 10 s more: 80 s
+        with pytest.raises(Shed) as shed:
+            batcher.submit(_rows(10, start=900), loop)  # 90 s
+        assert batcher.queued_tokens == 70
+        runner.go.set()
+        return shed.value, await asyncio.wait_for(asyncio.gather(first.future, *(q.future for q in queued)), 10)
+
+    shed, answers = asyncio.run(go())
+    batcher.stop()
+    assert (
+        shed.retry_after == 10
+        and "would be answered in about 90,000 ms, past what serve.p99_ms allows (80,000 ms)" in (str(shed))
+    )
+    assert [results for results, _ in answers] == [[sum(range(1, 11))]] + [
+        [sum(range(100 * i, 100 * i + 10))] for i in range(1, 8)
+    ]
+    # one budget a window (30 tokens, batching.max_tokens: the most it may grow to), oldest first
+    assert [[row[0] for row in batch] for batch in runner.batches] == [[1], [100, 200, 300], [400, 500, 600], [700]]

@@ -48,10 +48,10 @@ class Shed(Overloaded):
         self.retry_after = retry_after
 
 
-def shed(decision, what: str = "latency") -> Shed:
-    """The refusal of a request its Decision did not admit."""
+def shed(decision, would: str = "be answered") -> Shed:
+    """The refusal of a request its Decision did not admit; `would`: what the target bounds."""
     return Shed(
-        f"a request now waits about {decision.predicted * 1000:,.0f} ms for its {what}, past what serve.p99_ms "
+        f"a request now would {would} in about {decision.predicted * 1000:,.0f} ms, past what serve.p99_ms "
         f"allows ({decision.allowed * 1000:,.0f} ms)",
         decision.retry_after,
     )
@@ -190,12 +190,14 @@ class Batcher:
     @contextmanager
     def reserved(self, tokens: int, least: int = 0):
         """Hold `tokens` of the queue while a request is tokenized; raises Overloaded, before any work, when
-        they do not fit, and TooLarge when even `least` (a lower bound of its tokens) is past the bound.
+        they do not fit, and TooLarge when even `least` (a lower bound of its tokens, and of its rows) is past
+        the bound; Shed when even `least` would be answered past serve.p99_ms (submit checks the real count).
         submit(..., reserved=tokens) inside the block trades them for the real count."""
         refuse_past(self.max_queue_tokens, 0, 0, least)
         tokens = min(tokens, self.max_queue_tokens)  # an estimate past the bound: submit sees the real count
         with self._wake:
             self._admit(tokens, 0)
+            self._in_time(least, least)
             self._reserved += tokens
         try:
             yield
@@ -211,9 +213,7 @@ class Batcher:
         now = time.monotonic()
         with self._wake:
             self._admit(tokens, min(reserved, self.max_queue_tokens))  # as reserved() holds it
-            decision = self.window.admit(now, self._queued_tokens, len(self._queue), tokens, len(items))
-            if not decision.admit:
-                raise shed(decision)
+            self._in_time(tokens, len(items))
             self._queue.extend(_Row(request, i, item, now) for i, item in enumerate(items))
             self._queued_tokens += tokens
             self._wake.notify()
@@ -242,6 +242,13 @@ class Batcher:
         if self._stopping:
             raise Overloaded("it is shutting down")
         refuse_past(self.max_queue_tokens, self._queued_tokens + self._reserved - own, tokens)
+
+    def _in_time(self, tokens: int, rows: int) -> None:
+        """Refuse (Shed) a request of `tokens` in `rows` that the window predicts past serve.p99_ms behind what
+        is queued and running. Called holding the lock."""
+        decision = self.window.admit(time.monotonic(), self._queued_tokens, len(self._queue), tokens, rows)
+        if not decision.admit:
+            raise shed(decision)
 
     def stop(self) -> None:
         """Finish what is queued, then stop."""

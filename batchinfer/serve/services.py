@@ -104,7 +104,7 @@ class GenerateService:
         least = len(texts) * min(1 + max_new, self.runner.context or 1 + max_new)
         most = most_tokens(texts, self.runner.max_length) + len(texts) * max_new
         if self.target and not (decision := self.target.admit(self.queue.held, min(most, self.queue.limit))).admit:
-            raise shed(decision, "first token")
+            raise shed(decision, "get its first token")
         return self.queue.take(most, least)
 
     async def ask(self, body: GenerationSettings, prompt, chat: bool, max_tokens: int | None) -> Asked:
