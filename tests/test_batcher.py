@@ -285,3 +285,36 @@ def test_with_a_latency_target_a_request_predicted_past_it_is_shed_at_once_and_w
     ]
     # one budget a window (30 tokens, batching.max_tokens: the most it may grow to), oldest first
     assert [[row[0] for row in batch] for batch in runner.batches] == [[1], [100, 200, 300], [400, 500, 600], [700]]
+
+
+class Small(Runner):
+    """Runs out of memory on a batch of more than 20 padded tokens; remembers the size of every attempt."""
+
+    def __init__(self):
+        super().__init__()
+        self.tried: list[int] = []
+
+    def run(self, ids):
+        self.tried.append(len(ids) * max(map(len, ids)))
+        if self.tried[-1] > 20:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().run(ids)
+
+
+@pytest.mark.parametrize("target", [None, 100.0])
+def test_a_batch_that_runs_out_of_memory_lowers_the_budget_for_the_next_windows(target):
+    """As offline: split and retried, then never again more than half of what ran out (the batcher used to
+    try every window at the full budget again), with a latency target or without."""
+    runner = Small()
+    batcher = _batcher(runner, max_tokens=100, max_wait=0, target=target)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        first = await asyncio.wait_for(batcher.submit(_rows(10, 10, 10, 10), loop).future, 10)
+        second = await asyncio.wait_for(batcher.submit(_rows(10, 10, 10, 10, start=100), loop).future, 10)
+        return first, second
+
+    first, second = asyncio.run(go())
+    batcher.stop()
+    assert first[1] == second[1] == {} and runner.tried == [40, 20, 20, 20, 20]
+    assert batcher.window.tokens == 20
