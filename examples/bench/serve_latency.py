@@ -57,11 +57,11 @@ class Loopback:
         self.port, self.idle = int(port), []
 
     async def post(self, path: str, body: dict) -> int:
-        reader, writer = self.idle.pop() if self.idle else await asyncio.open_connection(self.host, self.port)
         data = json.dumps(body).encode()
         head = f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-        writer.write(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
-        status = int((await reader.readline()).split()[1])
+        request = f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data
+        reader, writer, line = await self._send(request)
+        status = int(line.split()[1])
         headers = {}
         while (line := await reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.decode().partition(":")
@@ -72,6 +72,23 @@ class Loopback:
         else:
             self.idle.append((reader, writer))
         return status
+
+    async def _send(self, request: bytes):
+        """`request` on an idle connection, else a new one: (reader, writer, the status line). An idle one the
+        server has closed meanwhile (its keep-alive ran out) answers nothing: the request goes on the next."""
+        while True:
+            fresh = not self.idle
+            reader, writer = await asyncio.open_connection(self.host, self.port) if fresh else self.idle.pop()
+            try:
+                writer.write(request)
+                line = await reader.readline()
+            except ConnectionError:
+                if fresh:
+                    raise
+                line = b""
+            if line or fresh:
+                return reader, writer, line
+            writer.close()
 
     def close(self) -> None:
         for _, writer in self.idle:
