@@ -2,13 +2,14 @@
 the queue is bounded in tokens, one failed batch fails only its own requests. A stand-in runner, no model."""
 
 import asyncio
+import re
 import threading
 import time
 
 import pytest
 import torch
 
-from batchinfer.serve.batcher import Batcher, Overloaded, TooLarge
+from batchinfer.serve.batcher import Batcher, Overloaded, Shed, TooLarge
 
 FOREVER = 60.0  # a max_wait no test reaches: the window closes on the token budget or on stop()
 
@@ -240,3 +241,80 @@ def test_a_request_cancelled_while_its_window_runs_stops_at_the_next_batch():
     batcher.stop()
     assert results == [sum(range(100, 104))] and not resolved
     assert len(runner.batches) == 2  # the batch under way, then the other request's row; not the three left
+
+
+class Held(Runner):
+    """A Runner whose batches wait for `go`, set by the test: what comes meanwhile stays queued behind them."""
+
+    def __init__(self):
+        super().__init__()
+        self.started, self.go = threading.Event(), threading.Event()
+
+    def run(self, ids):
+        self.started.set()
+        self.go.wait(30)
+        return super().run(ids)
+
+
+def test_with_a_latency_target_a_request_predicted_past_it_is_shed_at_once_and_windows_take_one_budget():
+    """serve.p99_ms: a request is refused (Shed, with Retry-After) when the running batch and the rows queued
+    ahead of it would answer it past the target, by the measured cost; the others queue and are answered, in
+    windows of one budget each, first come first served. Latencies measured, not timed: a second a token."""
+    runner = Held()
+    batcher = _batcher(runner, max_tokens=30, max_wait=0, target=100.0)  # allowed: 80 s (headroom 0.8)
+    batcher.window.cost.add(10, 10.0)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        first = batcher.submit(_rows(10), loop)
+        assert await asyncio.to_thread(runner.started.wait, 10)  # running: about 10 s left
+        queued = [batcher.submit(_rows(10, start=100 * i), loop) for i in range(1, 8)]  # each 10 s more: 80 s
+        with pytest.raises(Shed) as shed:
+            batcher.submit(_rows(10, start=900), loop)  # 90 s
+        assert batcher.queued_tokens == 70
+        runner.go.set()
+        return shed.value, await asyncio.wait_for(asyncio.gather(first.future, *(q.future for q in queued)), 10)
+
+    shed, answers = asyncio.run(go())
+    batcher.stop()
+    # 90 s, less the moments the test took since the first batch started (under a second: Retry-After 10)
+    said = r"would be answered in about (89,\d{3}|90,000) ms, past what serve.p99_ms allows \(80,000 ms\)"
+    assert shed.retry_after == 10 and re.search(said, str(shed))
+    assert [results for results, _ in answers] == [[sum(range(1, 11))]] + [
+        [sum(range(100 * i, 100 * i + 10))] for i in range(1, 8)
+    ]
+    # one budget a window (30 tokens, batching.max_tokens: the most it may grow to), oldest first
+    assert [[row[0] for row in batch] for batch in runner.batches] == [[1], [100, 200, 300], [400, 500, 600], [700]]
+
+
+class Small(Runner):
+    """Runs out of memory on a batch of more than 20 padded tokens; remembers the size of every attempt."""
+
+    def __init__(self):
+        super().__init__()
+        self.tried: list[int] = []
+
+    def run(self, ids):
+        self.tried.append(len(ids) * max(map(len, ids)))
+        if self.tried[-1] > 20:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().run(ids)
+
+
+@pytest.mark.parametrize("target", [None, 100.0])
+def test_a_batch_that_runs_out_of_memory_lowers_the_budget_for_the_next_windows(target):
+    """As offline: split and retried, then never again more than half of what ran out (the batcher used to
+    try every window at the full budget again), with a latency target or without."""
+    runner = Small()
+    batcher = _batcher(runner, max_tokens=100, max_wait=0, target=target)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        first = await asyncio.wait_for(batcher.submit(_rows(10, 10, 10, 10), loop).future, 10)
+        second = await asyncio.wait_for(batcher.submit(_rows(10, 10, 10, 10, start=100), loop).future, 10)
+        return first, second
+
+    first, second = asyncio.run(go())
+    batcher.stop()
+    assert first[1] == second[1] == {} and runner.tried == [40, 20, 20, 20, 20]
+    assert batcher.window.tokens == 20

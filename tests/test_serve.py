@@ -158,6 +158,78 @@ def test_a_full_queue_answers_429_and_a_bad_body_400_naming_the_problem(tiny_emb
     assert odd[2].json()["error"]["message"].startswith("input[1]: not valid Unicode (surrogates not allowed")
 
 
+def _held(target, name: str):
+    """Hold target.name (a callable the model's side runs) until the returned event is set; `started` says that
+    a call is waiting."""
+    started, go, real = threading.Event(), threading.Event(), getattr(target, name)
+
+    def held(*args):
+        started.set()
+        go.wait(30)
+        return real(*args)
+
+    setattr(target, name, held)
+    return started, go
+
+
+def _shed_metric(metrics: str) -> float:
+    return float(next(line.split()[1] for line in metrics.splitlines() if line.startswith("batchinfer_shed_total")))
+
+
+def test_a_latency_target_sheds_an_embedding_request_it_cannot_answer_in_time_with_429_and_retry_after(tiny_embed):
+    """serve.p99_ms: behind a batch measured to take seconds, a request is answered 429 at once, in OpenAI's
+    error shape, with the seconds until it would fit as Retry-After; /metrics counts it and shows the budget."""
+    job = _serving(tiny_embed, "embed", p99_ms=1000, max_wait_ms=0)
+    app = create_app(job, resolve_model_path(job.model.path))
+    service = app.state.service
+    started, go = _held(service.runner, "run")
+    service.batcher.window.cost.add(10, 10.0)  # measured: a second a token, so a batch of a few takes seconds
+
+    async def run():
+        async with _client(job, app) as client:
+            first = asyncio.ensure_future(client.post("/v1/embeddings", json={"input": "good food"}))
+            assert await asyncio.to_thread(started.wait, 30)
+            late = await client.post("/v1/embeddings", json={"input": "slow service"})
+            go.set()
+            return await first, late, (await client.get("/metrics")).text
+
+    first, late, metrics = asyncio.run(run())
+    assert first.status_code == 200 and late.status_code == 429
+    error = late.json()["error"]
+    assert error["type"] == "rate_limit_error" and error["code"] is None and error["param"] is None
+    assert error["message"].startswith("the server is busy: a request now would be answered in about ")
+    assert "past what serve.p99_ms allows (800 ms); retry in " in error["message"]
+    assert int(late.headers["retry-after"]) >= 1 and error["message"].endswith(f"{late.headers['retry-after']} s")
+    assert _shed_metric(metrics) == 1.0
+    assert 'batchinfer_batch_budget{unit="tokens"}' in metrics and 'batchinfer_batch_budget{unit="rows"}' in metrics
+    assert 'batchinfer_requests_total{endpoint="/v1/embeddings",status="429"} 1.0' in metrics
+
+
+def test_a_latency_target_sheds_a_completion_whose_first_token_would_come_too_late(tiny_llama):
+    """serve.p99_ms on generation: the time to first token, predicted from the tokens held ahead; with a request
+    running, another is 429 at once; its first token is measured (/metrics)."""
+    job = _serving(tiny_llama, "generate", p99_ms=1000)
+    app = create_app(job, resolve_model_path(job.model.path))
+    service = app.state.service
+    started, go = _held(service.engine, "add")
+    service.target.answered(10, 10.0)  # measured: a second a token held ahead
+
+    async def run():
+        async with _client(job, app) as client:
+            body = {"prompt": "Hello there", "max_tokens": 4}
+            first = asyncio.ensure_future(client.post("/v1/completions", json=body))
+            assert await asyncio.to_thread(started.wait, 30)
+            late = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+            go.set()
+            return await first, late, (await client.get("/metrics")).text
+
+    first, late, metrics = asyncio.run(run())
+    assert first.status_code == 200, first.text
+    assert late.status_code == 429 and "would get its first token in about " in late.text
+    assert int(late.headers["retry-after"]) >= 1 and _shed_metric(metrics) == 1.0
+    assert "batchinfer_time_to_first_token_seconds_count 1.0" in metrics
+
+
 def test_a_served_request_reads_its_rows_as_the_job_does_and_a_too_long_text_is_a_400(tiny_embed):
     job = _serving(tiny_embed, "embed")
     job = job.model_copy(update={"model": job.model.model_copy(update={"truncation": "error", "max_length": 8})})

@@ -545,6 +545,16 @@ class ServeConfig(Section):
         description="batchinfer serve: how long the oldest queued row may wait for others to fill a batch. A batch "
         "runs once its rows reach batching.max_tokens or the oldest has waited this long; 0 runs whatever is queued.",
     )
+    p99_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="batchinfer serve: a latency target, in milliseconds, for the 99th percentile of admitted "
+        "requests: for embed, classify and score the whole request, for generate the time to its first token. The "
+        "server sizes each batch (tokens, rows) and its wait (at most max_wait_ms) from the latencies it measures, "
+        "and answers a request predicted to be answered later than this 429 at once, with Retry-After, instead of "
+        "queueing it. Pick about 3x the latency of a lone request (docs/serve.md). Default: none, the fixed window "
+        "(batching.max_tokens, max_wait_ms).",
+    )
     max_queue_tokens: int = Field(
         default=262144,
         ge=1,

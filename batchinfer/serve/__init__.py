@@ -21,6 +21,7 @@ system once it has piled up (heap.HeapGuard).
     services.py     the runner-backed services: encoder rows through the Batcher, prompts into the engine
     completions.py  completion answers, whole or as server-sent events
     batcher.py      online batching of encoder rows: one bounded queue, windows cut into batches
+    latency.py      serve.p99_ms: batch budget and admission from measured latencies (pure)
     failures.py     what a request fails with, and the status and body each is answered with
     guard.py        the body-size bound and the memory hand-back around the app
     metrics.py      Prometheus metrics

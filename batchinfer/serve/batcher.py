@@ -12,6 +12,11 @@ most the bound), so that requests arriving together are refused before they are 
 A request whose caller went away (cancel) has its rows dropped: those queued at once, and those of the
 window being run before each batch.
 
+With serve.p99_ms (latency.LatencyTarget) the window's budget and wait come from measured batch latencies,
+a window takes one budget of rows first come first served, and a request predicted to be answered past the
+target is refused at once (Shed: 429 with Retry-After) instead of queued; without it, the fixed window above
+(latency.FixedWindow). Either way a batch that runs out of memory lowers the budget below it.
+
 The model runs on one thread of its own; requests are asyncio futures resolved from it.
 """
 
@@ -28,10 +33,28 @@ import numpy as np
 
 from ..batching.cut import cut_batches
 from ..runners.recovery import run_resilient
+from .latency import FixedWindow, LatencyTarget
 
 
 class Overloaded(Exception):
     """The queue holds too much to take this request now; the message says how much."""
+
+
+class Shed(Overloaded):
+    """A request predicted to be answered past serve.p99_ms: refused at once; retry_after, whole seconds."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def shed(decision, would: str = "be answered") -> Shed:
+    """The refusal of a request its Decision did not admit; `would`: what the target bounds."""
+    return Shed(
+        f"a request now would {would} in about {decision.predicted * 1000:,.0f} ms, past what serve.p99_ms "
+        f"allows ({decision.allowed * 1000:,.0f} ms)",
+        decision.retry_after,
+    )
 
 
 class TooLarge(Exception):
@@ -102,6 +125,7 @@ class Submitted:
     left: int = 0
     cancelled: bool = False
     arrived: float = field(default_factory=time.monotonic)
+    answered: float = 0.0  # when its last row's result came (time.monotonic)
 
     def __post_init__(self):
         self.results = [None] * self.size
@@ -125,6 +149,7 @@ class BatchStats:
     tokens: int
     waited: list[float]  # seconds each row waited in the queue
     seconds: float
+    budget: tuple[int, int]  # the batch budget (tokens, rows) after it
 
 
 class Batcher:
@@ -137,9 +162,15 @@ class Batcher:
         max_wait: float,
         max_queue_tokens: int,
         on_batch=lambda stats: None,
+        target: float | None = None,
     ):
-        self.runner, self.max_tokens, self.strategy, self.max_rows = runner, max_tokens, strategy, max_rows
-        self.max_wait, self.max_queue_tokens, self.on_batch = max_wait, max_queue_tokens, on_batch
+        """target: serve.p99_ms in seconds (LatencyTarget), None for the fixed window."""
+        self.runner, self.strategy, self.max_queue_tokens, self.on_batch = runner, strategy, max_queue_tokens, on_batch
+        self.window = (
+            LatencyTarget(target, max_tokens, max_rows, max_wait)
+            if target
+            else FixedWindow(max_tokens, max_rows, max_wait)
+        )
         self._queue: deque[_Row] = deque()
         self._queued_tokens = 0
         self._reserved = 0  # tokens of requests being tokenized, counted as queued
@@ -159,12 +190,14 @@ class Batcher:
     @contextmanager
     def reserved(self, tokens: int, least: int = 0):
         """Hold `tokens` of the queue while a request is tokenized; raises Overloaded, before any work, when
-        they do not fit, and TooLarge when even `least` (a lower bound of its tokens) is past the bound.
+        they do not fit, and TooLarge when even `least` (a lower bound of its tokens, and of its rows) is past
+        the bound; Shed when even `least` would be answered past serve.p99_ms (submit checks the real count).
         submit(..., reserved=tokens) inside the block trades them for the real count."""
         refuse_past(self.max_queue_tokens, 0, 0, least)
         tokens = min(tokens, self.max_queue_tokens)  # an estimate past the bound: submit sees the real count
         with self._wake:
             self._admit(tokens, 0)
+            self._in_time(least, least)
             self._reserved += tokens
         try:
             yield
@@ -180,12 +213,18 @@ class Batcher:
         now = time.monotonic()
         with self._wake:
             self._admit(tokens, min(reserved, self.max_queue_tokens))  # as reserved() holds it
+            self._in_time(tokens, len(items))
             self._queue.extend(_Row(request, i, item, now) for i, item in enumerate(items))
             self._queued_tokens += tokens
             self._wake.notify()
         if not items:
             loop.call_soon(request.future.set_result, ([], {}))
         return request
+
+    def answered(self, request: Submitted, seconds: float) -> None:
+        """`request` was answered to its client `seconds` after it came: the latency serve.p99_ms holds."""
+        with self._wake:
+            self.window.answered(seconds, request.answered - request.arrived)
 
     def cancel(self, request: Submitted) -> None:
         """Drop the rows of `request` that have not run (its caller went away): the queued ones now, the rest
@@ -204,6 +243,13 @@ class Batcher:
             raise Overloaded("it is shutting down")
         refuse_past(self.max_queue_tokens, self._queued_tokens + self._reserved - own, tokens)
 
+    def _in_time(self, tokens: int, rows: int) -> None:
+        """Refuse (Shed) a request of `tokens` in `rows` that the window predicts past serve.p99_ms behind what
+        is queued and running. Called holding the lock."""
+        decision = self.window.admit(time.monotonic(), self._queued_tokens, len(self._queue), tokens, rows)
+        if not decision.admit:
+            raise shed(decision)
+
     def stop(self) -> None:
         """Finish what is queued, then stop."""
         with self._wake:
@@ -220,42 +266,59 @@ class Batcher:
                     self._wake.wait()
                 if not self._queue:
                     return
-                deadline = self._queue[0].arrived + self.max_wait
-                while self._queued_tokens < self.max_tokens and not self._stopping:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._wake.wait(left)
-                rows = list(self._queue)
-                self._queue.clear()
-                self._queued_tokens = 0
+                rows, full = self._window()
             if rows:
                 try:
-                    self._run(rows)
+                    self._run(rows, full)
                 except Exception as exc:  # noqa: BLE001 - one failed batch must not leave later requests waiting
                     for row in rows:
                         row.request.loop.call_soon_threadsafe(_reject, row.request.future, exc)
+                finally:
+                    with self._wake:
+                        self.window.idle(time.monotonic())
 
-    def _run(self, rows: list[_Row]) -> None:
+    def _window(self) -> tuple[list[_Row], bool]:
+        """The next window's rows, once the queue holds a budget or its oldest row has waited (holding the
+        lock; the queue is not empty); whether the queue held a whole budget."""
+        window = self.window
+        deadline = self._queue[0].arrived + window.wait
+        while not window.full(self._queued_tokens, len(self._queue)) and not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._wake.wait(left)
+        full = window.full(self._queued_tokens, len(self._queue))
+        rows = [self._queue.popleft() for _ in range(window.take([len(row.ids) for row in self._queue]))]
+        self._queued_tokens -= sum(len(row.ids) for row in rows)
+        return rows, full
+
+    def _run(self, rows: list[_Row], full: bool) -> None:
         lengths = np.array([len(row.ids) for row in rows], dtype=np.int64)
         self.runner.lay_out(self.strategy)
-        for batch in cut_batches(lengths, self.max_tokens, self.strategy, self.max_rows, self.runner.device):
+        window = self.window
+        batches = cut_batches(lengths, window.tokens, self.strategy, window.rows, self.runner.device)
+        with self._wake:
+            window.running(time.monotonic(), int(lengths.sum()), len(batches))
+        for batch in batches:
             members = [rows[i] for i in batch.tolist() if not rows[i].request.cancelled]
-            if not members:
-                continue
-            started = time.monotonic()
-            outcome = run_resilient(self.runner.run, [row.ids for row in members])
-            self.on_batch(
-                BatchStats(
-                    len(members),
-                    len({id(r.request) for r in members}),
-                    sum(len(row.ids) for row in members),
-                    [started - row.arrived for row in members],
-                    time.monotonic() - started,
-                )
-            )
-            for k, row in enumerate(members):
-                self._deliver(row, outcome.results[k], outcome.failed.get(k))
+            if members:
+                self._run_batch(members, full)
+
+    def _run_batch(self, members: list[_Row], full: bool) -> None:
+        started = time.monotonic()
+        outcome = run_resilient(self.runner.run, [row.ids for row in members])
+        seconds, tokens = time.monotonic() - started, sum(len(row.ids) for row in members)
+        with self._wake:
+            if outcome.oom_tokens:
+                self.window.oom(outcome.oom_tokens)
+            self.window.ran(tokens, len(members), seconds, full)
+            budget = (self.window.tokens, self.window.rows)
+        requests = len({id(r.request) for r in members})
+        self.on_batch(
+            BatchStats(len(members), requests, tokens, [started - r.arrived for r in members], seconds, budget)
+        )
+        for k, row in enumerate(members):
+            self._deliver(row, outcome.results[k], outcome.failed.get(k))
 
     def _deliver(self, row: _Row, result, problem) -> None:
         request = row.request
@@ -263,6 +326,7 @@ class Batcher:
             request.failed[row.position] = problem
         request.results[row.position] = result
         request.left -= 1
+        request.answered = time.monotonic()
         if request.left == 0 and not request.cancelled:
             request.loop.call_soon_threadsafe(_resolve, request.future, (request.results, request.failed))
 

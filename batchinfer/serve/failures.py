@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ..openai_compat.requests import describe
-from .batcher import Overloaded, TooLarge
+from .batcher import Overloaded, Shed, TooLarge
 from .bodies import BadInput
 from .metrics import Metrics
 
@@ -99,6 +99,7 @@ class Failures:
             app.add_exception_handler(kind, self._handler(read))
         for kind, status in ((Unanswered, 422), (NoModel, 404)):
             app.add_exception_handler(kind, self._coded(status))
+        app.add_exception_handler(Shed, self._shed)
         app.add_exception_handler(HTTPException, self._http)
         app.add_exception_handler(Disconnected, self._gone)
 
@@ -123,6 +124,12 @@ class Failures:
         else:
             message = str(exc.detail)
         return self.answer(path, exc.status_code, message, exc.headers)
+
+    async def _shed(self, request: Request, exc: Shed) -> JSONResponse:
+        """A request refused to hold serve.p99_ms: counted apart from a full queue, told when it would fit."""
+        self.metrics.shed.inc()
+        message = f"the server is busy: {exc}; retry in {exc.retry_after} s"
+        return self.answer(request.url.path, 429, message, {"Retry-After": str(exc.retry_after)})
 
     async def _gone(self, request: Request, exc: Disconnected) -> JSONResponse:
         return self.answer(request.url.path, GONE, gone(request.url.path))

@@ -1,15 +1,17 @@
 """serve's Prometheus metrics (GET /metrics): requests by endpoint and status, rows, tokens, batches,
-queue waits and latency."""
+queue waits, latency and time to first token, the batch budget now and the requests shed to hold
+serve.p99_ms."""
 
 from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from .batcher import BatchStats
 
-LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# fine where serve.p99_ms targets lie (tens to hundreds of ms), so that a p99 read from the buckets is close
+LATENCY = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10, 30)
 
 
 class Metrics:
@@ -42,6 +44,23 @@ class Metrics:
             registry=self.registry,
             buckets=LATENCY,
         )
+        self.first_token = Histogram(
+            "batchinfer_time_to_first_token_seconds",
+            "Time from a completion request to its first token",
+            registry=self.registry,
+            buckets=LATENCY,
+        )
+        self.budget = Gauge(
+            "batchinfer_batch_budget",
+            "The batch budget now, in tokens and rows (serve.p99_ms sizes it; else batching.max_tokens, max_rows)",
+            ["unit"],
+            registry=self.registry,
+        )
+        self.shed = Counter(
+            "batchinfer_shed",
+            "Requests refused (429) as they would be answered past serve.p99_ms",
+            registry=self.registry,
+        )
 
     def serving(self, described: dict) -> None:
         """What answers the requests: the task, its backend or engine, and the precision it runs in."""
@@ -53,6 +72,8 @@ class Metrics:
         self.batch_rows.observe(stats.rows)
         self.batch_requests.observe(stats.requests)
         self.tokens.inc(stats.tokens)
+        self.budget.labels("tokens").set(stats.budget[0])
+        self.budget.labels("rows").set(stats.budget[1])
         for waited in stats.waited:
             self.queue_wait.observe(waited)
 

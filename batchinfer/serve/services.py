@@ -18,9 +18,10 @@ from ..execution.run_rows import load_rows
 from ..job.config import GREEDY_BELOW, GenerationConfig, InputConfig, JobConfig
 from ..openai_compat.requests import GenerationSettings
 from ..runners import make_runner
-from .batcher import Batcher, Overloaded, Ticket, TokenQueue
+from .batcher import Batcher, Overloaded, Ticket, TokenQueue, shed
 from .bodies import Asked, BadInput, include_usage
 from .failures import Disconnected, EngineDown
+from .latency import FirstToken
 from .metrics import Metrics
 
 
@@ -44,6 +45,7 @@ class EncoderService:
             job.serve.max_wait_ms / 1000,
             job.serve.max_queue_tokens,
             metrics.batch,
+            target=job.serve.p99_ms and job.serve.p99_ms / 1000,
         )
         self.rows_job = request_rows_job(job)
         self.described = {"task": job.model.task, "backend": self.runner.backend, "precision": self.runner.precision}
@@ -51,6 +53,7 @@ class EncoderService:
 
     async def run(self, texts: list, request: Request) -> tuple[dict, int]:
         """Each text's result columns (as Python lists) and the request's token count."""
+        started = time.perf_counter()
         most = most_tokens(texts, self.runner.max_length)
         # a full queue refuses before the tokenizer runs, and so does a request of more texts than the queue's
         # tokens (each text is a token at least)
@@ -69,6 +72,7 @@ class EncoderService:
         if pa.types.is_list(columns.get("embedding", pa.array([])).type):  # a job for OpenAI Batch files: a
             columns["embedding"] = columns["embedding"].flatten()  # list of vectors per request; here one each
         self.metrics.rows.inc(len(texts))
+        self.batcher.answered(pending, time.perf_counter() - started)
         cut = tokens.truncated.tolist()
         return {name: array.to_pylist() for name, array in columns.items()} | {"truncated": cut}, int(
             tokens.lengths.sum()
@@ -94,14 +98,19 @@ class GenerateService:
         self.described = {"task": job.model.task, "engine": engine["name"], "precision": engine.get("precision")}
         metrics.serving(self.described)
         self.queue = TokenQueue(job.serve.max_queue_tokens)
+        self.target = FirstToken(job.serve.p99_ms / 1000) if job.serve.p99_ms else None
 
     def admit(self, texts: list, max_tokens: int | None) -> Ticket:
         """A request's hold on serve.max_queue_tokens, taken before its prompts (`texts`, or a chat's messages
         as JSON) are tokenized: for each, its characters (at most model.max_length) and the most it may
-        generate; at least one prompt token and one new one each. Settled to the real count once tokenized."""
+        generate; at least one prompt token and one new one each. Settled to the real count once tokenized.
+        With serve.p99_ms, refused (Shed) when its first token is predicted past the target."""
         max_new = max_tokens or self.job.generation.max_new_tokens
         least = len(texts) * min(1 + max_new, self.runner.context or 1 + max_new)
-        return self.queue.take(most_tokens(texts, self.runner.max_length) + len(texts) * max_new, least)
+        most = most_tokens(texts, self.runner.max_length) + len(texts) * max_new
+        if self.target and not (decision := self.target.admit(self.queue.held, min(most, self.queue.limit))).admit:
+            raise shed(decision, "get its first token")
+        return self.queue.take(most, least)
 
     async def ask(self, body: GenerationSettings, prompt, chat: bool, max_tokens: int | None) -> Asked:
         """A completion request (its prompt: text, or chat messages; its settings range-checked already)
@@ -180,11 +189,15 @@ class GenerateService:
         outputs: asyncio.Queue = asyncio.Queue()
         request_id = f"req-{uuid.uuid4().hex}"
         self.engine.listen(request_id, asked.constraint, outputs.put_nowait)
+        held, first = self.queue.held, True  # what the first token waits behind (FirstToken's measure)
         try:
             # add blocks (up to 10 s) while the engine's input queue is full: off the event loop
             if not await asyncio.to_thread(self.engine.add, request_id, asked.ids, asked.max_new, asked.settings):
                 raise EngineDown(self.problem() or "the engine takes no new requests")
             async for output in self._outputs(outputs, request):
+                if first:
+                    self.first_token(held, time.perf_counter() - asked.started)
+                    first = False
                 yield output
         except queue.Full:
             raise Overloaded("the generation engine's request queue is full") from None
@@ -208,6 +221,12 @@ class GenerateService:
             yield output
             if output.is_finished():
                 return
+
+    def first_token(self, held: int, seconds: float) -> None:
+        """A request's first output came `seconds` after the request, added when `held` tokens were held."""
+        self.metrics.first_token.observe(seconds)
+        if self.target:
+            self.target.answered(held, seconds)
 
     def finished(self, asked: Asked, output) -> tuple[list[int], str, str]:
         """An engine output → (the completion's tokens, its text, finish_reason), cut at eos and stop strings."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
@@ -75,27 +76,15 @@ def batch_size(base: str) -> float:
     return values["batchinfer_batch_rows_sum"] / max(values["batchinfer_batch_rows_count"], 1)
 
 
-def serve_run(rows: list[str], clients: int, max_wait_ms: float, timeout: float) -> dict:
+@contextlib.contextmanager
+def serving(settings: list[str]):
+    """A server of MiniLM embeddings on a free loopback port, with `settings` (--set key=value each), up and
+    answering /health: yields its base URL; stopped on the way out."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "batchinfer",
-            "serve",
-            "--model",
-            MODEL,
-            "--task",
-            "embed",
-            "--port",
-            str(port),
-            "--set",
-            f"serve.max_wait_ms={max_wait_ms}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    command = [sys.executable, "-m", "batchinfer", "serve", "--model", MODEL, "--task", "embed", "--port", str(port)]
+    server = subprocess.Popen(command + sets, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -104,12 +93,17 @@ def serve_run(rows: list[str], clients: int, max_wait_ms: float, timeout: float)
                     break
             except httpx.HTTPError:
                 time.sleep(0.3)
-        asyncio.run(load(base, rows[:32], clients, timeout))  # warm-up, not counted
-        seconds, latencies = asyncio.run(load(base, rows, clients, timeout))
-        return {"seconds": seconds, "latencies": latencies, "batch": batch_size(base)}
+        yield base
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+def serve_run(rows: list[str], clients: int, max_wait_ms: float, timeout: float) -> dict:
+    with serving([f"serve.max_wait_ms={max_wait_ms}"]) as base:
+        asyncio.run(load(base, rows[:32], clients, timeout))  # warm-up, not counted
+        seconds, latencies = asyncio.run(load(base, rows, clients, timeout))
+        return {"seconds": seconds, "latencies": latencies, "batch": batch_size(base)}
 
 
 def offline_run(rows: list[str]) -> float:

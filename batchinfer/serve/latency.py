@@ -1,0 +1,281 @@
+"""serve.p99_ms: batches sized, and requests admitted, so that the 99th percentile latency of admitted requests
+stays under a target (Clipper, NSDI 2017: the batch grows additively while its measured latency is within bounds
+and shrinks multiplicatively when it is not; what cannot meet the target is shed instead of queued).
+
+Three measured things drive every decision:
+- Cost: what a batch of n tokens takes, a line through the last batches' (tokens, seconds): a part per batch
+  and a part per token.
+- BatchSize: the batch budget (tokens and rows), one row more after a full batch that ran within its share of
+  the target, 10% less than what ran after one that did not (a batch runs behind at most one other, so each
+  may take half the target).
+- Admission: the predicted latency of a new request (what runs now, the work queued ahead and its own, by the
+  Cost line) against the target; past it, a 429 with the seconds until it would fit as Retry-After. The
+  target is scaled by a headroom that the measured p99 of admitted requests steers, again by AIMD, so that
+  what the line misses (noise, the HTTP layer) is learnt too.
+
+Pure: time and measurements come in as arguments; no clock, thread or lock here (the batcher and the generate
+service call it under their own). FixedWindow is the batcher's policy without a target: today's window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+FITTED_ON = 64  # the last batches (or requests) the cost line is fitted on
+TAIL = 200  # the last admitted requests whose latencies the p99 is read from
+STEER_EVERY = 20  # requests between two headroom steps
+DECREASE = 0.9  # multiplicative decrease: of a batch budget, of the headroom
+HEADROOM = (0.3, 0.8, 0.05)  # the headroom's floor, its start, and its additive step
+CALM = 0.8  # the headroom rises only while the p99 is under this share of the target
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether a request is admitted; its predicted latency and what was allowed (seconds); when it is not,
+    the whole seconds after which it would fit (Retry-After)."""
+
+    admit: bool
+    predicted: float
+    allowed: float
+
+    @property
+    def retry_after(self) -> int:
+        return max(1, math.ceil(self.predicted - self.allowed))
+
+
+class Cost:
+    """Seconds a batch of `tokens` takes, from the last FITTED_ON measurements: fixed + per_token x tokens, a
+    least-squares line (seconds per token alone where the batches were all of one size or the line is not
+    rising)."""
+
+    def __init__(self):
+        self.points: deque[tuple[int, float]] = deque(maxlen=FITTED_ON)
+        self._line: tuple[float, float] | None = None
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.points.append((max(1, tokens), seconds))
+        self._line = None
+
+    @property
+    def known(self) -> bool:
+        return bool(self.points)
+
+    def line(self) -> tuple[float, float]:
+        """(seconds per batch, seconds per token)."""
+        if self._line is None:
+            tokens, seconds = (np.array(column, dtype=np.float64) for column in zip(*self.points))
+            self._line = (0.0, float(seconds.sum() / tokens.sum()))
+            if np.ptp(tokens) > 0:
+                slope, fixed = np.polyfit(tokens, seconds, 1)
+                if slope > 0 and fixed >= 0:
+                    self._line = (float(fixed), float(slope))
+        return self._line
+
+    def seconds(self, tokens: int, batches: int = 1) -> float:
+        if not self.points:
+            return 0.0
+        fixed, per_token = self.line()
+        return fixed * batches + per_token * tokens
+
+    def within(self, seconds: float) -> float:
+        """The tokens one batch may hold to take at most `seconds` (infinite while nothing is measured)."""
+        fixed, per_token = self.line() if self.points else (0.0, 0.0)
+        return max(0.0, seconds - fixed) / per_token if per_token > 0 else math.inf
+
+
+class BatchSize:
+    """Clipper's AIMD on the batch budget: after a full batch (it met the budget) that ran within `limit`
+    seconds, one row more and its tokens; after one that took longer, 10% less than what it ran, or less still
+    where the cost line says that would take longer too (`fits`: the tokens it says fit; rows in proportion)."""
+
+    def __init__(self, max_tokens: int, max_rows: int):
+        self.max_tokens, self.max_rows = max_tokens, max_rows
+        self.tokens, self.rows = max_tokens, max_rows
+
+    def ran(self, tokens: int, rows: int, seconds: float, full: bool, limit: float, fits: float = math.inf) -> None:
+        if seconds > limit:
+            self.tokens = max(1, int(min(self.tokens, tokens * DECREASE, fits)))
+            self.rows = max(1, int(min(self.rows, rows * DECREASE, rows * self.tokens / max(tokens, 1))))
+        elif full:
+            self.rows = min(self.max_rows, self.rows + 1)
+            self.tokens = min(self.max_tokens, self.tokens + math.ceil(tokens / max(rows, 1)))
+
+    def oom(self, tokens: int) -> None:
+        """A batch of `tokens` (padded) ran out of memory: never again more than half of it."""
+        self.max_tokens = max(1, min(self.max_tokens, tokens // 2))
+        self.tokens = min(self.tokens, self.max_tokens)
+
+
+class Admission:
+    """A target (seconds) for the p99 of admitted requests, held by shedding: a request is admitted when its
+    predicted latency is within target x headroom. The headroom falls by 10% while the p99 of the last TAIL
+    admitted requests is past the target, and rises by HEADROOM's step while it is under CALM of it."""
+
+    def __init__(self, target: float):
+        self.target = target
+        self.headroom = HEADROOM[1]
+        self.latencies: deque[float] = deque(maxlen=TAIL)
+        self._seen = 0
+
+    @property
+    def allowed(self) -> float:
+        return self.target * self.headroom
+
+    def decide(self, predicted: float) -> Decision:
+        return Decision(predicted <= self.allowed, predicted, self.allowed)
+
+    def answered(self, seconds: float) -> None:
+        """An admitted request's latency, as its client saw it."""
+        self.latencies.append(seconds)
+        self._seen += 1
+        if self._seen % STEER_EVERY:
+            return
+        p99 = self.p99
+        floor, _, step = HEADROOM
+        if p99 > self.target:
+            self.headroom = max(floor, self.headroom * DECREASE)
+        elif p99 < CALM * self.target:
+            self.headroom = min(1.0, self.headroom + step)
+
+    @property
+    def p99(self) -> float:
+        return float(np.percentile(self.latencies, 99)) if self.latencies else 0.0
+
+
+class FixedWindow:
+    """The batcher without a target: a window closes when the queued tokens reach batching.max_tokens or the
+    oldest row has waited serve.max_wait_ms, takes the whole queue, and admits whatever fits in the queue."""
+
+    def __init__(self, max_tokens: int, max_rows: int, max_wait: float):
+        self.tokens, self.rows, self.wait = max_tokens, max_rows, max_wait
+
+    def full(self, tokens: int, rows: int) -> bool:
+        return tokens >= self.tokens
+
+    def take(self, lengths: list[int]) -> int:
+        return len(lengths)
+
+    def admit(self, now: float, queued_tokens: int, queued_rows: int, tokens: int, rows: int) -> Decision:
+        return Decision(True, 0.0, math.inf)
+
+    def running(self, now: float, tokens: int, batches: int) -> None:
+        pass
+
+    def idle(self, now: float) -> None:
+        pass
+
+    def ran(self, tokens: int, rows: int, seconds: float, full: bool) -> None:
+        pass
+
+    def answered(self, seconds: float, inside: float) -> None:
+        pass
+
+    def oom(self, tokens: int) -> None:
+        self.tokens = max(1, min(self.tokens, tokens // 2))
+
+
+class LatencyTarget:
+    """The batcher with serve.p99_ms: a window closes when the queue holds a batch budget (BatchSize's tokens or
+    rows) or the oldest row has waited what the target leaves after a running batch and its own (at most
+    serve.max_wait_ms), and takes at most one budget of rows, first come first served; a request is admitted
+    when what runs now, the rows queued ahead of it and its own are predicted to be answered within the target."""
+
+    def __init__(self, target: float, max_tokens: int, max_rows: int, max_wait: float):
+        self.size, self.admission, self.cost = BatchSize(max_tokens, max_rows), Admission(target), Cost()
+        self.max_wait = max_wait
+        self.busy_until = 0.0  # when the window running now is predicted to end
+        self.outside = 0.0  # a request's seconds outside the queue (reading, tokenizing, answering), averaged
+
+    @property
+    def tokens(self) -> int:
+        return self.size.tokens
+
+    @property
+    def rows(self) -> int:
+        return self.size.rows
+
+    @property
+    def limit(self) -> float:
+        """The longest a batch may take: a request waits for at most the running batch, then runs in its own."""
+        return self.admission.allowed / 2
+
+    @property
+    def wait(self) -> float:
+        """How long the oldest row waits for company: what the target leaves after two full batches and the
+        time outside the queue, at most serve.max_wait_ms."""
+        spare = self.admission.allowed - 2 * self.cost.seconds(self.tokens) - self.outside
+        return min(self.max_wait, max(0.0, spare))
+
+    def full(self, tokens: int, rows: int) -> bool:
+        return tokens >= self.tokens or rows >= self.rows
+
+    def take(self, lengths: list[int]) -> int:
+        """How many of the queued rows (their token counts, oldest first) the next window takes: one budget."""
+        taken = total = 0
+        for length in lengths:
+            if taken and (taken >= self.rows or total + length > self.tokens):
+                break
+            taken, total = taken + 1, total + length
+        return taken
+
+    def predict(self, now: float, queued_tokens: int, queued_rows: int, tokens: int, rows: int) -> float:
+        """The latency of a request of `tokens` in `rows` queued behind what is queued now, first come first
+        served: the rest of the running window, a window's wait, the batches up to its last one, and the
+        time outside the queue."""
+        ahead_tokens, ahead_rows = queued_tokens + tokens, queued_rows + rows
+        batches = max(math.ceil(ahead_tokens / self.tokens), math.ceil(ahead_rows / self.rows), 1)
+        running = max(0.0, self.busy_until - now)
+        return running + self.wait + self.cost.seconds(ahead_tokens, batches) + self.outside
+
+    def admit(self, now: float, queued_tokens: int, queued_rows: int, tokens: int, rows: int) -> Decision:
+        """Admit a request unless it is predicted past the target; with nothing ahead of it, always (no one
+        could answer it sooner: a request larger than the target allows is still served)."""
+        if not queued_rows and now >= self.busy_until:
+            return Decision(True, 0.0, self.admission.allowed)
+        return self.admission.decide(self.predict(now, queued_tokens, queued_rows, tokens, rows))
+
+    def running(self, now: float, tokens: int, batches: int) -> None:
+        """A window of `tokens` in `batches` starts at `now`."""
+        self.busy_until = now + self.cost.seconds(tokens, batches)
+
+    def idle(self, now: float) -> None:
+        """The window has ended (perhaps sooner than predicted)."""
+        self.busy_until = now
+
+    def ran(self, tokens: int, rows: int, seconds: float, full: bool) -> None:
+        """A batch ran: `full` when it met the budget (the queue held more), the only kind that may grow it."""
+        self.cost.add(tokens, seconds)
+        self.size.ran(tokens, rows, seconds, full, self.limit, self.cost.within(self.limit))
+
+    def answered(self, seconds: float, inside: float) -> None:
+        """A request was answered in `seconds`, `inside` of them from its submission to its last row's result."""
+        spent = max(0.0, seconds - inside)
+        self.outside = 0.9 * self.outside + 0.1 * spent if self.admission.latencies else spent
+        self.admission.answered(seconds)
+
+    def oom(self, tokens: int) -> None:
+        self.size.oom(tokens)
+
+
+class FirstToken:
+    """serve.p99_ms for generation, on the time to first token: a request joins the engine's running batch, so
+    its first token waits for the work held ahead of it (TokenQueue: prompts and the most they may generate).
+    Predicted by a Cost line through the last requests' (tokens held when added, time to first token); a
+    request is admitted when within the target, always when nothing is held ahead of it."""
+
+    def __init__(self, target: float):
+        self.cost, self.admission = Cost(), Admission(target)
+
+    def admit(self, held: int, tokens: int) -> Decision:
+        if not held:
+            return Decision(True, 0.0, self.admission.allowed)
+        return self.admission.decide(self.cost.seconds(held + tokens))
+
+    def answered(self, held: int, seconds: float) -> None:
+        """A request added when `held` tokens (its own too) were held had its first token `seconds` after it came."""
+        self.cost.add(held, seconds)
+        self.admission.answered(seconds)
