@@ -157,3 +157,11 @@ def test_the_memory_watch_reads_nvidia_smi_and_on_a_cpu_the_machine_s_ram(gpu_pi
     report.watch("cpu", tmp_path / "memory.json", every=0, rounds=2)
     seen = json.loads((tmp_path / "memory.json").read_text())
     assert 0 < seen["peak_mib"] <= seen["total_mib"] and seen["source"] == "RAM, /proc/meminfo (dry run)"
+
+
+def test_the_gpu_run_s_machine_line_runs_on_a_cpu_through_the_same_imports(gpu_pieces):
+    """The first H200 run died at this line (a renamed private function): the dry run runs it too."""
+    _, report = gpu_pieces
+    stack, machine = report.describe("cpu")
+    assert stack.startswith("python ") and "transformers " in stack
+    assert machine.startswith("dry run on the CPU: ") and "; varlen_attn " in machine
