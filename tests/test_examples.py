@@ -127,7 +127,9 @@ def _step_outputs(out):
         "auto": {"tokens_per_s": 1373.0, "first_token_s": 13.0, "chose": "static"},
     }
     meta = {"rows": 128, "concurrency": 32, "new_tokens": 16896, "model": "random Llama, 57M parameters"}
-    (out / "generate-32.json").write_text(json.dumps({"meta": meta, "engines": engines, "skipped": {}}))
+    (out / "generate-32.json").write_text(
+        json.dumps({"meta": meta, "engines": engines, "skipped": {"vllm": "vllm is not importable here"}})
+    )
 
 
 def test_the_gpu_run_ends_in_one_table_that_says_what_is_missing_and_why(gpu_pieces, tmp_path):
@@ -140,13 +142,14 @@ def test_the_gpu_run_ends_in_one_table_that_says_what_is_missing_and_why(gpu_pie
     assert table[:2] == ["| what | figure |", "|---|---|"] and all(line.startswith("| ") for line in table[2:])
     said = "\n".join(table)
     assert "| GPU tests (pytest -m gpu tests/test_gpu.py) | 6 passed, 1 failed, 0 skipped (test_b) |" in said
-    assert "|   packed | 10,869 rows/s of compute, 11% of limit; whole process 10.5 s |" in said
+    assert "|   packed | 10,869.0 rows/s of compute, 11% of limit; whole process 10.5 s |" in said
     assert "| MiniLM embed | no figures (did not run) |" in said
     assert (
         "(timed out) |" in said
-        and "|   auto | 1,373 tokens/s, median time to first token 13.00 s, 1.00x static; ran static |" in said
+        and "|   auto | 1,373.0 tokens/s, median time to first token 13.00 s, 1.00x static; ran static |" in said
     )
     assert "|   transformers | not run (timed out before it) |" in said
+    assert "|   vllm | not run: vllm is not importable here |" in said
     assert "| generate-256 | no figures (did not run) |" in said
     assert "| peak memory (GPU, nvidia-smi) | 40.0 of 140 GiB in use at the peak (0.5 at the start) |" in said
 

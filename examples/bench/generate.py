@@ -151,11 +151,10 @@ def main() -> None:
     ]
     new_tokens = sum(table["budget"].to_pylist())
     meta = {"rows": args.rows, "concurrency": args.concurrency, "new_tokens": new_tokens, "model": model_line}
-    figures: dict = {"meta": meta, "engines": {}, "skipped": {}}
-    for engine in args.engines.split(","):
-        if engine == "vllm" and importlib.util.find_spec("vllm") is None:
-            figures["skipped"][engine] = "vllm is not importable here"
-            continue
+    engines = args.engines.split(",")
+    skipped = {"vllm": "vllm is not importable here"} if importlib.util.find_spec("vllm") is None else {}
+    figures: dict = {"meta": meta, "engines": {}, "skipped": {e: skipped[e] for e in engines if e in skipped}}
+    for engine in [e for e in engines if e not in skipped]:
         _reset_peak()
         t0 = time.perf_counter()
         if engine == "raw":
@@ -198,7 +197,8 @@ def batchinfer_run(engine: str, model: Path, data: Path, args, work: Path) -> di
     report = run_job(job, restart=True)
     run, ran = report["run"], report.get("engine", {})
     figures = {"tokens_per_s": run["generated_tokens_per_s"], "first_token_s": run["time_to_first_token_s"]}
-    figures |= {"seconds": run["rows"] / run["rows_per_s"], "tokens": report["generated_tokens"]}
+    tokens, rate = report["generated_tokens"], run["generated_tokens_per_s"]
+    figures |= {"seconds": tokens / rate if rate else run["seconds"], "tokens": tokens}  # the loop's, load not counted
     if engine == "auto" and isinstance(ran, dict):
         figures["chose"] = "; ".join([ran.get("name", "?"), *ran.get("notes", [])])
     return figures

@@ -153,9 +153,9 @@ def bench_lines(out: Path, step: str, what: str) -> list[tuple[str, str]]:
         return [(what, f"no figures ({status(out, step)})")]
     meta, runs = bench
     head = f"{what}: {meta['rows']:,} rows, mean {meta['mean_tokens']:.1f} tokens, {meta['limit_name']}"
-    lines = [(head, f"{meta['rate'] / 1e12:,.0f} TFLOP/s measured ({status(out, step)})")]
+    lines = [(head, f"{meta['rate'] / 1e9:,.0f} GFLOP/s measured ({status(out, step)})")]
     for run, r in runs.items():
-        figure = f"{r['rows_per_s_compute']:,.0f} rows/s of compute, {r['pct_limit']:.0f}% of limit"
+        figure = f"{r['rows_per_s_compute']:,.1f} rows/s of compute, {r['pct_limit']:.0f}% of limit"
         figure += f"; whole process {r['wall']:.1f} s" + (f" ({r['backend']})" if r.get("backend") else "")
         lines.append((f"  {BENCH_RUNS.get(run, run)}", figure))
     if "st" in runs and "batchinfer" in runs:
@@ -178,7 +178,7 @@ def generation_lines(out: Path, step: str) -> list[tuple[str, str]]:
             why = skipped.get(engine)
             lines.append((f"  {engine}", f"not run: {why}" if why else "not run (timed out before it)"))
             continue
-        figure = f"{r['tokens_per_s']:,.0f} tokens/s, median time to first token {r['first_token_s']:.2f} s"
+        figure = f"{r['tokens_per_s']:,.1f} tokens/s, median time to first token {r['first_token_s']:.2f} s"
         if static and engine != "static":
             figure += f", {r['tokens_per_s'] / static:.2f}x static"
         if r.get("chose"):
