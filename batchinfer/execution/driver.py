@@ -245,8 +245,8 @@ def settle_budget(job: JobConfig, recorded: dict | None) -> tuple[Batching, bool
 
     A probe's choice is recorded in the output folder, so a resumed run cuts batches as the first did."""
     batching = job.batching
-    if job.model.task == "generate":
-        return Batching(DEFAULT_BUDGET, "padded"), False
+    if job.model.task == "generate":  # the engine that engine auto's probe chose on a GPU, where one did
+        return Batching(DEFAULT_BUDGET, "padded", backend=(recorded or {}).get("backend")), False
     auto = batching.max_tokens == "auto" or batching.strategy == "auto" or backend_is_open(job)
     recorded = recorded or {}
     max_tokens = batching.max_tokens if batching.max_tokens != "auto" else recorded.get("max_tokens", DEFAULT_BUDGET)

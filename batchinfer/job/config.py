@@ -303,8 +303,10 @@ TOP_P_LEAST = 1.1754943508222875e-38  # float32's smallest normal number (numpy.
 class GenerationConfig(Section):
     engine: Literal["auto", "transformers", "openvino", "static", "vllm"] = Field(
         default="auto",
-        description="auto: openvino on a CPU where openvino-genai is installed and the model converts, else "
-        "transformers (the report's engine entry says which, and why). openvino: OpenVINO GenAI's continuous "
+        description="auto: on a CPU openvino where openvino-genai is installed and the model converts, else "
+        "transformers; on a GPU vllm where installed, else transformers or static, whichever generates faster on "
+        "the job's first rows (recorded in the output folder); the report's engine entry says which, and why. "
+        "openvino: OpenVINO GenAI's continuous "
         "batching on the CPU (paged attention, prefix caching), the model converted once per model identity "
         "and cached under $BATCHINFER_CACHE; f32, or bf16 with a u8 KV cache where the CPU runs bf16 and "
         "model.dtype is auto, after it agreed with f32 on the job's first rows (model.dtype: float32 keeps "

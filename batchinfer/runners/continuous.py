@@ -17,7 +17,14 @@ from ..constrained.spec import Constraint
 from ..errors import ModelError
 from ..job.config import GenerationConfig
 from .engine import PassOutput, PassRows, generation_config, with_note
-from .kv_cache import cache_blocks, engine_options, kv_bytes_per_block, memory_budget, sized_by_user
+from .kv_cache import (
+    cache_blocks,
+    engine_options,
+    kv_bytes_per_block,
+    memory_budget,
+    sequences_in_flight,
+    sized_by_user,
+)
 from .model_generation import History, history_config, needs_history
 from .prefix import admission
 
@@ -106,9 +113,11 @@ class ContinuousEngine:
         own seed (constrained/sampling.py)."""
         settings, prompts, max_new, constraints = rows.settings, rows.prompts, rows.max_new, rows.constraints
         gen = settings[0]
-        concurrency = min(len(prompts), gen.engine_options.get("max_requests_per_batch") or max_rows)
-        sampled = gen.temperature > 0
         lengths = [len(p) + m for p, m in zip(prompts, max_new)]
+        concurrency = min(
+            len(prompts), gen.engine_options.get("max_requests_per_batch") or self.in_flight(gen, lengths, max_rows)
+        )
+        sampled = gen.temperature > 0
         started = time.perf_counter()
         session = self.session(
             gen, lengths, concurrency, max(max_new), any(c is not None for c in constraints), sampled
@@ -129,6 +138,14 @@ class ContinuousEngine:
             if result.timestamps:
                 first.append(result.timestamps[0] - started)
         return PassOutput(raw, first, [hits.get(f"row-{i}", 0) for i in range(len(prompts))])
+
+    def in_flight(self, gen: GenerationConfig, lengths: list[int], max_rows: int) -> int:
+        """Sequences in flight where engine_options do not say: on a GPU as many as the KV cache's share of free
+        memory holds (generation.max_memory), on a CPU batching.max_rows."""
+        if self.device.type != "cuda":
+            return max_rows
+        per_token = kv_bytes_per_block(self.model.config, self.model.dtype, 1)
+        return sequences_in_flight(memory_budget(gen.max_memory, self.device), per_token, sum(lengths) / len(lengths))
 
     def note(self, note: str) -> None:
         """Say in the report why this engine runs the job (engine auto's fallback)."""

@@ -27,6 +27,8 @@ from ..sources.prepare import Prepared, row_limits
 from . import model_generation
 from .base import encode_capped
 from .engine import Engine, PassRows, engine_passes
+from .engine_probe import CONTINUOUS, STATIC, FasterEngine
+from .engine_probe import cuda_auto as gpu_auto
 from .prefix import page_figures
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 from .static import StaticEngine, in_order
@@ -51,8 +53,18 @@ class GenerateRunner:
     @classmethod
     def load(cls, job, model_path, budget=None):
         """The runner for `job`: transformers' model (and its OpenVINO GenAI conversion for engine openvino, and
-        auto where it runs), or vllm.LLM for generation.engine: vllm."""
-        if job.generation.engine == "vllm":
+        auto where it runs), or vllm.LLM for generation.engine: vllm, and auto on a GPU where vLLM is installed.
+        `budget`: a recorded probe's choice (engine auto on a GPU: its engine, as Batching.backend)."""
+        from ..backends.models import device_type
+
+        recorded = budget.backend if budget is not None else None
+        cuda_auto = None
+        if job.generation.engine == "auto" and device_type(job.model.device) == "cuda":
+            cuda_auto = ("probe", "recorded") if recorded in (CONTINUOUS, STATIC) else gpu_auto(job.generation)
+        if cuda_auto and cuda_auto[0] == "vllm":
+            if problem := generation_problem(model_generation.from_folder(model_path), "vllm"):
+                cuda_auto = ("probe", f"vllm would not decode as generate does: {problem}")
+        if job.generation.engine == "vllm" or (cuda_auto and cuda_auto[0] == "vllm"):
             if problem := generation_problem(model_generation.from_folder(model_path), "vllm"):
                 raise ConfigError(problem, "set generation.engine: auto, transformers or static")
             llm = load_vllm(model_path, job.generation.engine_options)
@@ -75,7 +87,9 @@ class GenerateRunner:
         own = getattr(model, "generation_config", None) or model_generation.from_folder(model_path)  # vllm.LLM: none
         gen, sampled = model_generation.model_sampling(job.generation, own)
         runner = cls(tokenizer, model, device, job.model.max_length, gen, precision_of(job, device))
-        if job.generation.engine in ("auto", "openvino"):
+        if cuda_auto:
+            runner.use_cuda_auto(*cuda_auto, recorded)
+        elif job.generation.engine in ("auto", "openvino"):
             runner.use_openvino(job, model_path)
         if sampled:
             runner.engine.note(sampled)
@@ -102,6 +116,7 @@ class GenerateRunner:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
         # auto and openvino: use_openvino settles it (OpenVINO GenAI's, or the model's own with a note)
         self.engine: Engine | None = None if gen.engine in ("auto", "openvino") else self.model_engine
+        self.probed: FasterEngine | None = None  # engine auto on a GPU without vLLM (use_cuda_auto)
         self._configs: dict[str, tuple] = {}  # a row's own settings (JSON) -> row_config's answer
         self.constraint = job_constraint(gen)  # every row's, unless an OpenAI request brings its own
         if self.constraint is not None:
@@ -138,9 +153,13 @@ class GenerateRunner:
         built = make_engine(gen, self.model, self.device, self.pad_id, self.eos, lambda: self.grammars)
         if note:
             built.note(note)
-        if built.name != "vllm":
-            built.described = {**built.described, "precision": self.precision}
-        return built
+        return self.in_precision(built)
+
+    def in_precision(self, engine: Engine) -> Engine:
+        """`engine`, its report entry saying the precision the loaded model runs in (vLLM's says its own)."""
+        if engine.name != "vllm":
+            engine.described = {**engine.described, "precision": self.precision}
+        return engine
 
     def shared_page(self) -> int | None:
         """The cache page (tokens) in which the engine shares rows' common prefixes; None when it shares none."""
@@ -175,6 +194,36 @@ class GenerateRunner:
             raise ConfigError(f"generation.engine openvino: {problem}", "set generation.engine: auto (or transformers)")
         self.engine = self.model_engine
         self.engine.note(f"engine auto: transformers, not openvino: {problem}")
+
+    def use_cuda_auto(self, choice: str, why: str, recorded: str | None) -> None:
+        """engine auto on a CUDA GPU (engine_probe.py): vLLM where installed, else whichever of continuous batching
+        and static batches the first rows measure faster (`recorded`: what an earlier run of the job chose)."""
+        if choice == "vllm":
+            self.engine = VllmEngine(self.model, self.gen.engine_options, self.eos)
+            self.engine.note(f"engine auto on a GPU: vllm ({why})")
+            return
+        static = self.in_precision(StaticEngine(self.model, self.device, self.pad_id, lambda: self.grammars))
+        self.engine = self.probed = FasterEngine({CONTINUOUS: self.model_engine, STATIC: static}, recorded)
+        if why != "recorded":
+            self.engine.note(f"engine auto on a GPU: not vllm, as {why}")
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The engines another worker's probe may choose for this one (ChunkTask.take)."""
+        return tuple(self.probed.engines) if self.probed else ()
+
+    def keep(self, engine: str, precision: str | None = None) -> None:
+        """Run `engine`, as another worker's probe chose."""
+        self.probed.keep(engine, "engine auto on a GPU: as another worker's probe chose")
+
+    def tuning(self, budget) -> dict | None:
+        """engine auto on a GPU, in the chunk that probed: its choice as the output folder records a probe's
+        (backend: the engine), so that a resumed run and the other workers keep it; else None."""
+        probed = self.probed.settled() if self.probed else None
+        if probed is None:
+            return None
+        engine = {"backend": probed["engine"], "precision": None, "engine_probe": probed["tokens_per_s"]}
+        return {"max_tokens": budget.max_tokens, "strategy": budget.strategy, **engine}
 
     # --- prompts ---------------------------------------------------------------------------------------------
 
@@ -300,6 +349,7 @@ class GenerateRunner:
                 **({"prefix": prefix} if prefix else {}),
                 "engine": self.engine.described,
             },
+            tuning=self.tuning(ctx.budget),
         )
 
     def row_constraints(self, loaded, index: np.ndarray) -> list:
@@ -495,8 +545,8 @@ def refuse_a_mixed_engine(recorded: dict, runner) -> None:
     if engine is None:
         return
     ours, theirs = engine.described, recorded
-    if (ours["name"], ours.get("precision")) == (theirs["name"], theirs.get("precision")):
-        return
+    if ours["name"] == "auto" or (ours["name"], ours.get("precision")) == (theirs["name"], theirs.get("precision")):
+        return  # auto: on a GPU, the engine probe, which a resume hands the first run's choice (use_cuda_auto)
     why = "; ".join(ours.get("notes", [])) or f"generation.engine is {runner.gen.engine}"
     raise ResumeError(
         f"the output folder's first chunks ran on the {theirs['name']} engine in {theirs.get('precision', 'f32')} "

