@@ -153,13 +153,13 @@ class GenerateRunner:
         built = make_engine(gen, self.model, self.device, self.pad_id, self.eos, lambda: self.grammars)
         if note:
             built.note(note)
-        return self.in_precision(built)
+        if built.name != "vllm":  # vLLM's entry says its own
+            built.described = self.in_precision(built.described)
+        return built
 
-    def in_precision(self, engine: Engine) -> Engine:
-        """`engine`, its report entry saying the precision the loaded model runs in (vLLM's says its own)."""
-        if engine.name != "vllm":
-            engine.described = {**engine.described, "precision": self.precision}
-        return engine
+    def in_precision(self, described: dict) -> dict:
+        """An engine's report entry saying the precision the loaded model runs in."""
+        return {**described, "precision": self.precision}
 
     def shared_page(self) -> int | None:
         """The cache page (tokens) in which the engine shares rows' common prefixes; None when it shares none."""
@@ -202,7 +202,8 @@ class GenerateRunner:
             self.engine = VllmEngine(self.model, self.gen.engine_options, self.eos)
             self.engine.note(f"engine auto on a GPU: vllm ({why})")
             return
-        static = self.in_precision(StaticEngine(self.model, self.device, self.pad_id, lambda: self.grammars))
+        static = StaticEngine(self.model, self.device, self.pad_id, lambda: self.grammars)
+        static.described = self.in_precision(static.described)
         self.engine = self.probed = FasterEngine({CONTINUOUS: self.model_engine, STATIC: static}, recorded)
         if why != "recorded":
             self.engine.note(f"engine auto on a GPU: not vllm, as {why}")
