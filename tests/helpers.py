@@ -129,7 +129,7 @@ class CrashAfterChunks(Quiet):
     def __init__(self, chunks: int):
         self.left = chunks
 
-    def start(self, total_rows, done_rows):
+    def start(self, total_rows, done_rows, since):
         pass
 
     def advance(self, rows, tokens):  # called once a chunk is committed

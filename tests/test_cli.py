@@ -255,6 +255,25 @@ def test_the_report_and_summary_give_the_whole_jobs_rate_over_its_runs(tmp_path,
     assert "600 (600 ok, 0 errors)" in result.output
 
 
+def test_one_rate_rows_over_the_wall_seconds_of_what_each_line_names(tmp_path, sms_parquet, tiny_embed):
+    """The run's rate is its rows over its seconds (start-up included) in the report, the summary and the progress
+    lines alike; the rate over the processing loop alone is the compute rate, and says so."""
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows
+    result = runner.invoke(app, ["run", str(job), "--every", "0"])
+    assert result.exit_code == 0, result.output
+    run = json.loads((tmp_path / "out" / "_report.json").read_text())["run"]
+    # (the report rounds seconds to 3 places after dividing)
+    assert run["rows_per_s"] == pytest.approx(600 / run["seconds"], abs=0.11), run
+    assert run["compute"]["rows_per_s"] == pytest.approx(600 / run["compute"]["seconds"], abs=0.11)
+    assert run["compute"]["seconds"] < run["seconds"]
+    assert f"600 rows in {run['seconds']:.1f} s on cpu: {run['rows_per_s']:,.1f} rows/s, " in result.output
+    assert f"computing           {run['compute']['rows_per_s']:,.1f} rows/s over the " in result.output
+    assert "throughput" not in result.output  # no third, unnamed rate
+    last = next(line for line in reversed(result.stderr.splitlines()) if "600/600 rows" in line)
+    shown = float(last.split(" rows/s and ")[0].rsplit(" ", 1)[1].replace(",", ""))
+    assert run["rows_per_s"] * 0.8 <= shown <= run["rows_per_s"] * 1.05, (last, run)  # since the same start
+
+
 def test_the_summary_counts_one_error_in_the_singular(tmp_path, tiny_embed):
     pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["one", "  ", "three"]}), tmp_path / "rows.parquet")
     job = make_job(tmp_path / "rows.parquet", tiny_embed, tmp_path / "out", input__id="id", input__keep=None, raw=True)
@@ -293,7 +312,7 @@ def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet,
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["run", str(job), "--every", "0"])  # stderr is no terminal, as under nohup or cron
     assert result.exit_code == 0, result.output
-    lines = [line for line in result.stderr.splitlines() if " rows/s, " in line and " left" in line]
+    lines = [line for line in result.stderr.splitlines() if " rows/s and " in line and " left" in line]
     assert len(lines) >= 6 and lines[-1].split(" ", 2)[2].startswith("600/600 rows (100.0%)")
     assert sum("600/600 rows" in line for line in lines) == 1  # the end is said once
     assert "started: 600 rows to run" in result.stderr and "━" not in result.stderr  # no bar drawn into a log
@@ -515,12 +534,12 @@ def test_plan_of_a_partly_done_folder_estimates_what_is_left_at_the_folders_rate
     assert runner.invoke(app, ["run", str(job), "--limit", "300", "-q"]).exit_code == 0  # 200 rows, 2 chunks
     report = json.loads((tmp_path / "out" / "_report.json").read_text())
     assert set(report["run"]["machine"]) == {"cores", "other_cores", "steal_cores", "load_avg"}
-    rate = report["run"]["rows_per_s"]
+    rate = report["run"]["compute"]["rows_per_s"]  # start-up is plan's own line
     result = runner.invoke(app, ["plan", str(job), "--sample", "60"])
     assert result.exit_code == 0, result.output
     time_line = next(line for line in result.output.splitlines() if line.startswith("time "))
     assert "for 300 rows left: " in time_line and " start-up (imports, discovery and model load" in time_line
-    assert f"at {rate:,.1f} rows/s, the rate the folder's last run measured" in time_line
+    assert f"at {rate:,.1f} rows/s, the compute rate the folder's last run measured" in time_line
     assert "batching probe" not in time_line  # the folder recorded the probe's choice: no second probe
     assert "the probe's choice, recorded in the output folder" in result.output
 

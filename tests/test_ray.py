@@ -47,7 +47,7 @@ class KillWorkerAfter:
     def __init__(self, chunks):
         self.left, self.killed, self.notes = chunks, [], []
 
-    def start(self, total_rows, done_rows):
+    def start(self, total_rows, done_rows, since):
         pass
 
     def log(self, message):

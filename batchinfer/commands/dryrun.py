@@ -91,8 +91,9 @@ def estimate_job(job: JobConfig, sample: int | None = None, timed: bool = True, 
 
 @dataclass
 class SoFar:
-    """What an output folder already holds of this job: rows done, the probe's recorded choice, and the rate
-    (rows/s, end to end) and machine load its last working run measured."""
+    """What an output folder already holds of this job: rows done, the probe's recorded choice, and the compute
+    rate (rows/s over its processing loop: plan adds start-up of its own) and machine load its last working run
+    measured."""
 
     rows: int = 0
     tuning: dict | None = None
@@ -111,6 +112,8 @@ def folder_so_far(state: FolderStatus | None, chunks: list) -> SoFar:
     rows = sum(r.rows for n, r in done.items() if not r.retry_of and r.rows >= planned.get(n, 1 << 62))
     report = state.report() or {}
     run = report.get("run") if isinstance(report.get("run"), dict) else {}
-    rate = run.get("rows_per_s") if isinstance(run.get("rows_per_s"), (int, float)) and run.get("rows", 0) else None
+    compute = run.get("compute") if isinstance(run.get("compute"), dict) else {}
+    rate = compute.get("rows_per_s")
+    rate = rate if isinstance(rate, (int, float)) and run.get("rows") else None
     finished = max((r.finished or 0.0 for r in done.values()), default=None)
     return SoFar(rows, state.tuning, rate or None, run.get("rows", 0), Load.from_dict(run.get("machine")), finished)

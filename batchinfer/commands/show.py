@@ -145,8 +145,8 @@ def estimate_lines(summary: dict) -> list[str]:
     if e["rate_from"] == "folder":
         finished = datetime.fromtimestamp(e["folder_finished"]).isoformat(timespec="minutes")
         parts.append(
-            f"{_duration(e['work_s'])} at {e['rows_per_s']:,.1f} rows/s, the rate the folder's last run measured "
-            f"(up to {finished})"
+            f"{_duration(e['work_s'])} at {e['rows_per_s']:,.1f} rows/s, the compute rate the folder's last run "
+            f"measured (up to {finished})"
         )
     else:
         parts.append(

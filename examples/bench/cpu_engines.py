@@ -132,7 +132,7 @@ def in_flight(model: Path, texts: list[str], workloads: list[str], counts: list[
                 load = os.getloadavg()[0]
                 options = {"max_num_seqs": n}
                 report, _ = run(data, model, work / f"{name}-{n}", new_tokens, generation__engine_options=options)
-                cells.append(f"{report['run']['rows_per_s']:.2f} rows/s (load {load:.1f})")
+                cells.append(f"{report['run']['compute']['rows_per_s']:.2f} rows/s (load {load:.1f})")
             print(f"| {name}: {new_tokens} new tokens | " + " | ".join(cells) + " |", flush=True)
 
 
@@ -174,7 +174,7 @@ def main() -> None:
         for name in args.workloads.split(","):
             data, messages, new_tokens = workload(work, name, texts)
             base, reference = run(data, model, work / f"{name}-t", new_tokens, generation__engine="transformers")
-            cells = [f"{base['run']['rows_per_s']:.2f} rows/s"]
+            cells = [f"{base['run']['compute']['rows_per_s']:.2f} rows/s"]
             default, got = run(data, model, work / f"{name}-d", new_tokens)
             f32, got32 = (
                 (default, got)
@@ -183,15 +183,15 @@ def main() -> None:
             )
             for report, out in ((default, got), (f32, got32)):
                 same = sum(a == b for a, b in zip(out, reference)) / len(reference)
-                rate = report["run"]["rows_per_s"]
+                rate = report["run"]["compute"]["rows_per_s"]
                 engine = report["engine"]
                 cells.append(
-                    f"{rate:.2f} ({rate / base['run']['rows_per_s']:.1f}x; {engine['name']} "
+                    f"{rate:.2f} ({rate / base['run']['compute']['rows_per_s']:.1f}x; {engine['name']} "
                     f"{engine.get('precision') or ''}), identical {same:.0%}"
                 )
             rate, raw = raw_pipeline(model, messages, new_tokens)
             same = sum(a == b for a, b in zip(raw, reference)) / len(reference)
-            cells.append(f"{rate:.2f} ({rate / base['run']['rows_per_s']:.1f}x), identical {same:.0%}")
+            cells.append(f"{rate:.2f} ({rate / base['run']['compute']['rows_per_s']:.1f}x), identical {same:.0%}")
             print(f"| {name}: {new_tokens} new tokens | " + " | ".join(cells) + " |", flush=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 

@@ -155,7 +155,7 @@ def main() -> None:
         wall = time.perf_counter() - t0
         run = report["run"]
         lines.append(
-            f"| {engine} | {run['generated_tokens_per_s']:,.1f} | {run['rows_per_s']:,.2f} | "
+            f"| {engine} | {run['compute']['generated_tokens_per_s']:,.1f} | {run['compute']['rows_per_s']:,.2f} | "
             f"{run['time_to_first_token_s']} | {wall:,.1f} |"
         )
         print(f"  {engine}: {wall:.1f} s, {report['generated_tokens']:,} tokens", file=sys.stderr)
