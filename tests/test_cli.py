@@ -714,6 +714,17 @@ def test_status_after_a_limit_counts_the_whole_job_and_says_how_to_go_on(tmp_pat
     assert "holds this job: 3/6 chunks done" in plan  # plan and status count alike
 
 
+def test_status_of_a_folder_written_from_python_says_how_to_go_on_in_words(tmp_path, sms_parquet, tiny_embed):
+    """batchinfer.run records no command line: status says what to run in words, not a placeholder cut into
+    shell words (it printed `batchinfer run JOB.yaml '(the' same job file and --set 'options)'`)."""
+    import batchinfer
+
+    batchinfer.run(make_job(sms_parquet, tiny_embed, tmp_path / "out", raw=True), limit=150)  # 600 rows, chunks of 100
+    output = runner.invoke(app, ["status", str(tmp_path / "out")]).output
+    go_on = next(line for line in output.splitlines() if line.startswith("go on"))
+    assert "'" not in go_on and "batchinfer.run(...) without limit=" in go_on and "no --limit" in go_on, go_on
+
+
 def test_a_saved_dataset_without_the_datasets_package_names_the_extra(tmp_path, tiny_embed, monkeypatch):
     saved = tmp_path / "saved"  # what save_to_disk leaves: discovery knows the folder by these files
     saved.mkdir()

@@ -103,13 +103,33 @@ def test_the_readme_commands_name_only_real_commands_and_options():
     """Every `batchinfer ...` line of the README's shell snippets parses: its command and options exist (each
     is invoked with --help appended, which click answers only once every option before it is known)."""
     lines = [
-        line.split("#", 1)[0].strip()
+        re.sub(r"^timeout -s INT \d+ ", "", line.split("#", 1)[0].strip())
         for block in _readme_blocks("bash")
         for line in block.splitlines()
-        if line.strip().startswith("batchinfer ")
+        if re.match(r"(timeout -s INT \d+ )?batchinfer ", line.strip())
     ]
     assert lines
     for line in lines:
         args = [a for a in shlex.split(line)[1:] if a not in ("&&",)]
         result = CliRunner().invoke(app, [*args, "--help"], prog_name="batchinfer")
         assert result.exit_code == 0, f"{line}: {result.output}"
+
+
+def test_the_tour_can_be_followed_literally_and_writes_only_under_out():
+    """The tour stops a run part-way with a command, not an instruction to be quick (the rest took 13 s on a warm
+    cache), on a job whose chunks are small enough that the stop keeps some; and nothing it writes lands outside
+    out/, which .gitignore covers."""
+    from batchinfer.job.config import load_job
+    from batchinfer.job.plan import plan_chunks
+
+    tour = next(block for block in _readme_blocks("bash") if "out/tour" in block)
+    commands = [line.split("#", 1)[0].split() for line in tour.splitlines() if line.strip()]
+    stop = [words for words in commands if words[0] == "timeout"]
+    assert stop and stop[0][:3] == ["timeout", "-s", "INT"] and "Ctrl-C part-way" not in tour
+    for words in commands:
+        for flag in ("--output", "-o"):
+            if flag in words:
+                assert words[words.index(flag) + 1].startswith("out/"), words
+    assert "out/" in (ROOT / ".gitignore").read_text().split()
+    job = load_job(ROOT / "jobs" / "quickstart.yaml")
+    assert len(plan_chunks([2787, 2787], job.chunk_rows)) >= 6  # the shipped SMS shards

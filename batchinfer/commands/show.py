@@ -118,12 +118,26 @@ def status_lines(state: FolderStatus) -> list[str]:
             f"{' and more' if len(lost) > 3 else ''}): they count as not done; the next run redoes those whose "
             "part is missing and refuses a file that is not this job's until you move it away",
         )
-    command = state.command or "batchinfer run JOB.yaml (the same job file and --set options)"
     if limit and not holder and len(chunks) >= extent["chunks"]:  # the limited run is done: go on past it
-        lines.append(f"go on   {without_limit(command)} (the whole job), or the same with a larger --limit")
+        lines.append(f"go on   {go_on(state.command)}")
     elif not complete and not holder:
-        lines.append(f"resume  {command}")
+        lines.append(f"resume  {state.command or SAME_RUN}")
     return lines
+
+
+# what status says where the folder records no command line: a run from Python (batchinfer.run)
+SAME_RUN = "the same job again: batchinfer run with its job file and --set options, or batchinfer.run(...) from Python"
+
+
+def go_on(command: str) -> str:
+    """How a finished --limit run goes on to the whole job: its command without --limit, or in words where the
+    folder records none (a run from Python)."""
+    if not command:
+        return (
+            "the same job without its limit: batchinfer run with its job file and --set options and no --limit, "
+            "or batchinfer.run(...) without limit= from Python (or with a larger limit)"
+        )
+    return f"{without_limit(command)} (the whole job), or the same with a larger --limit"
 
 
 BATCHING_SOURCE = {
