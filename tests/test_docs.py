@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import typer.main
 from helpers import check_docs_section
 from typer.testing import CliRunner
@@ -133,3 +134,15 @@ def test_the_tour_can_be_followed_literally_and_writes_only_under_out():
     assert "out/" in (ROOT / ".gitignore").read_text().split()
     job = load_job(ROOT / "jobs" / "quickstart.yaml")
     assert len(plan_chunks([2787, 2787], job.chunk_rows)) >= 6  # the shipped SMS shards
+
+
+def test_what_the_docs_write_into_the_checkout_is_ignored_and_jobs_name_no_fixed_cache():
+    """The folders the docs have a user write into the repository (models saved or converted under models/, the
+    tour's out/) are in .gitignore; a shipped job's comments name no ~/.cache path, which BATCHINFER_CACHE moves."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for path in ("models/smollm2-135m-instruct/config.json", "models/spam-classifier/config.json", "out/tour.parquet"):
+        result = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
+        assert result.returncode == 0, f"{path} is not ignored"
+    for job in sorted((ROOT / "jobs").glob("*.yaml")):
+        assert "~/.cache" not in job.read_text(), job.name
