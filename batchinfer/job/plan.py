@@ -124,6 +124,14 @@ def fingerprint(job: JobConfig, model_id: str, contents: dict[str, str], limit: 
         ),
         # only when set, so that the fingerprints of jobs from before the key existed still match
         **({"model.chat_template": chat_template(job.model.chat_template)} if job.model.chat_template else {}),
+        # generation on input.text: always, since such a job's texts went to the model as written before the key
+        # existed (a folder of then is refused, not resumed through the chat template); label scoring: when off
+        **(
+            {"model.chat": job.model.chat}
+            if (job.model.task == "generate" and job.input.text) or not job.model.chat
+            else {}
+        ),
+        **({"model.system_prompt": job.model.system_prompt} if job.model.system_prompt is not None else {}),
         "model.max_length": job.model.max_length,
         "model.truncation": job.model.truncation,
         "model.dtype": job.model.dtype,
