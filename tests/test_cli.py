@@ -308,6 +308,30 @@ def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_p
     assert after["_results.jsonl"] == 600 and "limit" not in after  # the totals of now
 
 
+def test_the_full_run_keeps_the_trials_rows_of_the_chunk_its_limit_cut(tmp_path, sms_parquet, tiny_embed):
+    """After `run --limit 250` (chunks of 100: the third cut at 50 rows), plan and the full run count the 250 rows
+    as done; the cut chunk's trial part is kept as it is, its other 50 rows run as a piece of their own, and the
+    folder reads as one run of the whole job would write it."""
+    job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, tmp_path / "out", raw=True))  # batching pinned
+    assert runner.invoke(app, ["run", str(job), "--limit", "250", "-q"]).exit_code == 0
+    out = tmp_path / "out"
+    trial = {p.name: p.read_bytes() for p in out.glob("part-*.parquet")}
+    assert len(trial) == 3
+    plan = runner.invoke(app, ["plan", str(job), "--sample", "60"]).output
+    assert "for 350 rows left: " in plan, plan
+    result = runner.invoke(app, ["run", str(job), "--progress", "lines"])
+    assert result.exit_code == 0, result.output
+    assert "started: 350 rows to run (250 done before)" in result.stderr, result.stderr
+    assert {name: (out / name).read_bytes() for name in trial} == trial  # the trial's parts, untouched
+    assert (out / "part-00001-00000_0000050.parquet").exists()
+    assert runner.invoke(app, ["run", str(job), "-q", "--output", str(tmp_path / "whole")]).exit_code == 0
+    ours, whole = ds.dataset(str(out)).to_table(), ds.dataset(str(tmp_path / "whole")).to_table()
+    assert ours.column("sms_id").to_pylist() == whole.column("sms_id").to_pylist()
+    assert_rows_agree(vectors(ours, "embedding"), vectors(whole, "embedding"), ("f32", "f32"), 1e-5)
+    status = runner.invoke(app, ["status", str(out)]).output
+    assert "rows    600/600 done (100.0%)" in status and "(complete)" in status, status
+
+
 def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["run", str(job), "--every", "0"])  # stderr is no terminal, as under nohup or cron

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..backends.model_size import model_size
 from ..execution.job_plan import JobPlan
 from ..job.config import JobConfig
-from ..job.plan import planned_rows, rows_of
+from ..job.plan import cuts_of, planned_rows, rows_of
 from ..machine import Load
 from ..output.status import FolderStatus, describe_folder
 from ..sources import READ_ERRORS, Inputs, open_reader, read_spec
@@ -65,6 +65,8 @@ def estimate_job(job: JobConfig, sample: int | None = None, timed: bool = True, 
     rows = rows_of(chunks) if limit is not None else plan.rows
     shards = inputs.shards
     folder, state = describe_folder(job.output.path, job.output.storage_options, plan.fingerprint(limit), len(chunks))
+    if state is not None:  # planned as the run plans them: a chunk an earlier --limit cut short, in its pieces
+        chunks = plan.chunks(limit, cuts_of({name: r.rows for name, r in state.done.items() if not r.retry_of}))
     aside = time.perf_counter()  # plan's own reading, which a run does not do
     earlier = folder_so_far(state, chunks)
     summary = {

@@ -88,8 +88,9 @@ def run_job(
 
 def _start(out, plan: JobPlan, limit, restart: bool, command: str, files, retry_errors: bool) -> list:
     """The chunks to run, planned, and the folder's job started on them (new, resumed or restarted)."""
-    chunks = plan.chunks(limit)
-    whole = plan.chunks() if limit is not None else chunks
+    cuts = out.cuts()  # an earlier --limit's: the rows it ran are kept
+    chunks = plan.chunks(limit, cuts)
+    whole = plan.chunks(None, cuts) if limit is not None else chunks
     out.start(
         plan.fingerprint(limit),
         restart,
