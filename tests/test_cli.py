@@ -262,9 +262,9 @@ def test_one_rate_rows_over_the_wall_seconds_of_what_each_line_names(tmp_path, s
     result = runner.invoke(app, ["run", str(job), "--every", "0"])
     assert result.exit_code == 0, result.output
     run = json.loads((tmp_path / "out" / "_report.json").read_text())["run"]
-    # (the report rounds seconds to 3 places after dividing)
-    assert run["rows_per_s"] == pytest.approx(600 / run["seconds"], abs=0.11), run
-    assert run["compute"]["rows_per_s"] == pytest.approx(600 / run["compute"]["seconds"], abs=0.11)
+    # (the report rounds seconds to 3 places after dividing: a tenth of a per cent on a fast run)
+    assert run["rows_per_s"] == pytest.approx(600 / run["seconds"], rel=0.005), run
+    assert run["compute"]["rows_per_s"] == pytest.approx(600 / run["compute"]["seconds"], rel=0.005)
     assert run["compute"]["seconds"] < run["seconds"]
     assert f"600 rows in {run['seconds']:.1f} s on cpu: {run['rows_per_s']:,.1f} rows/s, " in result.output
     assert f"computing           {run['compute']['rows_per_s']:,.1f} rows/s over the " in result.output
@@ -366,8 +366,8 @@ def test_plan_says_what_a_job_will_do_and_writes_nothing(tmp_path, sms_parquet, 
 
 def test_plan_with_limit_plans_the_trial_that_run_with_the_same_limit_runs(tmp_path, sms_parquet, tiny_embed):
     """`plan --limit N` samples and times the job's first N rows alone, as `run --limit N` runs them, and sees what
-    that trial left in the folder; the same plan without --limit counts the rest (the chunk the limit cut short
-    runs again whole)."""
+    that trial left in the folder; the same plan without --limit counts the rest (the trial's rows are kept, those
+    of the chunk the limit cut short too)."""
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows, 100 a chunk
     result = runner.invoke(app, ["plan", str(job), "--limit", "150", "--sample", "400"])
     assert result.exit_code == 0, result.output
@@ -377,7 +377,7 @@ def test_plan_with_limit_plans_the_trial_that_run_with_the_same_limit_runs(tmp_p
     result = runner.invoke(app, ["plan", str(job), "--limit", "150"])
     assert result.exit_code == 0 and "nothing left to run" in result.output, result.output
     result = runner.invoke(app, ["plan", str(job), "--sample", "60"])
-    assert result.exit_code == 0 and "for 500 rows left:" in result.output, result.output
+    assert result.exit_code == 0 and "for 450 rows left:" in result.output, result.output
 
 
 def test_plan_samples_as_many_rows_as_the_first_chunk_holds_so_its_probe_cuts_slices_as_the_runs(
