@@ -246,7 +246,8 @@ def test_keep_that_is_no_list_says_how_to_write_one():
 def test_the_chat_keys_belong_to_text_prompts_of_a_causal_lm():
     gen = {"input": {"path": "d", "text": "t"}, "model": {"path": "m", "task": "generate"}, "output": {"path": "o"}}
     assert validate_job({**gen, "model": {**gen["model"], "system_prompt": "Be brief."}}).model.system_prompt
-    message = _error({**GOOD, "model": {**GOOD["model"], "chat": False}})
+    embed = {"input": {"path": "d", "text": "t"}, "model": {"path": "m", "task": "embed", "chat": False}}
+    message = _error({**embed, "output": {"path": "o"}})
     assert "model.chat: only for input.text with model.task generate" in message
     message = _error({**gen, "model": {**gen["model"], "chat": False, "system_prompt": "Be brief."}})
     assert "model.system_prompt: only with model.chat: true" in message

@@ -33,7 +33,7 @@ def build_report(
         if chunk in planned:
             errors.update(done[name].errors)
     tokens, padded = sum(r.tokens for r in records), sum(r.padded_tokens for r in records)
-    loop, rows, tokens_run = run.get("loop", 0.0), run.get("rows", 0), run.get("tokens", 0)
+    loop = run.get("loop", 0.0)
     report = {
         "output": job.output.path,
         "task": job.model.task,
@@ -49,20 +49,7 @@ def build_report(
         "truncated": sum(r.truncated for r in records),
         "tokens": tokens,
         "padding_efficiency": round(tokens / padded, 4) if padded else 1.0,
-        "run": {
-            "rows": rows,
-            "seconds": round(seconds, 3),
-            "rows_per_s": _rate(rows, seconds),
-            "tokens_per_s": _rate(tokens_run, seconds),
-            # the same over the processing loop (first chunk handed out to last committed): start-up left out
-            "compute": {
-                "seconds": round(loop, 3),
-                "rows_per_s": _rate(rows, loop),
-                "tokens_per_s": _rate(tokens_run, loop),
-            },
-            # of the workers' time: 1.0 when every worker computed from the first chunk to the last
-            "model_busy": round(run.get("busy", 0.0) / loop / max(1, len(workers or {})), 3) if loop else 0.0,
-        },
+        "run": run_figures(run, seconds, len(workers or {})),
     }
     report["job"] = whole_job(records)
     if workers and set(workers) != {"local"}:
@@ -75,6 +62,21 @@ def build_report(
     if job.model.task == "generate":
         _generation(report, records, run.get("generated", 0), seconds, loop)
     return report
+
+
+def run_figures(run: Counter, seconds: float, workers: int) -> dict:
+    """This run's rows and seconds, its rates over those seconds, the same over its processing loop alone
+    (`compute`: first chunk handed out to last committed, start-up left out), and how busy the model was."""
+    loop, rows, tokens = run.get("loop", 0.0), run.get("rows", 0), run.get("tokens", 0)
+    return {
+        "rows": rows,
+        "seconds": round(seconds, 3),
+        "rows_per_s": _rate(rows, seconds),
+        "tokens_per_s": _rate(tokens, seconds),
+        "compute": {"seconds": round(loop, 3), "rows_per_s": _rate(rows, loop), "tokens_per_s": _rate(tokens, loop)},
+        # of the workers' time: 1.0 when every worker computed from the first chunk to the last
+        "model_busy": round(run.get("busy", 0.0) / loop / max(1, workers), 3) if loop else 0.0,
+    }
 
 
 def whole_job(records: list[ChunkRecord]) -> dict:

@@ -198,8 +198,8 @@ class GenerateRunner:
         request when the model has no chat template. A job's text rows (input.text) become the user's message of
         a chat here, where model.chat is on and the model has a template, as label scoring formats them (serve's
         /v1/completions prompts, which do not come through here, stay as written)."""
-        if job.model.chat and job.input.text and self.tokenizer.chat_template:
-            prepared.texts = [user_turn(t, job.model.system_prompt) for t in prepared.texts]
+        if job.model.chat and job.input.text and self.tokenizer.chat_template:  # in place, as the errors below
+            prepared.texts[:] = [user_turn(t, job.model.system_prompt) for t in prepared.texts]
         if problem := self.chat_problem("body.messages"):
             for offset, text in zip(prepared.rows.tolist(), prepared.texts):
                 if not isinstance(text, str):
