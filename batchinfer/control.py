@@ -12,7 +12,8 @@ from typing import Callable, Protocol
 
 
 class Progress(Protocol):
-    def start(self, total_rows: int, done_rows: int) -> None: ...
+    # since: the run's start (time.perf_counter()), which the rates it shows count from
+    def start(self, total_rows: int, done_rows: int, since: float) -> None: ...
     def advance(self, rows: int, tokens: int) -> None: ...  # a chunk committed
     def partial(self, rows: int, tokens: int) -> None: ...  # so far in the chunk in flight, batch by batch
     def log(self, message: str) -> None: ...
@@ -21,7 +22,7 @@ class Progress(Protocol):
 class Quiet:
     """Progress that shows nothing."""
 
-    def start(self, total_rows: int, done_rows: int) -> None:
+    def start(self, total_rows: int, done_rows: int, since: float) -> None:
         pass
 
     def advance(self, rows: int, tokens: int) -> None:

@@ -27,3 +27,8 @@ def message_problem(messages, where: str) -> tuple[str, str] | None:
     if not messages:
         return (Reason.EMPTY_TEXT, f"{where} holds no message")
     return None
+
+
+def user_turn(text: str, system: str | None = None) -> list[dict]:
+    """A row's text as the user's message of a chat (model.chat), after the job's system message where it has one."""
+    return ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]

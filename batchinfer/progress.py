@@ -15,7 +15,8 @@ from .commands.show import prefix_line
 
 
 class _Rate(ProgressColumn):
-    """rows/s and tokens/s over this run, not counting rows done by an earlier run."""
+    """rows/s and tokens/s over this run's wall seconds (start-up included, as the summary's `this run` line
+    counts them), not counting rows done by an earlier run."""
 
     def __init__(self, bar: "RunProgress"):
         super().__init__()
@@ -51,8 +52,8 @@ class RunProgress:
         )
         self._task = None
 
-    def start(self, total_rows: int, done_rows: int) -> None:
-        self.t0, self.before = time.perf_counter(), done_rows
+    def start(self, total_rows: int, done_rows: int, since: float) -> None:
+        self.t0, self.before = since, done_rows
         self._task = self._bar.add_task("rows", total=total_rows, completed=done_rows)
         self._bar.start()
 
@@ -75,17 +76,19 @@ class RunProgress:
 class LineProgress:
     """Plain lines for logs (nohup, cron, a scheduler): one when the run starts, one every `every`
     seconds (counted batch by batch, so a long chunk, the probe's first one too, is no silence), one at
-    the end: rows done of total, rows/s over this run, and the time left."""
+    the end: rows done of total, rows/s since the run started (the summary's `this run` rate), and the time
+    left at the rate since the first chunk started (start-up is not spent again)."""
 
     def __init__(self, console: Console, every: float = 30.0):
         self.console, self.every = console, every
         self.rows = self.tokens = self.total = self.before = self.shown = 0
         self.inflight = (0, 0)  # rows and tokens run so far in the chunk not yet committed
-        self.t0 = self.last = time.perf_counter()
+        self.t0 = self.computing = self.last = time.perf_counter()
 
-    def start(self, total_rows: int, done_rows: int) -> None:
+    def start(self, total_rows: int, done_rows: int, since: float) -> None:
         self.total, self.before = total_rows, done_rows
-        self.t0 = self.last = time.perf_counter()
+        self.t0, self.computing = since, time.perf_counter()
+        self.last = self.computing
         self._print(
             f"started: {total_rows - done_rows:,} rows to run" + (f" ({done_rows:,} done before)" if done_rows else "")
         )
@@ -113,14 +116,14 @@ class LineProgress:
             return
         self.last, self.shown = time.perf_counter(), rows
         elapsed = max(self.last - self.t0, 1e-9)
-        rate = rows / elapsed
         done = self.before + rows
         left = max(self.total - done, 0)
-        eta = _duration(left / rate) if rate else "?"
+        computing = rows / max(self.last - self.computing, 1e-9)
+        eta = _duration(left / computing) if rows else "?"
         share = f" ({done / self.total:.1%})" if self.total else ""
         self._print(
-            f"{done:,}/{self.total:,} rows{share}, {rate:,.1f} rows/s, {tokens / elapsed:,.0f} input tokens/s, "
-            f"{eta} left"
+            f"{done:,}/{self.total:,} rows{share}, {rows / elapsed:,.1f} rows/s and "
+            f"{tokens / elapsed:,.0f} input tokens/s since the run started, {eta} left"
         )
 
     def _print(self, text: str) -> None:
@@ -134,6 +137,15 @@ def _duration(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def compute_line(run: dict) -> str:
+    """A report's compute rate in words: rows over the processing loop's seconds, start-up left out."""
+    compute = run["compute"]
+    return (
+        f"{compute['rows_per_s']:,.1f} rows/s over the {compute['seconds']:.1f} s from the first chunk to the last "
+        f"(the {max(run['seconds'] - compute['seconds'], 0):.1f} s of start-up and finish not counted)"
+    )
 
 
 def summary_table(report: dict) -> Table:
@@ -150,10 +162,14 @@ def summary_table(report: dict) -> Table:
         ("rows", f"{report['rows']:,} ({report['rows_ok']:,} ok, {bad:,} error{'s' * (bad != 1)})"),
         ("errors", errors),
         ("truncated", f"{report['truncated']:,}"),
-        ("this run", f"{run['rows']:,} rows in {run['seconds']:.1f} s on {report['device']}"),
+        (
+            "this run",
+            f"{run['rows']:,} rows in {run['seconds']:.1f} s on {report['device']}: {run['rows_per_s']:,.1f} rows/s, "
+            f"{run['tokens_per_s']:,.0f} input tokens/s",
+        ),
+        ("computing", compute_line(run)),
         *([("whole job", f"{whole}, {job['rows_per_s']:,.1f} rows/s")] if job.get("runs", 0) > 1 else []),
         *([("model", describe_size(report["model_size"]))] if "model_size" in report else []),
-        ("throughput", f"{run['rows_per_s']:,.1f} rows/s, {run['tokens_per_s']:,.0f} input tokens/s"),
         ("padding efficiency", f"{report['padding_efficiency']:.3f} (real / padded tokens)"),
         ("model busy", f"{run['model_busy']:.0%} of the processing loop"),
     ]
@@ -162,7 +178,8 @@ def summary_table(report: dict) -> Table:
         rows.append(
             (
                 "generated",
-                f"{report['generated_tokens']:,} tokens, {run['generated_tokens_per_s']:,.1f} tokens/s"
+                f"{report['generated_tokens']:,} tokens, {run['generated_tokens_per_s']:,.1f} tokens/s over the run "
+                f"({run['compute']['generated_tokens_per_s']:,.1f} computing)"
                 + (f", median time to first token {ttft:.2f} s" if ttft is not None else ""),
             )
         )

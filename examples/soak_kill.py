@@ -56,7 +56,7 @@ def main() -> None:
     subprocess.run([*command, "--restart"], check=True)
     whole = time.perf_counter() - t0
     report = json.loads((work / "reference" / "_report.json").read_text())
-    startup = whole - report["run"]["rows"] / report["run"]["rows_per_s"]
+    startup = whole - report["run"]["compute"]["seconds"]
     print(f"uninterrupted run: {whole:.1f} s, of which {startup:.1f} s start-up")
 
     soak = [*command, "--output", str(work / "soak")]

@@ -130,7 +130,7 @@ class CrashAfterChunks(Quiet):
     def __init__(self, chunks: int):
         self.left = chunks
 
-    def start(self, total_rows, done_rows):
+    def start(self, total_rows, done_rows, since):
         pass
 
     def advance(self, rows, tokens):  # called once a chunk is committed
@@ -263,12 +263,15 @@ def vectors(table, column):
     return np.array(table.column(column).to_pylist(), dtype=np.float32)
 
 
-# a generate job on the prompt_table rows (id, text, each row's own budget); engine: the default unless given
+# a generate job on the prompt_table rows (id, text, each row's own budget); engine: the default unless given.
+# The text goes to the model as written (model.chat off), so that tests compare it with model.generate on the text;
+# test_generate.py's chat tests hold the default, the text as the user's message.
 generate_job = functools.partial(
     make_job,
     task="generate",
     input__id="id",
     input__keep=None,
+    model__chat=False,
     model__backend=None,
     batching=None,
     batching__max_rows=8,

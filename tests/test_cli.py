@@ -255,6 +255,25 @@ def test_the_report_and_summary_give_the_whole_jobs_rate_over_its_runs(tmp_path,
     assert "600 (600 ok, 0 errors)" in result.output
 
 
+def test_one_rate_rows_over_the_wall_seconds_of_what_each_line_names(tmp_path, sms_parquet, tiny_embed):
+    """The run's rate is its rows over its seconds (start-up included) in the report, the summary and the progress
+    lines alike; the rate over the processing loop alone is the compute rate, and says so."""
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows
+    result = runner.invoke(app, ["run", str(job), "--every", "0"])
+    assert result.exit_code == 0, result.output
+    run = json.loads((tmp_path / "out" / "_report.json").read_text())["run"]
+    # (the report rounds seconds to 3 places after dividing: a tenth of a per cent on a fast run)
+    assert run["rows_per_s"] == pytest.approx(600 / run["seconds"], rel=0.005), run
+    assert run["compute"]["rows_per_s"] == pytest.approx(600 / run["compute"]["seconds"], rel=0.005)
+    assert run["compute"]["seconds"] < run["seconds"]
+    assert f"600 rows in {run['seconds']:.1f} s on cpu: {run['rows_per_s']:,.1f} rows/s, " in result.output
+    assert f"computing           {run['compute']['rows_per_s']:,.1f} rows/s over the " in result.output
+    assert "throughput" not in result.output  # no third, unnamed rate
+    last = next(line for line in reversed(result.stderr.splitlines()) if "600/600 rows" in line)
+    shown = float(last.split(" rows/s and ")[0].rsplit(" ", 1)[1].replace(",", ""))
+    assert run["rows_per_s"] * 0.8 <= shown <= run["rows_per_s"] * 1.05, (last, run)  # since the same start
+
+
 def test_the_summary_counts_one_error_in_the_singular(tmp_path, tiny_embed):
     pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["one", "  ", "three"]}), tmp_path / "rows.parquet")
     job = make_job(tmp_path / "rows.parquet", tiny_embed, tmp_path / "out", input__id="id", input__keep=None, raw=True)
@@ -289,11 +308,35 @@ def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_p
     assert after["_results.jsonl"] == 600 and "limit" not in after  # the totals of now
 
 
+def test_the_full_run_keeps_the_trials_rows_of_the_chunk_its_limit_cut(tmp_path, sms_parquet, tiny_embed):
+    """After `run --limit 250` (chunks of 100: the third cut at 50 rows), plan and the full run count the 250 rows
+    as done; the cut chunk's trial part is kept as it is, its other 50 rows run as a piece of their own, and the
+    folder reads as one run of the whole job would write it."""
+    job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, tmp_path / "out", raw=True))  # batching pinned
+    assert runner.invoke(app, ["run", str(job), "--limit", "250", "-q"]).exit_code == 0
+    out = tmp_path / "out"
+    trial = {p.name: p.read_bytes() for p in out.glob("part-*.parquet")}
+    assert len(trial) == 3
+    plan = runner.invoke(app, ["plan", str(job), "--sample", "60"]).output
+    assert "for 350 rows left: " in plan, plan
+    result = runner.invoke(app, ["run", str(job), "--progress", "lines"])
+    assert result.exit_code == 0, result.output
+    assert "started: 350 rows to run (250 done before)" in result.stderr, result.stderr
+    assert {name: (out / name).read_bytes() for name in trial} == trial  # the trial's parts, untouched
+    assert (out / "part-00001-00000_0000050.parquet").exists()
+    assert runner.invoke(app, ["run", str(job), "-q", "--output", str(tmp_path / "whole")]).exit_code == 0
+    ours, whole = ds.dataset(str(out)).to_table(), ds.dataset(str(tmp_path / "whole")).to_table()
+    assert ours.column("sms_id").to_pylist() == whole.column("sms_id").to_pylist()
+    assert_rows_agree(vectors(ours, "embedding"), vectors(whole, "embedding"), ("f32", "f32"), 1e-5)
+    status = runner.invoke(app, ["status", str(out)]).output
+    assert "rows    600/600 done (100.0%)" in status and "(complete)" in status, status
+
+
 def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["run", str(job), "--every", "0"])  # stderr is no terminal, as under nohup or cron
     assert result.exit_code == 0, result.output
-    lines = [line for line in result.stderr.splitlines() if " rows/s, " in line and " left" in line]
+    lines = [line for line in result.stderr.splitlines() if " rows/s and " in line and " left" in line]
     assert len(lines) >= 6 and lines[-1].split(" ", 2)[2].startswith("600/600 rows (100.0%)")
     assert sum("600/600 rows" in line for line in lines) == 1  # the end is said once
     assert "started: 600 rows to run" in result.stderr and "━" not in result.stderr  # no bar drawn into a log
@@ -323,8 +366,8 @@ def test_plan_says_what_a_job_will_do_and_writes_nothing(tmp_path, sms_parquet, 
 
 def test_plan_with_limit_plans_the_trial_that_run_with_the_same_limit_runs(tmp_path, sms_parquet, tiny_embed):
     """`plan --limit N` samples and times the job's first N rows alone, as `run --limit N` runs them, and sees what
-    that trial left in the folder; the same plan without --limit counts the rest (the chunk the limit cut short
-    runs again whole)."""
+    that trial left in the folder; the same plan without --limit counts the rest (the trial's rows are kept, those
+    of the chunk the limit cut short too)."""
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows, 100 a chunk
     result = runner.invoke(app, ["plan", str(job), "--limit", "150", "--sample", "400"])
     assert result.exit_code == 0, result.output
@@ -334,7 +377,7 @@ def test_plan_with_limit_plans_the_trial_that_run_with_the_same_limit_runs(tmp_p
     result = runner.invoke(app, ["plan", str(job), "--limit", "150"])
     assert result.exit_code == 0 and "nothing left to run" in result.output, result.output
     result = runner.invoke(app, ["plan", str(job), "--sample", "60"])
-    assert result.exit_code == 0 and "for 500 rows left:" in result.output, result.output
+    assert result.exit_code == 0 and "for 450 rows left:" in result.output, result.output
 
 
 def test_plan_samples_as_many_rows_as_the_first_chunk_holds_so_its_probe_cuts_slices_as_the_runs(
@@ -515,12 +558,12 @@ def test_plan_of_a_partly_done_folder_estimates_what_is_left_at_the_folders_rate
     assert runner.invoke(app, ["run", str(job), "--limit", "300", "-q"]).exit_code == 0  # 200 rows, 2 chunks
     report = json.loads((tmp_path / "out" / "_report.json").read_text())
     assert set(report["run"]["machine"]) == {"cores", "other_cores", "steal_cores", "load_avg"}
-    rate = report["run"]["rows_per_s"]
+    rate = report["run"]["compute"]["rows_per_s"]  # start-up is plan's own line
     result = runner.invoke(app, ["plan", str(job), "--sample", "60"])
     assert result.exit_code == 0, result.output
     time_line = next(line for line in result.output.splitlines() if line.startswith("time "))
     assert "for 300 rows left: " in time_line and " start-up (imports, discovery and model load" in time_line
-    assert f"at {rate:,.1f} rows/s, the rate the folder's last run measured" in time_line
+    assert f"at {rate:,.1f} rows/s, the compute rate the folder's last run measured" in time_line
     assert "batching probe" not in time_line  # the folder recorded the probe's choice: no second probe
     assert "the probe's choice, recorded in the output folder" in result.output
 
@@ -693,6 +736,17 @@ def test_status_after_a_limit_counts_the_whole_job_and_says_how_to_go_on(tmp_pat
     assert f"batchinfer run {job} (the whole job)" in go_on and "--limit 250" not in go_on
     plan = runner.invoke(app, ["plan", str(job), "--sample", "30"]).output
     assert "holds this job: 3/6 chunks done" in plan  # plan and status count alike
+
+
+def test_status_of_a_folder_written_from_python_says_how_to_go_on_in_words(tmp_path, sms_parquet, tiny_embed):
+    """batchinfer.run records no command line: status says what to run in words, not a placeholder cut into
+    shell words (it printed `batchinfer run JOB.yaml '(the' same job file and --set 'options)'`)."""
+    import batchinfer
+
+    batchinfer.run(make_job(sms_parquet, tiny_embed, tmp_path / "out", raw=True), limit=150)  # 600 rows, chunks of 100
+    output = runner.invoke(app, ["status", str(tmp_path / "out")]).output
+    go_on = next(line for line in output.splitlines() if line.startswith("go on"))
+    assert "'" not in go_on and "batchinfer.run(...) without limit=" in go_on and "no --limit" in go_on, go_on
 
 
 def test_a_saved_dataset_without_the_datasets_package_names_the_extra(tmp_path, tiny_embed, monkeypatch):

@@ -42,8 +42,31 @@ def test_every_shipped_job_finds_its_input_and_model(job, monkeypatch):
     from batchinfer.cli import app
 
     monkeypatch.chdir(ROOT)  # the docs run them from the repository root
+    path = load_job(job).model.path
+    if path.startswith("models/") and not (ROOT / path).exists():
+        pytest.skip(f"{path} is made by the command in the job's comments (the next test checks it is there)")
     result = CliRunner().invoke(app, ["validate", str(job.relative_to(ROOT))])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("job", sorted((ROOT / "jobs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_job_runs_offline_as_written(job):
+    """No hub id (unreachable offline) and no engine pinned to the slow one on a CPU; a model the checkout does not
+    ship is the SmolLM2 conversion under models/, whose command the job's comments give."""
+    config, text = load_job(job), job.read_text()
+    path = config.model.path
+    assert path.startswith(("pkg:", "examples/", "models/")), path
+    if path.startswith("models/"):
+        assert f"python examples/models/convert_smollm2.py {path.rstrip('/')}" in text, job.name
+    assert "engine: transformers" not in text and "Qwen/" not in text, job.name
+
+
+def test_the_shipped_llm_jobs_summarize_and_extract_with_an_instruct_model_on_the_default_engine():
+    summarize, extract = (load_job(ROOT / "jobs" / f"{name}-sms.yaml") for name in ("summarize", "extract"))
+    for config in (summarize, extract):
+        assert config.model.task == "generate" and config.input.text and config.model.chat
+        assert config.model.path == "models/smollm2-135m-instruct" and config.generation.engine == "auto"
+    assert summarize.model.system_prompt and extract.generation.response_format["type"] == "json_schema"
 
 
 def test_job_file_reference_is_generated_from_the_models():
@@ -237,3 +260,13 @@ def test_keep_that_is_no_list_says_how_to_write_one():
         validate_with_overrides(GOOD, ["input.keep=dataset"], "job.yaml")
     assert info.value.message.count("input.keep") == 1 and "--set input.keep: write a list" in info.value.message
     assert "list[str]" not in _error({**GOOD, "input": {"path": "d", "text": "t", "keep": [1]}})
+
+
+def test_the_chat_keys_belong_to_text_prompts_of_a_causal_lm():
+    gen = {"input": {"path": "d", "text": "t"}, "model": {"path": "m", "task": "generate"}, "output": {"path": "o"}}
+    assert validate_job({**gen, "model": {**gen["model"], "system_prompt": "Be brief."}}).model.system_prompt
+    embed = {"input": {"path": "d", "text": "t"}, "model": {"path": "m", "task": "embed", "chat": False}}
+    message = _error({**embed, "output": {"path": "o"}})
+    assert "model.chat: only for input.text with model.task generate" in message
+    message = _error({**gen, "model": {**gen["model"], "chat": False, "system_prompt": "Be brief."}})
+    assert "model.system_prompt: only with model.chat: true" in message

@@ -121,7 +121,7 @@ class _PassesAtCommit(Quiet):
         runner.run = run
         return runner
 
-    def start(self, total_rows, done_rows):
+    def start(self, total_rows, done_rows, since):
         pass
 
     def advance(self, rows, tokens):
@@ -243,7 +243,7 @@ class Recorder(Quiet):
     def __init__(self):
         self.started, self.rows = None, 0
 
-    def start(self, total: int, done: int) -> None:
+    def start(self, total: int, done: int, since: float) -> None:
         self.started = (total, done)
 
     def advance(self, rows: int, tokens: int) -> None:

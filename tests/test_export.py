@@ -67,7 +67,8 @@ def test_export_refuses_an_unfinished_folder_and_an_existing_file(tmp_path, sms_
     # A chunk's marker removed after the run: the _SUCCESS stays, but the folder no longer says it holds the rows.
     (tmp_path / "out" / "_done" / "00000-00001.json").unlink()
     result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(tmp_path / "less.parquet")])
-    assert result.exit_code == 1 and "is not a finished job (5/6 chunks done" in result.output, result.output
+    # 7 chunks: the --limit 150 trial cut the second at 50 rows, and the full run ran its other 50 as a piece
+    assert result.exit_code == 1 and "is not a finished job (6/7 chunks done" in result.output, result.output
     assert "(complete)" not in runner.invoke(app, ["status", str(tmp_path / "out")]).output
     assert not (tmp_path / "less.parquet").exists()
 

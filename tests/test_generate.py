@@ -75,6 +75,36 @@ def test_chat_messages_use_the_chat_template(tmp_path, tiny_llama):
     assert rows[1]["text"] == tokenizer.decode(expected, skip_special_tokens=True)
 
 
+def test_a_text_template_on_a_chat_model_is_the_users_message_after_the_system_prompt(
+    sms_table, tmp_path, tiny_llama, tiny_llama_plain
+):
+    """input.text on an instruct model: each row goes through the chat template as the user's turn (after
+    model.system_prompt), as label scoring sends it, not as raw text the model was never trained to continue; a
+    model without a template gets the text as written."""
+    from transformers import AutoTokenizer
+
+    table = _prompts(sms_table, 4).drop_columns(["budget"])
+    pq.write_table(table, tmp_path / "p.parquet")
+    system = "You summarize text messages in one sentence."
+    job = partial(_job, tmp_path / "p.parquet", model__chat=None, generation__max_new_tokens_column=None)
+    assert run_job(job(tiny_llama, tmp_path / "chat", model__system_prompt=system))["rows_ok"] == 4
+    assert run_job(job(tiny_llama_plain, tmp_path / "plain"))["rows_ok"] == 4
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+
+    def as_chat(text):
+        turns = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        return tokenizer(
+            tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+        )["input_ids"]
+
+    for name, prompt_of in (("chat", as_chat), ("plain", lambda text: tokenizer(text)["input_ids"])):
+        rows = ds.dataset(str(tmp_path / name), format="parquet").to_table().to_pylist()
+        for row, text in zip(rows, table.column("text").to_pylist()):
+            prompt = prompt_of(text)
+            assert row["prompt_tokens"] == len(prompt), (name, row)
+            assert row["text"] == tokenizer.decode(_alone(tiny_llama, prompt, 16), skip_special_tokens=True), name
+
+
 def test_stop_strings_cut_the_text(sms_table, tmp_path, tiny_llama):
     table = _prompts(sms_table, 6)
     pq.write_table(table, tmp_path / "p.parquet")

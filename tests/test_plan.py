@@ -108,3 +108,21 @@ def test_a_fingerprint_an_earlier_version_recorded_resumes_on_what_still_counts(
     assert describe_changes(hotter, now) == {"generation.temperature": "generation.temperature: 1.0 -> 0.0"}
     sampled = describe_changes({**earlier, "model.hash": "0123456789abcdef"}, now)
     assert "earlier batchinfer, which hashed only samples" in sampled["model.hash"]
+
+
+def test_a_chunk_a_limit_cut_is_planned_in_pieces_that_sort_in_input_order():
+    from batchinfer.job.plan import cuts_of, plan_chunks
+
+    trial = plan_chunks([250, 100], 100, limit=150)  # the second chunk cut at 50 rows
+    assert [(c.name, c.start, c.stop) for c in trial] == [("00000-00000", 0, 100), ("00000-00001", 100, 150)]
+    cuts = cuts_of({c.name: c.rows for c in trial})
+    more = plan_chunks([250, 100], 100, limit=175, cuts=cuts)  # a larger trial: the piece after the cut, cut too
+    assert [(c.name, c.start, c.stop) for c in more][1:] == [
+        ("00000-00001", 100, 150),
+        ("00000-00001_0000050", 150, 175),
+    ]
+    whole = plan_chunks([250, 100], 100, cuts=cuts_of({c.name: c.rows for c in more}))
+    assert [(c.start, c.stop) for c in whole] == [(0, 100), (100, 150), (150, 175), (175, 200), (200, 250), (0, 100)]
+    names = [f"part-{c.name}.parquet" for c in whole]
+    assert names == sorted(names) and len(set(names)) == len(names)
+    assert plan_chunks([250, 100], 100) == plan_chunks([250, 100], 100, cuts={})  # no cut: the chunks of before

@@ -2,6 +2,7 @@
 
 import io
 import re
+import time
 
 from rich.console import Console
 
@@ -22,7 +23,7 @@ def _lines(text: io.StringIO) -> list[str]:
 def test_lines_say_rows_done_of_total_counting_the_chunk_in_flight_batch_by_batch():
     console, text = _console()
     progress = LineProgress(console, every=0.0)  # a line at every batch
-    progress.start(100, 10)
+    progress.start(100, 10, time.perf_counter())
     progress.partial(5, 50)  # a batch inside the first chunk: no silence until it commits
     progress.advance(20, 400)  # the chunk commits: its 20 rows replace the 5 in flight
     progress.log("lowered batching.max_tokens to [512]")
@@ -30,7 +31,9 @@ def test_lines_say_rows_done_of_total_counting_the_chunk_in_flight_batch_by_batc
     assert all(re.match(STAMP, line) for line in lines)
     assert lines[0].endswith("started: 90 rows to run (10 done before)")
     assert re.search(
-        r" 15/100 rows \(15\.0%\), [\d,.]+ rows/s, [\d,]+ input tokens/s, (\d+[hms]\d*[ms]?|\?) left$", lines[1]
+        r" 15/100 rows \(15\.0%\), [\d,.]+ rows/s and [\d,]+ input tokens/s since the run started, "
+        r"(\d+[hms]\d*[ms]?|\?) left$",
+        lines[1],
     )
     assert " 30/100 rows (30.0%)," in lines[2]
     assert lines[3].endswith("note: lowered batching.max_tokens to [512]")  # no markup: the brackets stay
@@ -40,7 +43,7 @@ def test_lines_say_rows_done_of_total_counting_the_chunk_in_flight_batch_by_batc
 def test_lines_come_every_so_often_and_the_end_says_only_what_was_committed():
     console, text = _console()
     progress = LineProgress(console, every=3600.0)
-    progress.start(50, 0)
+    progress.start(50, 0, time.perf_counter())
     progress.advance(10, 100)
     progress.partial(7, 70)
     assert len(_lines(text)) == 1 and _lines(text)[0].endswith("started: 50 rows to run")  # not yet due
@@ -48,6 +51,19 @@ def test_lines_come_every_so_often_and_the_end_says_only_what_was_committed():
     assert " 10/50 rows (20.0%)," in _lines(text)[-1] and len(_lines(text)) == 2
     progress.stop()  # nothing new since: no second line
     assert len(_lines(text)) == 2
+
+
+def test_the_rate_counts_from_the_runs_start_and_the_time_left_from_the_first_chunk():
+    """One rate: rows over the wall seconds since the run started (model load included), as the summary's
+    `this run` line says it; the time left goes by the rate since the first chunk started, with no start-up."""
+    console, text = _console()
+    progress = LineProgress(console, every=0.0)
+    progress.start(1000, 0, time.perf_counter() - 100.0)  # the run started 100 s ago (model load and all) ...
+    progress.computing -= 10.0  # ... and its first chunk 10 s ago
+    progress.advance(100, 1000)
+    line = _lines(text)[-1]
+    assert " 1.0 rows/s and 10 input tokens/s since the run started, " in line, line  # 100 rows / 100 s
+    assert line.endswith(" 1m30s left") or line.endswith(" 1m29s left"), line  # 900 rows at 10 rows/s
 
 
 def test_the_time_left_reads_as_hours_minutes_seconds():
@@ -65,7 +81,7 @@ def test_the_time_left_reads_as_hours_minutes_seconds():
 def test_the_bar_starts_at_the_rows_done_before_and_counts_the_chunk_in_flight():
     console, text = _console()
     bar = RunProgress(console)
-    bar.start(100, 10)
+    bar.start(100, 10, time.perf_counter())
     bar.advance(20, 200)
     bar.partial(5, 50)
     bar.stop()

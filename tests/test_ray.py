@@ -67,7 +67,7 @@ class AfterChunks:
     def __init__(self, chunks):
         self.left, self.notes = chunks, []
 
-    def start(self, total_rows, done_rows):
+    def start(self, total_rows, done_rows, since):
         pass
 
     def log(self, message):

@@ -42,5 +42,8 @@ def test_totals_count_a_retry_once_and_rates_cover_this_run_only():
     assert report["rows"] == 200 and report["rows_ok"] == 199
     assert report["errors_by_reason"] == {"too_long": 1}  # the retry's errors replace the chunk's
     assert report["tokens"] == 2030 and report["padding_efficiency"] == round(2030 / 2436, 4)
-    assert report["run"]["rows_per_s"] == round(103 / 8.0, 1) and report["run"]["model_busy"] == 0.25  # 2 workers
-    assert report["run"]["workers"]["ray-0"] == {"chunks": 0, "rows": 60, "rows_per_s": 7.5}
+    # one rate: rows over the run's wall seconds; the loop's own is the compute rate, named so
+    assert report["run"]["rows_per_s"] == round(103 / 9.5, 1) and report["run"]["tokens_per_s"] == round(1030 / 9.5, 1)
+    assert report["run"]["compute"] == {"seconds": 8.0, "rows_per_s": round(103 / 8.0, 1), "tokens_per_s": 128.8}
+    assert report["run"]["model_busy"] == 0.25  # 2 workers
+    assert report["run"]["workers"]["ray-0"] == {"chunks": 0, "rows": 60, "compute_rows_per_s": 7.5}

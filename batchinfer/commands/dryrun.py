@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..backends.model_size import model_size
 from ..execution.job_plan import JobPlan
 from ..job.config import JobConfig
-from ..job.plan import planned_rows, rows_of
+from ..job.plan import cuts_of, planned_rows, rows_of
 from ..machine import Load
 from ..output.status import FolderStatus, describe_folder
 from ..sources import READ_ERRORS, Inputs, open_reader, read_spec
@@ -65,6 +65,8 @@ def estimate_job(job: JobConfig, sample: int | None = None, timed: bool = True, 
     rows = rows_of(chunks) if limit is not None else plan.rows
     shards = inputs.shards
     folder, state = describe_folder(job.output.path, job.output.storage_options, plan.fingerprint(limit), len(chunks))
+    if state is not None:  # planned as the run plans them: a chunk an earlier --limit cut short, in its pieces
+        chunks = plan.chunks(limit, cuts_of({name: r.rows for name, r in state.done.items() if not r.retry_of}))
     aside = time.perf_counter()  # plan's own reading, which a run does not do
     earlier = folder_so_far(state, chunks)
     summary = {
@@ -91,8 +93,9 @@ def estimate_job(job: JobConfig, sample: int | None = None, timed: bool = True, 
 
 @dataclass
 class SoFar:
-    """What an output folder already holds of this job: rows done, the probe's recorded choice, and the rate
-    (rows/s, end to end) and machine load its last working run measured."""
+    """What an output folder already holds of this job: rows done, the probe's recorded choice, and the compute
+    rate (rows/s over its processing loop: plan adds start-up of its own) and machine load its last working run
+    measured."""
 
     rows: int = 0
     tuning: dict | None = None
@@ -111,6 +114,8 @@ def folder_so_far(state: FolderStatus | None, chunks: list) -> SoFar:
     rows = sum(r.rows for n, r in done.items() if not r.retry_of and r.rows >= planned.get(n, 1 << 62))
     report = state.report() or {}
     run = report.get("run") if isinstance(report.get("run"), dict) else {}
-    rate = run.get("rows_per_s") if isinstance(run.get("rows_per_s"), (int, float)) and run.get("rows", 0) else None
+    compute = run.get("compute") if isinstance(run.get("compute"), dict) else {}
+    rate = compute.get("rows_per_s")
+    rate = rate if isinstance(rate, (int, float)) and run.get("rows") else None
     finished = max((r.finished or 0.0 for r in done.values()), default=None)
     return SoFar(rows, state.tuning, rate or None, run.get("rows", 0), Load.from_dict(run.get("machine")), finished)

@@ -113,11 +113,10 @@ def status_lines(state: FolderStatus) -> list[str]:
             "run refuses the folder until you move the file(s) away",
         )
     lines += lost_lines(lost, state.unsealed())
-    command = state.command or "batchinfer run JOB.yaml (the same job file and --set options)"
     if limit and not holder and len(chunks) >= extent["chunks"]:  # the limited run is done: go on past it
-        lines.append(f"go on   {without_limit(command)} (the whole job), or the same with a larger --limit")
+        lines.append(f"go on   {go_on(state.command)}")
     elif not complete and not holder:
-        lines.append(f"resume  {command}")
+        lines.append(f"resume  {state.command or SAME_RUN}")
     return lines
 
 
@@ -142,6 +141,21 @@ def lost_lines(lost: dict[str, str], unsealed: int) -> list[str]:
     return lines
 
 
+# what status says where the folder records no command line: a run from Python (batchinfer.run)
+SAME_RUN = "the same job again: batchinfer run with its job file and --set options, or batchinfer.run(...) from Python"
+
+
+def go_on(command: str) -> str:
+    """How a finished --limit run goes on to the whole job: its command without --limit, or in words where the
+    folder records none (a run from Python)."""
+    if not command:
+        return (
+            "the same job without its limit: batchinfer run with its job file and --set options and no --limit, "
+            "or batchinfer.run(...) without limit= from Python (or with a larger limit)"
+        )
+    return f"{without_limit(command)} (the whole job), or the same with a larger --limit"
+
+
 BATCHING_SOURCE = {
     "recorded": "the probe's choice, recorded in the output folder",
     "probe": "the probe's choice on the sample; the run probes its first chunk",
@@ -161,8 +175,8 @@ def estimate_lines(summary: dict) -> list[str]:
     if e["rate_from"] == "folder":
         finished = datetime.fromtimestamp(e["folder_finished"]).isoformat(timespec="minutes")
         parts.append(
-            f"{_duration(e['work_s'])} at {e['rows_per_s']:,.1f} rows/s, the rate the folder's last run measured "
-            f"(up to {finished})"
+            f"{_duration(e['work_s'])} at {e['rows_per_s']:,.1f} rows/s, the compute rate the folder's last run "
+            f"measured (up to {finished})"
         )
     else:
         parts.append(

@@ -88,8 +88,9 @@ def run_job(
 
 def _start(out, plan: JobPlan, limit, restart: bool, command: str, files, retry_errors: bool) -> list:
     """The chunks to run, planned, and the folder's job started on them (new, resumed or restarted)."""
-    chunks = plan.chunks(limit)
-    whole = plan.chunks() if limit is not None else chunks
+    cuts = out.cuts()  # an earlier --limit's: the rows it ran are kept
+    chunks = plan.chunks(limit, cuts)
+    whole = plan.chunks(None, cuts) if limit is not None else chunks
     out.start(
         plan.fingerprint(limit),
         restart,
@@ -197,9 +198,9 @@ def _run_chunks(
             progress.log(ran.startup["load"]["note"])
         retried = rows_of([w for w in todo if w.retry_of])
         if retried == rows_of(todo):  # only error rows run again: count those alone
-            progress.start(retried, 0)
+            progress.start(retried, 0, started)
         else:  # finished chunks only: rows an earlier retry pass ran again are inside them already
-            progress.start(rows_of(chunks) + retried, sum(r.rows for r in done.values() if r.chunk in planned))
+            progress.start(rows_of(chunks) + retried, sum(r.rows for r in done.values() if r.chunk in planned), started)
         loop_started = time.perf_counter()
         # in-process only: Ray's workers are other processes, so their CPU would read as the machine's load
         window = LoadWindow() if inputs.job.runtime.executor == "local" else None

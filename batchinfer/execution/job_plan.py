@@ -35,9 +35,10 @@ class JobPlan:
             model_id = model_identity(model_path)
         return cls(job, inputs, model_path, model_id, sum(s.num_rows for s in inputs.shards))
 
-    def chunks(self, limit: int | None = None) -> list[Chunk]:
-        """The job's chunks; with `limit`, those holding its first `limit` rows (job.plan.plan_chunks)."""
-        return plan_chunks([s.num_rows for s in self.inputs.shards], self.job.chunk_rows, limit)
+    def chunks(self, limit: int | None = None, cuts: dict[str, set[int]] | None = None) -> list[Chunk]:
+        """The job's chunks, in pieces at `cuts`; with `limit`, those holding its first `limit` rows
+        (job.plan.plan_chunks)."""
+        return plan_chunks([s.num_rows for s in self.inputs.shards], self.job.chunk_rows, limit, cuts)
 
     def fingerprint(self, limit: int | None = None) -> dict:
         """What decides whether an output folder's chunks can be reused (job.plan.fingerprint)."""

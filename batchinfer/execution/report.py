@@ -21,6 +21,8 @@ def build_report(
 ) -> dict:
     """Totals over every finished chunk and retry; rates over this run (`run`) and every run of the job (`job`).
 
+    Every rate is an amount over the wall seconds of what it names: `run`'s over the run's `seconds` (start-up
+    included), `run.compute`'s over the processing loop alone, `job`'s over its runs' seconds.
     run: this run's rows, tokens, model-busy seconds, generated tokens and `loop` (seconds from the
     first chunk handed out to the last one committed); workers: the same per worker."""
     planned = {c.name for c in chunks}
@@ -47,26 +49,34 @@ def build_report(
         "truncated": sum(r.truncated for r in records),
         "tokens": tokens,
         "padding_efficiency": round(tokens / padded, 4) if padded else 1.0,
-        "run": {
-            "rows": run.get("rows", 0),
-            "seconds": round(seconds, 3),
-            "rows_per_s": _rate(run.get("rows", 0), loop),
-            "tokens_per_s": _rate(run.get("tokens", 0), loop),
-            # of the workers' time: 1.0 when every worker computed from the first chunk to the last
-            "model_busy": round(run.get("busy", 0.0) / loop / max(1, len(workers or {})), 3) if loop else 0.0,
-        },
+        "run": run_figures(run, seconds, len(workers or {})),
     }
     report["job"] = whole_job(records)
     if workers and set(workers) != {"local"}:
         report["run"]["workers"] = {
-            name: {"chunks": w["chunks"], "rows": w["rows"], "rows_per_s": _rate(w["rows"], loop)}
+            name: {"chunks": w["chunks"], "rows": w["rows"], "compute_rows_per_s": _rate(w["rows"], loop)}
             for name, w in sorted(workers.items())
         }
     if reuses_prefix(job) or any(r.prefix for r in records):
         report["prefix"] = prefix_saved([r.prefix for r in records if r.prefix])
     if job.model.task == "generate":
-        _generation(report, records, _rate(run.get("generated", 0), loop))
+        _generation(report, records, run.get("generated", 0), seconds, loop)
     return report
+
+
+def run_figures(run: Counter, seconds: float, workers: int) -> dict:
+    """This run's rows and seconds, its rates over those seconds, the same over its processing loop alone
+    (`compute`: first chunk handed out to last committed, start-up left out), and how busy the model was."""
+    loop, rows, tokens = run.get("loop", 0.0), run.get("rows", 0), run.get("tokens", 0)
+    return {
+        "rows": rows,
+        "seconds": round(seconds, 3),
+        "rows_per_s": _rate(rows, seconds),
+        "tokens_per_s": _rate(tokens, seconds),
+        "compute": {"seconds": round(loop, 3), "rows_per_s": _rate(rows, loop), "tokens_per_s": _rate(tokens, loop)},
+        # of the workers' time: 1.0 when every worker computed from the first chunk to the last
+        "model_busy": round(run.get("busy", 0.0) / loop / max(1, workers), 3) if loop else 0.0,
+    }
 
 
 def whole_job(records: list[ChunkRecord]) -> dict:
@@ -80,11 +90,13 @@ def whole_job(records: list[ChunkRecord]) -> dict:
     return {"runs": len(last), "rows": rows, "seconds": round(seconds, 3), "rows_per_s": _rate(rows, seconds)}
 
 
-def _generation(report: dict, records: list[ChunkRecord], generated_per_s: float) -> None:
-    """A generate job's figures: generated tokens, their rate, the median time to the first token, the engine."""
+def _generation(report: dict, records: list[ChunkRecord], generated: int, seconds: float, loop: float) -> None:
+    """A generate job's figures: generated tokens, this run's rates of them (over the run and over its processing
+    loop), the median time to the first token, the engine."""
     first = sorted(r.first_token_seconds for r in records if r.first_token_seconds is not None)
     report["generated_tokens"] = sum(r.generated_tokens or 0 for r in records)
-    report["run"]["generated_tokens_per_s"] = generated_per_s
+    report["run"]["generated_tokens_per_s"] = _rate(generated, seconds)
+    report["run"]["compute"]["generated_tokens_per_s"] = _rate(generated, loop)
     report["run"]["time_to_first_token_s"] = first[len(first) // 2] if first else None
     if engines := engines_used(records):
         report["engine"] = engines

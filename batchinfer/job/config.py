@@ -242,6 +242,20 @@ class ModelConfig(Section):
         "fingerprint: a changed template is a changed job.",
     )
 
+    chat: bool = Field(
+        default=True,
+        description="task generate, or classify with model.labels, on input.text: each row's text goes to the model "
+        "as the user's message of a chat, through the chat template (model.chat_template, else the tokenizer's), "
+        "as an instruct model was trained to read it; a model without a chat template gets the text as written. "
+        "false: the text as written, with the tokenizer's special tokens, whatever the model (a base model's "
+        "completion prompt, a prompt you formatted yourself).",
+    )
+    system_prompt: str | None = Field(
+        default=None,
+        description="With model.chat, on a model with a chat template: a system message before each row's user "
+        "message, e.g. 'You summarize text messages in one sentence.' Part of the job's fingerprint.",
+    )
+
     @field_validator("chat_template")
     @classmethod
     def _chat_template_given(cls, value: str | None) -> str | None:
@@ -650,6 +664,16 @@ class JobConfig(Section):
             raise ValueError(
                 "model.chat_template: only for model.task generate, or classify with model.labels; remove it"
             )
+        chat_keys = {"chat", "system_prompt"} & self.model.model_fields_set
+        if chat_keys and not (
+            self.input.text and (self.model.task == "generate" or (self.model.task == "classify" and self.model.labels))
+        ):
+            raise ValueError(
+                f"model.{sorted(chat_keys)[0]}: only for input.text with model.task generate, or classify with "
+                "model.labels (input.messages are a chat already); remove it"
+            )
+        if self.model.system_prompt is not None and not self.model.chat:
+            raise ValueError("model.system_prompt: only with model.chat: true (the default); remove one of them")
         for key in ("label_norm", "label_prompt"):
             if key in self.model.model_fields_set and not (self.model.task == "classify" and self.model.labels):
                 raise ValueError(f"model.{key}: only for model.task: classify with model.labels; remove it")

@@ -1,7 +1,8 @@
 """Shards → chunks, and the job fingerprint that decides whether a folder's chunks can be reused.
 
 Chunk boundaries depend on the shards' row counts and chunk_rows alone, so a resumed run plans
-exactly the chunks the interrupted one did.
+exactly the chunks the interrupted one did; where an earlier --limit run cut a chunk short, the chunk is
+planned in pieces at that cut (its markers say where), so the trial's rows are kept, not run again.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ class Chunk:
     index: int
     start: int
     stop: int
+    piece: int = 0  # rows into the chunk where this piece of it starts (a chunk an earlier --limit cut short)
 
     @property
     def name(self) -> str:
-        # Zero-padded so that lexical order of part files is input order.
-        return f"{self.shard:05d}-{self.index:05d}"
+        # Zero-padded so that lexical order of part files is input order: a piece's "_" sorts after the ".".
+        return f"{self.shard:05d}-{self.index:05d}" + (f"_{self.piece:0{PIECE_DIGITS}d}" if self.piece else "")
 
     @property
     def rows(self) -> int:
@@ -59,18 +61,38 @@ def retry_name(chunk: str, generation: int) -> str:
     return f"{chunk}-r{generation}"
 
 
-def plan_chunks(row_counts: list[int], chunk_rows: int, limit: int | None = None) -> list[Chunk]:
-    """Chunks of `chunk_rows` rows, shard by shard. With `limit`, only those holding the first `limit`
-    rows, the last one cut short; a later run without the limit runs that one again in full."""
-    chunks, left = [], limit if limit is not None else sum(row_counts)
+PIECE_DIGITS = 7  # a piece's offset in its chunk, zero-padded alike so that pieces sort in input order
+
+
+def plan_chunks(
+    row_counts: list[int], chunk_rows: int, limit: int | None = None, cuts: dict[str, set[int]] | None = None
+) -> list[Chunk]:
+    """Chunks of `chunk_rows` rows, shard by shard, each in pieces at its `cuts` (rows into the chunk, by the
+    chunk's name: where earlier --limit runs cut it, cuts_of). With `limit`, only those holding the first
+    `limit` rows, the last one cut short; a later run keeps that one's rows and runs the rest as a piece."""
+    chunks, left, cuts = [], limit if limit is not None else sum(row_counts), cuts or {}
     for shard, count in enumerate(row_counts):
         for index, start in enumerate(range(0, count, chunk_rows)):
-            if left <= 0:
-                return chunks
-            stop = min(start + chunk_rows, count, start + left)
-            chunks.append(Chunk(shard, index, start, stop))
-            left -= stop - start
+            end = min(start + chunk_rows, count)
+            inside = sorted(c for c in cuts.get(f"{shard:05d}-{index:05d}", ()) if 0 < c < end - start)
+            for first, last in zip([0, *inside], [*inside, end - start]):
+                if left <= 0:
+                    return chunks
+                stop = min(start + last, start + first + left)
+                chunks.append(Chunk(shard, index, start + first, stop, first))
+                left -= stop - start - first
     return chunks
+
+
+def cuts_of(done: dict[str, int]) -> dict[str, set[int]]:
+    """Where a folder's finished pieces begin and end inside their chunks, by chunk name (done: each finished
+    chunk's or piece's name -> its rows; retry passes left out): the cuts that plan them again as they ran."""
+    cuts: dict[str, set[int]] = {}
+    for name, rows in done.items():
+        chunk, _, piece = name.partition("_")
+        first = int(piece or 0)
+        cuts.setdefault(chunk, set()).update({first, first + rows} - {0})
+    return cuts
 
 
 # Every model identity (backends.models.model_identity) starts so. One that does not was recorded by an earlier
@@ -124,6 +146,14 @@ def fingerprint(job: JobConfig, model_id: str, contents: dict[str, str], limit: 
         ),
         # only when set, so that the fingerprints of jobs from before the key existed still match
         **({"model.chat_template": chat_template(job.model.chat_template)} if job.model.chat_template else {}),
+        # generation on input.text: always, since such a job's texts went to the model as written before the key
+        # existed (a folder of then is refused, not resumed through the chat template); label scoring: when off
+        **(
+            {"model.chat": job.model.chat}
+            if (job.model.task == "generate" and job.input.text) or not job.model.chat
+            else {}
+        ),
+        **({"model.system_prompt": job.model.system_prompt} if job.model.system_prompt is not None else {}),
         "model.max_length": job.model.max_length,
         "model.truncation": job.model.truncation,
         "model.dtype": job.model.dtype,

@@ -13,7 +13,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from ..errors import OutputError, ResumeError
-from ..job.plan import describe_changes
+from ..job.plan import cuts_of, describe_changes
 from ..reasons import Reason
 from ..storage import open_folder, refuse_location
 from .failures import display_path, reach_error, writing
@@ -107,6 +107,11 @@ class Checkpoint:
     def tuning(self) -> dict | None:
         """What a batching probe chose for this folder's job, if one ran."""
         return self.job.get("tuning")
+
+    def cuts(self) -> dict[str, set[int]]:
+        """Where this folder's finished chunks and pieces begin and end inside their chunks (job.plan.cuts_of), so
+        that the plan keeps a chunk an earlier --limit cut short in its pieces. Asked before start()."""
+        return cuts_of({name: r.rows for name, r in self._found.done.items() if not r.retry_of})
 
     def covering_limit(self, limit: int | None) -> int | None:
         """--limit never narrows what this folder's job already covers: a folder that holds the first 1,000

@@ -31,8 +31,9 @@ ERROR_SCHEMA = pa.schema(
         ("message", pa.string()),
     ]
 )
-PART = re.compile(rf"(?:{ERRORS}/)?part-(\d{{5}}-\d{{5}}(?:-r\d+)?)\.parquet")
-MARKER = re.compile(rf"{DONE}/(\d{{5}}-\d{{5}}(?:-r\d+)?)\.json")
+# a chunk's name: SSSSS-CCCCC, _PPPPPPP for a piece of it after an earlier --limit's cut, -rN for a retry pass
+PART = re.compile(rf"(?:{ERRORS}/)?part-(\d{{5}}-\d{{5}}(?:_\d{{7}})?(?:-r\d+)?)\.parquet")
+MARKER = re.compile(rf"{DONE}/(\d{{5}}-\d{{5}}(?:_\d{{7}})?(?:-r\d+)?)\.json")
 CREATING = re.compile(r"\.tmp-(?:[0-9a-f]{12}-[0-9a-f]{8}-_batchinfer\.json|lock-[0-9a-f]{32}-[0-9a-f]{8}-_lock)")
 
 

@@ -22,6 +22,7 @@ from ..constrained.spec import Constraint, job_constraint, response_format
 from ..errors import ConfigError, ModelError
 from ..job.config import GenerationConfig
 from ..job.templates import chat_template, no_chat_template
+from ..messages import user_turn
 from ..reasons import Reason
 from ..sources.prepare import Prepared, row_limits
 from . import model_generation
@@ -271,7 +272,11 @@ class GenerateRunner:
     def row_settings(self, job, table: pa.Table, prepared: Prepared) -> list[int | None] | None:
         """Each row's own max_new_tokens (job.max_new_tokens_column; an OpenAI request's max_tokens), None
         where it gives none; a row whose value is no limit fails with the reason why, and so does a chat
-        request when the model has no chat template."""
+        request when the model has no chat template. A job's text rows (input.text) become the user's message of
+        a chat here, where model.chat is on and the model has a template, as label scoring formats them (serve's
+        /v1/completions prompts, which do not come through here, stay as written)."""
+        if job.model.chat and job.input.text and self.tokenizer.chat_template:  # in place, as the errors below
+            prepared.texts[:] = [user_turn(t, job.model.system_prompt) for t in prepared.texts]
         if problem := self.chat_problem("body.messages"):
             for offset, text in zip(prepared.rows.tolist(), prepared.texts):
                 if not isinstance(text, str):

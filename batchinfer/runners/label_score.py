@@ -1,8 +1,9 @@
 """task: classify with model.labels — a causal LM scores every label after every row's prompt, as
 lm-evaluation-harness scores a multiple-choice continuation. Prefill only: nothing is decoded.
 
-A row's prompt is its text, through the chat template when the tokenizer has one (the text as the
-user's message, the label as the start of the assistant's reply), else as the tokenizer encodes it.
+A row's prompt is its text, through the chat template when the tokenizer has one and model.chat is on (the text
+as the user's message after model.system_prompt, the label as the start of the assistant's reply), else as the
+tokenizer encodes it.
 Each label is tokenized alone, without special tokens, and appended; its score is the sum of its
 tokens' log-probabilities (model.label_norm: divided by its token or character count). `label` is the
 best, `scores` the softmax of the scores over the labels.
@@ -30,6 +31,7 @@ import torch
 from ..backends.models import position_limit
 from ..batching.probe import PROBE_SHARE
 from ..errors import ConfigError, ModelError
+from ..messages import user_turn
 from .base import EncoderRunner, encode_capped, fixed_size_list
 from .prefix import PrefixCache, common_prefix, split_prompts
 from .protocol import Prefix, Tokens
@@ -44,7 +46,8 @@ class LabelScoreRunner(EncoderRunner):
     def __init__(self, tokenizer, backend, device, job, model_path=None):
         super().__init__(tokenizer, backend, device, job)
         self.model = model = backend.model  # the transformers model: run() makes its own passes on it (torch)
-        self.chat = tokenizer if getattr(tokenizer, "chat_template", None) else None
+        self.chat = tokenizer if job.model.chat and getattr(tokenizer, "chat_template", None) else None
+        self.system = job.model.system_prompt
         self.labels = list(job.model.labels)
         self.score_labels = self.labels
         self.label_ids = [tokenizer.encode(label, add_special_tokens=False) for label in self.labels]
@@ -71,9 +74,7 @@ class LabelScoreRunner(EncoderRunner):
         special = self.chat is None  # the chat template writes its own special tokens
         if self.chat is not None:
             texts = [
-                self.chat.apply_chat_template(
-                    [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-                )
+                self.chat.apply_chat_template(user_turn(text, self.system), add_generation_prompt=True, tokenize=False)
                 for text in texts
             ]
         encodings = encode_capped(self.tokenizer, texts, self.room, from_end=True, add_special_tokens=special)

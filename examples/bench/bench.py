@@ -182,7 +182,7 @@ def worker(args) -> dict:
             pass
         wall = time.perf_counter() - t0
         report = json.loads((out / "_report.json").read_text())
-        loop = report["run"]["rows"] / report["run"]["rows_per_s"]
+        loop = report["run"]["compute"]["seconds"]
         if MODELS[args.model] == "embed":
             table = ds.dataset(str(out), format="parquet").to_table(columns=["id", "embedding"]).sort_by("id")
             np.save(Path(args.work) / f"emb-{args.run}.npy", np.array(table.column("embedding").to_pylist()))

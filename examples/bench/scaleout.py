@@ -135,14 +135,14 @@ def main() -> None:
         print("| run | wall s | rows/s end to end | rows/s in the loop | start-up s | model busy |")
         print("|---|---|---|---|---|---|")
         for name, r in results.items():
-            loop = r["run"]["rows"] / r["run"]["rows_per_s"] if r["run"]["rows_per_s"] else 0.0
+            loop, rate = r["run"]["compute"]["seconds"], r["run"]["compute"]["rows_per_s"]
             print(
-                f"| {name} | {r['wall']:.1f} | {r['rows'] / r['wall']:,.1f} | {r['run']['rows_per_s']:,.1f} | "
+                f"| {name} | {r['wall']:.1f} | {r['rows'] / r['wall']:,.1f} | {rate:,.1f} | "
                 f"{r['wall'] - loop:.1f} | {r['run']['model_busy']:.2f} |"
             )
         if "local" in results and "ray-1" in results:
             local, ray = results["local"], results["ray-1"]
-            loop = {k: r["run"]["rows"] / r["run"]["rows_per_s"] for k, r in (("local", local), ("ray", ray))}
+            loop = {k: r["run"]["compute"]["seconds"] for k, r in (("local", local), ("ray", ray))}
             print(
                 f"\nRay path, per chunk: {(loop['ray'] - loop['local']) / chunks * 1000:,.0f} ms in the loop; "
                 f"{(ray['wall'] - local['wall']) / chunks * 1000:,.0f} ms with start-up "

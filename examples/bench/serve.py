@@ -124,7 +124,7 @@ def offline_run(rows: list[str]) -> float:
                 }
             )
         )
-    return report["run"]["rows_per_s"]
+    return report["run"]["compute"]["rows_per_s"]
 
 
 def main() -> None:
