@@ -45,6 +45,7 @@ _generate = partial(
     input__keep=None,
     model__max_length=96,
     model__backend=None,
+    model__chat=False,  # prompts as written, as serve's /v1/completions sends them
     batching=None,
     generation__max_new_tokens=40,
 )

@@ -1,7 +1,7 @@
 """Open-loop load on `batchinfer serve` (embed, MiniLM) on 127.0.0.1: a latency target (serve.p99_ms) against
 the fixed window, at rising request rates.
 
-    python examples/bench/serve_latency.py --shared /work/shared/data
+    python examples/bench/serve_latency.py --shared ../shared/data
     python examples/bench/serve_latency.py --rates 20,40,80 --seconds 10 --target-ms 60
 
 Requests arrive as a Poisson process (exponential gaps, a fixed seed) at each rate, each one text, sent whether or
