@@ -189,7 +189,10 @@ def test_portable_spells_unbounded_repeats_as_openvino_genais_xgrammar_reads_the
 
 
 def _ran_on(report) -> tuple[str, str]:
-    return report["engine"]["name"], report["engine"]["precision"]
+    """The one engine and precision the report's chunks ran on (entries that differ in their notes alone: one)."""
+    entries = report["engine"] if isinstance(report["engine"], list) else [report["engine"]]
+    (ran,) = {(e["name"], e["precision"]) for e in entries}
+    return ran
 
 
 @pytest.mark.parametrize("kind", list(CPU_KINDS))
@@ -333,3 +336,20 @@ def test_the_pipeline_keeps_the_measured_rows_in_flight_unless_engine_options_sa
     for options in ({}, {"max_num_seqs": 8}):
         OpenVINOEngine(tmp_path, GenerationConfig(engine_options=options), ["f32"], {0}, None, None)
     assert IN_FLIGHT == 32 and [scheduler.max_num_seqs for scheduler in built] == [32, 8]
+
+
+def test_a_folder_auto_started_on_transformers_goes_on_there_where_openvino_would_now_run(
+    sms_table, tmp_path, tiny_llama, monkeypatch
+):
+    """bfloat16 on an AVX2 CPU ran on the transformers engine (auto's choice there); resumed on a bf16 CPU, where auto
+    would take OpenVINO GenAI, the job keeps to the engine its first chunks ran on and finishes."""
+    stand_in_for_cpu_kind("avx2", monkeypatch)
+    pq.write_table(prompt_table(sms_table, 12), tmp_path / "prompts.parquet")
+    job = generate_job(
+        tmp_path / "prompts.parquet", tiny_llama, tmp_path / "out", batching__chunk_rows=4, model__dtype="bfloat16"
+    )
+    with pytest.raises(Crash):
+        run_job(job, progress=CrashAfterChunks(1))
+    stand_in_for_cpu_kind("amx", monkeypatch)
+    report = run_job(job)
+    assert report["complete"] and report["rows_ok"] == 12 and _ran_on(report) == ("transformers", "bf16")

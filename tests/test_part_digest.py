@@ -145,3 +145,20 @@ def test_markers_without_seals_are_checked_by_footer_and_said_so(tmp_path, sms_p
     assert again.exit_code == 0 and "chunk 00001-00000 runs again" in again.output, again.output
     status = " ".join(runner.invoke(app, ["status", str(out)]).output.split())
     assert "6/6 done (complete)" in status and "checked 5 part(s) by their footers alone" in status, status
+
+
+def test_a_part_no_marker_names_is_named_by_status_and_removed_by_the_next_run(tmp_path, sms_parquet, tiny_embed):
+    """A copy of a committed part under another chunk's name doubles its rows for any reader of the folder: status
+    names it and does not say complete; the next run removes it (it is this job's) and the folder reads as before."""
+    import shutil
+
+    out = tmp_path / "out"
+    job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, out, raw=True))
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    uninterrupted = read_output(out)
+    shutil.copy(out / "part-00000-00001.parquet", out / "part-00000-00009.parquet")
+    said = " ".join(runner.invoke(app, ["status", str(out)]).output.split())
+    assert "stray part-00000-00009.parquet" in said and "(complete)" not in said, said
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    assert not (out / "part-00000-00009.parquet").exists() and read_output(out).equals(uninterrupted)
+    assert "(complete)" in runner.invoke(app, ["status", str(out)]).output

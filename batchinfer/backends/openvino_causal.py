@@ -24,6 +24,7 @@ import shutil
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from . import openvino
 from .openvino import _no_telemetry
@@ -101,10 +102,11 @@ class DeferredModel:
         return getattr(self._model, name)
 
 
-def converted(identity: str, model_path: Path, model, tokenizer) -> tuple[Path, dict]:
-    """The cache folder holding `model` (a float32 transformers causal LM loaded from model_path) and `tokenizer`
-    converted for GenAI, converting them now on a miss; and the seconds that took."""
-    return openvino.cached(conversion(identity), lambda folder: _export(model, tokenizer, model_path, folder))
+def converted(identity: str, model_path: Path, f32_model: Callable, tokenizer) -> tuple[Path, dict]:
+    """The cache folder holding the model (f32_model(): the float32 transformers causal LM loaded from model_path;
+    called on a miss only) and `tokenizer` converted for GenAI, converting them now on a miss; and the seconds that
+    took. The conversion is of the float32 weights whatever the job runs in: bf16 is a compile-time hint."""
+    return openvino.cached(conversion(identity), lambda folder: _export(f32_model(), tokenizer, model_path, folder))
 
 
 def _export(model, tokenizer, model_path: Path, folder: Path) -> None:

@@ -80,8 +80,8 @@ def status_lines(state: FolderStatus) -> list[str]:
     lost = state.lost()
     chunks = [r for name, r in done.items() if not r.retry_of and name not in lost]
     holder = state.holder()
-    stray = state.stray_markers()
-    complete = state.succeeded() and not stray and not lost
+    stray, unmarked = state.stray_markers(), state.stray_parts()
+    complete = state.succeeded() and not stray and not lost and not unmarked
     extent = state.extent
     limit, rows = extent.get("limit"), sum(r.rows for r in chunks)
     total, total_rows = extent.get("job_chunks", extent.get("chunks", "?")), extent.get("job_rows", extent.get("rows"))
@@ -111,6 +111,13 @@ def status_lines(state: FolderStatus) -> list[str]:
         lines.append(
             f"damaged {shown}: not a completion marker of this job, so its chunk counts as not done and a "
             "run refuses the folder until you move the file(s) away",
+        )
+    if unmarked:
+        shown = ", ".join(unmarked[:3]) + (f" and {len(unmarked) - 3} more" if len(unmarked) > 3 else "")
+        lines.append(
+            f"stray   {shown}: part file(s) no completion marker names, whose rows a reader of the folder reads "
+            "too; the next run removes them if they are this job's (a chunk in flight when a run stopped), and "
+            "refuses the folder over another's until you move it away",
         )
     lines += lost_lines(lost, state.unsealed())
     if limit and not holder and len(chunks) >= extent["chunks"]:  # the limited run is done: go on past it

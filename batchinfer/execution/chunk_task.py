@@ -60,11 +60,20 @@ class TaskInputs:
     budget: Batching
     engine: dict | None = None  # generate: the engine the folder's first chunks ran on (their records' `engine`)
 
+    def on_first_engine(self) -> JobConfig:
+        """The job, its generation.engine auto kept to a torch engine the folder's first chunks ran on (auto chose
+        it then, say where OpenVINO GenAI was missing or bf16 not native), so that the folder holds one engine's
+        answers; a resume that auto would now put on OpenVINO GenAI goes on where it started."""
+        gen = self.job.generation
+        if self.engine is None or gen.engine != "auto" or self.engine["name"] not in ("transformers", "static"):
+            return self.job
+        return self.job.model_copy(update={"generation": gen.model_copy(update={"engine": self.engine["name"]})})
+
     def task(self, stop: StopFlag, worker: str = "local", wrap: Callable | None = None) -> ChunkTask:
         """A ChunkTask with its runner loaded in this process; `wrap` wraps the runner (tests crash a run)."""
         from ..runners import make_runner
 
-        runner = make_runner(self.job, self.model_path, self.budget)
+        runner = make_runner(self.on_first_engine(), self.model_path, self.budget)
         if self.engine is not None:  # a generation folder's: imports torch, as its runner did
             from ..runners.generate import refuse_a_mixed_engine
 

@@ -44,6 +44,11 @@ class Scan:
         """Completion markers that are damaged or not this job's: a run refuses the folder over them."""
         return [n for n in self.listing if (m := MARKER.fullmatch(n)) and m.group(1) not in self.done]
 
+    def stray_parts(self) -> list[str]:
+        """Part files that no completion marker of this job names (a chunk in flight when a run stopped, or a file
+        put there): a Parquet reader of the folder reads their rows too; the next run removes this job's."""
+        return [n for n in self.listing if (m := PART.fullmatch(n)) and m.group(1) not in self.done]
+
 
 def scan(folder, path, footers: bool = True) -> Scan:
     """The folder as it stands; markers and footers only when it holds a job (a damaged job record raises).

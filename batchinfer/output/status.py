@@ -102,6 +102,9 @@ class FolderStatus:
     def stray_markers(self) -> list[str]:
         return self.found.stray_markers()
 
+    def stray_parts(self) -> list[str]:
+        return self.found.stray_parts()
+
     def skipped_shards(self) -> list[str]:
         """The shards the last run left out (input.on_bad_shard: skip), as _report.json lists them."""
         table = read_table(self.folder, SKIPPED)

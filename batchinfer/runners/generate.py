@@ -166,6 +166,14 @@ class GenerateRunner:
         """The cache page (tokens) in which the engine shares rows' common prefixes; None when it shares none."""
         return self.engine.shared_page
 
+    def f32_model(self, job, model_path) -> Callable:
+        """() -> the model in float32, for a conversion: the loaded one, or (model.dtype bfloat16) a float32 load."""
+        if self.precision == "f32":
+            return lambda: self.model
+        from ..backends.models import load_model
+
+        return lambda: load_model(job.model.model_copy(update={"dtype": "float32"}), model_path)[1]
+
     def use_openvino(self, job, model_path) -> None:
         """generation.engine openvino, or auto on a CPU: the OpenVINO GenAI engine over the model converted once
         and cached; for auto, where it cannot run this job, the transformers engine with a note saying why (for
@@ -179,7 +187,9 @@ class GenerateRunner:
         if problem is None:
             identity = model_identity(model_path)
             try:
-                folder = openvino_causal.converted(identity, model_path, self.model, self.tokenizer)[0]
+                folder = openvino_causal.converted(
+                    identity, model_path, self.f32_model(job, model_path), self.tokenizer
+                )[0]
             except (ModelError, RuntimeError, ValueError, TypeError) as exc:  # the cache's, the tracer's, OpenVINO's
                 problem = f"the model did not convert for OpenVINO GenAI ({type(exc).__name__}: {exc})"
             else:
@@ -558,8 +568,9 @@ def refuse_a_mixed_engine(recorded: dict, runner) -> None:
         f"the output folder's first chunks ran on the {theirs['name']} engine in {theirs.get('precision', 'f32')} "
         f"(their markers say so), and this run would run on {ours['name']} in {ours.get('precision', 'f32')} "
         f"({why}); a resume never mixes two engines' or precisions' answers",
-        f"resume where the first run ran (set generation.engine: {theirs['name']} and the model.dtype it ran, on a "
-        "machine where it runs), or run it again whole with --restart",
+        f"resume where {theirs['name']} in {theirs.get('precision', 'f32')} runs (for OpenVINO GenAI: openvino-genai "
+        "installed, the model converting; for bf16 there: a CPU with native bf16, lscpu | grep -o "
+        "'avx512_bf16\\|amx_bf16' names it, without BATCHINFER_NO_BF16), or run it again whole with --restart",
     )
 
 
