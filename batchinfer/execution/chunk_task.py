@@ -64,8 +64,12 @@ class TaskInputs:
         """The job, its generation.engine auto kept to a torch engine the folder's first chunks ran on (auto chose
         it then, say where OpenVINO GenAI was missing or bf16 not native), so that the folder holds one engine's
         answers; a resume that auto would now put on OpenVINO GenAI goes on where it started."""
+        from ..backends.models import device_type
+
         gen = self.job.generation
         if self.engine is None or gen.engine != "auto" or self.engine["name"] not in ("transformers", "static"):
+            return self.job
+        if device_type(self.job.model.device) == "cuda":  # the GPU's engine probe keeps the first run's choice itself
             return self.job
         return self.job.model_copy(update={"generation": gen.model_copy(update={"engine": self.engine["name"]})})
 
