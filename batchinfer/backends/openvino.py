@@ -152,6 +152,7 @@ class OpenVINOBackend:
         self.precision = next(iter(compiled))
         self.seconds = seconds  # convert / read / compile times, for the report's start-up figures
         self.check: dict | None = None  # the conversion checked against torch when it was made (_check)
+        self.emulated = "bf16" in compiled and emulates_bf16()  # a stand-in's bf16: outputs rounded (forward)
 
     @property
     def precisions(self) -> list[str]:
@@ -171,7 +172,7 @@ class OpenVINOBackend:
         request.infer({name: inputs[name] for name in self.names})
         # The request's output buffer is reused by the next call: copy it out.
         out = request.get_output_tensor(0).data.copy()
-        return to_bf16(out) if self.precision == "bf16" and emulates_bf16() else out
+        return to_bf16(out) if self.emulated and self.precision == "bf16" else out
 
     def use(self, precision: str | None) -> None:
         """Run the next calls in `precision` (one compiled; None: the first)."""

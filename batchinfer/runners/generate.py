@@ -62,12 +62,14 @@ class GenerateRunner:
         cuda_auto = None
         if job.generation.engine == "auto" and device_type(job.model.device) == "cuda":
             cuda_auto = ("probe", "recorded") if recorded in (CONTINUOUS, STATIC) else gpu_auto(job.generation)
-        if cuda_auto and cuda_auto[0] == "vllm":
-            if problem := generation_problem(model_generation.from_folder(model_path), "vllm"):
+        own = None  # the model's generation_config, read from its folder where vLLM may run (vllm.LLM has none)
+        if job.generation.engine == "vllm" or (cuda_auto and cuda_auto[0] == "vllm"):
+            own = model_generation.from_folder(model_path)
+            if (problem := generation_problem(own, "vllm")) and job.generation.engine == "vllm":
+                raise ConfigError(problem, "set generation.engine: auto, transformers or static")
+            if problem:
                 cuda_auto = ("probe", f"vllm would not decode as generate does: {problem}")
         if job.generation.engine == "vllm" or (cuda_auto and cuda_auto[0] == "vllm"):
-            if problem := generation_problem(model_generation.from_folder(model_path), "vllm"):
-                raise ConfigError(problem, "set generation.engine: auto, transformers or static")
             llm = load_vllm(model_path, job.generation.engine_options)
             tokenizer, model, device = llm.get_tokenizer(), llm, torch.device("cuda")
             if job.model.chat_template is not None:
@@ -85,7 +87,7 @@ class GenerateRunner:
             if job.generation.engine in ("auto", "openvino") and openvino_engine.available():
                 warm = openvino_causal.warm(job.model, model_path, model_identity(model_path))
             tokenizer, model, device = warm or load_model(job.model, model_path)
-        own = getattr(model, "generation_config", None) or model_generation.from_folder(model_path)  # vllm.LLM: none
+        own = getattr(model, "generation_config", None) or own
         gen, sampled = model_generation.model_sampling(job.generation, own)
         runner = cls(tokenizer, model, device, job.model.max_length, gen, precision_of(job, device))
         if cuda_auto:
