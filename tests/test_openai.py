@@ -147,6 +147,24 @@ def test_resume_neither_repeats_nor_loses_a_custom_id(tmp_path, tiny_llama):
     assert ids == [f"r{i}" for i in range(40)]
 
 
+def test_a_request_longer_than_max_length_is_a_too_long_error_line_never_a_cut_answer(tmp_path, tiny_llama):
+    """An OpenAI response line has no `truncated` field: a prompt cut to its last max_length tokens was answered
+    as if whole. It is now that request's too_long error line (the others answered), and truncation: true, which
+    would cut it, is refused for input.format openai."""
+    lines = [_completion("short", "Free entry", max_tokens=2), _completion("long", "word " * 40, max_tokens=2)]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    out = tmp_path / "results.jsonl"
+    command = ["openai-batch", str(path), "-m", str(tiny_llama), "-o", str(out), "-q", "--set", "model.max_length=16"]
+    result = runner.invoke(app, command)
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["short"]
+    (failed,) = map(json.loads, (tmp_path / "results.errors.jsonl").read_text().splitlines())
+    assert failed["custom_id"] == "long" and failed["error"]["code"] == "too_long"
+    refused = runner.invoke(app, [*command, "--set", "model.truncation=true", "--restart"])
+    assert refused.exit_code == 2 and "cannot say so" in refused.output, refused.output
+
+
 def test_openai_config_errors(tmp_path):
     from batchinfer.errors import ConfigError
 

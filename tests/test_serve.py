@@ -246,6 +246,36 @@ def test_a_served_request_reads_its_rows_as_the_job_does_and_a_too_long_text_is_
     assert long.json()["error"]["message"] == "input[1]: text is longer than max_length=8 tokens"
 
 
+@pytest.mark.parametrize("task", ["embed", "generate"])
+def test_an_openai_route_refuses_a_text_it_would_cut_where_its_answer_cannot_say_so(task, tiny_embed, tiny_llama):
+    """With truncation: true (the default) a run flags a cut row in `truncated`; an OpenAI answer has no such field,
+    so serve answered the last max_length tokens of a long prompt (the first of a long input) as if they were
+    all. Now it is a 400 that names the limit and the fix; a text within it is answered as before."""
+    job = _serving(tiny_embed if task == "embed" else tiny_llama, task)
+    job = job.model_copy(update={"model": job.model.model_copy(update={"max_length": 16})})
+    long = "word " * 40
+
+    async def go():
+        async with _client(job) as client:
+            if task == "embed":
+                return [await client.post("/v1/embeddings", json={"input": ["ok", text]}) for text in ("fine", long)]
+            return [
+                await client.post("/v1/completions", json={"prompt": "ok", "max_tokens": 2}),
+                await client.post("/v1/completions", json={"prompt": long, "max_tokens": 2}),
+                await client.post(
+                    "/v1/chat/completions", json={"messages": [{"role": "user", "content": long}], "max_tokens": 2}
+                ),
+            ]
+
+    short, *cut = asyncio.run(go())
+    assert short.status_code == 200, short.text
+    for answer, field in zip(cut, ["input[1]"] if task == "embed" else ["prompt", "messages"]):
+        assert answer.status_code == 400, answer.text
+        message = answer.json()["error"]["message"]
+        assert message.startswith(f"{field}: text is longer than max_length=16 tokens")
+        assert "--set model.max_length=N" in message
+
+
 def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
     async def go():
         async with _client(_serving(tiny_llama, "generate")) as client:
@@ -503,7 +533,8 @@ def test_a_full_queue_refuses_before_tokenizing_and_a_burst_leaves_memory_where_
         EmbedRunner, "tokenize", lambda self, texts: tokenized.append(len(texts)) or tokenize(self, texts)
     )
     words = "the quick brown fox jumps over the lazy dog near the river bank "
-    body = json.dumps({"input": [(words * 130)[:8000]] * 200}).encode()  # texts as long as the tokenizer reads
+    # texts of nearly max_length tokens (a longer one is a 400 on this route: its answer cannot say it was cut)
+    body = json.dumps({"input": [" ".join(words.split() * 8)[:500]] * 200}).encode()
 
     async def go(**serve):
         async with _client(_serving(tiny_embed, "embed", **serve)) as client:

@@ -199,7 +199,8 @@ class ModelConfig(Section):
     truncation: Union[bool, Literal["error"]] = Field(
         default=True,
         description="true: cut rows longer than max_length and flag them in the `truncated` column. "
-        "error: send them to _errors/ with reason too_long instead.",
+        "error: send them to _errors/ with reason too_long instead (always with input.format openai, whose "
+        "response lines cannot flag a cut; serve's OpenAI routes answer such a text with a 400 as well).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",
@@ -637,7 +638,20 @@ class JobConfig(Section):
         self._fits_the_task()
         self._fits_the_model_fields()
         self._no_column_clash()
+        self._openai_inputs_whole()
         return self
+
+    def _openai_inputs_whole(self) -> None:
+        """An OpenAI response line cannot say that its prompt was cut (a run's `truncated` column does): requests
+        longer than model.max_length become too_long error lines, as OpenAI's own Batch API refuses them."""
+        if self.input.format != "openai":
+            return
+        if "truncation" in self.model.model_fields_set and self.model.truncation is True:
+            raise ValueError(
+                "model.truncation: true would answer a cut prompt, and an OpenAI response line cannot say so; remove "
+                "it (input.format openai sends longer requests to the errors file), or raise model.max_length"
+            )
+        self.model.truncation = "error"
 
     def _fits_the_task(self) -> None:
         """Every section and key the job sets is one its task reads."""

@@ -126,7 +126,7 @@ class Routes:
 
     async def embeddings(self, body: EmbeddingsBody, request: Request):
         started = self.accept("embed", body, request)
-        columns, tokens = await self.service.run(body.texts(), request)
+        columns, tokens = await self.service.run(body.texts(), request, whole=True)
         vectors = [_encode(vector, body.encoding_format) for vector in columns["embedding"]]
         self.metrics.answered(request.url.path, started)
         return embedding_list(vectors, body.model or self.model, tokens)

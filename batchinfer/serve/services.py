@@ -51,8 +51,9 @@ class EncoderService:
         self.described = {"task": job.model.task, "backend": self.runner.backend, "precision": self.runner.precision}
         metrics.serving(self.described)
 
-    async def run(self, texts: list, request: Request) -> tuple[dict, int]:
-        """Each text's result columns (as Python lists) and the request's token count."""
+    async def run(self, texts: list, request: Request, whole: bool = False) -> tuple[dict, int]:
+        """Each text's result columns (as Python lists) and the request's token count. `whole`: a text longer
+        than model.max_length is a 400, for an answer that cannot say it was cut (OpenAI's shapes)."""
         started = time.perf_counter()
         most = most_tokens(texts, self.runner.max_length)
         # a full queue refuses before the tokenizer runs, and so does a request of more texts than the queue's
@@ -63,6 +64,8 @@ class EncoderService:
                 position, (_, message) = min(loaded.prepared.errors.items())
                 raise BadInput(f"input[{position}]: {message}")
             tokens = loaded.tokens
+            if whole and tokens.truncated.any():
+                raise BadInput(f"input[{int(np.argmax(tokens.truncated))}]: {uncut(self.runner.max_length)}")
             pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop(), reserved=most)
         results, failed = await until_done(pending, request, self.batcher.cancel)
         if failed:
@@ -126,7 +129,10 @@ class GenerateService:
         max_new = max_tokens or self.job.generation.max_new_tokens
         constraint = await self.constraint(body)
         stops = list(body.stop or self.job.generation.stop)
-        ids = (await asyncio.to_thread(self.runner.tokenize, [prompt])).ids[0]
+        tokens = await asyncio.to_thread(self.runner.tokenize, [prompt])
+        if tokens.truncated.any():  # the engine would answer the prompt's last max_length tokens alone
+            raise BadInput(f"{'messages' if chat else 'prompt'}: {uncut(self.runner.max_length)}")
+        ids = tokens.ids[0]
         if self.runner.context:
             max_new = max(1, min(max_new, self.runner.context - len(ids)))
         return Asked(chat, ids, max_new, settings, stops, constraint, body.stream, usage, started)
@@ -237,6 +243,14 @@ class GenerateService:
 
     def stop(self) -> None:
         self.engine.stop()
+
+
+def uncut(max_length: int) -> str:
+    """Why serve refuses a text it would have to cut: an OpenAI answer has no field to say so."""
+    return (
+        f"text is longer than max_length={max_length} tokens, and this answer could not say it was cut; "
+        "send a shorter text, or start serve with --set model.max_length=N (up to the model's own limit)"
+    )
 
 
 def most_tokens(texts: list, max_length: int) -> int:
