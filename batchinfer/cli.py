@@ -149,6 +149,12 @@ def openai_batch(
     output: Path = typer.Option(..., "--output", "-o", help="The response file to write (JSONL)."),
     set_: Optional[List[str]] = SetOption,
     restart: bool = typer.Option(False, "--restart", help="Discard earlier results for OUTPUT and start over."),
+    retry_errors: bool = typer.Option(
+        False,
+        "--retry-errors",
+        help="Answer the failed requests again, e.g. too_long ones after raising model.max_length; only "
+        "max_length, truncation and dtype may change.",
+    ),
     progress: str = ProgressOption,
     every: float = EveryOption,
     quiet: bool = QuietOption,
@@ -180,14 +186,16 @@ def openai_batch(
                 "as in OpenAI's Batch API, one file holds requests of one url, others become error lines)",
                 exc.hint,
             ) from exc
-        command = resume_command(["openai-batch", str(requests), "--model", model, "-o", str(output)], set_ or [], None)
+        command = resume_command(
+            ["openai-batch", str(requests), "--model", model, "-o", str(output)], set_ or [], None
+        ) + (" --retry-errors" if retry_errors else "")
         errors = output.with_name(output.name.removesuffix(".jsonl") + ".errors.jsonl")
         known = check_targets(work, [output, errors])
         report = execute(
             config,
             command,
             restart=restart,
-            retry_errors=False,
+            retry_errors=retry_errors,
             progress=progress_display("none" if quiet else progress, every),
         )
         counts = report["openai"]

@@ -1,5 +1,6 @@
 """End to end through the engine: outputs, agreement with trusted tools, batching invariance, resume."""
 
+import json
 import shutil
 
 import numpy as np
@@ -11,6 +12,7 @@ from helpers import make_job as _job
 from helpers import read_output as _read
 from helpers import vectors as _vectors
 
+from batchinfer.commands.export import export_folder
 from batchinfer.control import Quiet
 from batchinfer.errors import ResumeError
 from batchinfer.execution.driver import run_job
@@ -281,6 +283,10 @@ def test_retry_errors_after_raising_max_length(sms_parquet, sms_table, tiny_embe
     table = _read(tmp_path / "out")
     assert sorted(table.column("sms_id").to_pylist()) == sorted(sms_table.column("sms_id").to_pylist()[:600])
     assert list((tmp_path / "out").glob("part-00000-00000-r1.parquet"))
+    # An export is in input order: the retried rows among their chunk's (by name, the -r1 parts came first).
+    export_folder(str(tmp_path / "out"), "jsonl", tmp_path / "all.jsonl")
+    exported = [json.loads(line)["sms_id"] for line in (tmp_path / "all.jsonl").read_text().splitlines()]
+    assert exported == sms_table.column("sms_id").to_pylist()[:600]
     # Nothing left to retry: a second retry changes nothing.
     assert (
         run_job(

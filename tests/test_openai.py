@@ -163,6 +163,11 @@ def test_a_request_longer_than_max_length_is_a_too_long_error_line_never_a_cut_a
     assert failed["custom_id"] == "long" and failed["error"]["code"] == "too_long"
     refused = runner.invoke(app, [*command, "--set", "model.truncation=true", "--restart"])
     assert refused.exit_code == 2 and "cannot say so" in refused.output, refused.output
+    # given room, --retry-errors answers it, in its place among the file's lines
+    retried = runner.invoke(app, [*command[:-1], "model.max_length=256", "--retry-errors"])
+    assert retried.exit_code == 0, retried.output
+    assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["short", "long"]
+    assert not (tmp_path / "results.errors.jsonl").exists()
 
 
 def test_openai_config_errors(tmp_path):

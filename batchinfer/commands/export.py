@@ -17,6 +17,7 @@ from ..errors import OutputError
 from ..output.failures import reach_error
 from ..output.formats import json_lines
 from ..output.layout import SUCCESS
+from ..output.parts import tables_in_input_order
 from ..output.status import FolderStatus
 from ..storage import JOB_RECORD, LocalFolder
 from .delivery import place
@@ -69,13 +70,15 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
         raise OutputError(f"{folder} holds no result rows (every row is in _errors/)", "see batchinfer status")
     rows = 0
 
+    def read(part: str) -> pa.Table:
+        table, problem = state.read_part(part)
+        if problem:  # the file under construction goes: it is written whole or not at all
+            raise _lost(folder, {state.committed[part].chunk: problem}, command)
+        return table.replace_schema_metadata(None)  # the job id marks the folder's files only
+
     def tables():
         nonlocal rows
-        for part in parts:
-            table, problem = state.read_part(part)
-            if problem:  # the file under construction goes: it is written whole or not at all
-                raise _lost(folder, {state.committed[part].chunk: problem}, command)
-            table = table.replace_schema_metadata(None)  # the job id marks the folder's files only
+        for table in tables_in_input_order(parts, read):
             rows += table.num_rows
             yield table
 

@@ -4,12 +4,13 @@ The Parquet parts stay the checkpoint in every format."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 from ..openai_compat.batch_files import error_lines, response_lines
 from .failures import writing
 from .layout import tmp_prefix
-from .parts import part_names, read_table
+from .parts import part_names, read_table, tables_in_input_order
 
 RESULTS_JSONL = "_results.jsonl"  # the _ keeps Parquet readers of the folder off it
 EXPORTED = "exported.json"  # the files `openai-batch -o` wrote outside the folder, with their digests
@@ -35,8 +36,9 @@ class DeclaredFiles:
 
         def fill(f) -> None:
             nonlocal count
-            for part in part_names(self.folder, errors=errors):
-                lines = convert(read_table(self.folder, part))
+            read = functools.partial(read_table, self.folder)
+            for table in tables_in_input_order(part_names(self.folder, errors=errors), read):
+                lines = convert(table)
                 f.write("".join(line + "\n" for line in lines).encode())
                 count += len(lines)
 

@@ -5,6 +5,8 @@ back in input order."""
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -50,6 +52,15 @@ def part_names(folder, errors: bool = False) -> list[str]:
 def in_input_order(names, errors: bool = False) -> list[str]:
     """The result (or error) part files among `names`, in input order."""
     return sorted((n for n in names if n.startswith(ERRORS) == errors), key=lambda n: n.rsplit("/", 1)[-1])
+
+
+def tables_in_input_order(names: list[str], read: Callable[[str], pa.Table]) -> Iterator[pa.Table]:
+    """The rows of part files `names` (in input order, as in_input_order gives them), a table per chunk, in input
+    order. A chunk's retry passes (-rN) hold rows from among its own (its trial pieces, _P, rows after them), so
+    a chunk of more than one part is merged by row: by name, a retry's rows would come before the chunk's."""
+    for _, group in itertools.groupby(names, key=lambda n: PART.fullmatch(n).group(1)[:11]):
+        tables = [read(name) for name in group]
+        yield tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default").sort_by("row")
 
 
 def read_table(folder, name: str) -> pa.Table | None:
