@@ -95,6 +95,25 @@ def test_wrong_type_and_bad_value():
     ) in message
 
 
+@pytest.mark.parametrize(
+    "section, key, given, said",
+    [
+        ("generation", "seed", True, "generation.seed: Input should be a valid integer (got True)"),
+        ("batching", "max_rows", True, "batching.max_rows: Input should be a valid integer (got True)"),
+        ("generation", "temperature", False, "generation.temperature: Input should be a valid number (got False)"),
+        ("generation", "stop", ["ok", "a\ud800"], "generation.stop[1]: not valid Unicode (surrogates not allowed"),
+        ("model", "system_prompt", "be \udcff brief", "model.system_prompt: not valid Unicode"),
+    ],
+)
+def test_a_boolean_for_a_number_or_a_lone_surrogate_is_refused_by_key(section, key, given, said):
+    """YAML's true was seed 1 and false temperature 0 (pydantic reads a bool as a number); a lone surrogate (\\ud800
+    in YAML or JSON) was a stop string no text ever holds. Both are the key's error now."""
+    job = {**GOOD, "model": {"path": "m", "task": "generate"}, section: {key: given}}
+    if section == "model":
+        job["model"] = {**job["model"], key: given}
+    assert said in _error(job)
+
+
 def test_missing_key_says_what_to_write():
     message = _error({"input": {"text": "t"}, "model": {"path": "m", "task": "embed"}, "output": {"path": "o"}})
     assert "input.path: required; A file, a folder or a glob of shards" in message

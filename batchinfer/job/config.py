@@ -13,6 +13,8 @@ from pydantic import (
     ByteSize,
     ConfigDict,
     Field,
+    StrictFloat,
+    StrictInt,
     TypeAdapter,
     ValidationError,
     field_validator,
@@ -21,6 +23,7 @@ from pydantic import (
 
 from ..constrained.spec import GrammarLimits, response_format
 from ..errors import ConfigError, shorten
+from ..openai_compat.requests import unicode_problem
 from .tasks import TASKS
 from .templates import bare_columns, fields_of, template_fields
 
@@ -31,7 +34,17 @@ BYTES = TypeAdapter(ByteSize)  # generation.max_memory: 2147483648, 512MB, 4GB, 
 
 
 class Section(BaseModel):
+    # Numbers are StrictInt and StrictFloat: YAML's `true` (or `--set generation.seed=true`) is no seed 1.
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data):
+        """A lone surrogate (\\ud800 in YAML or JSON) reaches no tokenizer: a stop string holding one never
+        matches, a label holding one is never scored."""
+        if isinstance(data, dict) and (problem := unicode_problem(data)):
+            raise ValueError(problem)
+        return data
 
 
 class InputConfig(Section):
@@ -80,7 +93,7 @@ class InputConfig(Section):
         description="task score: the second text of each pair (a column or a template), e.g. the document a "
         "query in input.text is scored against. A row missing either side goes to _errors/.",
     )
-    max_line_bytes: int = Field(
+    max_line_bytes: StrictInt = Field(
         default=8 << 20,
         ge=1024,
         description="JSONL: the longest line read, in bytes. A longer line is skipped without being read whole and "
@@ -195,7 +208,7 @@ class ModelConfig(Section):
         description="task zero-shot: false: the labels' scores sum to 1 (one label per row); true: each label is "
         "scored on its own (entailment against contradiction).",
     )
-    max_length: int = Field(default=256, ge=2, description="Tokens per row, special tokens included.")
+    max_length: StrictInt = Field(default=256, ge=2, description="Tokens per row, special tokens included.")
     truncation: Union[bool, Literal["error"]] = Field(
         default=True,
         description="true: cut rows longer than max_length and flag them in the `truncated` column. "
@@ -280,7 +293,7 @@ class ModelConfig(Section):
 
 
 class BatchingConfig(Section):
-    max_tokens: Union[int, Literal["auto"]] = Field(
+    max_tokens: Union[StrictInt, Literal["auto"]] = Field(
         default="auto",
         description="Tokens per batch: rows x longest row when padded, real tokens when packed. auto: a short probe "
         "on the first chunk's rows times candidate sizes and keeps the fastest (CPU) or the largest that fits in "
@@ -292,8 +305,8 @@ class BatchingConfig(Section):
         "layers compute no padding (encoders whose attention goes through transformers' attention interface, "
         "such as BERT). auto: the faster of the two on this machine, measured by the same probe.",
     )
-    max_rows: int = Field(default=256, ge=1, description="Rows per batch, whatever their length.")
-    chunk_rows: Union[int, Literal["auto"]] = Field(
+    max_rows: StrictInt = Field(default=256, ge=1, description="Rows per batch, whatever their length.")
+    chunk_rows: Union[StrictInt, Literal["auto"]] = Field(
         default="auto",
         description="Rows per chunk: the unit of sorting, checkpointing and output files. Larger chunks sort "
         "better; smaller ones lose less work to a crash or Ctrl-C. auto: 4096, or 256 for generate, whose rows "
@@ -329,28 +342,28 @@ class GenerationConfig(Section):
         "cache (CPU and GPU). vllm: vllm.LLM on a GPU (pip install batchinfer[vllm]). static: padded "
         "model.generate batches in input order, a baseline.",
     )
-    max_new_tokens: int = Field(default=256, ge=1, le=(1 << 63) - 1, description="Most tokens generated per row.")
+    max_new_tokens: StrictInt = Field(default=256, ge=1, le=(1 << 63) - 1, description="Most tokens generated per row.")
     max_new_tokens_column: str | None = Field(
         default=None,
         description="A column whose whole-number value overrides max_new_tokens for its row (empty: the default; "
         "anything else: the row goes to _errors/ as bad_max_new_tokens). Prompt plus completion never run past "
         "the model's context.",
     )
-    temperature: float = Field(
+    temperature: StrictFloat = Field(
         default=0.0,
         ge=0.0,
         allow_inf_nan=False,
         description=f"0 is greedy decoding; above 0 samples (below {GREEDY_BELOW:g}: greedy, as vLLM reads it).",
     )
-    top_p: float = Field(
+    top_p: StrictFloat = Field(
         default=1.0,
         gt=0.0,
         allow_inf_nan=False,
         le=1.0,
         description="Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p.",
     )
-    top_k: int = Field(default=0, ge=0, description="Sample among the k likeliest tokens; 0 means no limit.")
-    seed: int = Field(
+    top_k: StrictInt = Field(default=0, ge=0, description="Sample among the k likeliest tokens; 0 means no limit.")
+    seed: StrictInt = Field(
         default=0,
         ge=0,
         le=(1 << 63) - 1,  # what every engine takes (openai_compat/requests.py SEED): OpenVINO's is unsigned
@@ -378,26 +391,26 @@ class GenerationConfig(Section):
         description="Constrained output: the completion matches this regular expression whole, e.g. "
         "'\\d{4}-\\d{2}-\\d{2}'.",
     )
-    grammar_seconds: float = Field(
+    grammar_seconds: StrictFloat = Field(
         default=10.0,
         gt=0,
         description="Constrained output: the longest xgrammar may take to compile one constraint (a schema, choices "
         "or a regex; each distinct one is compiled once). Past it the constraint is refused as too slow: the job "
         "stops before it starts, an OpenAI Batch request is a bad_request error line, serve answers 400.",
     )
-    grammar_max_bytes: int = Field(
+    grammar_max_bytes: StrictInt = Field(
         default=256 << 10,
         ge=1,
         description="Constrained output: the largest constraint, in bytes of its text (the schema or choices as "
         "JSON, the regex); a larger one is refused at once, as one that compiles too slowly is.",
     )
-    grammar_max_depth: int = Field(
+    grammar_max_depth: StrictInt = Field(
         default=64,
         ge=1,
         description="Constrained output: how deep a JSON schema may nest (its objects and lists); compile time grows "
         "fast with depth (400 levels of objects took 22 s), so a deeper one is refused at once.",
     )
-    grammar_max_choices: int = Field(
+    grammar_max_choices: StrictInt = Field(
         default=5000,
         ge=1,
         description="Constrained output: the most values a constraint may choose between (choices, or a schema's "
@@ -518,15 +531,15 @@ class RuntimeConfig(Section):
         "(a Ray actor holding the model) per GPU or CPU slot, fed chunks by this process, which alone commits them "
         '(pip install -e ".[ray]").',
     )
-    workers: Union[int, Literal["auto"]] = Field(
+    workers: Union[StrictInt, Literal["auto"]] = Field(
         default="auto",
         description="executor ray: how many workers. auto: as many as the cluster's nodes hold, one per "
         "gpus_per_worker GPUs on a cluster with GPUs, else one per cpus_per_worker CPUs.",
     )
-    gpus_per_worker: float = Field(
+    gpus_per_worker: StrictFloat = Field(
         default=1.0, ge=0, description="executor ray: GPUs each worker holds when the cluster has GPUs (0 on CPUs)."
     )
-    cpus_per_worker: float = Field(
+    cpus_per_worker: StrictFloat = Field(
         default=1.0, gt=0, description="executor ray: CPU cores each worker holds; its torch threads follow."
     )
     ray_address: str | None = Field(
@@ -556,13 +569,13 @@ class ServeConfig(Section):
         "clients written for another service; GET /v1/models/{alias} finds it, and /v1/models lists the served name "
         "alone.",
     )
-    max_wait_ms: float = Field(
+    max_wait_ms: StrictFloat = Field(
         default=5.0,
         ge=0,
         description="batchinfer serve: how long the oldest queued row may wait for others to fill a batch. A batch "
         "runs once its rows reach batching.max_tokens or the oldest has waited this long; 0 runs whatever is queued.",
     )
-    p99_ms: float | None = Field(
+    p99_ms: StrictFloat | None = Field(
         default=None,
         gt=0,
         description="batchinfer serve: a latency target, in milliseconds, for the 99th percentile of admitted "
@@ -572,7 +585,7 @@ class ServeConfig(Section):
         "queueing it. Pick about 3x the latency of a lone request (docs/serve.md). Default: none, the fixed window "
         "(batching.max_tokens, max_wait_ms).",
     )
-    max_queue_tokens: int = Field(
+    max_queue_tokens: StrictInt = Field(
         default=262144,
         ge=1,
         description="batchinfer serve: tokens that may be queued or running, for every task. An encoder request "
@@ -582,13 +595,13 @@ class ServeConfig(Section):
         "Retry-After, never queued without bound. Until a request is tokenized, each of its texts counts as its "
         "characters (at most model.max_length tokens).",
     )
-    max_body_bytes: int = Field(
+    max_body_bytes: StrictInt = Field(
         default=4 << 20,
         ge=1,
         description="batchinfer serve: the largest request body, in bytes (4 MiB). A larger one is answered 413 before "
         "it is read whole or parsed, whether it gives its Content-Length or comes chunked.",
     )
-    read_timeout_s: float = Field(
+    read_timeout_s: StrictFloat = Field(
         default=30.0,
         gt=0,
         description="batchinfer serve: the longest a request body may pause, in seconds: a body of which nothing more "
