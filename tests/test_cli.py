@@ -796,6 +796,9 @@ DAMAGE = {  # what is written into the file: (file, a change to its JSON, or the
     "worker a number": (MARKER, {"worker": 5}, "worker"),
     "prefix counts text": (MARKER, {"prefix": {"tokens": "40"}}, "prefix.tokens"),
     "rows a boolean": (MARKER, {"rows": True}, "rows"),
+    # each field of the right type, together what batchinfer never writes: the chunk counted twice or miscounted
+    "another chunk's record": (MARKER, {"chunk": "00000-00000"}, "it holds the record of chunk 00000-00000, not"),
+    "counts that do not add up": (MARKER, {"rows": 7}, "its counts do not add up: 7 rows, but"),
 }
 
 

@@ -64,6 +64,15 @@ def test_export_refuses_an_unfinished_folder_and_an_existing_file(tmp_path, sms_
     assert pq.read_table(target).num_rows == 600 and not list(tmp_path.glob(".tmp-*"))
     result = runner.invoke(app, ["export", str(tmp_path / "out"), "-f", "xml", "-o", str(tmp_path / "x")])
     assert result.exit_code == 1 and "not one of parquet, jsonl, csv" in result.output
+    # A marker of another job in the finished folder: named as such (it was blamed on a missing _SUCCESS).
+    marker = tmp_path / "out" / "_done" / "00000-00000.json"
+    ours = marker.read_text()
+    marker.write_text(ours.replace('"job_id": "', '"job_id": "other-'))
+    result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(tmp_path / "mixed.parquet")])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "holds completion markers that are not this job's: _done/00000-00000.json" in said
+    assert "_SUCCESS" not in said and not (tmp_path / "mixed.parquet").exists()
+    marker.write_text(ours)
     # A chunk's marker removed after the run: the _SUCCESS stays, but the folder no longer says it holds the rows.
     (tmp_path / "out" / "_done" / "00000-00001.json").unlink()
     result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(tmp_path / "less.parquet")])

@@ -50,8 +50,14 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
     chunks = sum(1 for r in state.done.values() if not r.retry_of)
     total = state.extent.get("job_chunks", state.extent.get("chunks", "?"))
     held = None
-    if state.stray_markers() or not state.succeeded():
-        if not partial or state.stray_markers():
+    if stray := state.stray_markers():  # another job's, or unreadable: which rows they stand for is unknown
+        raise OutputError(
+            f"{folder} holds completion markers that are not this job's: {', '.join(stray[:3])}"
+            + (f" and {len(stray) - 3} more" if len(stray) > 3 else ""),
+            "move them out of the folder (a run refuses it too; batchinfer status names them), then export",
+        )
+    if not state.succeeded():
+        if not partial:
             raise OutputError(
                 f"{folder} is not a finished job ({chunks}/{total} chunks done, no {SUCCESS} for the whole job): "
                 "an export would miss rows",

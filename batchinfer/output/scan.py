@@ -73,10 +73,28 @@ def read_markers(folder, job: dict, listing: dict[str, int]) -> tuple[dict[str, 
             continue  # not ours: reported as foreign
         if isinstance(content, dict) and content.get("job_id") == job["job_id"]:
             try:
-                done[MARKER.fullmatch(name).group(1)] = ChunkRecord.from_marker(content)
+                record = ChunkRecord.from_marker(content)
             except ValidationError as exc:
                 damaged[name] = damage(exc)
+                continue
+            if problem := _disagreement(MARKER.fullmatch(name).group(1), record):
+                damaged[name] = problem
+            else:
+                done[record.chunk] = record
     return done, damaged
+
+
+def _disagreement(chunk: str, record: ChunkRecord) -> str | None:
+    """What a marker of this job holds that batchinfer never writes together: another chunk's record (a copy:
+    its chunk would count twice, and the named one as done), or counts that do not add up."""
+    if record.chunk != chunk:
+        return f"it holds the record of chunk {record.chunk}, not of {chunk} (its name): a copy, or edited"
+    if record.rows != record.ok + sum(record.errors.values()):
+        return (
+            f"its counts do not add up: {record.rows:,} rows, but {record.ok:,} ok and "
+            f"{sum(record.errors.values()):,} in error"
+        )
+    return None
 
 
 def read_footers(folder, listing: dict[str, int]) -> dict[str, pq.FileMetaData | None]:
