@@ -50,12 +50,8 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
     chunks = sum(1 for r in state.done.values() if not r.retry_of)
     total = state.extent.get("job_chunks", state.extent.get("chunks", "?"))
     held = None
-    if stray := state.stray_markers():  # another job's, or unreadable: which rows they stand for is unknown
-        raise OutputError(
-            f"{folder} holds completion markers that are not this job's: {', '.join(stray[:3])}"
-            + (f" and {len(stray) - 3} more" if len(stray) > 3 else ""),
-            "move them out of the folder (a run refuses it too; batchinfer status names them), then export",
-        )
+    if stray := state.stray_markers():
+        raise _stray(folder, stray)
     if not state.succeeded():
         if not partial:
             raise OutputError(
@@ -76,15 +72,9 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
         raise OutputError(f"{folder} holds no result rows (every row is in _errors/)", "see batchinfer status")
     rows = 0
 
-    def read(part: str) -> pa.Table:
-        table, problem = state.read_part(part)
-        if problem:  # the file under construction goes: it is written whole or not at all
-            raise _lost(folder, {state.committed[part].chunk: problem}, command)
-        return table.replace_schema_metadata(None)  # the job id marks the folder's files only
-
     def tables():
         nonlocal rows
-        for table in tables_in_input_order(parts, read):
+        for table in tables_in_input_order(parts, functools.partial(_read, state, command)):
             rows += table.num_rows
             yield table
 
@@ -100,6 +90,23 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}", "choose a writable -o path") from exc
     return Exported(rows, held)
+
+
+def _read(state: FolderStatus, command: str, part: str) -> pa.Table:
+    """A committed part's rows, checked against its seal as they are read."""
+    table, problem = state.read_part(part)
+    if problem:  # the file under construction goes: it is written whole or not at all
+        raise _lost(state.path, {state.committed[part].chunk: problem}, command)
+    return table.replace_schema_metadata(None)  # the job id marks the folder's files only
+
+
+def _stray(folder: str, stray: list[str]) -> OutputError:
+    """Markers of another job, or unreadable: which rows they stand for is unknown, so no export is whole."""
+    return OutputError(
+        f"{folder} holds completion markers that are not this job's: {', '.join(stray[:3])}"
+        + (f" and {len(stray) - 3} more" if len(stray) > 3 else ""),
+        "move them out of the folder (a run refuses it too; batchinfer status names them), then export",
+    )
 
 
 def _lost(folder: str, lost: dict[str, str], command: str) -> OutputError:

@@ -651,20 +651,28 @@ class JobConfig(Section):
         self._fits_the_task()
         self._fits_the_model_fields()
         self._no_column_clash()
-        self._openai_inputs_whole()
-        return self
-
-    def _openai_inputs_whole(self) -> None:
-        """An OpenAI response line cannot say that its prompt was cut (a run's `truncated` column does): requests
-        longer than model.max_length become too_long error lines, as OpenAI's own Batch API refuses them."""
-        if self.input.format != "openai":
-            return
-        if "truncation" in self.model.model_fields_set and self.model.truncation is True:
+        if self.input.format == "openai" and self.model.truncation is True:
             raise ValueError(
                 "model.truncation: true would answer a cut prompt, and an OpenAI response line cannot say so; remove "
                 "it (input.format openai sends longer requests to the errors file), or raise model.max_length"
             )
-        self.model.truncation = "error"
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _openai_inputs_whole(cls, data):
+        """An OpenAI response line cannot say that its prompt was cut (a run's `truncated` column does): with
+        input.format openai, model.truncation is error unless set, and requests longer than model.max_length
+        become too_long error lines, as OpenAI's own Batch API refuses them."""
+        if not isinstance(data, dict):
+            return data
+        source, model = data.get("input"), data.get("model")
+        openai = (source.get("format") if isinstance(source, dict) else getattr(source, "format", None)) == "openai"
+        if openai and isinstance(model, dict) and "truncation" not in model:
+            return {**data, "model": {**model, "truncation": "error"}}
+        if openai and isinstance(model, ModelConfig) and "truncation" not in model.model_fields_set:
+            return {**data, "model": model.model_copy(update={"truncation": "error"})}
+        return data
 
     def _fits_the_task(self) -> None:
         """Every section and key the job sets is one its task reads."""

@@ -154,18 +154,23 @@ REQUESTS: dict[str, type[BaseModel]] = {
 }
 
 
-def unicode_problem(value: Any, where: str = "") -> str | None:
-    """JSON may carry a lone UTF-16 surrogate ("\\ud800"), which no tokenizer reads: where it is, or None."""
+def unicode_problem(value: Any, where: str = "", seen: set[int] | None = None) -> str | None:
+    """JSON (or YAML) may carry a lone UTF-16 surrogate ("\\ud800"), which no tokenizer reads: where it is, or
+    None. `seen`: the containers looked in already, each looked in once (YAML's aliases repeat one list)."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
             return f"{where}: not valid Unicode ({exc.reason} at character {exc.start})"
     elif isinstance(value, dict | list):
+        seen = set() if seen is None else seen
+        if id(value) in seen:
+            return None
+        seen.add(id(value))
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for key, item in items:
             inner = f"{where}[{key}]" if isinstance(value, list) else f"{where}.{key}" if where else str(key)
-            if problem := unicode_problem(item, inner):
+            if problem := unicode_problem(item, inner, seen):
                 return problem
     return None
 
