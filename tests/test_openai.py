@@ -82,6 +82,8 @@ def test_openai_batch_command_writes_openai_shaped_lines(tmp_path, tiny_llama):
         ("bad-messages", "bad_request"),
     ]
     assert all(e["response"] is None and e["error"]["message"] for e in errors)
+    # a line without a custom_id is named by its place: the 5th request of the file
+    assert errors[2]["error"]["message"] == "custom_id is missing (request 5 of requests.jsonl)"
 
 
 def test_embeddings_requests(tmp_path, tiny_embed):

@@ -23,7 +23,7 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from ..constrained.spec import response_format
-from ..errors import InputError
+from ..errors import InputError, shorten
 from ..messages import message_problem
 from ..reasons import Reason
 from ..storage.lines import open_lines, parse_object, read_lines
@@ -38,7 +38,8 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
     """One request line (already JSON) → a flat row, or the reason it is not a valid request."""
     custom_id = record.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        return {}, (Reason.BAD_REQUEST, "custom_id is missing or not a string")
+        given = "missing" if custom_id is None else f"not a non-empty string (got {shorten(custom_id, 60)})"
+        return {}, (Reason.BAD_REQUEST, f"custom_id is {given}")
     row = {"custom_id": custom_id}
     url, body = record.get("url"), record.get("body")
     if record.get("method", "POST") != "POST":
@@ -130,7 +131,9 @@ def error_lines(errors: pa.Table, model: str) -> list[str]:
     """Error rows → OpenAI batch error lines: {id, custom_id, response: null, error: {code, message}}."""
     lines = []
     for row in errors.to_pylist():
-        custom_id = row["id"]
+        custom_id, message = row["id"], row["message"]
+        if custom_id is None:  # the line is named by its place instead (blank lines are no requests)
+            message = f"{message} (request {row['row'] + 1:,} of {row['source']})"
         # By the request's line, not its custom_id: a duplicate_id line shares its custom_id with a response.
         key = _stable_id("error", row["source"], str(row["row"]), model)
         lines.append(
@@ -139,7 +142,7 @@ def error_lines(errors: pa.Table, model: str) -> list[str]:
                     "id": f"batch_req_{key}",
                     "custom_id": custom_id,
                     "response": None,
-                    "error": {"code": row["reason"], "message": row["message"]},
+                    "error": {"code": row["reason"], "message": message},
                 },
                 ensure_ascii=False,
             )
