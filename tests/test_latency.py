@@ -4,13 +4,17 @@ no model, no threads; each decision checked against what the trace measured.
 The trace: `python examples/bench/serve_latency.py --record tests/data/minilm_batch_latency.json` (MiniLM batches
 of 1 to 64 tweets, [tokens, rows, seconds] each, on the 2-core AVX2 EPYC of this project, loaded by other work)."""
 
+import heapq
 import json
 import math
+import random
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from batchinfer.batching.cut import cut_batches
 from batchinfer.serve.latency import (
     CALM,
     DECREASE,
@@ -62,30 +66,33 @@ def test_the_cost_line_fitted_on_the_trace_predicts_its_batches():
 
 
 def test_each_batch_of_the_trace_moves_the_budget_as_clipper_does():
-    """Replayed in order, every batch full: one over half the allowed target lowers the budget to 90% of what it
-    ran at most (less where the cost line says 90% takes too long), one within it raises it by one row and its
-    tokens; a batch that was not full leaves it as it is."""
+    """Replayed in order, every batch full: one over the limit (what the target allows a request alone) lowers the
+    budget to 90% of what it ran at most (less where the cost line says 90% takes too long); one within it raises
+    it by one row and its tokens, or at once to what the cost line says fits in the limit (a batch's fixed part is
+    paid once: on a CPU, growing a row at a time left batches of a row or two, and half the throughput); a batch
+    that was not full leaves it as it is."""
     control = _target(target=1.2)
     for tokens, rows, seconds in TRACE:
         before = (control.tokens, control.rows)
         control.ran(tokens, rows, seconds, full=True)
+        fits = control.cost.within(control.limit)
         if seconds > control.limit:
-            fits = control.cost.within(control.limit)
             assert control.tokens == max(1, int(min(before[0], tokens * DECREASE, fits))) < tokens
             assert control.rows <= max(1, int(min(before[1], rows * DECREASE))) and control.rows < max(rows, 2)
         else:
-            assert control.tokens == min(4096, before[0] + math.ceil(tokens / rows))
-            assert control.rows == min(256, before[1] + 1)
+            grown = max(before[0] + math.ceil(tokens / rows), int(min(fits, 1 << 40)))
+            assert control.tokens == min(4096, grown)
+            assert control.rows == min(256, max(before[1] + 1, int(control.tokens / (tokens / rows))))
     kept = (control.tokens, control.rows)
     control.ran(10, 1, 0.01, full=False)
     assert (control.tokens, control.rows) == kept
 
 
 @pytest.mark.parametrize("target", [0.5, 1.0, 3.0])
-def test_on_the_trace_the_budget_settles_where_a_batch_takes_half_the_allowed_target(target):
+def test_on_the_trace_the_budget_settles_where_a_batch_takes_the_limit(target):
     """A closed loop: batches as large as the budget, each taking what the trace says a batch of that size
-    takes. From the largest budget it falls, then stays where a batch takes the limit on average: past it by
-    at most the step of one row, and not far below it (throughput is not given away)."""
+    takes. From the largest budget it falls, then stays where a batch takes about the limit: past it by at most
+    the trace's noise, and not far below it (throughput is not given away)."""
     control = _target(target)
     ran = []
     for _ in range(300):
@@ -94,12 +101,14 @@ def test_on_the_trace_the_budget_settles_where_a_batch_takes_half_the_allowed_ta
         control.ran(tokens, max(1, tokens // 20), seconds, full=True)
         ran.append(seconds / control.limit)
     settled = np.array(ran[100:])
-    assert 0.75 < np.mean(settled) < 1.1 and max(settled) < 1.5, (np.mean(settled), max(settled))  # 1.34: one
-    # row across the trace's step from 187 to 209 tokens (0.38 to 0.53 s)
+    assert 0.7 < np.mean(settled) < 1.1 and max(settled) < 1.5, (np.mean(settled), max(settled))
     assert control.tokens < 4096
 
 
-def test_a_request_is_shed_when_the_work_ahead_would_answer_it_past_the_target():
+def test_a_request_is_shed_when_it_or_one_queued_before_it_would_be_answered_past_the_target():
+    """Every queued row runs in the next window, so a request admitted makes those queued before it later too:
+    the latency predicted is the oldest queued request's (what it has waited, the running window's rest, the next
+    window with every queued row and the new one, the time outside the queue)."""
     control = _measured(_target(target=1.0))
     allowed = control.admission.allowed
     assert control.admit(0.0, 0, 0, 100_000, 5000).admit  # nothing ahead: admitted, however large
@@ -109,23 +118,18 @@ def test_a_request_is_shed_when_the_work_ahead_would_answer_it_past_the_target()
     refused = control.admit(0.0, fits + 200, 40, 30, 1)
     assert not refused.admit and refused.predicted > allowed
     assert refused.predicted == pytest.approx(control.wait + control.cost.seconds(fits + 230))
+    late = control.admit(0.0, 100, 5, 30, 1, waited=allowed)  # the oldest queued row has waited all it may
+    assert not late.admit and late.predicted == pytest.approx(allowed + control.cost.seconds(130))
     control.running(10.0, 2000, 1)  # a window of 2,000 tokens started at t=10 s: it is ahead of every request
     behind = control.admit(10.0, 0, 0, 30, 1)
-    assert not behind.admit and behind.predicted == pytest.approx(
-        control.cost.seconds(2000) + control.wait + control.cost.seconds(30)
-    )
+    assert not behind.admit and behind.predicted == pytest.approx(control.cost.seconds(2000) + control.cost.seconds(30))
     assert behind.retry_after == max(1, math.ceil(behind.predicted - allowed))
-    assert control.admit(10.0 + control.cost.seconds(2000), 0, 0, 30, 1).admit  # once it has run
-    control.running(20.0, 2000, 1)
-    control.idle(20.5)  # it ended sooner than predicted
+    # past its predicted end it is still running (the window is late): a request is queued behind it, not taken
+    # for one that runs at once
+    overdue = control.admit(10.0 + control.cost.seconds(2000), 0, 0, 30, 1)
+    assert overdue.admit and overdue.predicted == pytest.approx(control.cost.seconds(30))
+    control.idle(20.5)  # it has ended
     assert control.admit(20.5, 0, 0, 30, 1).admit
-
-
-def test_requests_of_many_rows_count_the_batches_they_need():
-    control = _measured(_target(target=1.0, max_rows=8))
-    fixed, _ = control.cost.line()
-    few, many = control.predict(0.0, 0, 0, 64, 8), control.predict(0.0, 0, 0, 64, 64)
-    assert many - few == pytest.approx(7 * fixed)  # eight batches of eight rows, each with its fixed part
 
 
 def test_the_headroom_falls_while_the_p99_is_past_the_target_and_rises_once_it_is_calm():
@@ -158,11 +162,9 @@ def test_the_wait_is_what_the_target_leaves_after_two_batches_at_most_max_wait()
     assert loose.wait == 0.05
 
 
-def test_a_window_takes_one_budget_first_come_first_served_and_the_fixed_window_all():
+def test_a_window_takes_every_queued_row_as_the_fixed_window_and_closes_at_one_budget():
     control = _target(max_tokens=100, max_rows=3)
-    assert control.take([40, 40, 40, 5]) == 2  # a third would pass 100 tokens
-    assert control.take([10, 10, 10, 10]) == 3  # rows
-    assert control.take([500, 10]) == 1  # a row larger than the budget runs alone
+    assert control.take([40, 40, 40, 5]) == 4  # admission has bounded the queue to what meets the target
     assert control.full(100, 1) and control.full(5, 3) and not control.full(99, 2)
     fixed = FixedWindow(100, 3, 0.005)
     assert fixed.take([40, 40, 40, 5]) == 4 and not fixed.full(99, 50) and fixed.admit(0.0, 10**6, 10**4, 1, 1).admit
@@ -188,3 +190,76 @@ def test_generation_is_shed_when_its_first_token_is_predicted_past_the_target():
     assert first.admit(1500, 500).admit  # about 0.2 s
     late = first.admit(6000, 500)
     assert not late.admit and late.predicted == pytest.approx(first.cost.seconds(6500)) and late.retry_after == 1
+
+
+OUTSIDE = 0.01  # a request's seconds outside the queue (HTTP, tokenizing), as the bench measured them
+
+
+def _replay(window, rate: float, requests: int = 1500, seed: int = 0) -> dict:
+    """Poisson arrivals at `rate` on the batcher's policy (`window`: FixedWindow or LatencyTarget), each window's
+    batches taking what the trace says (with 10% noise), in simulated time: the admission, the windows and every
+    measurement as serve/batcher.py makes them. Latency: from arrival to the batch's end, plus OUTSIDE."""
+    arrivals, noise = random.Random(seed), random.Random(seed + 1)
+    events, t = [], 0.0  # (time, order, kind, what)
+    for k in range(requests):
+        t += arrivals.expovariate(rate)
+        heapq.heappush(events, (t, k, "arrive", 15 + arrivals.randrange(20)))
+    order, queue, busy, latencies, shed = requests, [], False, [], 0
+    while events:
+        now, _, kind, what = heapq.heappop(events)
+        if kind == "arrive":
+            waited = now - queue[0][0] if queue else 0.0
+            if window.admit(now, sum(q[1] for q in queue), len(queue), what, 1, waited).admit:
+                queue.append((now, what))
+            else:
+                shed += 1
+        elif kind == "ran":
+            tokens, rows, seconds, full, arrived = what
+            window.ran(tokens, rows, seconds, full)
+            for a in arrived:
+                latencies.append(now - a + OUTSIDE)
+                window.answered(latencies[-1], now - a)
+        elif kind == "idle":
+            busy = False
+            window.idle(now)
+        if busy or not queue:
+            continue
+        if not window.full(sum(q[1] for q in queue), len(queue)) and now < queue[0][0] + window.wait:
+            order += 1
+            heapq.heappush(events, (queue[0][0] + window.wait, order, "deadline", None))
+            continue
+        full = window.full(sum(q[1] for q in queue), len(queue))
+        rows = [queue.pop(0) for _ in range(window.take([q[1] for q in queue]))]
+        lengths = np.array([r[1] for r in rows], dtype=np.int64)
+        batches = cut_batches(lengths, window.tokens, "padded", window.rows, torch.device("cpu"))
+        window.running(now, int(lengths.sum()), len(batches))
+        end = now
+        for batch in batches:
+            tokens = int(lengths[batch].sum())
+            seconds = _seconds(tokens) * noise.lognormvariate(0, 0.1)
+            end, order = end + seconds, order + 1
+            arrived = [rows[i][0] for i in batch.tolist()]
+            heapq.heappush(events, (end, order, "ran", (tokens, len(batch), seconds, full, arrived)))
+        order, busy = order + 1, True
+        heapq.heappush(events, (end, order, "idle", None))
+    served = np.array(latencies)
+    return {"served": len(served) / now, "p99": np.percentile(served, 99), "shed": shed / requests, "good": served}
+
+
+def test_on_the_trace_the_target_keeps_the_fixed_windows_goodput_up_to_saturation_and_its_p99_past_it():
+    """The bar of serve.p99_ms, replayed on the trace at rising Poisson rates, against the fixed window (target: 3x
+    a lone request's latency). Where the fixed window meets the target, nothing is shed and as much is served;
+    at every rate as many requests are answered within the target (goodput) as by the fixed window, less 10% at
+    most; past saturation, where the fixed window's p99 grows without bound, the admitted requests' p99 stays
+    within the target (10% over at most, the trace's own noise) and its goodput is what the hardware allows.
+    Before, batches shrank to a row each and requests were shed at half the load the fixed window served."""
+    target = 3 * (_seconds(20) + OUTSIDE)
+    for rate in (3, 6, 9, 15, 30):
+        fixed = _replay(FixedWindow(4096, 256, 0.005), rate)
+        held = _replay(_target(target, max_tokens=4096, max_rows=256), rate)
+        good = [(r["good"] <= target).sum() / len(r["good"]) * r["served"] for r in (fixed, held)]
+        if fixed["p99"] <= target:
+            assert held["shed"] == 0 and held["served"] >= 0.9 * fixed["served"], (rate, fixed, held)
+        assert good[1] >= 0.9 * good[0], (rate, good)
+        if fixed["p99"] > 10 * target:
+            assert held["p99"] <= 1.1 * target and good[1] > 2 * good[0], (rate, held["p99"], good)

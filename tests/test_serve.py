@@ -198,7 +198,7 @@ def test_a_latency_target_sheds_an_embedding_request_it_cannot_answer_in_time_wi
     error = late.json()["error"]
     assert error["type"] == "rate_limit_error" and error["code"] is None and error["param"] is None
     assert error["message"].startswith("the server is busy: a request now would be answered in about ")
-    assert "past what serve.p99_ms allows (800 ms); retry in " in error["message"]
+    assert "past what serve.p99_ms allows (1,000 ms); retry in " in error["message"]
     assert int(late.headers["retry-after"]) >= 1 and error["message"].endswith(f"{late.headers['retry-after']} s")
     assert _shed_metric(metrics) == 1.0
     assert 'batchinfer_batch_budget{unit="tokens"}' in metrics and 'batchinfer_batch_budget{unit="rows"}' in metrics

@@ -13,8 +13,8 @@ A request whose caller went away (cancel) has its rows dropped: those queued at 
 window being run before each batch.
 
 With serve.p99_ms (latency.LatencyTarget) the window's budget and wait come from measured batch latencies,
-a window takes one budget of rows first come first served, and a request predicted to be answered past the
-target is refused at once (Shed: 429 with Retry-After) instead of queued; without it, the fixed window above
+and a request predicted to be answered (or to make a request queued before it answered) past the target is
+refused at once (Shed: 429 with Retry-After) instead of queued; without it, the fixed window above
 (latency.FixedWindow). Either way a batch that runs out of memory lowers the budget below it.
 
 The model runs on one thread of its own; requests are asyncio futures resolved from it.
@@ -246,7 +246,9 @@ class Batcher:
     def _in_time(self, tokens: int, rows: int) -> None:
         """Refuse (Shed) a request of `tokens` in `rows` that the window predicts past serve.p99_ms behind what
         is queued and running. Called holding the lock."""
-        decision = self.window.admit(time.monotonic(), self._queued_tokens, len(self._queue), tokens, rows)
+        now = time.monotonic()
+        waited = now - self._queue[0].arrived if self._queue else 0.0
+        decision = self.window.admit(now, self._queued_tokens, len(self._queue), tokens, rows, waited)
         if not decision.admit:
             raise shed(decision)
 

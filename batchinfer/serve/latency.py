@@ -5,13 +5,14 @@ and shrinks multiplicatively when it is not; what cannot meet the target is shed
 Three measured things drive every decision:
 - Cost: what a batch of n tokens takes, a line through the last batches' (tokens, seconds): a part per batch
   and a part per token.
-- BatchSize: the batch budget (tokens and rows), one row more after a full batch that ran within its share of
-  the target, 10% less than what ran after one that did not (a batch runs behind at most one other, so each
-  may take half the target).
-- Admission: the predicted latency of a new request (what runs now, the work queued ahead and its own, by the
-  Cost line) against the target; past it, a 429 with the seconds until it would fit as Retry-After. The
-  target is scaled by a headroom that the measured p99 of admitted requests steers, again by AIMD, so that
-  what the line misses (noise, the HTTP layer) is learnt too.
+- BatchSize: the batch budget (tokens and rows), grown after a full batch that ran within what the target
+  allows a request alone (a row more, or at once what the Cost line says fits), 10% less than what ran after
+  one that did not.
+- Admission: a window takes every queued row, so a new request is answered with them all, and makes them all
+  later: the predicted latency of the queue's oldest request (what it waited, what runs now, the next window
+  with the new request, by the Cost line) against the target; past it, a 429 with the seconds until it would
+  fit as Retry-After. The target is scaled by a headroom that the measured p99 of admitted requests steers,
+  again by AIMD, so that what the line misses (noise, the HTTP layer) is learnt too.
 
 Pure: time and measurements come in as arguments; no clock, thread or lock here (the batcher and the generate
 service call it under their own). FixedWindow is the batcher's policy without a target: today's window.
@@ -29,7 +30,7 @@ FITTED_ON = 64  # the last batches (or requests) the cost line is fitted on
 TAIL = 200  # the last admitted requests whose latencies the p99 is read from
 STEER_EVERY = 20  # requests between two headroom steps
 DECREASE = 0.9  # multiplicative decrease: of a batch budget, of the headroom
-HEADROOM = (0.3, 0.8, 0.05)  # the headroom's floor, its start, and its additive step
+HEADROOM = (0.5, 1.0, 0.05)  # the headroom's floor, its start, and its additive step
 CALM = 0.8  # the headroom rises only while the p99 is under this share of the target
 
 
@@ -100,9 +101,10 @@ class BatchSize:
         if seconds > limit:
             self.tokens = max(1, int(min(self.tokens, tokens * DECREASE, fits)))
             self.rows = max(1, int(min(self.rows, rows * DECREASE, rows * self.tokens / max(tokens, 1))))
-        elif full:
-            self.rows = min(self.max_rows, self.rows + 1)
-            self.tokens = min(self.max_tokens, self.tokens + math.ceil(tokens / max(rows, 1)))
+        elif full:  # a row more, or at once what the cost line says fits (a batch's fixed part is paid once)
+            per_row = tokens / max(rows, 1)
+            self.tokens = min(self.max_tokens, max(self.tokens + math.ceil(per_row), int(min(fits, 1 << 40))))
+            self.rows = min(self.max_rows, max(self.rows + 1, int(self.tokens / per_row)))
 
     def oom(self, tokens: int) -> None:
         """A batch of `tokens` (padded) ran out of memory: never again more than half of it."""
@@ -159,7 +161,9 @@ class FixedWindow:
     def take(self, lengths: list[int]) -> int:
         return len(lengths)
 
-    def admit(self, now: float, queued_tokens: int, queued_rows: int, tokens: int, rows: int) -> Decision:
+    def admit(
+        self, now: float, queued_tokens: int, queued_rows: int, tokens: int, rows: int, waited: float = 0.0
+    ) -> Decision:
         return Decision(True, 0.0, math.inf)
 
     def running(self, now: float, tokens: int, batches: int) -> None:
@@ -180,14 +184,15 @@ class FixedWindow:
 
 class LatencyTarget:
     """The batcher with serve.p99_ms: a window closes when the queue holds a batch budget (BatchSize's tokens or
-    rows) or the oldest row has waited what the target leaves after a running batch and its own (at most
-    serve.max_wait_ms), and takes at most one budget of rows, first come first served; a request is admitted
-    when what runs now, the rows queued ahead of it and its own are predicted to be answered within the target."""
+    rows) or the oldest row has waited what the target leaves after two batches (at most serve.max_wait_ms),
+    and takes every queued row, cut into batches of the budget; a request is admitted when the queue's oldest
+    request, with it and every row queued, is predicted to be answered within the target."""
 
     def __init__(self, target: float, max_tokens: int, max_rows: int, max_wait: float):
         self.size, self.admission, self.cost = BatchSize(max_tokens, max_rows), Admission(target), Cost()
         self.max_wait = max_wait
         self.busy_until = 0.0  # when the window running now is predicted to end
+        self.busy = False  # a window runs now (it may run past busy_until: the prediction is not the end)
         self.outside = 0.0  # a request's seconds outside the queue (reading, tokenizing, answering), averaged
 
     @property
@@ -200,8 +205,9 @@ class LatencyTarget:
 
     @property
     def limit(self) -> float:
-        """The longest a batch may take: a request waits for at most the running batch, then runs in its own."""
-        return self.admission.allowed / 2
+        """The longest a batch may take: what the target allows a request alone, less its time outside the queue
+        (a longer batch misses the target whatever runs beside it; a shorter one is admission's to fit)."""
+        return max(0.0, self.admission.allowed - self.outside)
 
     @property
     def wait(self) -> float:
@@ -214,37 +220,37 @@ class LatencyTarget:
         return tokens >= self.tokens or rows >= self.rows
 
     def take(self, lengths: list[int]) -> int:
-        """How many of the queued rows (their token counts, oldest first) the next window takes: one budget."""
-        taken = total = 0
-        for length in lengths:
-            if taken and (taken >= self.rows or total + length > self.tokens):
-                break
-            taken, total = taken + 1, total + length
-        return taken
+        """How many of the queued rows the next window takes: all of them, as the fixed window (admission has
+        bounded them to what can be answered within the target), cut into batches of the budget."""
+        return len(lengths)
 
-    def predict(self, now: float, queued_tokens: int, queued_rows: int, tokens: int, rows: int) -> float:
-        """The latency of a request of `tokens` in `rows` queued behind what is queued now, first come first
-        served: the rest of the running window, a window's wait, the batches up to its last one, and the
-        time outside the queue."""
+    def predict(self, now: float, queued_tokens: int, queued_rows: int, tokens: int, rows: int, waited: float) -> float:
+        """The latency, with a request of `tokens` in `rows` queued behind what is queued now, of the queue's
+        oldest request (it has `waited` seconds; the new one if none): they all run in the next window, once
+        the running window ends (or the oldest row's wait does); then the time outside the queue. A request is
+        admitted only where it makes none of those queued before it late."""
         ahead_tokens, ahead_rows = queued_tokens + tokens, queued_rows + rows
         batches = max(math.ceil(ahead_tokens / self.tokens), math.ceil(ahead_rows / self.rows), 1)
-        running = max(0.0, self.busy_until - now)
-        return running + self.wait + self.cost.seconds(ahead_tokens, batches) + self.outside
+        starts = max(0.0, self.busy_until - now) if self.busy else max(0.0, self.wait - waited)
+        return waited + starts + self.cost.seconds(ahead_tokens, batches) + self.outside
 
-    def admit(self, now: float, queued_tokens: int, queued_rows: int, tokens: int, rows: int) -> Decision:
-        """Admit a request unless it is predicted past the target; with nothing ahead of it, always (no one
-        could answer it sooner: a request larger than the target allows is still served)."""
-        if not queued_rows and now >= self.busy_until:
+    def admit(
+        self, now: float, queued_tokens: int, queued_rows: int, tokens: int, rows: int, waited: float = 0.0
+    ) -> Decision:
+        """Admit a request unless it, or a request queued before it, is predicted past the target; with nothing
+        ahead of it, always (no one could answer it sooner: a request larger than the target allows is still
+        served). `waited`: the seconds the oldest queued row has waited."""
+        if not queued_rows and not self.busy:
             return Decision(True, 0.0, self.admission.allowed)
-        return self.admission.decide(self.predict(now, queued_tokens, queued_rows, tokens, rows))
+        return self.admission.decide(self.predict(now, queued_tokens, queued_rows, tokens, rows, waited))
 
     def running(self, now: float, tokens: int, batches: int) -> None:
         """A window of `tokens` in `batches` starts at `now`."""
-        self.busy_until = now + self.cost.seconds(tokens, batches)
+        self.busy_until, self.busy = now + self.cost.seconds(tokens, batches), True
 
     def idle(self, now: float) -> None:
-        """The window has ended (perhaps sooner than predicted)."""
-        self.busy_until = now
+        """The window has ended (sooner or later than predicted)."""
+        self.busy_until, self.busy = now, False
 
     def ran(self, tokens: int, rows: int, seconds: float, full: bool) -> None:
         """A batch ran: `full` when it met the budget (the queue held more), the only kind that may grow it."""
