@@ -419,3 +419,31 @@ def test_a_lower_max_memory_resumes_the_job_and_a_changed_temperature_is_refused
         run_job(job(generation__max_memory="64MB", generation__temperature=0.5, generation__seed=1))
     assert "generation.temperature: 0.0 -> 0.5" in refused.value.message
     assert "generation.seed: 0 -> 1" in refused.value.message and "max_new_tokens" not in refused.value.message
+
+
+@pytest.mark.parametrize("engine", ["transformers", "openvino"])
+def test_plan_of_a_generation_job_times_completions_of_the_sample_on_the_jobs_engine(
+    sms_table, tmp_path, tiny_llama, engine
+):
+    """plan gave a generation job no time at all: a row's time is its completion's, which only generating it tells.
+    It now runs the completions of rows spread over the sample, on the job's own engine as the run's first chunk
+    runs them, and gives the time at that rate; the CLI says so. Nothing is written."""
+    if engine == "openvino":
+        pytest.importorskip("openvino_genai")
+    from typer.testing import CliRunner
+
+    from batchinfer.cli import app
+    from batchinfer.commands.dryrun import estimate_job
+    from batchinfer.commands.sample_timing import GENERATED_ROWS
+
+    pq.write_table(_prompts(sms_table, 40), tmp_path / "p.parquet")
+    raw = _job(tmp_path / "p.parquet", tiny_llama, tmp_path / "out", generation__engine=engine, raw=True)
+    planned = estimate_job(validate_job(raw))
+    e = planned["estimate"]
+    assert e["rate_from"] == "completions" and e["timed_rows"] == min(GENERATED_ROWS, 40)
+    assert e["rows_per_s"] > 0 and e["work_s"] == pytest.approx(40 / e["rows_per_s"])
+    assert e["seconds"] == pytest.approx(e["startup_s"] + e["work_s"])
+    assert 0 < e["generated_tokens_per_row"] <= 16 and engine in e["device"]
+    said = " ".join(CliRunner().invoke(app, ["plan", str(write_job(tmp_path, raw))]).output.split())
+    assert f"(the completions of {e['timed_rows']} rows of the sample, run as the first chunk runs them" in said
+    assert not (tmp_path / "out").exists()

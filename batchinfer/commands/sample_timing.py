@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from ..batching.cut import computed_tokens, cut_batches
 from ..batching.probe import Slices, candidates, overhead, probe
@@ -16,10 +17,13 @@ from ..control import StopFlag
 from ..execution.chunk_task import TaskInputs
 from ..execution.driver import settle_budget
 from ..execution.report import prefix_saved, reuses_prefix
+from ..execution.run_rows import load_rows, run_rows
+from ..heap import HeapGuard
 from ..job.config import JobConfig
 from ..job.plan import Work
 from ..machine import LoadWindow, process_age
 from ..runners.prefix import admission, page_hits
+from ..runners.protocol import ChunkContext
 from ..sources import Inputs, read_spec
 
 SAMPLED_CHUNKS = 40  # chunks the sample is read from: spread over the job, each read costs a shard's open and seek
@@ -37,6 +41,9 @@ TIMED_SECONDS = 8.0
 # its threads) is spread over a run's hundreds of rows a batch. A causal LM scoring labels timed on 3 rows ran at a
 # third of its rate on 16 or more (SmolLM2, 2-core AVX2 EPYC under load).
 MIN_TIMED_ROWS = 16
+# A generation job's rows timed: the OpenVINO engine's rows in flight (openvino_engine.IN_FLIGHT), so that they run
+# as a run's chunk runs them, at once
+GENERATED_ROWS = 32
 
 
 def time_on_sample(
@@ -72,6 +79,8 @@ def time_on_sample(
         page = runner.shared_page()
         if page:  # read from the engine's cache pages
             summary["prefix"] = estimate_prefix(sampled, page, rows, len(chunks), summary["tokens"])
+        if timed:
+            summary["estimate"] = time_generation(task, job, budget, sampled, summary["rows_left"], startup)
         return summary
     probing = auto and earlier.tuning is None
     if timed:
@@ -121,6 +130,7 @@ class Sampled:
     reading: float  # seconds spent reading, preparing and tokenizing
     prefix: dict | None  # what a prefix common to the sample saved it (Tokens.prefix_reused)
     chunk_texts: list[int]  # the sampled texts (items, for generation) of each chunk read, in order
+    tables: list  # the sampled rows as read, a table per chunk (generation times their completions)
 
 
 def sample_tokens(task, chunks: list, sample: int) -> Sampled:
@@ -130,11 +140,12 @@ def sample_tokens(task, chunks: list, sample: int) -> Sampled:
     spread = min(len(chunks), sample, max(SAMPLED_CHUNKS, -(-sample // max(chunks[0].rows, 1))))
     per_chunk = max(1, sample // spread)
     picks = np.linspace(0, len(chunks) - 1, num=spread).round().astype(int)
-    texts, errors, seen, reading, chunk_texts = [], 0, 0, 0.0, []
+    texts, errors, seen, reading, chunk_texts, tables = [], 0, 0, 0.0, [], []
     for index in dict.fromkeys(picks.tolist()):
         chunk = chunks[index]
         offsets = list(range(min(per_chunk, chunk.rows)))
         loaded = task.load(Work(chunk, chunk.name, offsets))
+        tables.append(loaded.table)
         owners = np.unique(loaded.tokens.owners()[loaded.index]).tolist()
         texts += [loaded.prepared.texts[t] for t in owners]
         chunk_texts.append(len(owners))
@@ -148,7 +159,7 @@ def sample_tokens(task, chunks: list, sample: int) -> Sampled:
     every = np.arange(len(tokens.ids))
     truncated = int(tokens.truncated.sum())
     prefix = tokens.prefix_reused(every)
-    return Sampled(tokens.ids, tokens.lengths, truncated, errors, seen, reading, prefix, chunk_texts)
+    return Sampled(tokens.ids, tokens.lengths, truncated, errors, seen, reading, prefix, chunk_texts, tables)
 
 
 def scaled_prefix(prefix: dict | None, scale: float) -> dict:
@@ -235,6 +246,40 @@ def estimate_time(
         estimate["startup_s"] + (estimate["probe_s"] or 0.0) + estimate["work_s"] if summary["rows_left"] else 0.0
     )
     return estimate, measured["budget"]
+
+
+def time_generation(task, job: JobConfig, budget, sampled: Sampled, rows_left: int, startup: float) -> dict:
+    """The time for the rows left of a generation job, from completions the job's own engine writes for rows of
+    the sample: a row's time is mostly its completion's, whose length only generating it tells. GENERATED_ROWS
+    rows, spread over the sample (so over the job), run as the run's first chunk runs them (runner.run_chunk:
+    the same engine, settings and rows in flight, on an engine that has run nothing yet). That first pass is
+    slower than later ones (SmolLM2 on the OpenVINO engine: about half the rate after a small warm-up pass), and
+    timed warm a sample ran at twice the rate of a 100-row run; timed cold it holds what a run of a chunk or two
+    takes, and errs long, not short, for a job of many chunks."""
+    runner = task.runner
+    rows = pa.concat_tables(sampled.tables, promote_options="default")
+    picked = np.linspace(0, rows.num_rows - 1, num=min(GENERATED_ROWS, rows.num_rows)).round().astype(int)
+    window = LoadWindow()
+    loaded = load_rows(job, runner, rows.take(pa.array(np.unique(picked))), cut_with=budget.key)
+    t0 = time.perf_counter()
+    done = run_rows(runner, loaded, ChunkContext(job, budget, StopFlag(), HeapGuard(), lambda m: None))
+    seconds = time.perf_counter() - t0
+    ran = max(len(done.rows), 1)
+    rate = ran / max(seconds, 1e-9)
+    generated, described = done.output.figures.get("generated_tokens"), runner.engine.described
+    estimate = {
+        "device": f"{runner.device} ({described['name']}, {described.get('precision') or 'f32'})",
+        "rows_per_s": rate,
+        "timed_rows": ran,
+        "generated_tokens_per_row": generated / ran if generated is not None else None,
+        "startup_s": startup,
+        "probe_s": None,
+        "work_s": rows_left / rate,
+        "rate_from": "completions",
+        "load": window.stop(),
+    }
+    estimate["seconds"] = startup + estimate["work_s"] if rows_left else 0.0
+    return estimate
 
 
 def warm_up(runner, ids: list, lengths: np.ndarray, budget, probing: bool) -> float:

@@ -179,7 +179,15 @@ def estimate_lines(summary: dict) -> list[str]:
     parts = [f"{_duration(e['startup_s'])} start-up (imports, discovery and model load, as this process took them)"]
     if e["probe_s"] is not None:
         parts.append(f"{_duration(e['probe_s'])} for the batching probe")
-    if e["rate_from"] == "folder":
+    if e["rate_from"] == "completions":
+        per_row = e["generated_tokens_per_row"]
+        parts.append(
+            f"{_duration(e['work_s'])} at {e['rows_per_s']:,.2f} rows/s on {e['device']} (the completions of "
+            f"{e['timed_rows']} rows of the sample, run as the first chunk runs them"
+            + (f", {per_row:,.0f} new tokens a row" if per_row is not None else "")
+            + ")"
+        )
+    elif e["rate_from"] == "folder":
         finished = datetime.fromtimestamp(e["folder_finished"]).isoformat(timespec="minutes")
         parts.append(
             f"{_duration(e['work_s'])} at {e['rows_per_s']:,.1f} rows/s, the compute rate the folder's last run "
