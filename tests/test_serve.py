@@ -543,7 +543,7 @@ def test_a_real_server_drains_its_queue_on_sigterm(tiny_embed, tmp_path):
     port, log = _free_port(), tmp_path / "serve.log"
     args = ["serve", "--model", str(tiny_embed), "--task", "embed", "--port", str(port)]
     base = f"http://127.0.0.1:{port}"
-    with Cli([*args, "--set", "serve.max_wait_ms=1500"], str(log), str(log)) as proc:
+    with Cli([*args, "--set", "serve.max_wait_ms=5000"], str(log), str(log)) as proc:
         deadline = time.time() + 60
         while time.time() < deadline:
             with contextlib.suppress(httpx.HTTPError):
@@ -557,8 +557,10 @@ def test_a_real_server_drains_its_queue_on_sigterm(tiny_embed, tmp_path):
             )
         )
         sender.start()
-        time.sleep(0.5)  # the request waits in the queue (max_wait 1.5 s)
-        proc.send_signal(signal.SIGTERM)
+        while _metric(httpx.get(f"{base}/metrics", timeout=5).text, "batchinfer_queued_tokens") == 0:
+            assert sender.is_alive(), answer  # answered before it was seen queued: max_wait 5 s holds it
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)  # the request is queued (max_wait 5 s), not answered
         sender.join(timeout=30)
         proc.wait(30)
     output = log.read_text()
