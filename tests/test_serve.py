@@ -150,7 +150,7 @@ def test_a_full_queue_answers_429_and_a_bad_body_400_naming_the_problem(tiny_emb
     assert all(b.status_code == 400 for b in bad)
     assert messages[0] == "input[1]: input should be a valid string (got 7)"
     assert messages[1] == "input: field required" and messages[2].startswith("input[1]: empty")
-    assert "encoding_format" in messages[3]
+    assert messages[3] == "encoding_format: input should be 'float' or 'base64' (got 'hex')"
     assert raw.status_code == 400 and raw.json()["error"]["message"].startswith("the body is not valid JSON; send")
     assert wrong_task.status_code == 400 and "--task classify" in wrong_task.json()["error"]["message"]
     assert [o.status_code for o in odd] == [400, 400, 400]  # were 500s with a traceback in the log
