@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from .errors import ConfigError, InputError, shorten
 from .execution.driver import run_job
-from .execution.run_rows import load_rows, run_rows
+from .execution.run_rows import RowRun, name_scores
 from .job.config import TASK_COLUMNS, JobConfig, apply_override, load_job, validate_job
 from .openai_compat.requests import unicode_problem
 from .reasons import Problem, Reason
@@ -75,32 +75,30 @@ def infer(data, *, model: str, task: str = "embed", text: str = "text", **overri
 
 
 def _run_in_memory(job: JobConfig, table: pa.Table) -> tuple[pa.Table | None, dict[int, tuple[str, str]]]:
-    """`table`'s rows through the job's model, a chunk of batching.chunk_rows at a time as a run cuts its input:
-    the result columns of the rows that ran (their positions in `row`), and why each other row did not."""
+    """`table`'s rows through the job's model, a chunk of batching.chunk_rows at a time as a run cuts its input
+    and through the same steps (RowRun, name_scores): the result columns of the rows that ran (their positions
+    in `row`), and why each other row did not."""
     from .backends.models import checked_model_path
     from .control import StopFlag
     from .execution.chunk_task import check_strategy
     from .execution.driver import settle_budget
     from .heap import HeapGuard
     from .runners import make_runner
-    from .runners.protocol import ChunkContext
 
     model_path = checked_model_path(job.model, job.input.messages)
     budget, probe = settle_budget(job, None)
     runner = make_runner(job, model_path, budget)
     check_strategy(job, runner)
-    stop, heap = StopFlag(), HeapGuard()
+    rows = RowRun(job, runner, budget, StopFlag(), HeapGuard())
     parts, errors = [], {}
     for start in range(0, table.num_rows, job.chunk_rows):
-        loaded = load_rows(job, runner, table.slice(start, job.chunk_rows), cut_with=budget.key)
-        ctx = ChunkContext(job, budget, stop, heap, lambda message: None, probe)
-        done = run_rows(runner, loaded, ctx, f"rows {start}-{start + loaded.table.num_rows - 1}")
-        budget = done.output.budget or budget
+        loaded = rows.load(table.slice(start, job.chunk_rows))
+        done = rows.run(loaded, f"rows {start}-{start + loaded.table.num_rows - 1}", probe)
         probe = probe and done.output.tuning is None  # rows with nothing to run leave the probe to the next
         columns = {"row": pa.array(done.rows + start, pa.int64()), **done.columns}
         if job.model.truncation is True:
             columns["truncated"] = pa.array(done.truncated, pa.bool_())
-        parts.append(pa.table(columns))
+        parts.append(name_scores(pa.table(columns), runner))
         errors.update({start + row: error for row, error in done.errors.items()})
     return (pa.concat_tables(parts) if parts else None), errors
 
@@ -164,8 +162,8 @@ def _align(table: pa.Table, results: pa.Table | None, errors: dict[int, Problem]
         where[results.column("row").to_numpy()] = np.arange(results.num_rows)
         index = pa.array(where, mask=where < 0)
         for name in results.column_names:
-            if name != "row":
-                out = out.append_column(name, results.column(name).take(index))
+            if name != "row":  # with its field's metadata: the label names of `scores`
+                out = out.append_column(results.schema.field(name), results.column(name).take(index))
     reasons = [None] * n
     for row, (reason, message) in errors.items():
         reasons[row] = f"{reason}: {message}"

@@ -1,12 +1,14 @@
 """How busy the machine was while something was timed: the CPU other processes took, and what the hypervisor
-stole (Linux /proc/stat), against the cores there are. A rate measured on a busy machine says little about a
-quiet night, so `plan` and the report say so. No package imports."""
+stole (psutil's CPU times: Linux's /proc/stat), against the cores there are. A rate measured on a busy machine
+says little about a quiet night, so `plan` and the report say so. No batchinfer imports."""
 
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass
+
+import psutil
 
 # When batchinfer was first imported: the package imports this module first, so that start-up figures count
 # from there. Not the process's start: a shell running `pip install ... && batchinfer run` may exec batchinfer in
@@ -16,19 +18,11 @@ BUSY_CORES = 0.25  # other processes' share of the cores (in cores) from which a
 # Two loads are comparable when the slowdowns they imply are within this factor of each other: a rate measured under
 # one stands for the other (a loaded 2-core machine timed torch at 1,157 tokens/s, quiet it ran 4,226: 3.7x apart).
 COMPARABLE = 1.5
-_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
-def _cpu_ticks() -> dict[str, int] | None:
-    """The machine's CPU time by kind since boot, in clock ticks; None where /proc/stat is not there."""
-    try:
-        with open("/proc/stat") as f:
-            first = f.readline().split()
-    except OSError:
-        return None
-    if not first or first[0] != "cpu":
-        return None
-    return dict(zip(_FIELDS, map(int, first[1 : 1 + len(_FIELDS)])))
+def _cpu_seconds() -> dict[str, float]:
+    """The machine's CPU time by kind since boot, in seconds (steal, irq and softirq where the OS counts them)."""
+    return psutil.cpu_times()._asdict()
 
 
 def process_age() -> float:
@@ -95,23 +89,22 @@ class Load:
 
 
 class LoadWindow:
-    """Started when made; stop() gives the Load since then (None off Linux)."""
+    """Started when made; stop() gives the Load since then (None where no time has passed)."""
 
     def __init__(self):
-        self._ticks, self._own, self._t0 = _cpu_ticks(), _own_cpu(), time.monotonic()
+        self._cpu, self._own, self._t0 = _cpu_seconds(), _own_cpu(), time.monotonic()
 
     def stop(self) -> Load | None:
-        ticks, wall = _cpu_ticks(), time.monotonic() - self._t0
-        if self._ticks is None or ticks is None or wall <= 0:
+        cpu, wall = _cpu_seconds(), time.monotonic() - self._t0
+        if wall <= 0:
             return None
-        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        delta = {k: (ticks[k] - self._ticks[k]) / hz for k in _FIELDS}
-        busy = delta["user"] + delta["nice"] + delta["system"] + delta["irq"] + delta["softirq"]
+        delta = {k: cpu[k] - self._cpu[k] for k in cpu}
+        busy = sum(delta.get(k, 0.0) for k in ("user", "nice", "system", "irq", "softirq"))
         own = _own_cpu() - self._own
         return Load(
             wall,
             max(busy - own, 0.0) / wall,
-            delta["steal"] / wall,
+            delta.get("steal", 0.0) / wall,
             os.cpu_count() or 1,
             os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0,
         )
@@ -122,5 +115,5 @@ _SINCE_IMPORT = LoadWindow()
 
 def load_so_far() -> Load | None:
     """The machine's load since batchinfer was imported in this process: what this run has met before it times
-    anything (a cached measurement is weighed against it). None off Linux."""
+    anything (a cached measurement is weighed against it)."""
     return _SINCE_IMPORT.stop()

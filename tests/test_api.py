@@ -52,6 +52,26 @@ def test_infer_keeps_input_order_and_names_rows_that_cannot_run(tmp_path, sms_ta
     assert isinstance(again, pa.Table)
 
 
+def test_infer_scores_equal_run_s_label_names_included(tmp_path, sms_parquet, sms_table, tiny_classify):
+    """infer() goes the chunk's way (RowRun, name_scores): its `scores` name their labels as run's part files do."""
+    settings = {"model__max_length": 64, "model__backend": "torch", "output__scores": True}
+    data = sms_table.slice(0, 40).select(["sms_id", "text"])
+    table = batchinfer.infer(data, model=str(tiny_classify), task="classify", **settings)
+    job = write_job(
+        tmp_path,
+        input={"path": str(sms_parquet), "text": "text", "id": "sms_id"},
+        model={"path": str(tiny_classify), "task": "classify"},
+        output={"path": str(tmp_path / "run")},
+    )
+    assert batchinfer.run(job, limit=40, **settings)["complete"]
+    ran = ds.dataset(str(tmp_path / "run")).to_table().sort_by("sms_id")
+    mine = table.sort_by("sms_id")
+    labels = ran.schema.field("scores").metadata
+    assert labels and labels == mine.schema.field("scores").metadata  # the config's id2label, in order
+    assert mine.column("label").to_pylist() == ran.column("label").to_pylist()
+    assert np.allclose(np.array(mine.column("scores").to_pylist()), np.array(ran.column("scores").to_pylist()))
+
+
 def test_infer_answers_each_item_that_is_no_text_with_its_own_error_in_input_order(tiny_classify):
     """A list holding an int, a dict or a lone surrogate made pyarrow's or Python's error escape infer(), and
     the valid items beside it went unanswered."""

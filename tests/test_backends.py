@@ -625,12 +625,50 @@ def _read_only(monkeypatch):
     import errno
     import os
 
-    def no_writes(path, mode="r", *args, **kwargs):
-        if "w" in mode:
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
-        return open(path, mode, *args, **kwargs)
+    from filelock import FileLock
 
-    monkeypatch.setattr("batchinfer.backends.openvino.open", no_writes, raising=False)
+    def no_writes(lock, *args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), lock.lock_file)
+
+    monkeypatch.setattr(FileLock, "acquire", no_writes)
+
+
+TRY_LOCK = """
+import sys
+from filelock import FileLock, Timeout
+try:
+    FileLock(sys.argv[1]).acquire(timeout=0)
+    print("free")
+except Timeout:
+    print("held")
+"""
+
+
+def test_while_a_conversion_is_written_another_process_cannot_take_its_lock_and_afterwards_it_can(
+    tmp_path, monkeypatch
+):
+    import subprocess
+    import sys
+
+    from batchinfer.backends import openvino
+
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path / "cache"))
+    of = {"model": "a stand-in"}
+    lock = openvino.entry_of(of).parent / f".{openvino.entry_of(of).name}.lock"
+
+    def other_process() -> str:
+        return subprocess.run([sys.executable, "-c", TRY_LOCK, str(lock)], capture_output=True, text=True).stdout
+
+    seen = []
+
+    def write(folder):  # a conversion: another worker asks for the lock meanwhile
+        seen.append(other_process())
+        (folder / "model.xml").write_text("<net/>")
+
+    entry, seconds = openvino.cached(of, write)
+    assert seen == ["held\n"] and "convert" in seconds and (entry / "model.xml").is_file()
+    assert other_process() == "free\n"
+    assert openvino.cached(of, write) == (entry, {}) and len(seen) == 1  # found whole: not converted again
 
 
 def test_staging_a_killed_conversion_left_is_removed_and_a_read_only_cache_serves_its_entry_or_auto_runs_torch(
@@ -647,7 +685,7 @@ def test_staging_a_killed_conversion_left_is_removed_and_a_read_only_cache_serve
         (staging / "model.bin").write_bytes(b"\0" * 1024)
     (root / f".{'a' * 24}.lock").touch()  # its converter was killed: the lock is free
     with open(root / f".{'b' * 24}.lock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)  # another process converting now
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process converting now (a bare flock: any locker's)
         _run(few_rows, tiny_embed, tmp_path / "a", "embed", "openvino")
     assert not dead.exists() and live.exists() and len(_entries(cache)) == 1
 

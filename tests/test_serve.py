@@ -150,7 +150,7 @@ def test_a_full_queue_answers_429_and_a_bad_body_400_naming_the_problem(tiny_emb
     assert all(b.status_code == 400 for b in bad)
     assert messages[0] == "input[1]: input should be a valid string (got 7)"
     assert messages[1] == "input: field required" and messages[2].startswith("input[1]: empty")
-    assert "encoding_format" in messages[3]
+    assert messages[3] == "encoding_format: input should be 'float' or 'base64' (got 'hex')"
     assert raw.status_code == 400 and raw.json()["error"]["message"].startswith("the body is not valid JSON; send")
     assert wrong_task.status_code == 400 and "--task classify" in wrong_task.json()["error"]["message"]
     assert [o.status_code for o in odd] == [400, 400, 400]  # were 500s with a traceback in the log
@@ -574,7 +574,7 @@ def test_a_real_server_drains_its_queue_on_sigterm(tiny_embed, tmp_path):
     port, log = _free_port(), tmp_path / "serve.log"
     args = ["serve", "--model", str(tiny_embed), "--task", "embed", "--port", str(port)]
     base = f"http://127.0.0.1:{port}"
-    with Cli([*args, "--set", "serve.max_wait_ms=1500"], str(log), str(log)) as proc:
+    with Cli([*args, "--set", "serve.max_wait_ms=5000"], str(log), str(log)) as proc:
         deadline = time.time() + 60
         while time.time() < deadline:
             with contextlib.suppress(httpx.HTTPError):
@@ -588,8 +588,10 @@ def test_a_real_server_drains_its_queue_on_sigterm(tiny_embed, tmp_path):
             )
         )
         sender.start()
-        time.sleep(0.5)  # the request waits in the queue (max_wait 1.5 s)
-        proc.send_signal(signal.SIGTERM)
+        while _metric(httpx.get(f"{base}/metrics", timeout=5).text, "batchinfer_queued_tokens") == 0:
+            assert sender.is_alive(), answer  # answered before it was seen queued: max_wait 5 s holds it
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)  # the request is queued (max_wait 5 s), not answered
         sender.join(timeout=30)
         proc.wait(30)
     output = log.read_text()

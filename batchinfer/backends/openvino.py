@@ -17,7 +17,6 @@ ModelError naming the folder, and so is a model OpenVINO cannot convert (backend
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -36,6 +35,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 from ..cache import cache_root, file_digest
 from ..errors import ConfigError, ModelError
@@ -519,37 +519,33 @@ def _clear_staging(entry: Path) -> None:
 
 
 def _lock_is_free(root: Path, key: str) -> bool:
-    try:
-        handle = os.open(root / f".{key}.lock", os.O_RDONLY)
-    except FileNotFoundError:
+    path = root / f".{key}.lock"
+    if not path.exists():
         return True
-    except OSError:
-        return False
+    lock = FileLock(path)
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:  # held: a conversion at work
+        lock.acquire(timeout=0)
+    except (Timeout, OSError):  # held: a conversion at work (or a lock this process cannot open: left alone)
         return False
-    finally:
-        os.close(handle)  # and the lock with it
+    lock.release()
+    return True
 
 
 @contextmanager
 def _entry_lock(entry: Path):
     """One converter per machine and key: the others wait, then find the entry made. Yields whether the
     cache can be written; one that cannot is only read (no one converts there)."""
+    lock = FileLock(entry.parent / f".{entry.name}.lock")
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(entry.parent / f".{entry.name}.lock", "w")
+        lock.acquire()
     except OSError:
         yield False
         return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    try:
+        yield True
+    finally:
+        lock.release()
 
 
 def _cache_error(folder: Path, problem: str) -> ModelError:

@@ -9,10 +9,9 @@ returns is committed by the driver, which alone writes completion markers.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -29,13 +28,11 @@ from ..output.layout import ERROR_SCHEMA
 from ..output.parts import PartWriter
 from ..output.records import ChunkRecord, ChunkResult
 from ..reasons import Reason
-from ..runners.protocol import ChunkContext, ChunkInput, Runner
+from ..runners.protocol import ChunkInput, Runner
 from ..sources import READ_ERRORS, ReadSpec, RowBlock, Shard, describe_read_error, open_reader
 from ..sources.column_types import as_text
 from ..sources.file_identity import ShardChanged
-from .run_rows import load_rows, run_rows
-
-SCORE_LABELS = "labels"  # the key of the `scores` field's metadata that names its entries
+from .run_rows import RowRun, name_scores
 
 
 @dataclass(kw_only=True)
@@ -99,15 +96,15 @@ class ChunkTask:
         worker: str = "local",
     ):
         self.job, self.shards, self.spec, self.runner, self.writer = job, shards, spec, runner, writer
-        self.budget, self.stop, self.worker = budget, stop, worker
-        self.heap = HeapGuard()
+        self.stop, self.worker = stop, worker
+        self.rows = RowRun(job, runner, budget, stop, HeapGuard())
         self._readers: dict[int, object] = {}
         check_strategy(job, runner)
 
     def take(self, tuning: dict) -> None:
         """Run the next chunks with a probe's choice made elsewhere (another worker's first chunk): its
         budget, and its backend and precision where this worker loaded that backend."""
-        self.budget = replace(self.budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
+        self.rows.adopt(tuning["max_tokens"], tuning["strategy"])
         if tuning.get("backend") in self.runner.backends:
             self.runner.keep(tuning["backend"], tuning.get("precision"))
 
@@ -134,7 +131,7 @@ class ChunkTask:
             )
             row_ids = row_ids[work.offsets]
         self.stop.check()
-        rows = load_rows(job, self.runner, block.table, block.bad_rows, self.budget.key, self.stop.check)
+        rows = self.rows.load(block.table, block.bad_rows)
         return Loaded(**vars(rows), work=work, shard=shard, row_ids=row_ids, seconds=time.perf_counter() - t0)
 
     # --- the model and the part files ------------------------------------------------------------------------
@@ -154,18 +151,15 @@ class ChunkTask:
         t0 = time.perf_counter()
         job = self.job
         prepared, tokens, index = loaded.prepared, loaded.tokens, loaded.index
-        ctx = ChunkContext(job, self.budget, self.stop, self.heap, log, probe)
-        if partial:
-            ctx.on_batch = _rows_so_far(loaded.work.rows, len(index), partial)
-        done = run_rows(self.runner, loaded, ctx, f"chunk {loaded.work.name}")
+        on_batch = _rows_so_far(loaded.work.rows, len(index), partial) if partial else None
+        done = self.rows.run(loaded, f"chunk {loaded.work.name}", probe, log, on_batch)
         out = done.output
-        self.budget = out.budget or self.budget  # the next chunk is cut with what this one ended with
         table = name_scores(result_table(job, loaded, done.rows, out.columns, done.truncated), self.runner)
         errors, carried = error_table(job, loaded), loaded.work.carry
         if carried is not None and carried.num_rows:  # a retry keeps the error rows it did not run again
             errors = carried if errors is None else pa.concat_tables([errors, carried]).sort_by("row")
         files = self.writer.write_chunk(loaded.work.name, table, errors)
-        self.heap.trim()
+        self.rows.heap.trim()
         record = ChunkRecord(
             chunk=loaded.work.name,
             retry_of=loaded.work.retry_of,
@@ -186,7 +180,7 @@ class ChunkTask:
             max_tokens_lowered=out.lowered,
             files=files,
         )
-        return ChunkResult(record, self.budget, out.tuning)
+        return ChunkResult(record, self.rows.budget, out.tuning)
 
     def close(self) -> None:
         for reader in self._readers.values():
@@ -249,17 +243,6 @@ def result_table(
     if job.model.truncation is True:
         columns["truncated"] = pa.array(truncated, pa.bool_())
     return pa.table(columns)
-
-
-def name_scores(table: pa.Table, runner: Runner) -> pa.Table:
-    """The `scores` column with what each of its entries stands for in its field's metadata: {labels:
-    JSON list}, read with pyarrow.parquet.read_schema(part).field("scores").metadata."""
-    labels = runner.score_labels
-    if labels is None or "scores" not in table.column_names:
-        return table
-    i = table.schema.get_field_index("scores")
-    field = table.schema.field(i).with_metadata({SCORE_LABELS: json.dumps(labels, ensure_ascii=False)})
-    return table.set_column(i, field, table.column(i))
 
 
 def error_table(job: JobConfig, loaded: Loaded) -> pa.Table | None:

@@ -4,21 +4,29 @@ run. A chunk of a job (chunk_task.py), rows held in memory (api.infer) and a ser
 
 `load_rows` does everything up to the model (prepare, per-row settings, tokenize, cut into batches) and
 `run_rows` the model and the accounting, so that a caller can load the next rows while these compute.
+`RowRun` runs successive tables (a job's chunks, infer()'s slices) with the batching carried from one to the
+next, and `name_scores` names a result table's `scores` as a part file holds them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 
+from ..batching.budget import Batching
+from ..control import StopFlag
 from ..errors import ModelError
+from ..heap import HeapGuard
 from ..job.config import JobConfig
 from ..reasons import Reason
 from ..runners.protocol import ChunkContext, ChunkInput, ChunkOutput, Runner
 from ..sources.prepare import prepare_rows
+
+SCORE_LABELS = "labels"  # the key of the `scores` field's metadata that names its entries
 
 
 @dataclass
@@ -87,3 +95,45 @@ def run_rows(runner: Runner, loaded: ChunkInput, ctx: ChunkContext, name: str = 
     cut = np.zeros(len(prepared.texts), dtype=bool)
     np.logical_or.at(cut, owners, tokens.truncated)  # a row is cut when any of its items is
     return RowResults(prepared.rows[out.kept], out.columns, cut[out.kept], prepared.errors, out)
+
+
+class RowRun:
+    """A runner over successive tables of rows: each is cut and run with the batching the last one ended with
+    (a probe's choice, a budget lowered after an out-of-memory error)."""
+
+    def __init__(self, job: JobConfig, runner: Runner, budget: Batching, stop: StopFlag, heap: HeapGuard):
+        self.job, self.runner, self.budget, self.stop, self.heap = job, runner, budget, stop, heap
+
+    def adopt(self, max_tokens: int, strategy: str) -> None:
+        """Cut the next rows with a probe's choice made elsewhere (another worker's first chunk)."""
+        self.budget = replace(self.budget, max_tokens=max_tokens, strategy=strategy)
+
+    def load(self, table: pa.Table, bad_rows: dict[int, tuple[str, str]] | None = None) -> ChunkInput:
+        return load_rows(self.job, self.runner, table, bad_rows, self.budget.key, self.stop.check)
+
+    def run(
+        self,
+        loaded: ChunkInput,
+        name: str,
+        probe: bool = False,
+        log: Callable[[str], None] = lambda message: None,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> RowResults:
+        """`loaded` through the model (run_rows), settling batching: auto on it first where `probe`."""
+        ctx = ChunkContext(self.job, self.budget, self.stop, self.heap, log, probe)
+        if on_batch:
+            ctx.on_batch = on_batch
+        done = run_rows(self.runner, loaded, ctx, name)
+        self.budget = done.output.budget or self.budget  # the next rows are cut with what these ended with
+        return done
+
+
+def name_scores(table: pa.Table, runner: Runner) -> pa.Table:
+    """The `scores` column with what each of its entries stands for in its field's metadata: {labels:
+    JSON list}, read with pyarrow.parquet.read_schema(part).field("scores").metadata."""
+    labels = runner.score_labels
+    if labels is None or "scores" not in table.column_names:
+        return table
+    i = table.schema.get_field_index("scores")
+    field = table.schema.field(i).with_metadata({SCORE_LABELS: json.dumps(labels, ensure_ascii=False)})
+    return table.set_column(i, field, table.column(i))

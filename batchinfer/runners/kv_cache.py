@@ -3,8 +3,7 @@ machine, within generation.max_memory."""
 
 from __future__ import annotations
 
-import os
-
+import psutil
 import torch
 
 CPU_BATCH_TOKENS = 1024
@@ -73,11 +72,4 @@ def memory_budget(max_memory: int | str, device: torch.device) -> int:
 
 
 def _available_ram() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return psutil.virtual_memory().available

@@ -1,10 +1,11 @@
 """serve's Prometheus metrics (GET /metrics): requests by endpoint and status, rows, tokens, batches,
-queue waits, latency and time to first token, the batch budget now and the requests shed to hold
-serve.p99_ms."""
+queue waits, the tokens queued now, latency and time to first token, the batch budget now and the requests
+shed to hold serve.p99_ms."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
@@ -67,6 +68,16 @@ class Metrics:
         Info("batchinfer_serving", "What answers requests", registry=self.registry).info(
             {k: str(v) for k, v in described.items()}
         )
+
+    def queued(self, tokens: Callable[[], int]) -> None:
+        """The tokens waiting now, read from the queue at each scrape: a load balancer's (and a test's) sign that
+        requests are in, before any is answered."""
+        Gauge(
+            "batchinfer_queued_tokens",
+            "Tokens of requests in, not yet answered (embed, classify, score: queued for a batch; generate: held "
+            "against serve.max_queue_tokens)",
+            registry=self.registry,
+        ).set_function(tokens)
 
     def batch(self, stats: BatchStats) -> None:
         self.batch_rows.observe(stats.rows)

@@ -50,6 +50,7 @@ class EncoderService:
         self.rows_job = request_rows_job(job)
         self.described = {"task": job.model.task, "backend": self.runner.backend, "precision": self.runner.precision}
         metrics.serving(self.described)
+        metrics.queued(lambda: self.batcher.queued_tokens)
 
     async def run(self, texts: list, request: Request, whole: bool = False) -> tuple[dict, int]:
         """Each text's result columns (as Python lists) and the request's token count. `whole`: a text longer
@@ -101,6 +102,7 @@ class GenerateService:
         self.described = {"task": job.model.task, "engine": engine["name"], "precision": engine.get("precision")}
         metrics.serving(self.described)
         self.queue = TokenQueue(job.serve.max_queue_tokens)
+        metrics.queued(lambda: self.queue.held)
         self.target = FirstToken(job.serve.p99_ms / 1000) if job.serve.p99_ms else None
 
     def admit(self, texts: list, max_tokens: int | None) -> Ticket:
