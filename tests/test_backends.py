@@ -366,6 +366,45 @@ print("imported:", modeling[:5])
 """
 
 
+@pytest.mark.parametrize("task", ["classify", "score"])
+def test_a_warm_classify_or_score_run_on_openvino_imports_no_torch_and_equals_torch(
+    sms_table, tiny_classify, tiny_cross_encoder, tmp_path, conversion_cache, task
+):
+    """Every backend's forward returns numpy and these heads compute in numpy: with the conversion cached and
+    rates that say OpenVINO, a classify or score job imports neither torch nor transformers."""
+    import subprocess
+    import sys
+
+    from batchinfer.backends import openvino
+
+    model = {"classify": tiny_classify, "score": tiny_cross_encoder}[task]
+    texts = sms_table.column("text").to_pylist()[:60]
+    rows = pa.table({"sms_id": [f"p{i}" for i in range(60)], "text": texts, "query": [t[:20] for t in texts[::-1]]})
+    pq.write_table(rows, tmp_path / "rows.parquet")
+
+    def job(backend, out, **model_keys):
+        pair = {"text_pair": "text", "text": "query"} if task == "score" else {"text": "text"}
+        return {
+            "input": {"path": str(tmp_path / "rows.parquet"), "id": "sms_id", **pair},
+            "model": {"path": str(model), "task": task, "max_length": 64, "backend": backend, **model_keys},
+            "batching": {"max_tokens": 2048, "strategy": "padded"},
+            "output": {"path": str(tmp_path / out), "scores": True},
+        }
+
+    run_job(validate_job(job("torch", "torch")))
+    run_job(validate_job(job("openvino", "first", dtype="float32")))
+    (entry,) = [e for e in _entries(conversion_cache) if _is_for(e, model)]
+    openvino.remember(entry, {"openvino": 3.0, "torch": 1.0}, {"cores": 2, "other_cores": 0.0, "steal_cores": 0.0})
+    path = write_job(tmp_path, job("auto", "warm", dtype="float32"))
+    done = subprocess.run([sys.executable, "-c", WARM_RUN, str(path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "imported: []" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads((tmp_path / "warm" / "_report.json").read_text())["batching"]["backend"] == "openvino"
+    ours, theirs = (read_output(tmp_path / name).sort_by("sms_id") for name in ("warm", "torch"))
+    assert ours.schema.field("scores").metadata == theirs.schema.field("scores").metadata
+    assert np.abs(vectors(ours, "scores") - vectors(theirs, "scores")).max() < 1e-4
+    (entry / openvino.RATES).unlink()
+
+
 @pytest.mark.parametrize("kind", list(CPU_KINDS))
 def test_a_warm_embed_run_on_openvino_imports_neither_torch_nor_transformers_and_equals_torch_in_its_precision(
     sms_parquet, tiny_embed, tmp_path, conversion_cache, monkeypatch, kind

@@ -70,19 +70,14 @@ def batch_of(items: list[list[int]], pad_id: int, packed: bool = False) -> Batch
     return Batch(ids, mask, lengths, None, types)
 
 
-def as_numpy(out) -> np.ndarray:
-    """What a forward returned (a numpy array, or a torch tensor on any device) as a numpy array."""
-    return out if isinstance(out, np.ndarray) else out.cpu().numpy()
-
-
 class Backend(Protocol):
     """An encoder model on one backend, as a runner drives it: backends.torch.TorchBackend,
     backends.openvino.OpenVINOBackend (a test's fake is a third, tests/test_backend_interface.py).
 
     forward(batch) returns the task's one output (the model output the runner's `converted_output` names, or what
     its head module makes of the hidden states) for the batch's items in the padded layout ([b, ...]: [b, L, ...]
-    per token): a torch tensor on the backend's device from torch, a numpy array from a backend that runs without
-    torch (OpenVINO), so a head that reads numpy (as_numpy) never imports torch there."""
+    per token) as a float32 numpy array whatever the backend (as TEI's embed and predict return one type), so the
+    runners' heads read numpy and a run on a backend without torch (OpenVINO) never imports torch for them."""
 
     name: str  # what the output folder records: model.backend's value for it
     # the model's own library (torch): what a conversion is checked against; its probe keys carry no name
@@ -103,7 +98,7 @@ class Backend(Protocol):
 
     def use(self, precision: str | None) -> None: ...  # run the next forwards in `precision` (None: the default)
     def keep(self, precision: str | None) -> None: ...  # settle on `precision` and free the others
-    def forward(self, batch: Batch): ...  # the task's output for the batch (see above)
+    def forward(self, batch: Batch) -> np.ndarray: ...  # the task's output for the batch, float32 (see above)
     # the probe's tokens/s of each backend and the machine's load (machine.Load.as_dict) they were timed under,
     # for later jobs; and the best tokens/s each backend ran this model at on this CPU before (empty: none kept)
     def remember(self, rates: dict[str, float], load: dict | None) -> None: ...

@@ -84,8 +84,19 @@ def _tokenizer_files(path: Path) -> dict[str, str]:
 def read_config(path: Path) -> SimpleNamespace:
     """config.json's fields as attributes, with transformers' defaults for those a check reads of any model
     (architectures, model_type, label2id); enough for an embed runner (hidden_size, max_position_embeddings,
-    type_vocab_size) and for models.check_head."""
-    return SimpleNamespace(**{"architectures": None, "model_type": "", "label2id": {}, **_json(path / "config.json")})
+    type_vocab_size), for a classify or score runner's head (id2label with int keys and num_labels, as
+    transformers' PretrainedConfig makes them; problem_type) and for models.check_head."""
+    fields = {
+        "architectures": None,
+        "model_type": "",
+        "label2id": {},
+        "problem_type": None,
+        **_json(path / "config.json"),
+    }
+    id2label = {int(i): label for i, label in (fields.get("id2label") or {}).items()}  # JSON's keys are text
+    fields["num_labels"] = len(id2label) or fields.get("num_labels", 2)
+    fields["id2label"] = id2label or {i: f"LABEL_{i}" for i in range(fields["num_labels"])}
+    return SimpleNamespace(**fields)
 
 
 def _json(file: Path) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..batching.probe import DEFAULT_BUDGET
@@ -59,14 +60,16 @@ class TorchBackend:
         return {}  # OpenVINO's conversion keeps them, where it is loaded beside
 
     @torch.inference_mode()
-    def forward(self, batch: Batch) -> torch.Tensor:
-        """The task's output for the batch, [b, ...] on the model's device."""
+    def forward(self, batch: Batch) -> np.ndarray:
+        """The task's output for the batch, [b, ...], float32 on the host."""
         if batch.packed:
             inputs, packing = pack(batch, self.device, first_position(self.config))
             with packed_forward(self.model, packing):
-                return self.read(self.model(**inputs, packing=packing), packing.mask)
-        inputs = {name: torch.from_numpy(v).to(self.device) for name, v in batch.inputs().items()}
-        return self.read(self.model(**inputs), inputs["attention_mask"])
+                out = self.read(self.model(**inputs, packing=packing), packing.mask)
+        else:
+            inputs = {name: torch.from_numpy(v).to(self.device) for name, v in batch.inputs().items()}
+            out = self.read(self.model(**inputs), inputs["attention_mask"])
+        return out.float().cpu().numpy()
 
     def read(self, out, mask: torch.Tensor) -> torch.Tensor:
         """The task's output from the model's outputs; mask: [b, L] on the device."""

@@ -40,8 +40,9 @@ class EncoderRunner:
     pairs = False  # items are (text, text_pair): the converted model takes token type ids
     agreement = "argmax"  # how a lower precision is checked against f32: argmax (labels) | cosine | close
     score_labels: list[str] | None = None  # what each entry of a `scores` column stands for
-    # head() reads numpy (backends.base.as_numpy), so a run on a numpy backend (OpenVINO) alone never imports torch
-    # (embed: pooled inside the graph); the others' heads compute in torch.
+    # head() reads numpy (every backend's forward returns it): a run on OpenVINO alone imports no torch where the
+    # rest of the runner needs none either (embed, classify, score); token-classify groups entities with
+    # transformers' pipeline code, zero-shot reads its config's label2id through transformers.
     numpy_head = False
     probe_share: float | None = None  # the most of a first chunk's tokens its probe runs (batching/probe.py)
 
@@ -311,7 +312,7 @@ class EncoderRunner:
 
     def head(self, out, batch) -> list:
         """out: what the backend's forward returned for `batch` (backends/base.py: the task's output, [b, ...] in
-        the padded layout whether the batch ran padded or packed; a torch tensor or a numpy array)."""
+        the padded layout whether the batch ran padded or packed; a float32 numpy array)."""
         raise NotImplementedError
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
@@ -430,6 +431,16 @@ def encode_capped(tokenizer, texts: list[str], max_length: int, from_end: bool =
     for i, encoding in zip(whole, tokenizer.encode_batch([texts[i] for i in whole], **options) if whole else []):
         encodings[i] = encoding
     return encodings
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Over the last axis, as torch's softmax(dim=-1)."""
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    return np.exp(-np.logaddexp(0, -logits))  # 1 / (1 + e^-x), without overflow where x is far below 0
 
 
 def fixed_size_list(values: np.ndarray) -> pa.FixedSizeListArray:

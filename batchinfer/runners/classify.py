@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import torch
 
-from .base import EncoderRunner, fixed_size_list, head_labels, rows_of
+from .base import EncoderRunner, fixed_size_list, head_labels, rows_of, sigmoid, softmax
 
 
 class ClassifyRunner(EncoderRunner):
+    numpy_head = True
+
     def __init__(self, tokenizer, backend, device, job, model_path=None):
         super().__init__(tokenizer, backend, device, job)
         config = backend.config
@@ -21,8 +22,7 @@ class ClassifyRunner(EncoderRunner):
         self.scores = job.output.scores
 
     def head(self, out, batch) -> list:
-        logits = torch.as_tensor(out).float()  # [b, num_labels]
-        return list((logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)).cpu().numpy())
+        return list(sigmoid(out) if self.sigmoid else softmax(out))  # logits [b, num_labels] in
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
         results = rows_of(results).reshape(len(results), self.width)

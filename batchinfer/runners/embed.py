@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pyarrow as pa
 
-from ..backends.base import as_numpy
 from ..backends.sentence_modules import SentenceModel, sentence_model
 from .base import EncoderRunner, fixed_size_list, rows_of, tokens_of
 from .protocol import Tokens
@@ -56,7 +55,7 @@ class EmbedRunner(EncoderRunner):
 
     def head(self, out, batch) -> list:
         # out: the modules' vectors, [b, width]: computed by build_head on torch, inside the graph on OpenVINO
-        return list(np.asarray(as_numpy(out), dtype=np.float32))  # [b] x [width]
+        return list(out)  # [b] x [width]
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
         if self.lists:  # [rows] x [texts] x [hidden]

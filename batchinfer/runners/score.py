@@ -6,22 +6,22 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import torch
 
-from .base import EncoderRunner, fixed_size_list, head_labels, rows_of, tokens_of
+from .base import EncoderRunner, fixed_size_list, head_labels, rows_of, sigmoid, softmax, tokens_of
 from .protocol import Tokens
 
 # CrossEncoder's activation, by the class name its config stores (sentence_transformers.activation_fn).
 ACTIVATIONS = {
-    "Sigmoid": torch.sigmoid,
+    "Sigmoid": sigmoid,
     "Identity": lambda x: x,
-    "Tanh": torch.tanh,
-    "Softmax": lambda x: x.softmax(dim=-1),
+    "Tanh": np.tanh,
+    "Softmax": softmax,
 }
 
 
 class ScoreRunner(EncoderRunner):
     pairs = True
+    numpy_head = True
     agreement = "close"
 
     def __init__(self, tokenizer, backend, device, job, model_path=None):
@@ -39,7 +39,7 @@ class ScoreRunner(EncoderRunner):
         return list(zip(texts, texts[1:] + texts[:1]))
 
     def head(self, out, batch) -> list:
-        return list(self.activation(torch.as_tensor(out).float()).cpu().numpy())  # logits in, [b] x [outputs] out
+        return list(self.activation(out))  # logits in, [b] x [outputs] out
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
         values = rows_of(results).reshape(len(results), self.width)
@@ -56,4 +56,4 @@ def activation(config):
     chosen = ACTIVATIONS.get(named.rsplit(".", 1)[-1])
     if chosen is not None:
         return chosen
-    return torch.sigmoid if config.num_labels == 1 else ACTIVATIONS["Identity"]
+    return sigmoid if config.num_labels == 1 else ACTIVATIONS["Identity"]

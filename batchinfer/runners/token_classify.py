@@ -31,8 +31,9 @@ class TokenClassifyRunner(EncoderRunner):
         self.aggregation = AggregationStrategy(job.output.aggregation)
 
     def head(self, out, batch) -> list:
-        logits = torch.as_tensor(out).float().cpu().numpy()  # [b, L, labels]
-        return [logits[i, :n] for i, n in enumerate(batch.lengths.tolist())]  # each [tokens, labels]
+        return [
+            out[i, :n] for i, n in enumerate(batch.lengths.tolist())
+        ]  # logits [b, L, labels] in; each [tokens, labels]
 
     def columns(self, results: list[list], texts: np.ndarray, loaded) -> dict[str, pa.Array]:
         rows = []
