@@ -444,6 +444,8 @@ def test_plan_of_a_generation_job_times_completions_of_the_sample_on_the_jobs_en
     assert e["rows_per_s"] > 0 and e["work_s"] == pytest.approx(40 / e["rows_per_s"])
     assert e["seconds"] == pytest.approx(e["startup_s"] + e["work_s"])
     assert 0 < e["generated_tokens_per_row"] <= 16 and engine in e["device"]
+    assert 0 <= e["uncertainty"] < 1  # the completions' spread, said with the time
     said = " ".join(CliRunner().invoke(app, ["plan", str(write_job(tmp_path, raw))]).output.split())
     assert f"(the completions of {e['timed_rows']} rows of the sample, run as the first chunk runs them" in said
+    assert f"known to ±{e['uncertainty']:.0%})" in said
     assert not (tmp_path / "out").exists()

@@ -267,11 +267,14 @@ def time_generation(task, job: JobConfig, budget, sampled: Sampled, rows_left: i
     ran = max(len(done.rows), 1)
     rate = ran / max(seconds, 1e-9)
     generated, described = done.output.figures.get("generated_tokens"), runner.engine.described
+    lengths = done.columns["completion_tokens"].to_numpy(zero_copy_only=False).astype(float)
     estimate = {
         "device": f"{runner.device} ({described['name']}, {described.get('precision') or 'f32'})",
         "rows_per_s": rate,
         "timed_rows": ran,
         "generated_tokens_per_row": generated / ran if generated is not None else None,
+        # the standard error of the mean completion, as a share of it: the time goes with the tokens generated
+        "uncertainty": float(lengths.std() / np.sqrt(len(lengths)) / lengths.mean()) if lengths.sum() else 0.0,
         "startup_s": startup,
         "probe_s": None,
         "work_s": rows_left / rate,

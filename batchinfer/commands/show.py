@@ -185,7 +185,7 @@ def estimate_lines(summary: dict) -> list[str]:
             f"{_duration(e['work_s'])} at {e['rows_per_s']:,.2f} rows/s on {e['device']} (the completions of "
             f"{e['timed_rows']} rows of the sample, run as the first chunk runs them"
             + (f", {per_row:,.0f} new tokens a row" if per_row is not None else "")
-            + ")"
+            + f"; their mean length, and so the work, known to ±{e['uncertainty']:.0%})"
         )
     elif e["rate_from"] == "folder":
         finished = datetime.fromtimestamp(e["folder_finished"]).isoformat(timespec="minutes")
