@@ -155,3 +155,97 @@ def test_one_name_means_one_thing():
                 continue
             where.setdefault(name, []).append(str(path.relative_to(PACKAGE)))
     assert not {n: w for n, w in where.items() if len(w) > 1}
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+PYPROJECT = PACKAGE.parent / "pyproject.toml"
+
+
+def _private(name: str) -> bool:
+    return name == "__new__" or (name.startswith("_") and not name.startswith("__"))
+
+
+def _own_private_names() -> set[str]:
+    """Private names batchinfer defines itself (functions, classes, module globals, attributes set on self)."""
+    own = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                own.add(node.attr)
+    return {name for name in own if _private(name)} - {"__new__"}
+
+
+def _private_uses() -> set[tuple[str, str]]:
+    """(private name, module) for each private name of another package that batchinfer's code reaches: an
+    attribute (x._name, getattr(x, "_name")), a module imported by a private path, or a class built by __new__."""
+    own, uses = _own_private_names(), set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = str(path.relative_to(PACKAGE))
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                names = [node.attr]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in GETTERS:
+                names = [node.args[1].value] if isinstance(node.args[1], ast.Constant) else []
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = node.module.split(".")
+            elif isinstance(node, ast.Import):
+                names = [part for alias in node.names for part in alias.name.split(".")]
+            uses |= {(name, where) for name in names if _private(name) and name not in own}
+    return uses
+
+
+GETTERS = ("getattr", "hasattr", "setattr")
+
+
+def _listed() -> list[tuple[str, str, list[str]]]:
+    """docs/architecture.md's table of private names: (`module:Owner.name`, package, [modules it is used in])."""
+    section = ARCHITECTURE.read_text().split("### Private names of dependencies", 1)[1]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`") and ":" in cells[0]:
+            rows.append((cells[0].strip("`"), cells[1], [w.strip(" `") for w in cells[2].split(",")]))
+    return rows
+
+
+def test_the_private_names_we_use_of_other_packages_are_the_ones_docs_architecture_lists():
+    """A new reach into a dependency's private name is listed (and so checked below and bounded in pyproject)."""
+    listed = set()
+    for name, _package, used_in in _listed():
+        module, qualified = name.split(":")
+        parts = [p for p in module.split(".") + qualified.split(".") if _private(p)]
+        listed |= {(part, where) for part in parts for where in used_in}
+    used = _private_uses()
+    assert not used - listed, f"private names used but not in docs/architecture.md's table: {sorted(used - listed)}"
+    assert not listed - used, f"listed in docs/architecture.md but no longer used: {sorted(listed - used)}"
+
+
+@pytest.mark.parametrize("name, package, used_in", _listed(), ids=[row[0] for row in _listed()])
+def test_each_private_name_we_use_still_exists_in_the_installed_package(name, package, used_in):
+    """A release that moves one fails here, naming it, rather than deep in a run."""
+    import importlib
+
+    module, qualified = name.split(":")
+    owner = importlib.import_module(module) if package != "openvino" else pytest.importorskip(module)
+    *path, last = qualified.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    found = hasattr(owner, last) or last in inspect.getsource(owner)  # an attribute its own code sets on instances
+    version = "" if package == "Python" else importlib.metadata.version(package)
+    assert found, f"{package} {version} has no {name}, which batchinfer/{', batchinfer/'.join(used_in)} use(s)"
+
+
+def test_each_package_whose_private_names_we_use_has_a_tested_upper_bound():
+    """The bound says which releases the listed names were checked on: a newer one is installed only after the
+    test above passes on it."""
+    import re
+
+    text = PYPROJECT.read_text()
+    for package in {row[1] for row in _listed()} - {"Python"}:
+        specs = re.findall(rf'"{package}(?:\[\w,]+\])?>=[^"]*"', text)
+        assert specs and all("<" in s for s in specs), f"{package}: no upper bound in pyproject.toml ({specs})"
