@@ -156,13 +156,14 @@ def by_seed(gen: GenerationConfig) -> tuple:
     return by_sampling(gen) + ((gen.seed,) if gen.temperature else ())
 
 
-# generation.engine -> "module:class" of an engine built over a loaded model (`Engine.over`), imported when a job
+# generation.engine -> "module:class" (relative to this package, or absolute) of an engine built over a loaded model
+# (its classmethod `over(gen, model, device, pad_id, eos, grammars)`), imported when a job
 # runs it, as runners.RUNNERS: transformers' continuous batching imports torch's compiler (seconds). OpenVINO GenAI
 # runs a converted folder, not the loaded model: GenerateRunner.use_openvino builds it.
 ENGINES = {
-    "transformers": "continuous:ContinuousEngine",
-    "static": "static:StaticEngine",
-    "vllm": "vllm_engine:VllmEngine",
+    "transformers": ".continuous:ContinuousEngine",
+    "static": ".static:StaticEngine",
+    "vllm": ".vllm_engine:VllmEngine",
 }
 
 
@@ -171,4 +172,4 @@ def engine_class(name: str) -> type:
     import importlib
 
     module, cls = ENGINES[name].split(":")
-    return getattr(importlib.import_module(f".{module}", __package__), cls)
+    return getattr(importlib.import_module(module, __package__), cls)
