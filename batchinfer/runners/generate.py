@@ -152,8 +152,8 @@ class GenerateRunner:
             if gen.engine != "auto" or generation_problem(self.model.generation_config, "static"):
                 hint = "set generation.engine: static (model.generate), or edit the model's generation_config.json"
                 raise ConfigError(problem, hint)
-            gen, note = gen.model_copy(update={"engine": "static"}), f"engine auto: static, not transformers: {problem}"
-        built = make_engine(gen, self.model, self.device, self.pad_id, self.eos, lambda: self.grammars)
+            engine, note = "static", f"engine auto: static, not transformers: {problem}"
+        built = make_engine(engine, gen, self.model, self.device, self.pad_id, self.eos, lambda: self.grammars)
         if note:
             built.note(note)
         if built.name != "vllm":  # vLLM's entry says its own
@@ -541,11 +541,13 @@ def max_new_tokens(job, loaded, context: int | None) -> list[int]:
     return [max(1, min(limit, context - n)) for limit, n in zip(limits, prompts)]
 
 
-def make_engine(gen: GenerationConfig, model, device: torch.device, pad_id: int, eos: set[int], grammars) -> Engine:
-    """generation.engine's engine over a loaded model (vllm.LLM for vllm), from engine.ENGINES; `grammars` builds the
-    compiler. transformers' for auto and openvino (where GenerateRunner.use_openvino does not put OpenVINO GenAI's
-    first)."""
-    return engine_class(gen.engine).over(gen, model, device, pad_id, eos, grammars)
+def make_engine(
+    name: str, gen: GenerationConfig, model, device: torch.device, pad_id: int, eos: set[int], grammars
+) -> Engine:
+    """The engine registered as `name` (engine.ENGINES) over a loaded model (vllm.LLM for vllm); `grammars` builds
+    the compiler. GenerateRunner.model_engine names transformers' for auto and openvino (where use_openvino does not
+    put OpenVINO GenAI's first)."""
+    return engine_class(name).over(gen, model, device, pad_id, eos, grammars)
 
 
 def refuse_a_mixed_engine(recorded: dict, runner) -> None:
