@@ -375,15 +375,18 @@ def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_p
 
 def test_engine_passes_part_rows_only_by_what_the_engine_cannot_take_per_row():
     from batchinfer.job.config import GenerationConfig
-    from batchinfer.runners.engine import engine_passes
+    from batchinfer.runners.engine import engine_class
+    from batchinfer.runners.openvino_engine import OpenVINOEngine
 
     greedy = [GenerationConfig(seed=i, stop=[str(i)], top_p=0.5 + i / 10) for i in range(3)]
     hot = [GenerationConfig(temperature=0.8, seed=i) for i in range(3)] + [GenerationConfig(temperature=0.5)]
     rows = greedy + hot
-    assert engine_passes(rows, "transformers") == [[0, 1, 2], [3, 4, 5], [6]]
-    assert engine_passes(rows, "static") == [[0, 1, 2], [3], [4], [5], [6]]
-    assert engine_passes(rows, "vllm") == [list(range(7))]
-    assert engine_passes(rows, "transformers", skip={1, 6}) == [[0, 2], [3, 4, 5]]
+    # each engine's own grouping (a method that reads none of the engine's state)
+    transformers, static, vllm = (engine_class(name).passes for name in ("transformers", "static", "vllm"))
+    assert transformers(None, rows) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert static(None, rows) == [[0, 1, 2], [3], [4], [5], [6]]
+    assert vllm(None, rows) == OpenVINOEngine.passes(None, rows) == [list(range(7))]
+    assert transformers(None, rows, skip={1, 6}) == [[0, 2], [3, 4, 5]]
 
 
 def test_a_rows_own_settings_are_checked_as_the_job_files_are(tmp_path, tiny_llama):

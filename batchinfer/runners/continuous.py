@@ -16,7 +16,7 @@ from ..constrained.sampling import SeededSampling, sampling_warpers
 from ..constrained.spec import Constraint
 from ..errors import ModelError
 from ..job.config import GenerationConfig
-from .engine import PassOutput, PassRows, generation_config, with_note
+from .engine import PassOutput, PassRows, by_sampling, generation_config, passes_by, with_note
 from .kv_cache import (
     cache_blocks,
     engine_options,
@@ -46,6 +46,11 @@ class Session:
 class ContinuousEngine:
     name = "transformers"
     pads = False
+
+    @classmethod
+    def over(cls, gen, model, device, pad_id: int, eos: set[int], grammars: Callable) -> ContinuousEngine:
+        """generation.engine's engine over a loaded model (engine.ENGINES)."""
+        return cls(model, device, gen.engine_options, pad_id, grammars)
 
     def __init__(self, model, device: torch.device, options: dict, pad_id: int, grammars: Callable):
         self.model, self.device, self.options, self.pad_id = model, device, options, pad_id
@@ -146,6 +151,9 @@ class ContinuousEngine:
             return max_rows
         per_token = kv_bytes_per_block(self.model.config, self.model.dtype, 1)
         return sequences_in_flight(memory_budget(gen.max_memory, self.device), per_token, sum(lengths) / len(lengths))
+
+    def passes(self, settings: list[GenerationConfig], skip=()) -> list[list[int]]:
+        return passes_by(settings, by_sampling, skip)
 
     def note(self, note: str) -> None:
         """Say in the report why this engine runs the job (engine auto's fallback)."""

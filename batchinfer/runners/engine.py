@@ -85,9 +85,13 @@ class Engine(Protocol):
     described: dict
 
     def run(self, rows: PassRows, max_rows: int, check: Callable[[], None]) -> PassOutput:
-        """One pass over rows whose settings the engine can take together (engine_passes), at most max_rows
+        """One pass over rows whose settings the engine can take together (passes), at most max_rows
         at once where the engine does not schedule them itself; `check` is called while waiting and may
         raise to stop (Ctrl-C)."""
+        ...
+
+    def passes(self, settings: list[GenerationConfig], skip=()) -> list[list[int]]:
+        """Row positions (but those in `skip`) grouped into the passes their settings need (passes_by)."""
         ...
 
     def note(self, note: str) -> None:
@@ -126,22 +130,46 @@ def generation_config(model, gen: GenerationConfig, max_new_tokens: int, pad_id:
     return config
 
 
-def engine_passes(settings: list[GenerationConfig], engine: str, skip=()) -> list[list[int]]:
-    """Row positions (but those in `skip`) grouped into the engine passes their settings need. vllm: one
-    pass, every row with its own settings; openvino too (a GenerationConfig per request). transformers: one per
-    (temperature, top_p), a row's seed being its own inside the pass (constrained/sampling.py). static, the
-    baseline: seeds one generator per batch, so sampled rows also part by seed. Greedy rows share one pass
-    whatever their seed or top_p (neither changes a greedy completion), and stop strings never part rows:
-    each row's are cut from its own text."""
+def passes_by(settings: list[GenerationConfig], key: Callable[[GenerationConfig], tuple], skip=()) -> list[list[int]]:
+    """Row positions (but those in `skip`) grouped into passes by `key` (an engine's `passes`), in first-seen order."""
     passes: dict[tuple, list[int]] = {}
     for position, gen in enumerate(settings):
-        if position in skip:
-            continue
-        if engine in ("vllm", "openvino"):
-            key: tuple = ()
-        elif gen.temperature == 0:
-            key = ("greedy",)
-        else:
-            key = (gen.temperature, gen.top_p) + ((gen.seed,) if engine == "static" else ())
-        passes.setdefault(key, []).append(position)
+        if position not in skip:
+            passes.setdefault(key(gen), []).append(position)
     return list(passes.values())
+
+
+def one_pass(gen: GenerationConfig) -> tuple:
+    """An engine that takes every row's settings per request (vLLM, OpenVINO GenAI): one pass."""
+    return ()
+
+
+def by_sampling(gen: GenerationConfig) -> tuple:
+    """transformers' continuous batching: a pass per (temperature, top_p), a row's seed being its own inside the
+    pass (constrained/sampling.py). Greedy rows share one pass whatever their seed or top_p (neither changes a
+    greedy completion), and stop strings never part rows: each row's are cut from its own text."""
+    return ("greedy",) if gen.temperature == 0 else (gen.temperature, gen.top_p)
+
+
+def by_seed(gen: GenerationConfig) -> tuple:
+    """Static batches, the baseline, seed one generator per batch: sampled rows also part by seed."""
+    return by_sampling(gen) + ((gen.seed,) if gen.temperature else ())
+
+
+# generation.engine -> "module:class" (relative to this package, or absolute) of an engine built over a loaded model
+# (its classmethod `over(gen, model, device, pad_id, eos, grammars)`), imported when a job
+# runs it, as runners.RUNNERS: transformers' continuous batching imports torch's compiler (seconds). OpenVINO GenAI
+# runs a converted folder, not the loaded model: GenerateRunner.use_openvino builds it.
+ENGINES = {
+    "transformers": ".continuous:ContinuousEngine",
+    "static": ".static:StaticEngine",
+    "vllm": ".vllm_engine:VllmEngine",
+}
+
+
+def engine_class(name: str) -> type:
+    """The engine class registered as generation.engine `name`."""
+    import importlib
+
+    module, cls = ENGINES[name].split(":")
+    return getattr(importlib.import_module(module, __package__), cls)

@@ -104,6 +104,9 @@ class FasterEngine:
         self.chosen = name
         self.described = with_note(self.engines[name].described, why)
 
+    def passes(self, settings, skip=()) -> list[list[int]]:
+        return self.engines[self.name].passes(settings, skip)
+
     def note(self, note: str) -> None:
         self.described = with_note(self.described, note)
         for engine in self.engines.values():

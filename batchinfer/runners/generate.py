@@ -27,7 +27,7 @@ from ..reasons import Reason
 from ..sources.prepare import Prepared, row_limits
 from . import model_generation
 from .base import encode_capped
-from .engine import Engine, PassRows, engine_passes
+from .engine import Engine, PassRows, engine_class
 from .engine_probe import CONTINUOUS, STATIC, FasterEngine
 from .engine_probe import cuda_auto as gpu_auto
 from .prefix import page_figures
@@ -152,8 +152,8 @@ class GenerateRunner:
             if gen.engine != "auto" or generation_problem(self.model.generation_config, "static"):
                 hint = "set generation.engine: static (model.generate), or edit the model's generation_config.json"
                 raise ConfigError(problem, hint)
-            gen, note = gen.model_copy(update={"engine": "static"}), f"engine auto: static, not transformers: {problem}"
-        built = make_engine(gen, self.model, self.device, self.pad_id, self.eos, lambda: self.grammars)
+            engine, note = "static", f"engine auto: static, not transformers: {problem}"
+        built = make_engine(engine, gen, self.model, self.device, self.pad_id, self.eos, lambda: self.grammars)
         if note:
             built.note(note)
         if built.name != "vllm":  # vLLM's entry says its own
@@ -405,7 +405,7 @@ class GenerateRunner:
     ) -> Generated:
         """Completions in input order. `overrides` holds per-row decoding settings (temperature, top_p,
         seed, stop: an OpenAI request's own), checked as the job file's are (a row they fail is an error);
-        rows share engine passes as far as the engine allows (engine_passes).
+        rows share engine passes as far as the engine allows (Engine.passes).
         `constraints`: per row, the grammar its output must follow (None: free); a constrained row whose
         output is not complete and valid fails (reason length when max_new_tokens cut it).
         `check` is called while waiting and may raise to stop (Ctrl-C)."""
@@ -418,7 +418,7 @@ class GenerateRunner:
             if problem:
                 out.failed[position] = problem
         raw: list = [([], None)] * len(prompts)
-        for positions in engine_passes(settings, self.engine.name, skip=out.failed):
+        for positions in self.engine.passes(settings, skip=out.failed):
             rows = PassRows(*[pick(values, positions) for values in (settings, prompts, max_new, constraints)])
             done = self.engine.run(rows, batch_rows, check)
             out.first_token_seconds += done.first_token_seconds
@@ -541,17 +541,13 @@ def max_new_tokens(job, loaded, context: int | None) -> list[int]:
     return [max(1, min(limit, context - n)) for limit, n in zip(limits, prompts)]
 
 
-def make_engine(gen: GenerationConfig, model, device: torch.device, pad_id: int, eos: set[int], grammars) -> Engine:
-    """generation.engine's engine over a loaded model (vllm.LLM for vllm); `grammars` builds the compiler.
-    transformers' for auto and openvino (where GenerateRunner.use_openvino does not put OpenVINO GenAI's first);
-    imported here, as transformers' continuous batching imports torch's compiler (seconds)."""
-    if gen.engine == "vllm":
-        return VllmEngine(model, gen.engine_options, eos)
-    if gen.engine == "static":
-        return StaticEngine(model, device, pad_id, grammars)
-    from .continuous import ContinuousEngine
-
-    return ContinuousEngine(model, device, gen.engine_options, pad_id, grammars)
+def make_engine(
+    name: str, gen: GenerationConfig, model, device: torch.device, pad_id: int, eos: set[int], grammars
+) -> Engine:
+    """The engine registered as `name` (engine.ENGINES) over a loaded model (vllm.LLM for vllm); `grammars` builds
+    the compiler. GenerateRunner.model_engine names transformers' for auto and openvino (where use_openvino does not
+    put OpenVINO GenAI's first)."""
+    return engine_class(name).over(gen, model, device, pad_id, eos, grammars)
 
 
 def refuse_a_mixed_engine(recorded: dict, runner) -> None:

@@ -37,7 +37,7 @@ import numpy as np
 from ..constrained.spec import Constraint
 from ..errors import ConfigError, ModelError
 from ..job.config import GenerationConfig
-from .engine import PassOutput, PassRows, Streamed, engine_passes
+from .engine import PassOutput, PassRows, Streamed, by_sampling, one_pass, passes_by
 
 F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
 BF16 = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8"}  # OpenVINO's own default on bf16 CPUs
@@ -151,7 +151,7 @@ class OpenVINOEngine:
             )
             bound = sorted(bound + [i for i, _ in strays])
         if bound:
-            for group in engine_passes([rows.settings[i] for i in bound], "transformers"):
+            for group in passes_by([rows.settings[i] for i in bound], by_sampling):
                 positions = [bound[g] for g in group]
                 sub = PassRows(*[[values[p] for p in positions] for values in vars(rows).values()])
                 out = self.fallback().run(sub, max_rows, check)
@@ -192,6 +192,9 @@ class OpenVINOEngine:
         from .model_generation import from_folder
 
         return from_folder(self.folder)
+
+    def passes(self, settings: list[GenerationConfig], skip=()) -> list[list[int]]:
+        return passes_by(settings, one_pass, skip)
 
     def note(self, note: str) -> None:
         if note not in self.notes:

@@ -9,7 +9,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .engine import PassOutput, PassRows, cannot_serve, generation_config, with_note
+from ..job.config import GenerationConfig
+from .engine import PassOutput, PassRows, by_seed, cannot_serve, generation_config, passes_by, with_note
 from .model_generation import batch_bound
 
 
@@ -18,6 +19,11 @@ class StaticEngine:
     described = {"name": "static"}
     shared_page = None  # static batches share no cache
     pads = True
+
+    @classmethod
+    def over(cls, gen, model, device, pad_id: int, eos: set[int], grammars: Callable) -> StaticEngine:
+        """generation.engine's engine over a loaded model (engine.ENGINES)."""
+        return cls(model, device, pad_id, grammars)
 
     def __init__(self, model, device: torch.device, pad_id: int, grammars: Callable):
         self.model, self.device, self.pad_id = model, device, pad_id
@@ -28,6 +34,9 @@ class StaticEngine:
         if self.alone:
             said = ", ".join(self.alone)
             self.note(f"rows run one at a time: in a padded batch generate would apply {said} otherwise")
+
+    def passes(self, settings: list[GenerationConfig], skip=()) -> list[list[int]]:
+        return passes_by(settings, by_seed, skip)
 
     def note(self, note: str) -> None:
         self.described = with_note(self.described, note)

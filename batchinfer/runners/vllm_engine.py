@@ -10,7 +10,8 @@ import torch
 
 from ..constrained.spec import Constraint
 from ..errors import ModelError
-from .engine import PassOutput, PassRows, cannot_serve, with_note
+from ..job.config import GenerationConfig
+from .engine import PassOutput, PassRows, cannot_serve, one_pass, passes_by, with_note
 
 VLLM_BLOCK = 16  # vLLM's default cache block (tokens)
 
@@ -20,9 +21,17 @@ class VllmEngine:
     pads = False
     described = {"name": "vllm"}
 
+    @classmethod
+    def over(cls, gen, model, device, pad_id: int, eos: set[int], grammars: Callable) -> VllmEngine:
+        """generation.engine's engine over a loaded model (engine.ENGINES)."""
+        return cls(model, gen.engine_options, eos)
+
     def __init__(self, llm, options: dict, eos: set[int]):
         self.llm, self.eos = llm, eos
         self.shared_page = options.get("block_size", VLLM_BLOCK) if options.get("enable_prefix_caching", True) else None
+
+    def passes(self, settings: list[GenerationConfig], skip=()) -> list[list[int]]:
+        return passes_by(settings, one_pass, skip)
 
     def note(self, note: str) -> None:
         self.described = with_note(self.described, note)
