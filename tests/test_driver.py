@@ -279,6 +279,8 @@ def test_retry_errors_after_raising_max_length(sms_parquet, sms_table, tiny_embe
     )
     assert bar.started == (still, 0) and bar.rows == still  # only error rows run: they alone are counted
     assert retried["rows_ok"] == 600 and retried["errors_by_reason"] == {} and retried["rows"] == 600
+    # the whole job's rows are its rows: those two retry passes ran again are counted once (they were 600 + more)
+    assert retried["job"]["runs"] == 3 and retried["job"]["rows"] == 600
     assert not list((tmp_path / "out" / "_errors").glob("*.parquet"))
     table = _read(tmp_path / "out")
     assert sorted(table.column("sms_id").to_pylist()) == sorted(sms_table.column("sms_id").to_pylist()[:600])
@@ -295,6 +297,27 @@ def test_retry_errors_after_raising_max_length(sms_parquet, sms_table, tiny_embe
         )["run"]["rows"]
         == 0
     )
+
+
+def test_retry_errors_on_an_unfinished_job_is_refused_until_its_own_settings_have_run_every_chunk(
+    sms_parquet, tiny_embed, tmp_path
+):
+    """--retry-errors may change max_length for the rows in _errors/; on a job not finished (a --limit trial, a
+    stop) it also ran the chunks not run yet with the new settings, beside those run with the old ones, and the
+    folder then said the new settings held for all. Refused now, naming how many chunks and the fix."""
+    old = _job(sms_parquet, tiny_embed, tmp_path / "out", model__max_length=24, model__truncation="error")
+    new = _job(sms_parquet, tiny_embed, tmp_path / "out", model__max_length=128, model__truncation="error")
+    run_job(old, limit=150, command="batchinfer run job.yaml --limit 150")
+    with pytest.raises(ResumeError) as refused:
+        run_job(new, retry_errors=True)
+    assert "--retry-errors would run the 5 chunk(s) of this job not run yet with changed settings" in str(refused.value)
+    assert "model.max_length: 24 -> 128" in str(refused.value) and "beside the 2 run with the old ones" in str(
+        refused.value
+    )
+    assert refused.value.hint.startswith("finish the job with its own settings first (batchinfer run job.yaml)")
+    assert run_job(old)["rows"] == 600  # its own settings finish it; then the errors may be retried
+    retried = run_job(new, retry_errors=True)
+    assert retried["rows"] == 600 and retried["errors_by_reason"] == {}
 
 
 def test_retry_keeps_rows_that_fail_again_and_survives_a_crash(tmp_path, tiny_embed):

@@ -616,3 +616,17 @@ def test_the_openai_source_says_which_request_columns_it_reads_and_the_job_names
     cfg = InputConfig(path="requests.jsonl", format="openai", keep=["meta"])
     assert cfg.columns == ["url", "meta"]
     assert read_spec(cfg, [*cfg.columns, "limit"]).columns == (*REQUEST_COLUMNS, "meta", "limit")
+
+
+@pytest.mark.parametrize("role", ["id", "keep"])
+def test_a_column_whose_types_do_not_combine_names_the_key_it_is_read_for(tmp_path, role):
+    """An id of a list type in one shard and text in another cannot be one column; the fix named the key the
+    column is read for (it said "leave it out of input.keep" of an input.id)."""
+    from batchinfer.sources.column_types import job_type
+
+    found = {"a.parquet": pa.list_(pa.int64()), "b.csv": pa.string()}
+    with pytest.raises(InputError) as info:
+        job_type("ref", found, is_id=role == "id")
+    assert "column 'ref' has types that do not combine across shards" in info.value.message
+    fix = "or name another column as input.id" if role == "id" else "or leave it out of input.keep"
+    assert info.value.hint == f"give every shard the same type for 'ref', {fix}"

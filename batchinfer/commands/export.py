@@ -16,12 +16,12 @@ import pyarrow.parquet as pq
 from ..errors import OutputError
 from ..output.failures import reach_error
 from ..output.formats import json_lines
+from ..output.job_record import without_limit
 from ..output.layout import SUCCESS
 from ..output.parts import tables_in_input_order
 from ..output.status import FolderStatus
 from ..storage import JOB_RECORD, LocalFolder
 from .delivery import place
-from .show import without_limit
 
 FORMATS = ("parquet", "jsonl", "csv")
 EXPORT_KEY = b"batchinfer.export"  # a Parquet export's footer: the job it holds; what lets --force replace it

@@ -3,12 +3,12 @@ read-only status. Pure: values in, strings out; cli.py prints them."""
 
 from __future__ import annotations
 
-import shlex
 from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..backends.model_size import describe_size
+from ..output.job_record import without_limit
 from ..output.layout import REPORT
 from ..output.records import ChunkRecord, current_errors
 from ..output.verify import NOT_OURS
@@ -230,13 +230,3 @@ def running_rate(started: float, done: dict[str, ChunkRecord], rows_left: int) -
         f"rate    {rate:,.1f} rows/s since the run started at {since} ({rows:,} rows committed); "
         f"about {_duration(max(rows_left, 0) / rate)} left"
     )
-
-
-def without_limit(command: str) -> str:
-    """A saved run command without its --limit N: the command that continues a limited job to its end."""
-    words, kept = shlex.split(command), []
-    for i, word in enumerate(words):
-        if word == "--limit" or word.startswith("--limit=") or (i and words[i - 1] == "--limit"):
-            continue
-        kept.append(word)
-    return shlex.join(kept)

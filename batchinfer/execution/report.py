@@ -80,13 +80,15 @@ def run_figures(run: Counter, seconds: float, workers: int) -> dict:
 
 
 def whole_job(records: list[ChunkRecord]) -> dict:
-    """The rows of every run that committed the job's chunks (after a Ctrl-C and a resume, or a --limit trial
-    and the rest), and their seconds: each run's from its start (the folder opened) to its last commit."""
+    """The job's rows, those the runs that committed its chunks ran (after a Ctrl-C and a resume, or a --limit
+    trial and the rest; a row a --retry-errors pass ran again is one row still), and their seconds: each run's
+    from its start (the folder opened) to its last commit, a retry pass's too."""
     last: dict[float, float] = {}
     timed = [r for r in records if r.run_started is not None and r.finished is not None]
     for record in timed:
         last[record.run_started] = max(last.get(record.run_started, 0.0), record.finished)
-    rows, seconds = sum(r.rows for r in timed), sum(end - start for start, end in last.items())
+    rows = sum(r.rows for r in timed if not r.retry_of)
+    seconds = sum(end - start for start, end in last.items())
     return {"runs": len(last), "rows": rows, "seconds": round(seconds, 3), "rows_per_s": _rate(rows, seconds)}
 
 

@@ -18,7 +18,7 @@ from ..reasons import Reason
 from ..storage import open_folder, refuse_location
 from .failures import display_path, reach_error, writing
 from .formats import DeclaredFiles
-from .job_record import create_job, save_job
+from .job_record import create_job, save_job, without_limit
 from .layout import (
     BAD_RECORDS,
     ERROR_SCHEMA,
@@ -166,6 +166,15 @@ class Checkpoint:
         job, done = found.job, found.done
         self.job, self.done = job, dict(done)
         changed = describe_changes(job["fingerprint"], fingerprint)
+        finished = sum(1 for record in done.values() if not record.retry_of)
+        if set(changed) - {"limit"} and done and set(changed) <= may_change and finished < extent.get("chunks", 0):
+            settings = "; ".join(v for k, v in changed.items() if k != "limit")
+            raise ResumeError(
+                f"{self.path}: --retry-errors would run the {extent['chunks'] - finished:,} chunk(s) of this job not "
+                f"run yet with changed settings ({settings}), beside the {finished:,} run with the old ones",
+                f"finish the job with its own settings first ({without_limit(job.get('command') or 'its command')}), "
+                "then retry its errors with the new ones",
+            )
         if changed and (not done or set(changed) <= may_change):
             # Nothing done yet (a run that failed before its first chunk), or only what --retry-errors may
             # change: no result of the old settings can mix with the new ones.

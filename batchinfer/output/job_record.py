@@ -5,6 +5,7 @@ Written first; the job's id in it is what proves every other file in the folder 
 from __future__ import annotations
 
 import json
+import shlex
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -98,3 +99,13 @@ def create_job(folder, path, fields: dict) -> dict:
 def save_job(folder, path, job: dict) -> dict:
     writing(path, lambda: folder.write(JOB, dumps(job), tmp=tmp_prefix(job["job_id"])))
     return job
+
+
+def without_limit(command: str) -> str:
+    """A saved run command without its --limit N: the command that continues a limited job to its end."""
+    words, kept = shlex.split(command), []
+    for i, word in enumerate(words):
+        if word == "--limit" or word.startswith("--limit=") or (i and words[i - 1] == "--limit"):
+            continue
+        kept.append(word)
+    return shlex.join(kept)

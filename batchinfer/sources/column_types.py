@@ -84,7 +84,8 @@ def job_type(column: str, found: dict[str, pa.DataType], is_id: bool = False) ->
         shown = "; ".join(f"{name}: {t}" for name, t in list(found.items())[:4])
         raise InputError(
             f"column '{column}' has types that do not combine across shards ({shown})",
-            f"give every shard the same type for '{column}', or leave it out of input.keep",
+            f"give every shard the same type for '{column}'"
+            + (", or name another column as input.id" if is_id else ", or leave it out of input.keep"),
         )
     return unified
 
