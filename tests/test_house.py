@@ -240,8 +240,12 @@ ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 PYPROJECT = PACKAGE.parent / "pyproject.toml"
 
 
+# A named tuple's own methods start with "_" so as not to clash with its fields; they are its documented API.
+NAMEDTUPLE_API = {"_asdict", "_replace", "_fields", "_make", "_field_defaults"}
+
+
 def _private(name: str) -> bool:
-    return name == "__new__" or (name.startswith("_") and not name.startswith("__"))
+    return name == "__new__" or (name.startswith("_") and not name.startswith("__") and name not in NAMEDTUPLE_API)
 
 
 def _own_private_names() -> set[str]:

@@ -78,7 +78,7 @@ def test_the_engine_protocols_declare_everything_their_callers_use():
         Engine: set(re.findall(r"self\.engine\.(\w+)", runner)) | set(re.findall(r"runner\.engine\.(\w+)", serve)),
         Serving: set(re.findall(r"(?<!runner)\.engine\.(\w+)", serve.replace("self.runner.engine", ""))),
     }
-    assert used[Engine] >= {"run", "serve", "shared_page", "described", "name", "pads"}
+    assert used[Engine] >= {"run", "serve", "shared_page", "described", "pads"}
     assert used[Serving] >= {"listen", "add", "cancel", "forget", "problem", "stop", "constrained"}
     for protocol, names in used.items():
         assert names <= declared(protocol), f"{protocol.__name__} does not declare {names - declared(protocol)}"
