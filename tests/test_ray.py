@@ -118,8 +118,9 @@ def test_ray_output_equals_the_in_process_output_though_a_worker_is_killed_with_
     report = run_job(validate_job(job(out=tmp_path / "ray")), progress=progress)
     assert progress.killed and report["complete"] and report["rows"] == report["rows_ok"] == local["rows"] == 600
     workers = report["run"]["workers"]
-    # Ray restarted the killed worker under its name, and ran its chunks in flight again on it
-    assert report["device"] == "cpu x2 (ray)" and sorted(workers) == ["ray-0", "ray-1"]
+    # the killed worker's chunks in flight ran again, on the other worker or on the killed one restarted under its
+    # name: which, and whether the killed one had committed a chunk before, is the kill's timing
+    assert report["device"] == "cpu x2 (ray)" and set(workers) <= {"ray-0", "ray-1"} and workers
     assert sum(w["rows"] for w in workers.values()) == 600  # the killed worker's rows in flight counted once
     # the raylet's own message about the dead worker comes from a thread of Ray's driver, after the kill
     assert raylet_said.wait(60), "Ray's driver never received the raylet's message about the dead worker"
