@@ -166,8 +166,10 @@ class Checkpoint:
         job, done = found.job, found.done
         self.job, self.done = job, dict(done)
         changed = describe_changes(job["fingerprint"], fingerprint)
+        # --retry-errors with changed settings: only the error rows may run with them, so every chunk has run first
+        retrying = bool(done) and bool(set(changed) - {"limit"}) and set(changed) <= may_change
         finished = sum(1 for record in done.values() if not record.retry_of)
-        if set(changed) - {"limit"} and done and set(changed) <= may_change and finished < extent.get("chunks", 0):
+        if retrying and finished < extent.get("chunks", 0):
             settings = "; ".join(v for k, v in changed.items() if k != "limit")
             raise ResumeError(
                 f"{self.path}: --retry-errors would run the {extent['chunks'] - finished:,} chunk(s) of this job not "

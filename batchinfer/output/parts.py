@@ -58,9 +58,14 @@ def tables_in_input_order(names: list[str], read: Callable[[str], pa.Table]) -> 
     """The rows of part files `names` (in input order, as in_input_order gives them), a table per chunk, in input
     order. A chunk's retry passes (-rN) hold rows from among its own (its trial pieces, _P, rows after them), so
     a chunk of more than one part is merged by row: by name, a retry's rows would come before the chunk's."""
-    for _, group in itertools.groupby(names, key=lambda n: PART.fullmatch(n).group(1)[:11]):
+    for _, group in itertools.groupby(names, key=_chunk):
         tables = [read(name) for name in group]
         yield tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="default").sort_by("row")
+
+
+def _chunk(name: str) -> str:
+    """The chunk (SSSSS-CCCCC) a part file's pass belongs to: its own, a trial piece's (_P) or a retry's (-rN)."""
+    return PART.fullmatch(name).group(1)[: len("SSSSS-CCCCC")]
 
 
 def read_table(folder, name: str) -> pa.Table | None:
