@@ -16,10 +16,10 @@ import torch
 
 from batchinfer.batching.cut import cut_batches
 from batchinfer.serve.latency import (
-    CALM,
     DECREASE,
-    HEADROOM,
-    STEER_EVERY,
+    FLOOR,
+    LATE_SHARE,
+    STEP,
     Admission,
     Cost,
     FirstToken,
@@ -113,11 +113,12 @@ def test_a_request_is_shed_when_it_or_one_queued_before_it_would_be_answered_pas
     allowed = control.admission.allowed
     assert control.admit(0.0, 0, 0, 100_000, 5000).admit  # nothing ahead: admitted, however large
     fixed, per_token = control.cost.line()
-    fits = int((allowed - fixed - control.wait) / per_token) - 30  # tokens ahead (its own too) that still fit
+    fits = int((allowed - fixed) / per_token) - 30  # tokens ahead (its own too) that still fit
+    assert control.waiting(fits) == 0.0  # a queue that fills the target waits for no more company
     assert control.admit(0.0, fits, 40, 30, 1).admit
     refused = control.admit(0.0, fits + 200, 40, 30, 1)
     assert not refused.admit and refused.predicted > allowed
-    assert refused.predicted == pytest.approx(control.wait + control.cost.seconds(fits + 230))
+    assert refused.predicted == pytest.approx(control.cost.seconds(fits + 230))
     late = control.admit(0.0, 100, 5, 30, 1, waited=allowed)  # the oldest queued row has waited all it may
     assert not late.admit and late.predicted == pytest.approx(allowed + control.cost.seconds(130))
     control.running(10.0, 2000, 1)  # a window of 2,000 tokens started at t=10 s: it is ahead of every request
@@ -132,34 +133,43 @@ def test_a_request_is_shed_when_it_or_one_queued_before_it_would_be_answered_pas
     assert control.admit(20.5, 0, 0, 30, 1).admit
 
 
-def test_the_headroom_falls_while_the_p99_is_past_the_target_and_rises_once_it_is_calm():
+def test_the_headroom_settles_where_late_share_of_answers_are_late_moved_by_fresh_answers_only():
     admission = Admission(0.2)
-    floor, start, step = HEADROOM
-    assert admission.headroom == start
-    latencies = [s for _, _, s in TRACE]  # 0.06 .. 3.3 s: a p99 far past 0.2 s
-    for i in range(STEER_EVERY * 3):
-        admission.answered(latencies[i % len(latencies)])
-    assert admission.headroom == pytest.approx(start * DECREASE**3)
-    for _ in range(STEER_EVERY * 40):
-        admission.answered(max(latencies))
-    assert admission.headroom == pytest.approx(floor)  # never below its floor
-    calm = [s for s in latencies if s < CALM * 0.2] * 200
-    for seconds in calm[: STEER_EVERY * 40]:  # the tail is all calm again after TAIL of them
+    assert admission.headroom == 1.0
+    admission.answered(0.3)  # a late answer: a step off
+    assert admission.headroom == pytest.approx(1.0 - STEP * (1 - LATE_SHARE))
+    for _ in range(50):  # answers in time give back LATE_SHARE of a step each, the late one still in the tail
+        admission.answered(0.1)
+    assert admission.headroom == pytest.approx(1.0 - STEP * (1 - LATE_SHARE) + 50 * STEP * LATE_SHARE)
+    for _ in range(200):
+        admission.answered(5.0)
+    assert admission.headroom == FLOOR and admission.p99 == 5.0  # never below its floor
+    for _ in range(10_000):
+        admission.answered(0.1)
+    assert admission.headroom == 1.0  # nor above the target
+    rng, late = np.random.default_rng(0), 0  # late in 3% of answers at full headroom, fewer as it falls
+    for _ in range(20_000):
+        seconds = 0.3 if rng.random() < 0.03 * admission.headroom**8 else 0.1
+        late += seconds > 0.2
         admission.answered(seconds)
-    assert admission.headroom == 1.0 and admission.p99 < CALM * 0.2
-    assert admission.decide(0.2).admit and not admission.decide(0.21).admit
+    assert late / 20_000 == pytest.approx(LATE_SHARE, rel=0.1) and admission.headroom < 1.0
+    fresh = Admission(0.2)
+    assert fresh.decide(0.2).admit and not fresh.decide(0.21).admit
 
 
-def test_the_wait_is_what_the_target_leaves_after_two_batches_at_most_max_wait():
-    control = _target(target=1.0, max_tokens=400, max_wait=0.05)
-    assert control.wait == 0.05  # nothing measured: max_wait
+def test_the_wait_is_what_the_target_leaves_after_two_batches_of_the_queue_at_most_max_wait():
+    control = _target(target=1.0, max_tokens=4000, max_wait=0.05)
+    assert control.waiting(400) == 0.05  # nothing measured: max_wait
     _measured(control)
-    tight = _target(target=0.1, max_tokens=400, max_wait=0.05)
+    tight = _target(target=0.1, max_tokens=4000, max_wait=0.05)
     tight.cost = control.cost
-    assert tight.wait == 0.0  # two batches of 400 tokens take more than the target allows
-    loose = _target(target=100.0, max_tokens=400, max_wait=0.05)
+    assert tight.waiting(400) == 0.0  # two batches of 400 tokens take more than the target allows
+    short = _target(target=2 * control.cost.seconds(20) + 0.02, max_tokens=4000, max_wait=0.05)
+    short.cost = control.cost
+    assert short.waiting(20) == pytest.approx(0.02) and short.waiting(400) == 0.0  # a short queue waits for company
+    loose = _target(target=100.0, max_tokens=4000, max_wait=0.05)
     loose.cost = control.cost
-    assert loose.wait == 0.05
+    assert loose.waiting(400) == 0.05
 
 
 def test_a_window_takes_every_queued_row_as_the_fixed_window_and_closes_at_one_budget():
@@ -224,9 +234,10 @@ def _replay(window, rate: float, requests: int = 1500, seed: int = 0) -> dict:
             window.idle(now)
         if busy or not queue:
             continue
-        if not window.full(sum(q[1] for q in queue), len(queue)) and now < queue[0][0] + window.wait:
+        deadline = queue[0][0] + window.waiting(sum(q[1] for q in queue))
+        if not window.full(sum(q[1] for q in queue), len(queue)) and now < deadline:
             order += 1
-            heapq.heappush(events, (queue[0][0] + window.wait, order, "deadline", None))
+            heapq.heappush(events, (deadline, order, "deadline", None))
             continue
         full = window.full(sum(q[1] for q in queue), len(queue))
         rows = [queue.pop(0) for _ in range(window.take([q[1] for q in queue]))]
@@ -248,7 +259,7 @@ def _replay(window, rate: float, requests: int = 1500, seed: int = 0) -> dict:
 
 def test_on_the_trace_the_target_keeps_the_fixed_windows_goodput_up_to_saturation_and_its_p99_past_it():
     """The bar of serve.p99_ms, replayed on the trace at rising Poisson rates, against the fixed window (target: 3x
-    a lone request's latency). Where the fixed window meets the target, nothing is shed and as much is served;
+    a lone request's latency). Where the fixed window meets the target, 1% at most is shed and 90% served;
     at every rate as many requests are answered within the target (goodput) as by the fixed window, less 10% at
     most; past saturation, where the fixed window's p99 grows without bound, the admitted requests' p99 stays
     within the target (10% over at most, the trace's own noise) and its goodput is what the hardware allows.
@@ -259,7 +270,7 @@ def test_on_the_trace_the_target_keeps_the_fixed_windows_goodput_up_to_saturatio
         held = _replay(_target(target, max_tokens=4096, max_rows=256), rate)
         good = [(r["good"] <= target).sum() / len(r["good"]) * r["served"] for r in (fixed, held)]
         if fixed["p99"] <= target:
-            assert held["shed"] == 0 and held["served"] >= 0.9 * fixed["served"], (rate, fixed, held)
+            assert held["shed"] <= 0.01 and held["served"] >= 0.9 * fixed["served"], (rate, fixed, held)
         assert good[1] >= 0.9 * good[0], (rate, good)
         if fixed["p99"] > 10 * target:
             assert held["p99"] <= 1.1 * target and good[1] > 2 * good[0], (rate, held["p99"], good)

@@ -205,6 +205,29 @@ def test_a_latency_target_sheds_an_embedding_request_it_cannot_answer_in_time_wi
     assert 'batchinfer_requests_total{endpoint="/v1/embeddings",status="429"} 1.0' in metrics
 
 
+def test_the_latency_a_target_holds_runs_from_the_requests_arrival_to_its_answer_sent(tiny_embed):
+    """What serve.p99_ms holds is what a client sees: from the request's arrival (before its body is read; a
+    busy event loop delays the handler too) to its answer sent, not from the handler's start."""
+    job = _serving(tiny_embed, "embed", p99_ms=10_000, max_wait_ms=0)
+    app = create_app(job, resolve_model_path(job.model.path))
+
+    async def slow_body():
+        yield b'{"input": "good'
+        await asyncio.sleep(1.0)
+        yield b' food"}'
+
+    async def run():
+        async with _client(job, app) as client:
+            started = time.perf_counter()
+            answer = await client.post("/v1/embeddings", content=slow_body(), headers={"content-type": "x"})
+            return answer, time.perf_counter() - started
+
+    answer, seen_by_client = asyncio.run(run())
+    held = app.state.service.batcher.window.admission.latencies
+    assert answer.status_code == 200 and len(held) == 1
+    assert 1.0 <= held[0] <= seen_by_client
+
+
 def test_a_latency_target_sheds_a_completion_whose_first_token_would_come_too_late(tiny_llama):
     """serve.p99_ms on generation: the time to first token, predicted from the tokens held ahead; with a request
     running, another is 429 at once; its first token is measured (/metrics)."""

@@ -283,9 +283,8 @@ class Batcher:
         """The next window's rows, once the queue holds a budget or its oldest row has waited (holding the
         lock; the queue is not empty); whether the queue held a whole budget."""
         window = self.window
-        deadline = self._queue[0].arrived + window.wait
         while not window.full(self._queued_tokens, len(self._queue)) and not self._stopping:
-            left = deadline - time.monotonic()
+            left = self._queue[0].arrived + window.waiting(self._queued_tokens) - time.monotonic()
             if left <= 0:
                 break
             self._wake.wait(left)

@@ -1,6 +1,7 @@
 """serve's guard around the app (ASGI middleware): bodies past serve.max_body_bytes answered 413 before
 they are read whole, bodies that stop arriving for serve.read_timeout_s answered 408, every body read as
-JSON whatever its Content-Type, and the memory requests freed handed back to the system (heap.HeapGuard)."""
+JSON whatever its Content-Type, and the memory requests freed handed back to the system (heap.HeapGuard);
+each request's latency counted from when the app got it to when its answer was sent (arrived, once_sent)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class BodyGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        state = scope.setdefault("state", {})
+        state["arrived"], state["sent"] = time.perf_counter(), []
         headers = dict(scope["headers"])
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self.limit:
@@ -59,6 +62,8 @@ class BodyGuard:
         self.running += 1
         try:
             await self.app(as_json(scope), replay, send)
+            for callback in state["sent"]:
+                callback(time.perf_counter() - state["arrived"])
         finally:
             self.running -= 1
             await asyncio.to_thread((self.busy if self.running else self.idle).check)
@@ -78,6 +83,17 @@ class BodyGuard:
             drain = message.get("more_body", False)
         message = f"the body is larger than serve.max_body_bytes ({self.limit:,} bytes); send less per request"
         await self.refused(scope["path"], 413, message)(scope, receive, send)
+
+
+def arrived(request) -> float:
+    """When `request` came to the app (time.perf_counter), before its body was read: a latency counted from
+    here holds the body's reading and the wait for a busy event loop, as its client sees them."""
+    return request.scope["state"]["arrived"]
+
+
+def once_sent(request, callback) -> None:
+    """Call callback(seconds since the request arrived) once its answer is sent whole (a 200 with its body)."""
+    request.scope["state"]["sent"].append(callback)
 
 
 def as_json(scope: dict) -> dict:

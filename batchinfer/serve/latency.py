@@ -11,8 +11,8 @@ Three measured things drive every decision:
 - Admission: a window takes every queued row, so a new request is answered with them all, and makes them all
   later: the predicted latency of the queue's oldest request (what it waited, what runs now, the next window
   with the new request, by the Cost line) against the target; past it, a 429 with the seconds until it would
-  fit as Retry-After. The target is scaled by a headroom that the measured p99 of admitted requests steers,
-  again by AIMD, so that what the line misses (noise, the HTTP layer) is learnt too.
+  fit as Retry-After. The target is scaled by a headroom that the admitted requests' answers steer to one late
+  answer in two hundred, so that what the line misses (noise, the HTTP layer) is learnt too.
 
 Pure: time and measurements come in as arguments; no clock, thread or lock here (the batcher and the generate
 service call it under their own). FixedWindow is the batcher's policy without a target: today's window.
@@ -28,10 +28,9 @@ import numpy as np
 
 FITTED_ON = 64  # the last batches (or requests) the cost line is fitted on
 TAIL = 200  # the last admitted requests whose latencies the p99 is read from
-STEER_EVERY = 20  # requests between two headroom steps
-DECREASE = 0.9  # multiplicative decrease: of a batch budget, of the headroom
-HEADROOM = (0.5, 1.0, 0.05)  # the headroom's floor, its start, and its additive step
-CALM = 0.8  # the headroom rises only while the p99 is under this share of the target
+LATE_SHARE = 0.005  # the share of answers steered to be late: half what a p99 allows (see Admission)
+DECREASE = 0.9  # multiplicative decrease of a batch budget
+FLOOR, STEP = 0.5, 0.05  # the headroom's floor (it starts at 1), and how far one late answer moves it
 
 
 @dataclass(frozen=True)
@@ -114,14 +113,18 @@ class BatchSize:
 
 class Admission:
     """A target (seconds) for the p99 of admitted requests, held by shedding: a request is admitted when its
-    predicted latency is within target x headroom. The headroom falls by 10% while the p99 of the last TAIL
-    admitted requests is past the target, and rises by HEADROOM's step while it is under CALM of it."""
+    predicted latency is within target x headroom. The headroom steers the share of late answers (past the
+    target) to LATE_SHARE, an answer at a time (stochastic approximation of a quantile): a late answer takes
+    STEP x (1 - LATE_SHARE) off it, one in time gives STEP x LATE_SHARE back, so it settles where that share is
+    late. Half the share a p99 allows: the server measures from the request's arrival to its answer sent, less
+    than its client sees, and one slow batch makes every request queued behind it late at once. Only a fresh
+    answer moves it: steering on the p99 of the last answers instead cut it to its floor for one burst (a late
+    answer stays in the tail for hundreds of answers), shedding a third of a load the target could serve."""
 
     def __init__(self, target: float):
         self.target = target
-        self.headroom = HEADROOM[1]
+        self.headroom = 1.0
         self.latencies: deque[float] = deque(maxlen=TAIL)
-        self._seen = 0
 
     @property
     def allowed(self) -> float:
@@ -133,15 +136,8 @@ class Admission:
     def answered(self, seconds: float) -> None:
         """An admitted request's latency, as its client saw it."""
         self.latencies.append(seconds)
-        self._seen += 1
-        if self._seen % STEER_EVERY:
-            return
-        p99 = self.p99
-        floor, _, step = HEADROOM
-        if p99 > self.target:
-            self.headroom = max(floor, self.headroom * DECREASE)
-        elif p99 < CALM * self.target:
-            self.headroom = min(1.0, self.headroom + step)
+        late = seconds > self.target
+        self.headroom = min(1.0, max(FLOOR, self.headroom + STEP * (LATE_SHARE - late)))
 
     @property
     def p99(self) -> float:
@@ -157,6 +153,9 @@ class FixedWindow:
 
     def full(self, tokens: int, rows: int) -> bool:
         return tokens >= self.tokens
+
+    def waiting(self, tokens: int) -> float:
+        return self.wait
 
     def take(self, lengths: list[int]) -> int:
         return len(lengths)
@@ -209,11 +208,12 @@ class LatencyTarget:
         (a longer batch misses the target whatever runs beside it; a shorter one is admission's to fit)."""
         return max(0.0, self.admission.allowed - self.outside)
 
-    @property
-    def wait(self) -> float:
-        """How long the oldest row waits for company: what the target leaves after two full batches and the
-        time outside the queue, at most serve.max_wait_ms."""
-        spare = self.admission.allowed - 2 * self.cost.seconds(self.tokens) - self.outside
+    def waiting(self, tokens: int) -> float:
+        """How long the oldest row waits for company with `tokens` queued: what the target leaves after two
+        batches of them and the time outside the queue, at most serve.max_wait_ms. Sized on what is queued:
+        sized on a whole budget (which the target alone fills) it left no wait at all, windows of one row, and
+        each one's fixed part paid per row, below the fixed window's throughput at loads both could serve."""
+        spare = self.admission.allowed - 2 * self.cost.seconds(max(1, tokens)) - self.outside
         return min(self.max_wait, max(0.0, spare))
 
     def full(self, tokens: int, rows: int) -> bool:
@@ -231,7 +231,7 @@ class LatencyTarget:
         admitted only where it makes none of those queued before it late."""
         ahead_tokens, ahead_rows = queued_tokens + tokens, queued_rows + rows
         batches = max(math.ceil(ahead_tokens / self.tokens), math.ceil(ahead_rows / self.rows), 1)
-        starts = max(0.0, self.busy_until - now) if self.busy else max(0.0, self.wait - waited)
+        starts = max(0.0, self.busy_until - now) if self.busy else max(0.0, self.waiting(ahead_tokens) - waited)
         return waited + starts + self.cost.seconds(ahead_tokens, batches) + self.outside
 
     def admit(

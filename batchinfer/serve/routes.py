@@ -23,7 +23,7 @@ from ..openai_compat.shapes import embedding_list, model_object, usage
 from .bodies import BadInput, ClassifyBody, CompletionBody, EmbeddingsBody, ScoreBody
 from .completions import Completions
 from .failures import Failures, NoModel
-from .guard import BodyGuard
+from .guard import BodyGuard, arrived
 from .metrics import Metrics
 from .services import EncoderService, GenerateService
 
@@ -86,8 +86,7 @@ class Routes:
         self.completer = Completions(service, metrics, self.model) if job.model.task == "generate" else None
 
     def accept(self, task: str, body: BaseModel, request: Request) -> float:
-        """Refuse a body this server cannot answer as it asks; returns when the request started."""
-        started = time.perf_counter()
+        """Refuse a body this server cannot answer as it asks; returns when the request arrived."""
         self.named(body.model)
         if self.job.model.task != task:
             served = self.job.model.task
@@ -96,7 +95,7 @@ class Routes:
             raise BadInput(problem)
         if problem := unsupported(request.url.path, body.model_dump(exclude_unset=True), "serve"):
             raise BadInput(problem[1])
-        return started
+        return arrived(request)
 
     async def health(self):
         problem = self.service.problem()
@@ -164,7 +163,7 @@ class Routes:
         at once when they cannot fit) until the last answer is out."""
         ticket = self.service.admit(texts, limit)
         try:
-            asked = [await self.service.ask(body, prompt, chat, limit) for prompt in prompts]
+            asked = [await self.service.ask(body, prompt, chat, limit, arrived(request)) for prompt in prompts]
             ticket.settle(sum(len(one.ids) + one.max_new for one in asked))
         except BaseException:
             ticket.release()

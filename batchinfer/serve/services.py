@@ -21,6 +21,7 @@ from ..runners import make_runner
 from .batcher import Batcher, Overloaded, Ticket, TokenQueue, shed
 from .bodies import Asked, BadInput, include_usage
 from .failures import Disconnected, EngineDown
+from .guard import once_sent
 from .latency import FirstToken
 from .metrics import Metrics
 
@@ -55,7 +56,6 @@ class EncoderService:
     async def run(self, texts: list, request: Request, whole: bool = False) -> tuple[dict, int]:
         """Each text's result columns (as Python lists) and the request's token count. `whole`: a text longer
         than model.max_length is a 400, for an answer that cannot say it was cut (OpenAI's shapes)."""
-        started = time.perf_counter()
         most = most_tokens(texts, self.runner.max_length)
         # a full queue refuses before the tokenizer runs, and so does a request of more texts than the queue's
         # tokens (each text is a token at least)
@@ -76,7 +76,8 @@ class EncoderService:
         if pa.types.is_list(columns.get("embedding", pa.array([])).type):  # a job for OpenAI Batch files: a
             columns["embedding"] = columns["embedding"].flatten()  # list of vectors per request; here one each
         self.metrics.rows.inc(len(texts))
-        self.batcher.answered(pending, time.perf_counter() - started)
+        # the latency serve.p99_ms holds is what the client sees: from the request's arrival to its answer sent
+        once_sent(request, lambda seconds: self.batcher.answered(pending, seconds))
         cut = tokens.truncated.tolist()
         return {name: array.to_pylist() for name, array in columns.items()} | {"truncated": cut}, int(
             tokens.lengths.sum()
@@ -117,11 +118,10 @@ class GenerateService:
             raise shed(decision, "get its first token")
         return self.queue.take(most, least)
 
-    async def ask(self, body: GenerationSettings, prompt, chat: bool, max_tokens: int | None) -> Asked:
+    async def ask(self, body: GenerationSettings, prompt, chat: bool, max_tokens: int | None, started: float) -> Asked:
         """A completion request (its prompt: text, or chat messages; its settings range-checked already)
         checked against what this server runs, and tokenized; never past the positions the model knows,
-        as offline."""
-        started = time.perf_counter()
+        as offline. `started`: when the request arrived (guard.arrived)."""
         settings = self.settings(body)
         if self.problem():  # before a stream's status line goes out
             raise EngineDown(self.problem())
