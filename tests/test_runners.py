@@ -51,7 +51,7 @@ def test_every_runner_implements_the_runner_protocol():
     from batchinfer.runners.protocol import Runner
 
     methods = {name: fn for name, fn in vars(Runner).items() if inspect.isfunction(fn) and not name.startswith("_")}
-    assert set(methods) == {"tokenize", "row_settings", "cut", "packing_problem", "run_chunk"}
+    assert set(methods) == {"tokenize", "row_settings", "cut", "packing_problem", "run_chunk", "keep"}
     for cls in map(runner_class, [*RUNNERS.values(), LABEL_SCORER]):
         for name, fn in methods.items():
             assert callable(getattr(cls, name, None)), f"{cls.__name__}.{name}"

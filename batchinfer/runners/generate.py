@@ -106,6 +106,7 @@ class GenerateRunner:
         self.device = device
         self.gen = gen
         self.precision = precision  # the loaded model's, by name (the torch engines run in it)
+        self.load_seconds: dict = {}  # the report's startup steps: a generation load times none of its own
         # Positions the model knows; vllm.LLM keeps its own (max_model_len).
         self.context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         # A prompt leaves room for at least one new token inside the context.
@@ -226,9 +227,10 @@ class GenerateRunner:
         """The engines another worker's probe may choose for this one (ChunkTask.take)."""
         return tuple(self.probed.engines) if self.probed else ()
 
-    def keep(self, engine: str, precision: str | None = None) -> None:
-        """Run `engine`, as another worker's probe chose."""
-        self.probed.keep(engine, "engine auto on a GPU: as another worker's probe chose")
+    def keep(self, backend: str, precision: str | None = None) -> None:
+        """Run the engine named `backend` (a probe records its engine as the backend), as another worker's probe
+        chose."""
+        self.probed.keep(backend, "engine auto on a GPU: as another worker's probe chose")
 
     def tuning(self, budget) -> dict | None:
         """engine auto on a GPU, in the chunk that probed: its choice as the output folder records a probe's
