@@ -552,15 +552,12 @@ def make_engine(
     return engine_class(name).over(gen, model, device, pad_id, eos, grammars)
 
 
-def refuse_a_mixed_engine(recorded: dict, runner) -> None:
+def refuse_a_mixed_engine(recorded: dict, runner: GenerateRunner) -> None:
     """Refuse to go on with a generation job whose folder's chunks ran on another engine or in another precision
     than this run's (`recorded`: an earlier chunk record's `engine`): a folder holds one engine's answers."""
     from ..errors import ResumeError
 
-    engine = getattr(runner, "engine", None)
-    if engine is None:
-        return
-    ours, theirs = engine.described, recorded
+    ours, theirs = runner.engine.described, recorded
     if ours["name"] == "auto" or (ours["name"], ours.get("precision")) == (theirs["name"], theirs.get("precision")):
         return  # auto: on a GPU, the engine probe, which a resume hands the first run's choice (use_cuda_auto)
     why = "; ".join(ours.get("notes", [])) or f"generation.engine is {runner.gen.engine}"
