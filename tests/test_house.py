@@ -74,10 +74,10 @@ def test_no_function_sets_attributes_of_an_object_it_was_handed():
     assert not found, f"attributes set from outside their object: {found}"
 
 
+# The registered runners ("module:Class" in batchinfer.runners): generate's, and the encoder tasks' (EncoderRunner's).
 GENERATE_RUNNER = f"batchinfer.runners.{TASK_RUNNERS['generate']}"
-ENCODER_RUNNER_CLASSES = [
-    f"batchinfer.runners.{spec}" for spec in [*TASK_RUNNERS.values(), LABEL_SCORER] if spec != TASK_RUNNERS["generate"]
-]
+ENCODER_SPECS = [spec for spec in [*TASK_RUNNERS.values(), LABEL_SCORER] if spec != TASK_RUNNERS["generate"]]
+ENCODER_RUNNER_CLASSES = [f"batchinfer.runners.{spec}" for spec in ENCODER_SPECS]
 
 
 @pytest.mark.parametrize(
@@ -214,10 +214,8 @@ def _package_files(*folders: str) -> list[str]:
 CALLERS = ["api.py", *_package_files("serve", "commands", "execution")]
 # A runner not annotated otherwise is a Runner, whatever its task: the chunk's run knows none by name.
 RUNNERS = {"runner", "self.runner", "task.runner", "self.task.runner"}
-# The encoder runners' modules (runners.RUNNERS), where a Backend is driven.
-ENCODER_RUNNERS = ["runners/base.py"] + [
-    f"runners/{s.split(':')[0].rsplit('.', 1)[1]}.py" for s in ENCODER_RUNNER_CLASSES
-]
+# Where a Backend is driven: the encoder runners' modules.
+ENCODER_RUNNERS = ["runners/base.py", *(f"runners/{spec.split(':')[0]}.py" for spec in ENCODER_SPECS)]
 
 
 @pytest.mark.parametrize(
