@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from batchinfer.runners import LABEL_SCORER
+from batchinfer.runners import RUNNERS as TASK_RUNNERS
+
 PACKAGE = Path(__file__).resolve().parent.parent / "batchinfer"
 MAX_LINES = 60
 # Still longer, to be cut; the list only shrinks.
@@ -71,6 +74,12 @@ def test_no_function_sets_attributes_of_an_object_it_was_handed():
     assert not found, f"attributes set from outside their object: {found}"
 
 
+# The registered runners ("module:Class" in batchinfer.runners): generate's, and the encoder tasks' (EncoderRunner's).
+GENERATE_RUNNER = f"batchinfer.runners.{TASK_RUNNERS['generate']}"
+ENCODER_SPECS = [spec for spec in [*TASK_RUNNERS.values(), LABEL_SCORER] if spec != TASK_RUNNERS["generate"]]
+ENCODER_RUNNER_CLASSES = [f"batchinfer.runners.{spec}" for spec in ENCODER_SPECS]
+
+
 @pytest.mark.parametrize(
     "protocol, classes",
     [
@@ -99,6 +108,9 @@ def test_no_function_sets_attributes_of_an_object_it_was_handed():
             "batchinfer.runners.engine:Serving",
             ["batchinfer.runners.continuous:ContinuousServing", "batchinfer.runners.openvino_engine:OpenVINOServing"],
         ),
+        ("batchinfer.runners.protocol:Runner", ["batchinfer.runners.base:EncoderRunner", GENERATE_RUNNER]),
+        ("batchinfer.runners.protocol:BatchRunner", ENCODER_RUNNER_CLASSES),
+        ("batchinfer.runners.protocol:Generating", [GENERATE_RUNNER]),
     ],
 )
 def test_each_declared_protocol_is_implemented_with_its_signatures(protocol, classes):
@@ -129,94 +141,110 @@ def _declared(spec: str) -> set[str]:
 
     module, name = spec.split(":")
     protocol = getattr(importlib.import_module(module), name)
-    return set(getattr(protocol, "__annotations__", {})) | {n for n in vars(protocol) if not n.startswith("_")}
+    declared = set()
+    for cls in protocol.__mro__[:-1]:  # what it extends (BatchRunner: Runner) included, object not
+        declared |= set(vars(cls).get("__annotations__", {})) | {n for n in vars(cls) if not n.startswith("_")}
+    return declared
 
 
-def _used(files: list[str], receivers: set[str]) -> set[str]:
-    """Attributes read off `receivers` (expressions such as executor or self.runner, as written) in `files`,
-    directly or by getattr/hasattr."""
+def _annotated(annotation: ast.expr) -> str:
+    """The type an annotation names, None aside: `Runner`, `Runner | None` and "protocol.Runner" are Runner."""
+    names = [n.strip(" '\"") for n in ast.unparse(annotation).split("|") if n.strip(" '\"") != "None"]
+    return names[0].rsplit(".", 1)[-1] if len(names) == 1 else " | ".join(names)
+
+
+def _types_in(fn: ast.AST, known: dict[str, str]) -> dict[str, str]:
+    """`known` and the receivers fn annotates: its parameters, its locals (`runner: Generating = ...`), and what it
+    sets on self from either (`self.runner = runner`, `self.runner: Runner = ...`), as written → the type's name."""
+    args = fn.args
+    types = dict(known)
+    types |= {a.arg: _annotated(a.annotation) for a in args.posonlyargs + args.args + args.kwonlyargs if a.annotation}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.AnnAssign):
+            types[ast.unparse(node.target)] = _annotated(node.annotation)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            pairs = (
+                zip(target.elts, value.elts) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) else []
+            )
+            for leaf, source in [(target, value), *pairs]:
+                if ast.unparse(leaf).startswith("self.") and ast.unparse(source) in types:
+                    types.setdefault(ast.unparse(leaf), types[ast.unparse(source)])
+    return types
+
+
+def _scopes(tree: ast.Module):
+    """(function, the receivers' types it sees) for each module-level function and method, a method seeing what any
+    method of its class sets on self (nested functions are read with the function they are in)."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node, _types_in(node, {})
+        elif isinstance(node, ast.ClassDef):
+            methods = [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            attributes = {}
+            for method in methods:
+                attributes |= {k: v for k, v in _types_in(method, {}).items() if k.startswith("self.")}
+            for method in methods:
+                yield method, _types_in(method, attributes)
+
+
+def _used(files: list[str], protocol: str, receivers: set[str] = frozenset()) -> set[str]:
+    """Attributes read in `files` (directly or by getattr/hasattr) off values annotated as `protocol` (a class's
+    name), and off `receivers` (expressions as written, such as task.runner) that no annotation types otherwise."""
     used = set()
     for file in files:
-        for node in ast.walk(ast.parse((PACKAGE / file).read_text())):
-            if isinstance(node, ast.Attribute) and ast.unparse(node.value) in receivers:
-                used.add(node.attr)
-            elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id in ("getattr", "hasattr")
-            ):
-                if ast.unparse(node.args[0]) in receivers and isinstance(node.args[1], ast.Constant):
-                    used.add(node.args[1].value)
+        for fn, types in _scopes(ast.parse((PACKAGE / file).read_text())):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Attribute):
+                    value, name = node.value, node.attr
+                elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr"):
+                    value, name = node.args[0], getattr(node.args[1], "value", None)
+                else:
+                    continue
+                typed = types.get(ast.unparse(value))
+                if typed == protocol or (typed is None and ast.unparse(value) in receivers):
+                    used.add(name)
     return used
 
 
-RUNNER_CALLERS = [
-    "api.py",
-    *(
-        str(p.relative_to(PACKAGE))
-        for d in ("serve", "commands", "execution")
-        for p in sorted((PACKAGE / d).rglob("*.py"))
-    ),
-]
-RUNNERS = {"runner", "self.runner", "task.runner", "self.task.runner", "self.service.runner"}
-# What callers take off a Runner that the protocol does not declare (issue 51, item 1): generate's serving surface
-# (serve) and the encoder runners' probe surface (execution, plan). The set only shrinks: declare them, or stop
-# reaching past the protocol.
-UNDECLARED = {
-    "runners.protocol:Runner": {
-        "backend",
-        "backends",
-        "candidates",
-        "chat_problem",
-        "columns",
-        "constraint",
-        "context",
-        "engine",
-        "finish",
-        "grammars",
-        "incomplete",
-        "keep",
-        "lay_out",
-        "load_seconds",
-        "precision",
-        "probe_share",
-        "request_config",
-        "run",
-        "settle_default",
-        "settle_precisions",
-        "shared_page",
-        "use",
-        "default_budget",
-    },
-}
+def _package_files(*folders: str) -> list[str]:
+    return [str(p.relative_to(PACKAGE)) for d in folders for p in sorted((PACKAGE / d).rglob("*.py"))]
+
+
+CALLERS = ["api.py", *_package_files("serve", "commands", "execution")]
+# A runner not annotated otherwise is a Runner, whatever its task: the chunk's run knows none by name.
+RUNNERS = {"runner", "self.runner", "task.runner", "self.task.runner"}
+# Where a Backend is driven: the encoder runners' modules.
+ENCODER_RUNNERS = ["runners/base.py", *(f"runners/{spec.split(':')[0]}.py" for spec in ENCODER_SPECS)]
 
 
 @pytest.mark.parametrize(
     "protocol, files, receivers",
     [
         ("batchinfer.execution.executors:Executor", ["execution/driver.py"], {"executor"}),
-        ("batchinfer.runners.protocol:Runner", RUNNER_CALLERS, RUNNERS),
+        ("batchinfer.runners.protocol:Runner", CALLERS, RUNNERS),
+        ("batchinfer.runners.protocol:BatchRunner", CALLERS, set()),
+        ("batchinfer.runners.protocol:Generating", CALLERS, set()),
         (
             "batchinfer.runners.engine:Engine",
-            ["runners/generate.py", "serve/services.py"],
-            {"self.engine", "runner.engine", "self.runner.engine"},
+            ["runners/generate.py", *CALLERS],
+            {"self.runner.engine", "runner.engine"},
         ),
-        ("batchinfer.runners.engine:Serving", ["serve/services.py"], {"self.engine"}),
+        ("batchinfer.runners.engine:Serving", CALLERS, set()),
+        (
+            "batchinfer.backends:Backend",
+            ENCODER_RUNNERS,
+            {"self._running", "backend", "first", "b", "reference", "converted"},
+        ),
     ],
-    ids=["Executor", "Runner", "Engine", "Serving"],
+    ids=["Executor", "Runner", "BatchRunner", "Generating", "Engine", "Serving", "Backend"],
 )
 def test_callers_use_of_a_protocol_only_what_it_declares(protocol, files, receivers):
     """The protocol says what callers use: every attribute read off a value of its type is declared there (a new
     task's runner or a new engine learns what it must provide from the protocol, not from an AttributeError)."""
-    declared, used = _declared(protocol), _used(files, receivers)
-    if protocol.endswith(":Engine"):  # serve/services.py's self.engine is the engine's Serving
-        used = _used(["runners/generate.py"], receivers) | _used(["serve/services.py"], receivers - {"self.engine"})
-    known = UNDECLARED.get(protocol.removeprefix("batchinfer."), set())
-    assert used, f"no use of {protocol} found: the receivers {receivers} are out of date"
-    assert used - declared <= known, f"callers use {sorted(used - declared - known)}, which {protocol} does not declare"
-    assert not known - (used - declared), (
-        f"declared or no longer used, take off UNDECLARED: {known - (used - declared)}"
-    )
+    declared, used = _declared(protocol), _used(files, protocol.rsplit(":", 1)[1], receivers)
+    assert used, f"no use of {protocol} found: the annotations or receivers {receivers} are out of date"
+    assert used <= declared, f"callers use {sorted(used - declared)}, which {protocol} does not declare"
 
 
 def test_one_name_means_one_thing():

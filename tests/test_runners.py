@@ -1,11 +1,17 @@
 """What every runner shares: tokenizing without paying for what truncation drops."""
 
 import copy
+from types import SimpleNamespace
 
+import numpy as np
+import pyarrow as pa
 import pytest
+import torch
+from helpers import make_job, read_output
 from transformers import AutoTokenizer
 
 from batchinfer.runners.base import CHARS_PER_TOKEN, encode_capped
+from batchinfer.runners.protocol import ChunkOutput, Runner, Tokens
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +57,7 @@ def test_every_runner_implements_the_runner_protocol():
     from batchinfer.runners.protocol import Runner
 
     methods = {name: fn for name, fn in vars(Runner).items() if inspect.isfunction(fn) and not name.startswith("_")}
-    assert set(methods) == {"tokenize", "row_settings", "cut", "packing_problem", "run_chunk"}
+    assert set(methods) == {"tokenize", "row_settings", "cut", "packing_problem", "run_chunk", "keep"}
     for cls in map(runner_class, [*RUNNERS.values(), LABEL_SCORER]):
         for name, fn in methods.items():
             assert callable(getattr(cls, name, None)), f"{cls.__name__}.{name}"
@@ -82,3 +88,63 @@ def test_the_engine_protocols_declare_everything_their_callers_use():
     assert used[Serving] >= {"listen", "add", "cancel", "forget", "problem", "stop", "constrained"}
     for protocol, names in used.items():
         assert names <= declared(protocol), f"{protocol.__name__} does not declare {names - declared(protocol)}"
+
+
+class ProtocolOnlyRunner:
+    """A task's runner with exactly what runners/protocol.py's Runner declares: an "embedding" of [its token ids
+    summed, its tokens] per row, a token per word (its length). A caller that reaches past the protocol meets an
+    AttributeError here."""
+
+    device, max_length, score_labels = torch.device("cpu"), 16, None
+
+    def __init__(self):
+        self.load_seconds: dict = {}
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return ()
+
+    def keep(self, backend, precision=None):
+        raise AssertionError("no backend to keep: backends is empty")
+
+    def tokenize(self, texts):
+        ids = [[len(word) for word in text.split()] or [0] for text in texts]
+        lengths = np.array([len(i) for i in ids], dtype=np.int64)
+        cut = [i[: self.max_length] for i in ids]
+        return Tokens(cut, np.minimum(lengths, self.max_length), lengths > self.max_length)
+
+    def row_settings(self, job, table, prepared):
+        return None
+
+    def cut(self, lengths, budget, max_rows):
+        return np.array_split(np.arange(len(lengths)), max(1, -(-len(lengths) // max_rows)))
+
+    def packing_problem(self):
+        return None
+
+    def run_chunk(self, loaded, ctx):
+        index = loaded.index
+        rows = [[sum(loaded.tokens.ids[i]), len(loaded.tokens.ids[i])] for i in index.tolist()]
+        embedding = pa.FixedSizeListArray.from_arrays(pa.array(np.ravel(rows), pa.float32()), 2)
+        return ChunkOutput({"embedding": embedding}, index, 0.0, int(loaded.tokens.lengths[index].sum()))
+
+
+def test_a_runner_with_only_what_the_runner_protocol_declares_runs_a_whole_job(
+    sms_parquet, sms_table, tiny_embed, tmp_path, monkeypatch
+):
+    """What a new task's runner must provide is what Runner declares (test_house checks its callers use no more):
+    a runner with exactly that runs a job, probe and all, and writes what it computed."""
+    import batchinfer.runners
+    from batchinfer.execution.driver import run_job
+
+    runner = ProtocolOnlyRunner()
+    declared = set(Runner.__annotations__) | {n for n in vars(Runner) if not n.startswith("_")}
+    assert {n for n in dir(runner) if not n.startswith("_")} == declared
+    monkeypatch.setattr(batchinfer.runners, "runner_class", lambda name: SimpleNamespace(load=lambda *a: runner))
+    report = run_job(make_job(sms_parquet, tiny_embed, tmp_path / "out", batching={"max_tokens": "auto"}))
+
+    assert report["complete"] and report["rows_ok"] == 600
+    table = read_output(tmp_path / "out").sort_by("sms_id")
+    texts = dict(zip(sms_table.column("sms_id").to_pylist(), sms_table.column("text").to_pylist()))
+    words = [[len(w) for w in texts[i].split()][:16] or [0] for i in table.column("sms_id").to_pylist()]
+    assert table.column("embedding").to_pylist() == [[sum(w), len(w)] for w in words]

@@ -23,7 +23,7 @@ from ..job.config import JobConfig
 from ..job.plan import Work
 from ..machine import LoadWindow, process_age
 from ..runners.prefix import admission, page_hits
-from ..runners.protocol import ChunkContext
+from ..runners.protocol import BatchRunner, ChunkContext, Generating
 from ..sources import Inputs, read_spec
 
 SAMPLED_CHUNKS = 40  # chunks the sample is read from: spread over the job, each read costs a shard's open and seek
@@ -76,11 +76,12 @@ def time_on_sample(
     if sampled.prefix is not None or reuses_prefix(job):  # label scoring: computed once per chunk
         summary["prefix"] = scaled_prefix(sampled.prefix, rows / max(seen, 1))
     if job.model.task == "generate":
-        page = runner.shared_page()
+        generating: Generating = runner  # a generate job's runner: its engine's cache pages, its completions
+        page = generating.shared_page()
         if page:  # read from the engine's cache pages
             summary["prefix"] = estimate_prefix(sampled, page, rows, len(chunks), summary["tokens"])
         if timed:
-            summary["estimate"] = time_generation(task, job, budget, sampled, summary["rows_left"], startup)
+            summary["estimate"] = time_generation(generating, job, budget, sampled, summary["rows_left"], startup)
         return summary
     probing = auto and earlier.tuning is None
     if timed:
@@ -194,7 +195,7 @@ def estimate_prefix(sampled: Sampled, page: int, rows: int, chunks: int, tokens:
 
 
 def estimate_time(
-    runner,
+    runner: BatchRunner,
     job: JobConfig,
     budget,
     sampled: Sampled,
@@ -248,7 +249,9 @@ def estimate_time(
     return estimate, measured["budget"]
 
 
-def time_generation(task, job: JobConfig, budget, sampled: Sampled, rows_left: int, startup: float) -> dict:
+def time_generation(
+    runner: Generating, job: JobConfig, budget, sampled: Sampled, rows_left: int, startup: float
+) -> dict:
     """The time for the rows left of a generation job, from completions the job's own engine writes for rows of
     the sample: a row's time is mostly its completion's, whose length only generating it tells. GENERATED_ROWS
     rows, spread over the sample (so over the job), run as the run's first chunk runs them (runner.run_chunk:
@@ -256,7 +259,6 @@ def time_generation(task, job: JobConfig, budget, sampled: Sampled, rows_left: i
     slower than later ones (SmolLM2 on the OpenVINO engine: about half the rate after a small warm-up pass), and
     timed warm a sample ran at twice the rate of a 100-row run; timed cold it holds what a run of a chunk or two
     takes, and errs long, not short, for a job of many chunks."""
-    runner = task.runner
     rows = pa.concat_tables(sampled.tables, promote_options="default")
     picked = np.linspace(0, rows.num_rows - 1, num=min(GENERATED_ROWS, rows.num_rows)).round().astype(int)
     window = LoadWindow()
@@ -285,7 +287,7 @@ def time_generation(task, job: JobConfig, budget, sampled: Sampled, rows_left: i
     return estimate
 
 
-def warm_up(runner, ids: list, lengths: np.ndarray, budget, probing: bool) -> float:
+def warm_up(runner: BatchRunner, ids: list, lengths: np.ndarray, budget, probing: bool) -> float:
     """Each backend's precision settled as a run settles it, the backend a run would take where no probe chooses,
     and a first batch of up to 8 of the sample's items run (first-call allocations, kernel choice): its tokens/s."""
     runner.settle_precisions()  # each backend's precision, checked as a run checks it
@@ -299,7 +301,7 @@ def warm_up(runner, ids: list, lengths: np.ndarray, budget, probing: bool) -> fl
 
 
 def time_sample(
-    runner, ids: list, lengths: np.ndarray, budget, job: JobConfig, probing: bool, first_chunk: float
+    runner: BatchRunner, ids: list, lengths: np.ndarray, budget, job: JobConfig, probing: bool, first_chunk: float
 ) -> dict:
     """The model's rate on the sample's items (`ids`, of `lengths` tokens; a prefix they share computed once, as
     a run computes it), cut as the run would cut them. probing: first run the run's own probe on the sample, as the

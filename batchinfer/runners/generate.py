@@ -106,6 +106,7 @@ class GenerateRunner:
         self.device = device
         self.gen = gen
         self.precision = precision  # the loaded model's, by name (the torch engines run in it)
+        self.load_seconds: dict = {}  # the report's startup steps: a generation load times none of its own
         # Positions the model knows; vllm.LLM keeps its own (max_model_len).
         self.context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         # A prompt leaves room for at least one new token inside the context.
@@ -226,9 +227,10 @@ class GenerateRunner:
         """The engines another worker's probe may choose for this one (ChunkTask.take)."""
         return tuple(self.probed.engines) if self.probed else ()
 
-    def keep(self, engine: str, precision: str | None = None) -> None:
-        """Run `engine`, as another worker's probe chose."""
-        self.probed.keep(engine, "engine auto on a GPU: as another worker's probe chose")
+    def keep(self, backend: str, precision: str | None = None) -> None:
+        """Run the engine named `backend` (a probe records its engine as the backend), as another worker's probe
+        chose."""
+        self.probed.keep(backend, "engine auto on a GPU: as another worker's probe chose")
 
     def tuning(self, budget) -> dict | None:
         """engine auto on a GPU, in the chunk that probed: its choice as the output folder records a probe's
@@ -550,15 +552,12 @@ def make_engine(
     return engine_class(name).over(gen, model, device, pad_id, eos, grammars)
 
 
-def refuse_a_mixed_engine(recorded: dict, runner) -> None:
+def refuse_a_mixed_engine(recorded: dict, runner: GenerateRunner) -> None:
     """Refuse to go on with a generation job whose folder's chunks ran on another engine or in another precision
     than this run's (`recorded`: an earlier chunk record's `engine`): a folder holds one engine's answers."""
     from ..errors import ResumeError
 
-    engine = getattr(runner, "engine", None)
-    if engine is None:
-        return
-    ours, theirs = engine.described, recorded
+    ours, theirs = runner.engine.described, recorded
     if ours["name"] == "auto" or (ours["name"], ours.get("precision")) == (theirs["name"], theirs.get("precision")):
         return  # auto: on a GPU, the engine probe, which a resume hands the first run's choice (use_cuda_auto)
     why = "; ".join(ours.get("notes", [])) or f"generation.engine is {runner.gen.engine}"

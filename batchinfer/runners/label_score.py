@@ -29,6 +29,7 @@ import pyarrow as pa
 import torch
 
 from ..backends.models import position_limit
+from ..backends.torch import TorchBackend
 from ..batching.probe import PROBE_SHARE
 from ..errors import ConfigError, ModelError
 from ..messages import user_turn
@@ -43,9 +44,11 @@ class LabelScoreRunner(EncoderRunner):
     probe_share = PROBE_SHARE
     packs = False  # run() pads every batch under its own attention masks: packed would only cut differently
 
-    def __init__(self, tokenizer, backend, device, job, model_path=None):
+    def __init__(self, tokenizer, backend: TorchBackend, device, job, model_path=None):
         super().__init__(tokenizer, backend, device, job)
-        self.model = model = backend.model  # the transformers model: run() makes its own passes on it (torch)
+        self.model = model = (
+            backend.model
+        )  # the transformers model (not a Backend's: TorchBackend's own): run() makes its own passes on it (torch)
         self.chat = tokenizer if job.model.chat and getattr(tokenizer, "chat_template", None) else None
         self.system = job.model.system_prompt
         self.labels = list(job.model.labels)

@@ -9,7 +9,7 @@ whether packing applies, the figures a record carries) is the runner's to say.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Collection, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +22,12 @@ from ..sources.prepare import Prepared
 
 if TYPE_CHECKING:  # a warm OpenVINO run never imports torch (backends/__init__.py)
     import torch
+
+    from ..batching.probe import Candidate
+    from ..constrained.grammar import Grammars
+    from ..constrained.spec import Constraint
+    from ..job.config import GenerationConfig
+    from .engine import Engine
 
 
 @dataclass
@@ -112,6 +118,14 @@ class Runner(Protocol):
     device: torch.device
     max_length: int  # tokens per item, at most
     score_labels: list[str] | None  # what each entry of a `scores` column stands for; None: no such column
+    load_seconds: dict  # the model's load in steps (converting, compiling), for the report's startup figures
+
+    @property
+    def backends(self) -> Collection[str]:
+        """The backends (generate: engines) still loaded that a probe may choose between (ChunkTask.take)."""
+
+    def keep(self, backend: str, precision: str | None = None) -> None:
+        """Settle on `backend` in `precision` (default: its first), as another worker's probe chose; free the rest."""
 
     def tokenize(self, texts: list) -> Tokens:
         """Prepared texts (strings, (text, text_pair) tuples or chat messages) → items."""
@@ -128,3 +142,75 @@ class Runner(Protocol):
 
     def run_chunk(self, loaded: ChunkInput, ctx: ChunkContext) -> ChunkOutput:
         """Run a loaded chunk's items through the model; rows that fail go to loaded.prepared.errors."""
+
+
+class BatchRunner(Runner, Protocol):
+    """An encoder task's runner (runners/base.py's EncoderRunner), whose batches of items its caller may cut and run
+    itself: serve's Batcher and plan's timing, which settle its backend and precision as a run's probe does."""
+
+    probe_share: float | None  # the most of a first chunk's tokens its probe runs (batching/probe.py)
+
+    @property
+    def backend(self) -> str:
+        """The backend the next batches run on."""
+
+    @property
+    def precision(self) -> str | None:
+        """The precision the next batches run in; None: the model's own dtype."""
+
+    @property
+    def default_budget(self) -> int:
+        """The running backend's max_tokens where the probe cannot measure."""
+
+    def candidates(self) -> tuple[Candidate, ...]:
+        """The loaded backends as the probe weighs them, the default first."""
+
+    def use(self, backend: str, precision: str | None = None) -> None:
+        """Run the next batches on `backend` (one of those loaded), in `precision` (default: its first)."""
+
+    def lay_out(self, strategy: str) -> None:
+        """Run the next batches padded or packed (batching.strategy, settled)."""
+
+    def run(self, ids: list[list[int]]) -> list:
+        """One batch of items → one result per item, in the same order."""
+
+    def settle_default(self) -> dict:
+        """Where no chunk is there to probe (serve): settle on the default backend and its checked precision;
+        returns the precision check's figures."""
+
+    def settle_precisions(self, ids: list | None = None) -> dict[str, dict]:
+        """Settle each loaded backend's precision where it has a choice, checked on the items `ids`; returns each
+        check's figures by backend."""
+
+    def columns(self, results: list[list], texts: np.ndarray, loaded: ChunkInput) -> dict[str, pa.Array]:
+        """Each row's item results (`results`, for the rows at `texts` of loaded.prepared.texts) → result columns."""
+
+
+class Generating(Runner, Protocol):
+    """The generate task's runner (runners/generate.py) as serve's generate and plan's generation timing use it:
+    its engine, and the prompt and completion handling around it that serve does request by request."""
+
+    engine: Engine  # the generation engine the job runs on (serve: through Engine.serve)
+    context: int | None  # positions the model knows, prompt and completion; None: the engine keeps its own
+    constraint: Constraint | None  # the job's response_format, every request's unless it brings its own
+
+    @property
+    def grammars(self) -> Grammars:
+        """xgrammar's compiler for this tokenizer (a request's constraint is compiled before it is admitted)."""
+
+    def shared_page(self) -> int | None:
+        """The cache page (tokens) in which the engine shares rows' common prefixes; None when it shares none."""
+
+    def chat_problem(self, where: str) -> str | None:
+        """Why chat messages at `where` cannot be formatted for this model (it has no chat template), or None."""
+
+    def request_config(self, asked: dict) -> tuple[GenerationConfig, tuple[str, str] | None]:
+        """The generation section with a request's own settings, or the job's and (reason, message) why not."""
+
+    def finish(self, tokens: list[int], limit: int, stop: list[str]) -> tuple[list[int], str, str]:
+        """Generated tokens → (the completion's tokens, its text, why it ended: stop | length)."""
+
+    def incomplete(
+        self, constraint: Constraint, ids: list[int], text: str, reason: str, limit: int
+    ) -> tuple[str, str] | None:
+        """Why a constrained completion is no answer ((reason, message)), or None when it is whole and valid."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..batching.cut import cut_batches
+from ..runners.protocol import BatchRunner
 from ..runners.recovery import run_resilient
 from .latency import FixedWindow, LatencyTarget
 
@@ -155,7 +156,7 @@ class BatchStats:
 class Batcher:
     def __init__(
         self,
-        runner,
+        runner: BatchRunner,
         max_tokens: int,
         strategy: str,
         max_rows: int,

@@ -126,8 +126,7 @@ class Completions:
         """A constrained completion is an answer only when it is whole and valid (checked off the event loop:
         an output its grammar refuses is checked again under one that xgrammar may still have to compile)."""
         if asked.constraint is not None:
-            incomplete = self.service.runner.incomplete
-            if problem := await asyncio.to_thread(incomplete, asked.constraint, generated, text, reason, asked.max_new):
+            if problem := await asyncio.to_thread(self.service.incomplete, asked, generated, text, reason):
                 raise Unanswered(*problem)
 
     def _event(self, asked: Asked, choices: list, extra: dict) -> str:

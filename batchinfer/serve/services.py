@@ -18,6 +18,8 @@ from ..execution.run_rows import load_rows
 from ..job.config import GREEDY_BELOW, GenerationConfig, InputConfig, JobConfig
 from ..openai_compat.requests import GenerationSettings
 from ..runners import make_runner
+from ..runners.engine import Serving
+from ..runners.protocol import BatchRunner, Generating
 from .batcher import Batcher, Overloaded, Ticket, TokenQueue, shed
 from .bodies import Asked, BadInput, include_usage
 from .failures import Disconnected, EngineDown
@@ -31,7 +33,7 @@ class EncoderService:
 
     def __init__(self, job: JobConfig, model_path, metrics: Metrics):
         self.job, self.metrics = job, metrics
-        self.runner = make_runner(job, model_path)
+        self.runner: BatchRunner = make_runner(job, model_path)
         self.runner.settle_default()  # no chunk to probe: the default backend, its precision checked
         batching = job.batching
         strategy = batching.strategy
@@ -96,9 +98,11 @@ class GenerateService:
 
     def __init__(self, job: JobConfig, model_path, metrics: Metrics):
         self.job, self.metrics = job, metrics
-        self.runner = make_runner(job, model_path)
+        self.runner: Generating = make_runner(job, model_path)
         gen = job.generation
-        self.engine = self.runner.engine.serve(gen, job.batching.max_rows, job.model.max_length + gen.max_new_tokens)
+        self.engine: Serving = self.runner.engine.serve(
+            gen, job.batching.max_rows, job.model.max_length + gen.max_new_tokens
+        )
         engine = self.runner.engine.described
         self.described = {"task": job.model.task, "engine": engine["name"], "precision": engine.get("precision")}
         metrics.serving(self.described)
@@ -239,6 +243,11 @@ class GenerateService:
     def finished(self, asked: Asked, output) -> tuple[list[int], str, str]:
         """An engine output → (the completion's tokens, its text, finish_reason), cut at eos and stop strings."""
         return self.runner.finish(output.generated_tokens, asked.max_new, asked.stops)
+
+    def incomplete(self, asked: Asked, generated: list[int], text: str, reason: str) -> tuple[str, str] | None:
+        """Why a constrained request's finished completion is no answer ((reason, message)), or None (xgrammar's
+        check: call it off the event loop)."""
+        return self.runner.incomplete(asked.constraint, generated, text, reason, asked.max_new)
 
     def problem(self) -> str | None:
         return self.engine.problem()

@@ -17,7 +17,7 @@ class LocalExecutor:
     def __init__(self, task: ChunkTask, progress: Progress):
         self.task, self.progress = task, progress
         self.device = str(task.runner.device)
-        self.load_seconds = getattr(task.runner, "load_seconds", {})
+        self.load_seconds = task.runner.load_seconds
         self.lost_workers: dict = {}  # one worker, this process: none to lose and carry on without
 
     def run(self, todo: list[Work], probe: bool) -> Iterator[ChunkResult]:
