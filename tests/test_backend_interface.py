@@ -12,6 +12,7 @@ from helpers import generate_job, make_job, prompt_table, read_output
 from batchinfer import backends
 from batchinfer.backends.base import Batch, Pair, batch_of
 from batchinfer.execution.driver import run_job
+from batchinfer.runners.engine import Registered
 
 PACKAGE = Path(__file__).resolve().parent.parent / "batchinfer"
 NAMES = {"torch", "openvino"}  # the built-in backends' names
@@ -122,8 +123,8 @@ def test_a_batch_is_built_once_padded_or_packed_with_token_types_for_pairs():
     assert batch_of([[1, 2]], pad_id=0).type_ids is None
 
 
-def _name_compares(path: Path) -> list[str]:
-    """Comparisons with a built-in backend's name (==, !=, in, not in; a tuple of names counts) and lookups by one
+def _name_compares(path: Path, names: set[str] = NAMES) -> list[str]:
+    """Comparisons with one of `names` (==, !=, in, not in; a tuple of names counts) and lookups by one
     (x["torch"]) in `path`."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
@@ -135,30 +136,39 @@ def _name_compares(path: Path) -> list[str]:
             continue
         for operand in operands:
             values = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
-            if any(isinstance(v, ast.Constant) and v.value in NAMES for v in values):
+            if any(isinstance(v, ast.Constant) and v.value in names for v in values):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
     return found
 
 
-# Generation picks an engine (generation.engine), not an encoder Backend; GenerateRunner.load still asks for OpenVINO
-# GenAI by name (use_openvino: a converted folder, not the loaded model), until the engine registry builds it too.
-ENGINES = {"runners/generate.py"}
+def _above_backends(names: set[str]) -> list[str]:
+    """_name_compares in every module of the layers above backends/."""
+    layers = ("runners", "batching", "commands", "serve", "execution")
+    paths = [path for layer in layers for path in (PACKAGE / layer).rglob("*.py")]
+    return [found for path in sorted(paths) for found in _name_compares(path, names)]
 
 
 def test_nothing_above_backends_compares_a_backends_name():
     """Runners, the probe, plan and serve ask the Backend (packs, default_budget, precisions, reference), so a new
     backend needs no branch of theirs."""
-    found = []
-    for folder in ("runners", "batching", "commands", "serve", "execution"):
-        for path in sorted((PACKAGE / folder).rglob("*.py")):
-            if str(path.relative_to(PACKAGE)) not in ENGINES:
-                found += _name_compares(path)
+    found = _above_backends(NAMES)
     assert not found, "\n".join(found)
 
 
-class FakeEngine:
-    """A new generation engine, as a module would add one: generates (sum(prompt) + k) % 50 + 100 at step k, up to a
-    row's max_new, one pass for all rows (it takes each row's settings itself). What it ran is kept."""
+def test_nothing_compares_an_engines_name():
+    """generate.py, serve and resume ask an engine class from runners.engine.ENGINES (Registered: what it needs, why
+    it cannot run a job, how it loads; engine.AUTO_FIRST and AUTO_AFTER: what auto tries, in order), so a new engine
+    needs no branch of theirs."""
+    from batchinfer.runners.engine import ENGINES
+
+    found = _above_backends(set(ENGINES))
+    assert not found, "\n".join(found)
+
+
+class FakeEngine(Registered):
+    """A new generation engine, as a module would add one, over the model Registered loads (transformers'): generates
+    (sum(prompt) + k) % 50 + 100 at step k, up to a row's max_new, one pass for all rows (it takes each row's
+    settings itself). What it ran is kept."""
 
     name, shared_page, pads = "fake", None, False
     described = {"name": "fake"}
@@ -189,7 +199,8 @@ def fake_completion(prompt: list[int], max_new: int) -> list[int]:
 
 
 def test_a_fake_engine_registered_in_one_line_runs_a_whole_generation_job(sms_table, tiny_llama, tmp_path, monkeypatch):
-    """A new engine is one module (a class with `over`, `passes`, `run`) and one line in runners.engine.ENGINES."""
+    """A new engine is one module (a Registered class with `over`, `passes`, `run`) and one line in
+    runners.engine.ENGINES."""
     import pyarrow.parquet as pq
 
     from batchinfer.runners import engine
