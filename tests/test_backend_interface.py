@@ -112,6 +112,16 @@ def test_a_fake_backend_that_cannot_pack_refuses_packed_naming_its_reason(sms_pa
         run_job(job)
 
 
+def test_the_heads_of_the_tasks_openvino_runs_read_numpy_and_never_import_torch():
+    """forward returns numpy whatever the backend, so these tasks' heads convert nothing (token-classify runs the
+    pipeline's entity grouping on numpy, not its torch postprocess)."""
+    for task in ("classify", "score", "token_classify", "zero_shot"):
+        tree = ast.parse((PACKAGE / "runners" / f"{task}.py").read_text())
+        imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [m for m in imported if m.split(".")[0] == "torch"], task
+
+
 def test_a_batch_is_built_once_padded_or_packed_with_token_types_for_pairs():
     items = [Pair([5, 6, 7], [0, 0, 1]), Pair([8], [1])]
     padded, packed = batch_of(items, pad_id=3), batch_of(items, pad_id=3, packed=True)

@@ -27,7 +27,7 @@ from ..reasons import Reason
 from ..sources.prepare import Prepared, row_limits
 from . import model_generation
 from .base import encode_capped
-from .engine import AUTO_AFTER, AUTO_FIRST, Engine, PassRows, Unfit, engine_class
+from .engine import AUTO_AFTER, AUTO_FIRST, Engine, PassRows, Registered, Unfit, engine_class
 from .engine_probe import CONTINUOUS, MEASURED_ON, STATIC, FasterEngine
 from .prefix import page_figures
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
@@ -110,7 +110,9 @@ class GenerateRunner:
         vocab = config.get_text_config().vocab_size if config is not None else len(self.tokenizer)
         return Grammars(self.tokenizer, max(vocab, len(self.tokenizer)), self.eos, self.gen.grammar_limits)
 
-    def settle(self, first: type | None, passed: list[str], job, model_path, device: str, recorded) -> Engine:
+    def settle(
+        self, first: type[Registered] | None, passed: list[str], job, model_path, device: str, recorded
+    ) -> Engine:
         """The engine that runs the job: `first`'s (first_engine) where it can run it (an engine named in the job
         file, else refused); else engine auto's over the loaded model (model_engine; on a CUDA GPU the faster of
         two, measured), with notes saying why auto passed over what it did (`passed`)."""
@@ -137,7 +139,7 @@ class GenerateRunner:
         if self._model_engine is not None:
             return self._model_engine
         names = AUTO_AFTER if self.gen.engine == "auto" else AUTO_AFTER[:1]
-        unfit: list[tuple[type, str]] = []  # (engine class, why), of those passed over
+        unfit: list[tuple[type[Registered], str]] = []  # (engine class, why), of those passed over
         for name in names:
             candidate = engine_class(name)
             try:
@@ -525,7 +527,7 @@ def precision_of(job, device) -> str:
     return torch_precision(job.model.dtype, device.type)
 
 
-def first_engine(job, model_path, device: str, recorded) -> tuple[type | None, list[str]]:
+def first_engine(job, model_path, device: str, recorded) -> tuple[type[Registered] | None, list[str]]:
     """The engine class GenerateRunner.load loads the model for and tries first: generation.engine's (refused here
     where it cannot run the job, unfit), or engine auto's first on `device` (engine.AUTO_FIRST) where it may run the
     job (None: auto's over the loaded model, a resume on a GPU keeping its probe's `recorded` choice among them);
