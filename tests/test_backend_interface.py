@@ -10,7 +10,7 @@ import transformers
 from helpers import generate_job, make_job, prompt_table, read_output
 
 from batchinfer import backends
-from batchinfer.backends.base import Batch, Pair, batch_of
+from batchinfer.backends.base import Batch, Pair, Targets, batch_of
 from batchinfer.execution.driver import run_job
 from batchinfer.runners.engine import Registered
 
@@ -120,6 +120,49 @@ def test_the_heads_of_the_tasks_openvino_runs_read_numpy_and_never_import_torch(
         imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         assert not [m for m in imported if m.split(".")[0] == "torch"], task
+
+
+class FakeScorer:
+    """Label scoring's Scorer with no model: log p(target) = -((target + the token at `at`) % 7) / 2, the token at `at`
+    being the one that predicts the target (the prompt's last, then the label's previous)."""
+
+    prefix_problem = "the fake keeps no cache"
+
+    def logprobs(self, batch: Targets) -> np.ndarray:
+        return -((batch.target + batch.input_ids.reshape(-1)[batch.at]) % 7) / 2
+
+
+class FakeScoringBackend(FakeBackend):
+    def scorer(self) -> FakeScorer:
+        return FakeScorer()
+
+
+def test_label_scoring_runs_on_any_backend_that_gives_a_scorer(
+    sms_parquet, sms_table, tiny_llama_plain, tmp_path, monkeypatch
+):
+    """runners/label_score.py asks the backend's Scorer alone (backends/base.py): no model, no torch of its own."""
+
+    def load(cfg, path, output):
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        return tokenizer, FakeScoringBackend(transformers.AutoConfig.from_pretrained(path)), backends.openvino.Device()
+
+    monkeypatch.setitem(backends.LOADERS, "fake", load)
+    labels = ["ham", "spam", "not sure"]
+    job = make_job(
+        sms_parquet, tiny_llama_plain, tmp_path / "out", "classify", model__labels=labels, output__scores=True
+    )
+    run_job(job.model_copy(update={"model": job.model.model_copy(update={"backend": "fake"})}))
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_llama_plain)
+    label_ids = [tokenizer.encode(label, add_special_tokens=False) for label in labels]
+    table = read_output(tmp_path / "out").sort_by("sms_id")
+    texts = dict(zip(sms_table.column("sms_id").to_pylist(), sms_table.column("text").to_pylist()))
+    for row in table.to_pylist():
+        last = tokenizer.encode(texts[row["sms_id"]])[-1]  # the prompt is cut from the left: its end stays
+        sums = np.array([-sum((t + p) % 7 for t, p in zip(ids, [last, *ids[:-1]])) / 2 for ids in label_ids])
+        expected = np.exp(sums - sums.max()) / np.exp(sums - sums.max()).sum()
+        assert row["label"] == labels[int(expected.argmax())]
+        np.testing.assert_allclose(row["scores"], expected, rtol=1e-5)
 
 
 def test_a_batch_is_built_once_padded_or_packed_with_token_types_for_pairs():
