@@ -185,7 +185,6 @@ UNDECLARED = {
         "settle_default",
         "settle_precisions",
         "shared_page",
-        "use",
         "default_budget",
     },
 }
