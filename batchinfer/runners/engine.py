@@ -4,7 +4,11 @@ serve, requests added one by one to a running batch (Serving).
 Four engines implement it: continuous batching (continuous.py, transformers' paged KV cache), OpenVINO GenAI's
 continuous batching on a CPU (openvino_engine.py), static `model.generate` batches (static.py, the baseline) and
 vLLM (vllm_engine.py). The generate runner cuts rows, text and finish reasons around them; serve reaches
-generation only through `Engine.serve`."""
+generation only through `Engine.serve`.
+
+Engines are chosen, as TEI picks its backend, once and never by name: generation.engine names a class in ENGINES (or
+auto tries AUTO_FIRST's, then AUTO_AFTER's), and GenerateRunner asks that class (Registered) why it cannot run the
+job, how it loads its model and how it builds over it; a new engine is one module and one line in ENGINES."""
 
 from __future__ import annotations
 
@@ -182,6 +186,11 @@ class Registered:
 
         candidates(job.model, "cpu")  # a model.backend named in the job file: says why it runs no generate job
         return load_model(job.model, model_path)
+
+    @classmethod
+    def over(cls, gen: GenerationConfig, model, device, pad_id: int, eos: set[int], grammars: Callable) -> Engine:
+        """The engine over a loaded model (build's), `grammars` building xgrammar's compiler on first use."""
+        raise NotImplementedError
 
     @classmethod
     def build(cls, runner, job, model_path) -> Engine:
