@@ -10,8 +10,9 @@ import transformers
 from helpers import generate_job, make_job, prompt_table, read_output
 
 from batchinfer import backends
-from batchinfer.backends.base import Batch, Pair, batch_of
+from batchinfer.backends.base import Batch, Pair, Targets, batch_of
 from batchinfer.execution.driver import run_job
+from batchinfer.runners.engine import Registered
 
 PACKAGE = Path(__file__).resolve().parent.parent / "batchinfer"
 NAMES = {"torch", "openvino"}  # the built-in backends' names
@@ -111,6 +112,59 @@ def test_a_fake_backend_that_cannot_pack_refuses_packed_naming_its_reason(sms_pa
         run_job(job)
 
 
+def test_the_heads_of_the_tasks_openvino_runs_read_numpy_and_never_import_torch():
+    """forward returns numpy whatever the backend, so these tasks' heads convert nothing (token-classify runs the
+    pipeline's entity grouping on numpy, not its torch postprocess)."""
+    for task in ("classify", "score", "token_classify", "zero_shot"):
+        tree = ast.parse((PACKAGE / "runners" / f"{task}.py").read_text())
+        imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [m for m in imported if m.split(".")[0] == "torch"], task
+
+
+class FakeScorer:
+    """Label scoring's Scorer with no model: log p(target) = -((target + the token at `at`) % 7) / 2, the token at `at`
+    being the one that predicts the target (the prompt's last, then the label's previous)."""
+
+    prefix_problem = "the fake keeps no cache"
+
+    def logprobs(self, batch: Targets) -> np.ndarray:
+        return -((batch.target + batch.input_ids.reshape(-1)[batch.at]) % 7) / 2
+
+
+class FakeScoringBackend(FakeBackend):
+    def scorer(self) -> FakeScorer:
+        return FakeScorer()
+
+
+def test_label_scoring_runs_on_any_backend_that_gives_a_scorer(
+    sms_parquet, sms_table, tiny_llama_plain, tmp_path, monkeypatch
+):
+    """runners/label_score.py asks the backend's Scorer alone (backends/base.py): no model, no torch of its own."""
+
+    def load(cfg, path, output):
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        return tokenizer, FakeScoringBackend(transformers.AutoConfig.from_pretrained(path)), backends.openvino.Device()
+
+    monkeypatch.setitem(backends.LOADERS, "fake", load)
+    labels = ["ham", "spam", "not sure"]
+    job = make_job(
+        sms_parquet, tiny_llama_plain, tmp_path / "out", "classify", model__labels=labels, output__scores=True
+    )
+    run_job(job.model_copy(update={"model": job.model.model_copy(update={"backend": "fake"})}))
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_llama_plain)
+    label_ids = [tokenizer.encode(label, add_special_tokens=False) for label in labels]
+    table = read_output(tmp_path / "out").sort_by("sms_id")
+    texts = dict(zip(sms_table.column("sms_id").to_pylist(), sms_table.column("text").to_pylist()))
+    for row in table.to_pylist():
+        last = tokenizer.encode(texts[row["sms_id"]])[-1]  # the prompt is cut from the left: its end stays
+        sums = np.array([-sum((t + p) % 7 for t, p in zip(ids, [last, *ids[:-1]])) / 2 for ids in label_ids])
+        expected = np.exp(sums - sums.max()) / np.exp(sums - sums.max()).sum()
+        assert row["label"] == labels[int(expected.argmax())]
+        np.testing.assert_allclose(row["scores"], expected, rtol=1e-5)
+
+
 def test_a_batch_is_built_once_padded_or_packed_with_token_types_for_pairs():
     items = [Pair([5, 6, 7], [0, 0, 1]), Pair([8], [1])]
     padded, packed = batch_of(items, pad_id=3), batch_of(items, pad_id=3, packed=True)
@@ -122,8 +176,8 @@ def test_a_batch_is_built_once_padded_or_packed_with_token_types_for_pairs():
     assert batch_of([[1, 2]], pad_id=0).type_ids is None
 
 
-def _name_compares(path: Path) -> list[str]:
-    """Comparisons with a built-in backend's name (==, !=, in, not in; a tuple of names counts) and lookups by one
+def _name_compares(path: Path, names: set[str] = NAMES) -> list[str]:
+    """Comparisons with one of `names` (==, !=, in, not in; a tuple of names counts) and lookups by one
     (x["torch"]) in `path`."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
@@ -135,30 +189,39 @@ def _name_compares(path: Path) -> list[str]:
             continue
         for operand in operands:
             values = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
-            if any(isinstance(v, ast.Constant) and v.value in NAMES for v in values):
+            if any(isinstance(v, ast.Constant) and v.value in names for v in values):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
     return found
 
 
-# Generation picks an engine (generation.engine), not an encoder Backend; GenerateRunner.load still asks for OpenVINO
-# GenAI by name (use_openvino: a converted folder, not the loaded model), until the engine registry builds it too.
-ENGINES = {"runners/generate.py"}
+def _above_backends(names: set[str]) -> list[str]:
+    """_name_compares in every module of the layers above backends/."""
+    layers = ("runners", "batching", "commands", "serve", "execution")
+    paths = [path for layer in layers for path in (PACKAGE / layer).rglob("*.py")]
+    return [found for path in sorted(paths) for found in _name_compares(path, names)]
 
 
 def test_nothing_above_backends_compares_a_backends_name():
     """Runners, the probe, plan and serve ask the Backend (packs, default_budget, precisions, reference), so a new
     backend needs no branch of theirs."""
-    found = []
-    for folder in ("runners", "batching", "commands", "serve", "execution"):
-        for path in sorted((PACKAGE / folder).rglob("*.py")):
-            if str(path.relative_to(PACKAGE)) not in ENGINES:
-                found += _name_compares(path)
+    found = _above_backends(NAMES)
     assert not found, "\n".join(found)
 
 
-class FakeEngine:
-    """A new generation engine, as a module would add one: generates (sum(prompt) + k) % 50 + 100 at step k, up to a
-    row's max_new, one pass for all rows (it takes each row's settings itself). What it ran is kept."""
+def test_nothing_compares_an_engines_name():
+    """generate.py, serve and resume ask an engine class from runners.engine.ENGINES (Registered: what it needs, why
+    it cannot run a job, how it loads; engine.AUTO_FIRST and AUTO_AFTER: what auto tries, in order), so a new engine
+    needs no branch of theirs."""
+    from batchinfer.runners.engine import ENGINES
+
+    found = _above_backends(set(ENGINES))
+    assert not found, "\n".join(found)
+
+
+class FakeEngine(Registered):
+    """A new generation engine, as a module would add one, over the model Registered loads (transformers'): generates
+    (sum(prompt) + k) % 50 + 100 at step k, up to a row's max_new, one pass for all rows (it takes each row's
+    settings itself). What it ran is kept."""
 
     name, shared_page, pads = "fake", None, False
     described = {"name": "fake"}
@@ -189,7 +252,8 @@ def fake_completion(prompt: list[int], max_new: int) -> list[int]:
 
 
 def test_a_fake_engine_registered_in_one_line_runs_a_whole_generation_job(sms_table, tiny_llama, tmp_path, monkeypatch):
-    """A new engine is one module (a class with `over`, `passes`, `run`) and one line in runners.engine.ENGINES."""
+    """A new engine is one module (a Registered class with `over`, `passes`, `run`) and one line in
+    runners.engine.ENGINES."""
     import pyarrow.parquet as pq
 
     from batchinfer.runners import engine

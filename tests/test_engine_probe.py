@@ -15,8 +15,9 @@ from batchinfer.execution.driver import run_job
 from batchinfer.job.config import GenerationConfig
 from batchinfer.runners import engine_probe
 from batchinfer.runners.engine import PassOutput, PassRows
-from batchinfer.runners.engine_probe import CONTINUOUS, STATIC, FasterEngine, cuda_auto, faster, probe_split
+from batchinfer.runners.engine_probe import CONTINUOUS, STATIC, FasterEngine, faster, probe_split
 from batchinfer.runners.kv_cache import MAX_IN_FLIGHT, sequences_in_flight
+from batchinfer.runners.vllm_engine import auto_problem
 
 
 def test_the_probe_splits_alternate_rows_a_static_batch_each_and_leaves_too_few_unmeasured():
@@ -35,10 +36,10 @@ def test_continuous_batching_is_kept_only_where_it_measured_faster_than_static()
 def test_vllm_is_auto_s_choice_on_a_gpu_only_where_it_is_installed_and_no_engine_options_name_another(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    assert cuda_auto(GenerationConfig()) == ("probe", "vllm is not installed (pip install 'batchinfer[vllm]')")
+    assert auto_problem(GenerationConfig()) == "vllm is not installed (pip install 'batchinfer[vllm]')"
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "vllm" else real(name))
-    assert cuda_auto(GenerationConfig())[0] == "vllm"
-    assert cuda_auto(GenerationConfig(engine_options={"num_blocks": 64}))[0] == "probe"
+    assert auto_problem(GenerationConfig()) is None
+    assert "engine_options are set" in auto_problem(GenerationConfig(engine_options={"num_blocks": 64}))
 
 
 def test_in_flight_sequences_are_sized_from_free_kv_memory():

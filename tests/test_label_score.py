@@ -14,6 +14,7 @@ from helpers import EXAMPLES, Crash, CrashAfterChunks
 from helpers import make_job as _job
 from helpers import read_output as _read
 
+from batchinfer.backends import causal_scores
 from batchinfer.commands.dryrun import estimate_job
 from batchinfer.commands.show import plan_lines
 from batchinfer.errors import ConfigError, ModelError
@@ -102,8 +103,10 @@ def test_a_shared_instruction_runs_once_and_scores_as_a_direct_computation(
 
     path = request.getfixturevalue(model)
     prefills = []
-    prefill = prefix.PrefixCache.prefill
-    monkeypatch.setattr(prefix.PrefixCache, "prefill", lambda self, ids: prefills.append(ids) or prefill(self, ids))
+    prefill = causal_scores.PrefixCache.prefill
+    monkeypatch.setattr(
+        causal_scores.PrefixCache, "prefill", lambda self, ids: prefills.append(ids) or prefill(self, ids)
+    )
     pq.write_table(sms_table.slice(0, 60), tmp_path / "sms.parquet")
     scoring = dict(input__text=INSTRUCTION, model__labels=LABELS, model__label_prompt=prompt, model__max_length=512)
     output = dict(output__scores=True, batching__chunk_rows=30, batching__max_tokens=1024)  # two chunks of batches

@@ -3,6 +3,9 @@
 precisions, and `forward` on a batch). Runners, the probe, plan and serve ask a backend these questions and never
 compare its name, so a new backend is one module in backends/ (and its tests).
 
+Label scoring asks a causal LM for the log-probabilities of chosen tokens (`Scorer`, on `Targets`), numpy in and out
+as `forward`: it never reaches past the backend into its model.
+
 Nothing here imports torch: a runner whose head reads numpy runs on a numpy backend (OpenVINO) without it.
 """
 
@@ -103,3 +106,31 @@ class Backend(Protocol):
     # for later jobs; and the best tokens/s each backend ran this model at on this CPU before (empty: none kept)
     def remember(self, rates: dict[str, float], load: dict | None) -> None: ...
     def best_rates(self) -> dict[str, float]: ...
+
+
+@dataclass
+class Targets:
+    """A padded batch of a causal LM's items and the tokens whose log-probabilities are asked (label scoring's: a
+    label's tokens after a prompt). Shapes: b items, L the longest, n targets; numpy whatever the backend."""
+
+    input_ids: np.ndarray  # int64 [b, L], after `prefix`
+    position_ids: np.ndarray  # int64 [b, L], counted from the start of `prefix`
+    mask: np.ndarray  # bool [b, L, len(prefix) + L]: what each token may attend to (the prefix's, then the batch's)
+    at: np.ndarray  # int64 [n]: the flat position (item x L + token) whose logits predict each target
+    target: np.ndarray  # int64 [n]: the tokens asked for
+    prefix: tuple[int, ...] = ()  # the tokens every item follows, run once and kept (Scorer.prefix_problem)
+
+
+class Scorer(Protocol):
+    """A causal LM as label scoring runs it (runners/label_score.py): the log-probability of chosen tokens, numpy out
+    as `forward`'s output is, whatever the backend."""
+
+    prefix_problem: str | None  # why Targets.prefix cannot be used with this model (its cache), or None
+
+    def logprobs(self, batch: Targets) -> np.ndarray: ...  # float64 [n]: log p(target) at each `at`
+
+
+class ScoringBackend(Backend, Protocol):
+    """A backend that runs a causal LM for label scoring (torch's: OpenVINO runs encoders, backends.candidates)."""
+
+    def scorer(self) -> Scorer: ...  # the model as label scoring runs it, built once per runner

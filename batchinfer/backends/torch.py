@@ -11,6 +11,7 @@ import torch
 
 from ..batching.probe import DEFAULT_BUDGET
 from .base import Batch
+from .causal_scores import TorchScorer
 from .packing import first_position, pack, packed_forward, supports_packing
 
 DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -58,6 +59,10 @@ class TorchBackend:
 
     def best_rates(self) -> dict[str, float]:
         return {}  # OpenVINO's conversion keeps them, where it is loaded beside
+
+    def scorer(self) -> TorchScorer:
+        """The model as label scoring runs it: a causal LM's log-probabilities of chosen tokens (ScoringBackend)."""
+        return TorchScorer(self.model, self.device)
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> np.ndarray:

@@ -22,9 +22,11 @@ from ..heap import HeapGuard
 from ..job.config import JobConfig
 from ..job.plan import Work
 from ..machine import LoadWindow, process_age
+from ..runners.base import BatchLoop
 from ..runners.prefix import admission, page_hits
-from ..runners.protocol import BatchRunner, ChunkContext, Generating
+from ..runners.protocol import BatchRunner, ChunkContext, ChunkInput, Generating, Tokens
 from ..sources import Inputs, read_spec
+from ..sources.prepare import Prepared
 
 SAMPLED_CHUNKS = 40  # chunks the sample is read from: spread over the job, each read costs a shard's open and seek
 # Tokens of the sample run on the model (the probe's slices, then the whole of them with its choice, its first
@@ -300,6 +302,18 @@ def warm_up(runner: BatchRunner, ids: list, lengths: np.ndarray, budget, probing
     return float(lengths[first].sum() / max(time.perf_counter() - t0, 1e-9))
 
 
+def sample_loop(runner: BatchRunner, ids: list, lengths: np.ndarray, budget, job: JobConfig) -> BatchLoop:
+    """The sample's items (`ids`, of `lengths` tokens) as a chunk for the run's own batch loop (runners/base.py):
+    each batch split and retried on failure, the heap trimmed between batches, as in a run."""
+    every = np.arange(len(ids))
+    tokens = Tokens(ids, lengths, np.zeros(len(ids), dtype=bool))
+    prepared = Prepared([None] * len(ids), every, {})  # what a failed item's error is kept in (none is read)
+    loaded = ChunkInput(
+        table=pa.table({}), prepared=prepared, tokens=tokens, index=every, batches=[], cut_with=budget.key
+    )
+    return BatchLoop(runner, loaded, ChunkContext(job, budget, StopFlag(), HeapGuard(), lambda message: None))
+
+
 def time_sample(
     runner: BatchRunner, ids: list, lengths: np.ndarray, budget, job: JobConfig, probing: bool, first_chunk: float
 ) -> dict:
@@ -310,16 +324,7 @@ def time_sample(
     `first_chunk` tokens gives it (a bounded probe, the runner's probe_share, that share of them). warm_up has run."""
     rows, backends, share = job.batching.max_rows, runner.candidates(), runner.probe_share
     settings = (job.batching.max_tokens, job.batching.strategy)
-
-    def run(batches: list[np.ndarray], strategy: str, backend: str | None = None) -> float:
-        if backend is not None:
-            runner.use(backend)
-        runner.lay_out(strategy)
-        t0 = time.perf_counter()
-        for batch in batches:
-            if len(batch):
-                runner.run([ids[i] for i in batch.tolist()])
-        return time.perf_counter() - t0
+    run = sample_loop(runner, ids, lengths, budget, job).run  # as a run's chunk runs its batches
 
     key, tuning = budget.key, None
     if probing:

@@ -62,9 +62,10 @@ class TaskInputs:
         it then, say where OpenVINO GenAI was missing or bf16 not native), so that the folder holds one engine's
         answers; a resume that auto would now put on OpenVINO GenAI goes on where it started."""
         from ..backends.models import device_type
+        from ..runners.engine import AUTO_AFTER
 
         gen = self.job.generation
-        if self.engine is None or gen.engine != "auto" or self.engine["name"] not in ("transformers", "static"):
+        if self.engine is None or gen.engine != "auto" or self.engine["name"] not in AUTO_AFTER:
             return self.job
         if device_type(self.job.model.device) == "cuda":  # the GPU's engine probe keeps the first run's choice itself
             return self.job

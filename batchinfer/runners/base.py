@@ -42,7 +42,8 @@ class EncoderRunner:
     score_labels: list[str] | None = None  # what each entry of a `scores` column stands for
     # head() reads numpy (every backend's forward returns it): a run on OpenVINO alone imports no torch where the
     # rest of the runner needs none either (embed, classify, score); token-classify groups entities with
-    # transformers' pipeline code, zero-shot reads its config's label2id through transformers.
+    # transformers' pipeline code (its module imports torch), zero-shot reads its config's label2id through
+    # transformers.
     numpy_head = False
     probe_share: float | None = None  # the most of a first chunk's tokens its probe runs (batching/probe.py)
 

@@ -16,7 +16,7 @@ from ..constrained.sampling import SeededSampling, sampling_warpers
 from ..constrained.spec import Constraint
 from ..errors import ModelError
 from ..job.config import GenerationConfig
-from .engine import PassOutput, PassRows, by_sampling, generation_config, passes_by, with_note
+from .engine import PassOutput, PassRows, Registered, by_sampling, generation_config, passes_by, with_note
 from .kv_cache import (
     cache_blocks,
     engine_options,
@@ -43,7 +43,7 @@ class Session:
     history: History | None = None
 
 
-class ContinuousEngine:
+class ContinuousEngine(Registered):
     name = "transformers"
     pads = False
 

@@ -4,7 +4,11 @@ serve, requests added one by one to a running batch (Serving).
 Four engines implement it: continuous batching (continuous.py, transformers' paged KV cache), OpenVINO GenAI's
 continuous batching on a CPU (openvino_engine.py), static `model.generate` batches (static.py, the baseline) and
 vLLM (vllm_engine.py). The generate runner cuts rows, text and finish reasons around them; serve reaches
-generation only through `Engine.serve`."""
+generation only through `Engine.serve`.
+
+Engines are chosen, as TEI picks its backend, once and never by name: generation.engine names a class in ENGINES (or
+auto tries AUTO_FIRST's, then AUTO_AFTER's), and GenerateRunner asks that class (Registered) why it cannot run the
+job, how it loads its model and how it builds over it; a new engine is one module and one line in ENGINES."""
 
 from __future__ import annotations
 
@@ -156,18 +160,78 @@ def by_seed(gen: GenerationConfig) -> tuple:
     return by_sampling(gen) + ((gen.seed,) if gen.temperature else ())
 
 
-# generation.engine -> "module:class" (relative to this package, or absolute) of an engine built over a loaded model
-# (its classmethod `over(gen, model, device, pad_id, eos, grammars)`), imported when a job
-# runs it, as runners.RUNNERS: transformers' continuous batching imports torch's compiler (seconds). OpenVINO GenAI
-# runs a converted folder, not the loaded model: GenerateRunner.use_openvino builds it.
+class Unfit(Exception):
+    """Why an engine cannot run the job (Registered.build): engine auto notes it and tries the next, a named engine is
+    refused (Registered.named_error)."""
+
+
+class Registered:
+    """What GenerateRunner.load asks of an engine class in ENGINES before there is an engine: these defaults are an
+    engine's over the model transformers loads (continuous.py, static.py, a new engine's, with its classmethod
+    `over(gen, model, device, pad_id, eos, grammars)`); vllm_engine.py and openvino_engine.py say their own."""
+
+    name: str
+
+    @classmethod
+    def unfit(cls, job, model_path, auto: bool) -> str | None:
+        """Why it cannot run the job, known before the model loads, or None; `auto`: engine auto asks (before an
+        engine it may pass over)."""
+        return None
+
+    @classmethod
+    def load(cls, job, model_path) -> tuple:
+        """(tokenizer, model, device) it runs: transformers' model."""
+        from ..backends import candidates
+        from ..backends.models import load_model
+
+        candidates(job.model, "cpu")  # a model.backend named in the job file: says why it runs no generate job
+        return load_model(job.model, model_path)
+
+    @classmethod
+    def over(cls, gen: GenerationConfig, model, device, pad_id: int, eos: set[int], grammars: Callable) -> Engine:
+        """The engine over a loaded model (build's), `grammars` building xgrammar's compiler on first use."""
+        raise NotImplementedError
+
+    @classmethod
+    def build(cls, runner, job, model_path) -> Engine:
+        """The engine over the runner's loaded model, in its precision (its report entry says which); raises Unfit
+        where it would not apply all of the model's generation_config (model_generation) as generate does."""
+        from .model_generation import generation_problem
+
+        if problem := generation_problem(runner.model.generation_config, cls.name):
+            raise Unfit(problem)
+        built = cls.over(runner.gen, runner.model, runner.device, runner.pad_id, runner.eos, lambda: runner.grammars)
+        built.described = {**built.described, "precision": runner.precision}
+        return built
+
+    @classmethod
+    def named_error(cls, problem: str) -> ConfigError:
+        """The error for a job that names it where it cannot run (unfit, build's Unfit)."""
+        hint = "set generation.engine: static (model.generate), or edit the model's generation_config.json"
+        return ConfigError(problem, hint)
+
+    @classmethod
+    def passed_over(cls, problem: str, instead: str) -> str:
+        """engine auto's note where it cannot run the job, and `instead` is auto's next."""
+        return f"engine auto: {instead}, not {cls.name}: {problem}"
+
+
+# generation.engine -> "module:Class" (relative to this package, or absolute) of a Registered engine class, imported
+# when a job runs it, as runners.RUNNERS: transformers' continuous batching imports torch's compiler (seconds).
 ENGINES = {
     "transformers": ".continuous:ContinuousEngine",
+    "openvino": ".openvino_engine:OpenVINOEngine",
     "static": ".static:StaticEngine",
     "vllm": ".vllm_engine:VllmEngine",
 }
+# generation.engine auto: the engine it tries first on each device type (models.device_type; None: any other), where
+# it can run the job; else those over the loaded model, in AUTO_AFTER's order, the first that applies all of the
+# model's generation_config (on a CUDA GPU, the faster of the two, measured: engine_probe.py).
+AUTO_FIRST = {"cuda": "vllm", None: "openvino"}
+AUTO_AFTER = ("transformers", "static")
 
 
-def engine_class(name: str) -> type:
+def engine_class(name: str) -> type[Registered]:
     """The engine class registered as generation.engine `name`."""
     import importlib
 

@@ -12,26 +12,15 @@ entry carries the two rates.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from typing import Callable
 
 from .engine import Engine, PassOutput, PassRows, with_note
 
 CONTINUOUS, STATIC = "transformers", "static"
+MEASURED_ON = "cuda"  # the device type (models.device_type) on which engine auto measures the two
 PROBE_SHARE = 0.25  # of the first pass's rows, per engine
 MIN_PROBE_ROWS = 4  # per engine: fewer rows measure start-up, not generation
-
-
-def cuda_auto(gen) -> tuple[str, str]:
-    """What engine auto runs on a CUDA GPU ("vllm" or "probe"), and why, in the report's words, for the generation
-    section `gen`. vLLM takes its own engine_options, so a job that gives any keeps to the probe between
-    transformers' continuous batching and static batches."""
-    if importlib.util.find_spec("vllm") is None:
-        return "probe", "vllm is not installed (pip install 'batchinfer[vllm]')"
-    if gen.engine_options:
-        return "probe", "generation.engine_options are set, and name one engine's fields: set engine: vllm for vLLM"
-    return "vllm", "vllm is installed"
 
 
 def probe_split(count: int, max_rows: int) -> tuple[list[int], list[int]]:

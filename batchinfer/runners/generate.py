@@ -21,19 +21,17 @@ from ..batching.cut import computed_tokens
 from ..constrained.spec import Constraint, job_constraint, response_format
 from ..errors import ConfigError, ModelError
 from ..job.config import GenerationConfig
-from ..job.templates import chat_template, no_chat_template
+from ..job.templates import no_chat_template
 from ..messages import user_turn
 from ..reasons import Reason
 from ..sources.prepare import Prepared, row_limits
 from . import model_generation
 from .base import encode_capped
-from .engine import Engine, PassRows, engine_class
-from .engine_probe import CONTINUOUS, STATIC, FasterEngine
-from .engine_probe import cuda_auto as gpu_auto
+from .engine import AUTO_AFTER, AUTO_FIRST, Engine, PassRows, Registered, Unfit, engine_class
+from .engine_probe import CONTINUOUS, MEASURED_ON, STATIC, FasterEngine
 from .prefix import page_figures
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
 from .static import StaticEngine, in_order
-from .vllm_engine import VllmEngine, load_vllm
 
 
 @dataclass
@@ -53,47 +51,19 @@ class GenerateRunner:
 
     @classmethod
     def load(cls, job, model_path, budget=None):
-        """The runner for `job`: transformers' model (and its OpenVINO GenAI conversion for engine openvino, and
-        auto where it runs), or vllm.LLM for generation.engine: vllm, and auto on a GPU where vLLM is installed.
-        `budget`: a recorded probe's choice (engine auto on a GPU: its engine, as Batching.backend)."""
+        """The runner for `job`: the model its engine runs (transformers', vllm.LLM; the engine class's `load`), and
+        the engine: generation.engine's, or engine auto's (engine.AUTO_FIRST, AUTO_AFTER). `budget`: a recorded
+        probe's choice (engine auto on a GPU: its engine, as Batching.backend)."""
         from ..backends.models import device_type
 
+        device = device_type(job.model.device)
         recorded = budget.backend if budget is not None else None
-        cuda_auto = None
-        if job.generation.engine == "auto" and device_type(job.model.device) == "cuda":
-            cuda_auto = ("probe", "recorded") if recorded in (CONTINUOUS, STATIC) else gpu_auto(job.generation)
-        own = None  # the model's generation_config, read from its folder where vLLM may run (vllm.LLM has none)
-        if job.generation.engine == "vllm" or (cuda_auto and cuda_auto[0] == "vllm"):
-            own = model_generation.from_folder(model_path)
-            if (problem := generation_problem(own, "vllm")) and job.generation.engine == "vllm":
-                raise ConfigError(problem, "set generation.engine: auto, transformers or static")
-            if problem:
-                cuda_auto = ("probe", f"vllm would not decode as generate does: {problem}")
-        if job.generation.engine == "vllm" or (cuda_auto and cuda_auto[0] == "vllm"):
-            llm = load_vllm(model_path, job.generation.engine_options)
-            tokenizer, model, device = llm.get_tokenizer(), llm, torch.device("cuda")
-            if job.model.chat_template is not None:
-                tokenizer.chat_template = chat_template(job.model.chat_template)
-        else:
-            from ..backends import openvino_causal
-            from ..backends.models import load_model, model_identity
-            from . import openvino_engine
-
-            if job.model.backend == "openvino":
-                from ..backends import candidates
-
-                candidates(job.model, "cpu")  # says why not
-            warm = None
-            if job.generation.engine in ("auto", "openvino") and openvino_engine.available():
-                warm = openvino_causal.warm(job.model, model_path, model_identity(model_path))
-            tokenizer, model, device = warm or load_model(job.model, model_path)
-        own = getattr(model, "generation_config", None) or own
+        first, passed = first_engine(job, model_path, device, recorded)
+        tokenizer, model, torch_device = (first or engine_class(AUTO_AFTER[0])).load(job, model_path)
+        own = getattr(model, "generation_config", None) or model_generation.from_folder(model_path)  # vllm.LLM: none
         gen, sampled = model_generation.model_sampling(job.generation, own)
-        runner = cls(tokenizer, model, device, job.model.max_length, gen, precision_of(job, device))
-        if cuda_auto:
-            runner.use_cuda_auto(*cuda_auto, recorded)
-        elif job.generation.engine in ("auto", "openvino"):
-            runner.use_openvino(job, model_path)
+        runner = cls(tokenizer, model, torch_device, job.model.max_length, gen, precision_of(job, torch_device))
+        runner.engine = runner.settle(first, passed, job, model_path, device, recorded)
         if sampled:
             runner.engine.note(sampled)
         return runner
@@ -118,9 +88,9 @@ class GenerateRunner:
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None) or tokenizer.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos), 0)
-        # auto and openvino: use_openvino settles it (OpenVINO GenAI's, or the model's own with a note)
-        self.engine: Engine | None = None if gen.engine in ("auto", "openvino") else self.model_engine
-        self.probed: FasterEngine | None = None  # engine auto on a GPU without vLLM (use_cuda_auto)
+        self.engine: Engine | None = None  # load settles it (settle)
+        self._model_engine: Engine | None = None  # model_engine's, once built
+        self.probed: FasterEngine | None = None  # engine auto on a GPU without vLLM (measured)
         self._configs: dict[str, tuple] = {}  # a row's own settings (JSON) -> row_config's answer
         self.constraint = job_constraint(gen)  # every row's, unless an OpenAI request brings its own
         if self.constraint is not None:
@@ -141,25 +111,49 @@ class GenerateRunner:
         vocab = config.get_text_config().vocab_size if config is not None else len(self.tokenizer)
         return Grammars(self.tokenizer, max(vocab, len(self.tokenizer)), self.eos, self.gen.grammar_limits)
 
-    @functools.cached_property
-    def model_engine(self) -> Engine:
-        """generation.engine's engine over the loaded model (transformers' for auto and openvino), built on first
-        use: a run on OpenVINO GenAI imports transformers' continuous batching (seconds) only if rows go to it.
-        Where it would not apply all of the model's generation_config (model_generation), auto runs the static
-        engine (model.generate itself) with a note, and an engine named in the job file is refused."""
-        gen, note = self.gen, None
-        engine = "transformers" if gen.engine in ("auto", "openvino") else gen.engine
-        if problem := generation_problem(self.model.generation_config, engine):
-            if gen.engine != "auto" or generation_problem(self.model.generation_config, "static"):
-                hint = "set generation.engine: static (model.generate), or edit the model's generation_config.json"
-                raise ConfigError(problem, hint)
-            engine, note = "static", f"engine auto: static, not transformers: {problem}"
-        built = make_engine(engine, gen, self.model, self.device, self.pad_id, self.eos, lambda: self.grammars)
-        if note:
-            built.note(note)
-        if built.name != "vllm":  # vLLM's entry says its own
-            built.described = self.in_precision(built.described)
-        return built
+    def settle(
+        self, first: type[Registered] | None, passed: list[str], job, model_path, device: str, recorded
+    ) -> Engine:
+        """The engine that runs the job: `first`'s (first_engine) where it can run it (an engine named in the job
+        file, else refused); else engine auto's over the loaded model (model_engine; on a CUDA GPU the faster of
+        two, measured), with notes saying why auto passed over what it did (`passed`)."""
+        if first is not None:
+            try:
+                return first.build(self, job, model_path)
+            except Unfit as exc:
+                if self.gen.engine != "auto":
+                    raise first.named_error(str(exc)) from None
+                passed = [first.passed_over(str(exc), AUTO_AFTER[0])]
+        if device == MEASURED_ON:
+            engine = self.measured(job, model_path, recorded)
+        else:
+            engine = self.model_engine(job, model_path)
+        for note in passed:
+            engine.note(note)
+        return engine
+
+    def model_engine(self, job, model_path) -> Engine:
+        """Engine auto's engine over the loaded model, built on first use (a run on OpenVINO GenAI imports
+        transformers' continuous batching, seconds, only if rows go to it): the first in engine.AUTO_AFTER that
+        applies all of the model's generation_config (model_generation), with a note saying why of each passed
+        over; for generation.engine openvino (its rows that cannot run there come here), the first or an error."""
+        if self._model_engine is not None:
+            return self._model_engine
+        names = AUTO_AFTER if self.gen.engine == "auto" else AUTO_AFTER[:1]
+        unfit: list[tuple[type[Registered], str]] = []  # (engine class, why), of those passed over
+        for name in names:
+            candidate = engine_class(name)
+            try:
+                built = candidate.build(self, job, model_path)
+            except Unfit as exc:
+                unfit.append((candidate, str(exc)))
+                continue
+            for (engine, problem), instead in zip(unfit, names[1:]):
+                built.note(engine.passed_over(problem, instead))
+            self._model_engine = built
+            return built
+        engine, problem = unfit[0]
+        raise engine.named_error(problem)  # the first's problem: what a fix starts with
 
     def in_precision(self, described: dict) -> dict:
         """An engine's report entry saying the precision the loaded model runs in."""
@@ -177,50 +171,13 @@ class GenerateRunner:
 
         return lambda: load_model(job.model.model_copy(update={"dtype": "float32"}), model_path)[1]
 
-    def use_openvino(self, job, model_path) -> None:
-        """generation.engine openvino, or auto on a CPU: the OpenVINO GenAI engine over the model converted once
-        and cached; for auto, where it cannot run this job, the transformers engine with a note saying why (for
-        engine: openvino, a ConfigError saying why)."""
-        from ..backends import openvino_causal
-        from ..backends.models import model_identity
-        from ..backends.openvino import bf16_supported
-        from . import openvino_engine
-
-        problem = openvino_problem(job, self)
-        if problem is None:
-            identity = model_identity(model_path)
-            try:
-                folder = openvino_causal.converted(
-                    identity, model_path, self.f32_model(job, model_path), self.tokenizer
-                )[0]
-            except (ModelError, RuntimeError, ValueError, TypeError) as exc:  # the cache's, the tracer's, OpenVINO's
-                problem = f"the model did not convert for OpenVINO GenAI ({type(exc).__name__}: {exc})"
-            else:
-                precision = openvino_engine.precision(job.model.dtype)
-                fallback = lambda: self.model_engine  # noqa: E731  (rows whose grammar cannot run on OpenVINO GenAI)
-                self.engine = openvino_engine.OpenVINOEngine(
-                    folder, self.gen, precision, self.eos, fallback, lambda: self.grammars
-                )
-                if job.model.dtype == "auto" and bf16_supported():
-                    self.engine.note("f32: bf16 changes generated text; model.dtype: bfloat16 runs it in bf16")
-                return
-        if job.generation.engine == "openvino":
-            raise ConfigError(f"generation.engine openvino: {problem}", "set generation.engine: auto (or transformers)")
-        self.engine = self.model_engine
-        self.engine.note(f"engine auto: transformers, not openvino: {problem}")
-
-    def use_cuda_auto(self, choice: str, why: str, recorded: str | None) -> None:
-        """engine auto on a CUDA GPU (engine_probe.py): vLLM where installed, else whichever of continuous batching
-        and static batches the first rows measure faster (`recorded`: what an earlier run of the job chose)."""
-        if choice == "vllm":
-            self.engine = VllmEngine(self.model, self.gen.engine_options, self.eos)
-            self.engine.note(f"engine auto on a GPU: vllm ({why})")
-            return
+    def measured(self, job, model_path, recorded: str | None) -> Engine:
+        """engine auto on a CUDA GPU without vLLM (engine_probe.py): whichever of continuous batching and static
+        batches the first rows measure faster (`recorded`: what an earlier run of the job chose)."""
         static = StaticEngine(self.model, self.device, self.pad_id, lambda: self.grammars)
         static.described = self.in_precision(static.described)
-        self.engine = self.probed = FasterEngine({CONTINUOUS: self.model_engine, STATIC: static}, recorded)
-        if why != "recorded":
-            self.engine.note(f"engine auto on a GPU: not vllm, as {why}")
+        self.probed = FasterEngine({CONTINUOUS: self.model_engine(job, model_path), STATIC: static}, recorded)
+        return self.probed
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -543,15 +500,6 @@ def max_new_tokens(job, loaded, context: int | None) -> list[int]:
     return [max(1, min(limit, context - n)) for limit, n in zip(limits, prompts)]
 
 
-def make_engine(
-    name: str, gen: GenerationConfig, model, device: torch.device, pad_id: int, eos: set[int], grammars
-) -> Engine:
-    """The engine registered as `name` (engine.ENGINES) over a loaded model (vllm.LLM for vllm); `grammars` builds
-    the compiler. GenerateRunner.model_engine names transformers' for auto and openvino (where use_openvino does not
-    put OpenVINO GenAI's first)."""
-    return engine_class(name).over(gen, model, device, pad_id, eos, grammars)
-
-
 def refuse_a_mixed_engine(recorded: dict, runner: GenerateRunner) -> None:
     """Refuse to go on with a generation job whose folder's chunks ran on another engine or in another precision
     than this run's (`recorded`: an earlier chunk record's `engine`): a folder holds one engine's answers."""
@@ -578,30 +526,22 @@ def precision_of(job, device) -> str:
     return torch_precision(job.model.dtype, device.type)
 
 
-def generation_problem(generation_config, engine: str) -> str | None:
-    """Why `engine` would not decode as transformers' generate does with the model's generation_config, or None."""
-    left = model_generation.unhonoured(generation_config, engine)
-    return model_generation.refusal(left, generation_config, engine) if left else None
-
-
-def openvino_problem(job, runner: GenerateRunner) -> str | None:
-    """Why the OpenVINO GenAI engine cannot run this job here, or None."""
-    from ..backends import openvino_causal
-    from . import openvino_engine
-
-    if runner.device.type != "cpu":
-        return f"it runs on the CPU, and the model is on {runner.device.type}"
-    if not openvino_engine.available():
-        return "openvino-genai is not installed (pip install 'batchinfer[cpu]')"
-    if job.model.quantize != "none":
-        return "model.quantize: int8 is a torch path"
-    if job.model.dtype not in ("auto", "float32", "bfloat16"):
-        return f"it runs float32 or bfloat16, not model.dtype {job.model.dtype}"
-    if problem := openvino_engine.bf16_problem(job.model.dtype):
-        return problem
-    return openvino_causal.problem(runner.model.config) or generation_problem(
-        runner.model.generation_config, "openvino"
-    )
+def first_engine(job, model_path, device: str, recorded) -> tuple[type[Registered] | None, list[str]]:
+    """The engine class GenerateRunner.load loads the model for and tries first: generation.engine's (refused here
+    where it cannot run the job, unfit), or engine auto's first on `device` (engine.AUTO_FIRST) where it may run the
+    job (None: auto's over the loaded model, a resume on a GPU keeping its probe's `recorded` choice among them);
+    and auto's note saying why where it passed one over."""
+    if job.generation.engine != "auto":
+        named = engine_class(job.generation.engine)
+        if problem := named.unfit(job, model_path, auto=False):
+            raise named.named_error(problem)
+        return named, []
+    if device == MEASURED_ON and recorded in (CONTINUOUS, STATIC):
+        return None, []
+    first = engine_class(AUTO_FIRST.get(device, AUTO_FIRST[None]))
+    if problem := first.unfit(job, model_path, auto=True):
+        return None, [first.passed_over(problem, AUTO_AFTER[0])]
+    return first, []
 
 
 def pick(values: list, positions: list[int]) -> list:

@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import torch
 
+from ..backends.base import ScoringBackend, Targets
 from ..backends.models import position_limit
-from ..backends.torch import TorchBackend
 from ..batching.probe import PROBE_SHARE
 from ..errors import ConfigError, ModelError
 from ..messages import user_turn
 from .base import EncoderRunner, encode_capped, fixed_size_list
-from .prefix import PrefixCache, common_prefix, split_prompts
+from .prefix import common_prefix, split_prompts
 from .protocol import Prefix, Tokens
 
 
@@ -44,11 +43,9 @@ class LabelScoreRunner(EncoderRunner):
     probe_share = PROBE_SHARE
     packs = False  # run() pads every batch under its own attention masks: packed would only cut differently
 
-    def __init__(self, tokenizer, backend: TorchBackend, device, job, model_path=None):
+    def __init__(self, tokenizer, backend: ScoringBackend, device, job, model_path=None):
         super().__init__(tokenizer, backend, device, job)
-        self.model = model = (
-            backend.model
-        )  # the transformers model (not a Backend's: TorchBackend's own): run() makes its own passes on it (torch)
+        self.scorer = backend.scorer()  # run() asks it for the labels' log-probabilities, not forward
         self.chat = tokenizer if job.model.chat and getattr(tokenizer, "chat_template", None) else None
         self.system = job.model.system_prompt
         self.labels = list(job.model.labels)
@@ -62,12 +59,9 @@ class LabelScoreRunner(EncoderRunner):
         appended = sum(map(len, self.fed)) if self.shared else max(map(len, self.fed))
         self.room = self.max_length - appended  # prompt tokens an item has room for
         if self.room < 1:
-            raise no_room_error(self.max_length, position_limit(model.config), appended, self.fed, self.shared)
+            raise no_room_error(self.max_length, position_limit(backend.config), appended, self.fed, self.shared)
         # Keep the end of an over-long prompt, as task generate does: that is where the question is.
         self.tokenizer.enable_truncation(self.room, direction="left")
-        self.head_ok = _head_shortcut_agrees(model, device)
-        self.body = model.base_model if self.head_ok else model  # what runs a batch's tokens
-        self.prefixes = PrefixCache(self.body, device) if PrefixCache.problem(self.body) is None else None
 
     # --- items ---------------------------------------------------------------------------------------------------
 
@@ -83,7 +77,7 @@ class LabelScoreRunner(EncoderRunner):
         encodings = encode_capped(self.tokenizer, texts, self.room, from_end=True, add_special_tokens=special)
         prompts = [e.ids for e in encodings]
         cut = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(encodings))
-        prefix = common_prefix(prompts, cut) if self.prefixes is not None else ()
+        prefix = common_prefix(prompts, cut) if self.scorer.prefix_problem is None else ()
         prompts, after = split_prompts(prompts, prefix)
         starts = [prefix if a else () for a in after.tolist()]
         if self.shared:
@@ -98,7 +92,6 @@ class LabelScoreRunner(EncoderRunner):
 
     # --- a batch -------------------------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def run(self, ids: list[Scored]) -> list:
         """A batch of items → per item, each of its labels' summed log-probability ([labels] or [1]). Items
         after different prefixes (serve batches several requests) run as one pass per prefix."""
@@ -113,21 +106,18 @@ class LabelScoreRunner(EncoderRunner):
 
     def run_after(self, prefix: tuple[int, ...], ids: list[Scored]) -> list:
         """Items that all follow `prefix` (() for none) → per item, its labels' summed log-probabilities."""
-        layout = self.layout(ids, len(prefix))
-        inputs = {
-            k: torch.from_numpy(v).to(self.device) for k, v in layout.items() if k in ("input_ids", "position_ids")
-        }
-        mask = torch.from_numpy(layout["mask"]).to(self.device)[:, None]  # [b, 1, L, prefix + L], True: may attend
-        cache = self.prefixes.expanded(prefix, len(ids)) if prefix else {}
-        logprobs = self.target_logprobs(inputs, mask, layout["at"], layout["target"], cache)  # [n]
-        sums = np.zeros(len(ids) * layout["per_item"], dtype=np.float64)
-        np.add.at(sums, layout["slot"], logprobs)
-        return list(sums.reshape(len(ids), layout["per_item"]))
+        batch, slot, per_item = self.layout(ids, prefix)
+        logprobs = self.scorer.logprobs(batch)  # [n]
+        sums = np.zeros(len(ids) * per_item, dtype=np.float64)
+        np.add.at(sums, slot, logprobs)
+        return list(sums.reshape(len(ids), per_item))
 
-    def layout(self, ids: list[Scored], offset: int = 0) -> dict[str, np.ndarray]:
-        """Padded input ids, position ids and [b, L, offset + L] attention masks of a batch that follows
-        `offset` prefix tokens, and for every label token: the flat position whose logits predict it (`at`),
-        the token (`target`), and the (item, label) it counts for (`slot`, item x per_item + label)."""
+    def layout(self, ids: list[Scored], prefix: tuple[int, ...] = ()) -> tuple[Targets, np.ndarray, int]:
+        """A batch that follows `prefix` as the scorer takes it: padded input ids, position ids and [b, L,
+        len(prefix) + L] attention masks, and for every label token: the flat position whose logits predict it
+        (`at`) and the token (`target`); with the (item, label) each counts for (slot: item x per_item + label)
+        and per_item, the labels an item scores."""
+        offset = len(prefix)
         rows, longest = len(ids), max(len(row) for row in ids)
         input_ids = np.full((rows, longest), self.pad_id, dtype=np.int64)
         positions = np.zeros((rows, longest), dtype=np.int64)
@@ -156,31 +146,8 @@ class LabelScoreRunner(EncoderRunner):
                 target += label
                 slot += [i * per_item + k] * len(label)
                 start = stop
-        return {
-            "input_ids": input_ids,
-            "position_ids": positions + offset,
-            "mask": mask,
-            "at": np.array(at, dtype=np.int64),
-            "target": np.array(target, dtype=np.int64),
-            "slot": np.array(slot, dtype=np.int64),
-            "per_item": per_item,
-        }
-
-    def target_logprobs(
-        self, inputs: dict, mask: torch.Tensor, at: np.ndarray, target: np.ndarray, cache: dict
-    ) -> np.ndarray:
-        """log p(target token) at each flat position `at` of the batch: [n]. The LM head runs on those
-        positions alone when it agrees with the model's own logits (checked at load), not on every token.
-        cache: the prefix's cache argument ({} for none)."""
-        at_t = torch.from_numpy(at).to(self.device)
-        if self.head_ok:
-            hidden = self.body(**inputs, attention_mask=mask, **cache).last_hidden_state  # [b, L, hidden]
-            logits = self.model.get_output_embeddings()(hidden.reshape(-1, hidden.shape[-1])[at_t])  # [n, vocab]
-        else:
-            logits = self.body(**inputs, attention_mask=mask, **cache).logits
-            logits = logits.reshape(-1, logits.shape[-1])[at_t]
-        logprobs = logits.float().log_softmax(dim=-1)
-        return logprobs.gather(1, torch.from_numpy(target).to(self.device)[:, None])[:, 0].double().cpu().numpy()
+        batch = Targets(input_ids, positions + offset, mask, np.array(at, np.int64), np.array(target, np.int64), prefix)
+        return batch, np.array(slot, dtype=np.int64), per_item
 
     # --- result columns ------------------------------------------------------------------------------------------
 
@@ -242,16 +209,3 @@ def no_room_error(max_length: int, limit: int, appended: int, fed: list[list[int
         f"{problem}, and the model reads at most {limit} tokens",
         f"use fewer or shorter labels{repeated}",
     )
-
-
-def _head_shortcut_agrees(model, device: torch.device) -> bool:
-    """Whether the output embeddings over the base model's last hidden states are the model's logits
-    (not so for models that scale or cap their logits after the head)."""
-    base, head = getattr(model, "base_model", None), model.get_output_embeddings()
-    if base is None or base is model or head is None:
-        return False
-    ids = torch.arange(1, 9, device=device)[None] % model.config.get_text_config().vocab_size
-    with torch.inference_mode():
-        full = model(input_ids=ids).logits.float()
-        short = head(base(input_ids=ids).last_hidden_state).float()
-    return bool(torch.allclose(full, short, atol=1e-4, rtol=1e-4))

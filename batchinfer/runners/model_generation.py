@@ -96,6 +96,12 @@ def unhonoured(generation_config, engine: str) -> list[str]:
     return [name for name in model_settings(generation_config) if name not in HONOURED[engine]]
 
 
+def generation_problem(generation_config, engine: str) -> str | None:
+    """Why `engine` would not decode as transformers' generate does with the model's generation_config, or None."""
+    left = unhonoured(generation_config, engine)
+    return refusal(left, generation_config, engine) if left else None
+
+
 def from_folder(path):
     """The GenerationConfig (transformers') in a model folder; an empty one where it has none."""
     from transformers import GenerationConfig

@@ -37,7 +37,7 @@ import numpy as np
 from ..constrained.spec import Constraint
 from ..errors import ConfigError, ModelError
 from ..job.config import GenerationConfig
-from .engine import PassOutput, PassRows, Streamed, by_sampling, one_pass, passes_by
+from .engine import PassOutput, PassRows, Registered, Streamed, Unfit, by_sampling, one_pass, passes_by
 
 F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
 BF16 = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8"}  # OpenVINO's own default on bf16 CPUs
@@ -79,10 +79,66 @@ def bf16_problem(dtype: str) -> str | None:
     return None
 
 
-class OpenVINOEngine:
+def job_problem(job, runner) -> str | None:
+    """Why the engine cannot run this job here (`runner`: the GenerateRunner over the loaded model), or None."""
+    from ..backends import openvino_causal
+    from .model_generation import generation_problem
+
+    if runner.device.type != "cpu":
+        return f"it runs on the CPU, and the model is on {runner.device.type}"
+    if not available():
+        return "openvino-genai is not installed (pip install 'batchinfer[cpu]')"
+    if job.model.quantize != "none":
+        return "model.quantize: int8 is a torch path"
+    if job.model.dtype not in ("auto", "float32", "bfloat16"):
+        return f"it runs float32 or bfloat16, not model.dtype {job.model.dtype}"
+    if problem := bf16_problem(job.model.dtype):
+        return problem
+    return openvino_causal.problem(runner.model.config) or generation_problem(
+        runner.model.generation_config, OpenVINOEngine.name
+    )
+
+
+class OpenVINOEngine(Registered):
     name = "openvino"
     pads = False
     shared_page = None  # its prefix cache is its own: the rows' shared pages are not counted here
+
+    @classmethod
+    def load(cls, job, model_path) -> tuple:
+        """transformers' model; where its conversion is cached, one without its weights (openvino_causal.warm)."""
+        from ..backends import candidates, openvino_causal
+        from ..backends.models import load_model, model_identity
+
+        candidates(job.model, "cpu")  # a model.backend named in the job file: says why it runs no generate job
+        warm = openvino_causal.warm(job.model, model_path, model_identity(model_path)) if available() else None
+        return warm or load_model(job.model, model_path)
+
+    @classmethod
+    def build(cls, runner, job, model_path) -> OpenVINOEngine:
+        """The engine over the model converted once and cached; raises Unfit where it cannot run the job here
+        (job_problem) or the model does not convert. Rows whose grammar cannot run here go to the runner's
+        model_engine."""
+        from ..backends import openvino_causal
+        from ..backends.models import model_identity
+        from ..backends.openvino import bf16_supported
+
+        if problem := job_problem(job, runner):
+            raise Unfit(problem)
+        f32_model = runner.f32_model(job, model_path)
+        try:
+            folder = openvino_causal.converted(model_identity(model_path), model_path, f32_model, runner.tokenizer)[0]
+        except (ModelError, RuntimeError, ValueError, TypeError) as exc:  # the cache's, the tracer's, OpenVINO's
+            raise Unfit(f"the model did not convert for OpenVINO GenAI ({type(exc).__name__}: {exc})") from None
+        fallback = lambda: runner.model_engine(job, model_path)  # noqa: E731
+        built = cls(folder, runner.gen, precision(job.model.dtype), runner.eos, fallback, lambda: runner.grammars)
+        if job.model.dtype == "auto" and bf16_supported():
+            built.note("f32: bf16 changes generated text; model.dtype: bfloat16 runs it in bf16")
+        return built
+
+    @classmethod
+    def named_error(cls, problem: str) -> ConfigError:
+        return ConfigError(f"generation.engine openvino: {problem}", "set generation.engine: auto (or transformers)")
 
     def __init__(
         self, folder: Path, gen: GenerationConfig, precision: str, eos: set[int], fallback, grammars: Callable

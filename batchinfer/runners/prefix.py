@@ -1,5 +1,6 @@
 """A token prefix that a chunk's prompts share (the chat template's preamble, an instruction with its worked
-examples): found on the whole prompts' token ids, prefilled once, its KV cache reused by every batch.
+examples): found on the whole prompts' token ids, prefilled once, its KV cache reused by every batch (the scorer's:
+backends/causal_scores.py).
 
 In a causal model a prefix's states do not depend on what follows it, so a row run after the prefix's cache,
 at the positions that follow it, gives the same scores as the whole prompt run at once. The prefix is cut from
@@ -14,17 +15,11 @@ it; page_figures puts a chunk's hits in a record's `prefix` shape, the one label
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 
 import numpy as np
-import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 MIN_PREFIX_TOKENS = 8  # a shorter prefix saves less than a batch's extra prefill pass and mask columns costs
-PREFIXES_KEPT = 4  # distinct prefixes whose KV cache a runner keeps (a job's chunks usually share one)
 
 
 def common_prefix(prompts: list[list[int]], truncated: np.ndarray) -> tuple[int, ...]:
@@ -47,42 +42,6 @@ def split_prompts(prompts: list[list[int]], prefix: tuple[int, ...]) -> tuple[li
         (bool(n) and len(p) > n and tuple(p[:n]) == prefix for p in prompts), dtype=bool, count=len(prompts)
     )
     return [p[n:] if cut else p for p, cut in zip(prompts, after.tolist())], after
-
-
-class PrefixCache:
-    """The KV caches of the prefixes a model has prefilled, the last PREFIXES_KEPT of them, each handed to a
-    batch expanded to its rows as views, not copied per row."""
-
-    def __init__(self, body: torch.nn.Module, device: torch.device):
-        self.body, self.device = body, device  # the model, or its base model when the head runs apart
-        self.argument = _cache_argument(body)
-        self.states = functools.lru_cache(maxsize=PREFIXES_KEPT)(self.prefill)
-
-    @staticmethod
-    def problem(body: torch.nn.Module) -> str | None:
-        """Why a prefix cannot be reused with this model (one that takes no cache, or whose cache layers are not
-        plain growing ones: sliding windows, shared or recurrent states), or None."""
-        if _cache_argument(body) is None:
-            return "its forward takes no cache"
-        if not all(type(layer) is DynamicLayer for layer in DynamicCache(config=body.config).layers):
-            return "its cache layers are not all full attention"
-        return None
-
-    def prefill(self, prefix: tuple[int, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer, the prefix's keys and values: [1, kv heads, prefix, head dim] each (`states` keeps them)."""
-        cache = DynamicCache(config=self.body.config)
-        self.body(input_ids=torch.tensor([prefix], device=self.device), use_cache=True, **{self.argument: cache})
-        return [(layer.keys, layer.values) for layer in cache.layers]
-
-    def expanded(self, prefix: tuple[int, ...], rows: int) -> dict:
-        """The model's cache argument for a batch of `rows` run after `prefix`: a fresh DynamicCache (the forward
-        grows it; the kept states stay as they are) whose layers view the prefix's states [rows, heads, prefix,
-        dim] without copying them per row: the forward's concatenation with the batch's own states copies once."""
-        cache = DynamicCache(ddp_cache_data=self.states(prefix))
-        for layer in cache.layers:
-            layer.keys = layer.keys.expand(rows, -1, -1, -1)
-            layer.values = layer.values.expand(rows, -1, -1, -1)
-        return {self.argument: cache}
 
 
 def page_hits(prompts: list[list[int]], page: int) -> list[int]:
@@ -127,10 +86,3 @@ def page_figures(hits: list[int], prompt_tokens: int) -> dict:
         "saved_tokens": sum(hits),
         "prompt_tokens": prompt_tokens,
     }
-
-
-def _cache_argument(body: torch.nn.Module) -> str | None:
-    """The name under which the model's forward takes a cache (transformers 5.24 renamed past_key_values to
-    cache; the old name warns until 5.40), or None."""
-    params = inspect.signature(body.forward).parameters
-    return next((name for name in ("cache", "past_key_values") if name in params), None)

@@ -10,11 +10,11 @@ import numpy as np
 import torch
 
 from ..job.config import GenerationConfig
-from .engine import PassOutput, PassRows, by_seed, cannot_serve, generation_config, passes_by, with_note
+from .engine import PassOutput, PassRows, Registered, by_seed, cannot_serve, generation_config, passes_by, with_note
 from .model_generation import batch_bound
 
 
-class StaticEngine:
+class StaticEngine(Registered):
     name = "static"
     described = {"name": "static"}
     shared_page = None  # static batches share no cache

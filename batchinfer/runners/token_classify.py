@@ -10,9 +10,8 @@ import warnings
 
 import numpy as np
 import pyarrow as pa
-import torch
 
-from .base import EncoderRunner
+from .base import EncoderRunner, softmax
 
 ENTITY = pa.struct(
     [("label", pa.string()), ("score", pa.float32()), ("start", pa.int32()), ("end", pa.int32()), ("text", pa.string())]
@@ -44,14 +43,13 @@ class TokenClassifyRunner(EncoderRunner):
         return {"entities": pa.array(rows, pa.list_(ENTITY))}
 
     def _entities(self, logits: np.ndarray, text: str, encoding) -> list[dict]:
-        outputs = {
-            "logits": torch.from_numpy(logits)[None],
-            "sentence": text,
-            "input_ids": torch.tensor(encoding.ids)[None],
-            "offset_mapping": torch.tensor(encoding.offsets)[None],
-            "special_tokens_mask": torch.tensor(encoding.special_tokens_mask)[None],
-        }
-        found = self.pipeline.postprocess([outputs], aggregation_strategy=self.aggregation)
+        """A row's entities from its logits [tokens, labels] (float32): the pipeline's postprocess for one chunk,
+        on numpy (its own takes torch tensors): softmax, gather_pre_entities, aggregate, "O" left out."""
+        pre = self.pipeline.gather_pre_entities(
+            text, encoding.ids, softmax(logits), encoding.offsets, encoding.special_tokens_mask, self.aggregation
+        )
+        grouped = self.pipeline.aggregate(pre, self.aggregation)
+        found = [e for e in grouped if "O" not in (e.get("entity"), e.get("entity_group"))]
         return [
             {
                 "label": e.get("entity_group", e.get("entity")),

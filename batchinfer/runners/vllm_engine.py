@@ -3,23 +3,62 @@ with its own settings in one pass, and its prefix caching reusing what rows shar
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from typing import Callable
 
 import torch
 
 from ..constrained.spec import Constraint
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from ..job.config import GenerationConfig
-from .engine import PassOutput, PassRows, cannot_serve, one_pass, passes_by, with_note
+from .engine import PassOutput, PassRows, Registered, cannot_serve, one_pass, passes_by, with_note
 
 VLLM_BLOCK = 16  # vLLM's default cache block (tokens)
 
 
-class VllmEngine:
+class VllmEngine(Registered):
     name = "vllm"
     pads = False
     described = {"name": "vllm"}
+
+    @classmethod
+    def unfit(cls, job, model_path, auto: bool) -> str | None:
+        """Where vLLM would not decode as generate does with the model's generation_config (read from its folder:
+        vllm.LLM has none); for engine auto, also where vLLM is not its choice (auto_problem)."""
+        from .model_generation import from_folder, generation_problem
+
+        if auto and (why := auto_problem(job.generation)):
+            return why
+        problem = generation_problem(from_folder(model_path), cls.name)
+        return f"vllm would not decode as generate does: {problem}" if problem and auto else problem
+
+    @classmethod
+    def load(cls, job, model_path) -> tuple:
+        """vllm.LLM, its tokenizer (the job's chat template set on it) and the GPU."""
+        from ..job.templates import chat_template
+
+        llm = load_vllm(model_path, job.generation.engine_options)
+        tokenizer = llm.get_tokenizer()
+        if job.model.chat_template is not None:
+            tokenizer.chat_template = chat_template(job.model.chat_template)
+        return tokenizer, llm, torch.device("cuda")
+
+    @classmethod
+    def build(cls, runner, job, model_path) -> VllmEngine:
+        """Over vllm.LLM (unfit read its generation_config); its report entry says vLLM's own precision."""
+        built = cls.over(runner.gen, runner.model, runner.device, runner.pad_id, runner.eos, lambda: runner.grammars)
+        if runner.gen.engine == "auto":
+            built.note("engine auto on a GPU: vllm (vllm is installed)")
+        return built
+
+    @classmethod
+    def named_error(cls, problem: str) -> ConfigError:
+        return ConfigError(problem, "set generation.engine: auto, transformers or static")
+
+    @classmethod
+    def passed_over(cls, problem: str, instead: str) -> str:
+        return f"engine auto on a GPU: not vllm, as {problem}"
 
     @classmethod
     def over(cls, gen, model, device, pad_id: int, eos: set[int], grammars: Callable) -> VllmEngine:
@@ -89,6 +128,17 @@ def vllm_structured(constraint: Constraint | None) -> dict:
 
         return {"guided_decoding": GuidedDecodingParams(**fields)}
     return {"structured_outputs": StructuredOutputsParams(**fields)}
+
+
+def auto_problem(gen: GenerationConfig) -> str | None:
+    """Why engine auto on a CUDA GPU does not run vLLM, in the report's words, for the generation section `gen`, or
+    None. vLLM takes its own engine_options, so a job that gives any keeps to the probe between transformers'
+    continuous batching and static batches (engine_probe.py)."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed (pip install 'batchinfer[vllm]')"
+    if gen.engine_options:
+        return "generation.engine_options are set, and name one engine's fields: set engine: vllm for vLLM"
+    return None
 
 
 def load_vllm(path, engine_options: dict):
