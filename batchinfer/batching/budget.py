@@ -40,10 +40,11 @@ class ProbeChoice(BaseModel):
     strategy: Literal["padded", "packed"]
     backend: str | None = None  # torch | openvino; generate: the engine (continuous | static); None: before backends
     precision: str | None = None  # the backend's (OpenVINO's f32 | bf16 | f16); None: its only one
-    tokens_per_s: dict[str, float] = {}  # Candidate.key -> tokens/s (batching/probe.py)
-    seconds: float = 0.0  # the probe's wall time
-    rows: int = 0  # the chunk's items it ran
-    notes: list[str] = []
+    # the batching probe's figures (batching/probe.py); None where engine auto's probe chose (engine_probe)
+    tokens_per_s: dict[str, float] | None = None  # Candidate.key -> tokens/s
+    seconds: float | None = None  # the probe's wall time
+    rows: int | None = None  # the chunk's items it ran
+    notes: list[str] | None = None  # None: none
     precision_check: dict[str, Any] | None = None  # the chosen precision against f32 (runners/base.py)
     conversion_check: dict[str, Any] | None = None  # OpenVINO's f32 conversion against torch
     engine_probe: dict[str, Any] | None = None  # generate on a GPU: each engine's tokens/s and the rows timed
@@ -53,6 +54,6 @@ class ProbeChoice(BaseModel):
         return Batching(self.max_tokens, self.strategy, self.backend, self.precision)
 
     def record(self) -> dict:
-        """As _batchinfer.json and the report hold it: the fields it has, as JSON (what it left at its default,
-        such as notes it has none of, left out, as a record reads them back)."""
-        return self.model_dump(mode="json", exclude_defaults=True)
+        """As _batchinfer.json and the report hold it: the fields it has, as JSON (a None left out: read back
+        as None)."""
+        return self.model_dump(mode="json", exclude_none=True)

@@ -306,7 +306,7 @@ class EncoderRunner:
             tokens_per_s=tuning.tokens_per_s,
             seconds=tuning.seconds,
             rows=tuning.rows,
-            notes=tuning.notes,
+            notes=tuning.notes or None,
             precision_check=check or None,
             conversion_check=conversion or None,
         )
