@@ -62,13 +62,13 @@ def _listed(items: list) -> list:
 
 
 Filled = Annotated[str, AfterValidator(_filled)]
-Pair = Annotated[tuple[str, str], AfterValidator(_pair_filled)]
+TextPair = Annotated[tuple[str, str], AfterValidator(_pair_filled)]
 
 
 class ScoreBody(_Body):
     """/score: pairs: [[text, text_pair], ...], or a query and the documents to score beside it."""
 
-    pairs: Annotated[list[Pair], AfterValidator(_listed)] | None = None
+    pairs: Annotated[list[TextPair], AfterValidator(_listed)] | None = None
     query: Filled | None = None
     documents: Annotated[list[Filled], AfterValidator(_listed)] | None = None
 
@@ -118,7 +118,7 @@ class StreamOptions(BaseModel):
         return self
 
 
-class Streamed(BaseModel):
+class StreamedBody(BaseModel):
     """stream and stream_options, as serve reads a completion body (a batch line refuses stream_options by
     name: fields.FIELDS)."""
 
@@ -138,14 +138,14 @@ class Streamed(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class CompletionBody(Streamed, CompletionRequest):
+class CompletionBody(StreamedBody, CompletionRequest):
     def prompts(self) -> list[str]:
         if isinstance(self.prompt, str) and is_blank(self.prompt):
             raise BadInput("prompt: empty, or only whitespace")
         return texts_of(self.prompt, "prompt")
 
 
-class ChatBody(Streamed, ChatRequest):
+class ChatBody(StreamedBody, ChatRequest):
     """A /v1/chat/completions body; its messages are read by fields.chat_messages."""
 
 
