@@ -1,6 +1,7 @@
 """End to end through the engine: outputs, agreement with trusted tools, batching invariance, resume."""
 
 import json
+import pickle
 import shutil
 
 import numpy as np
@@ -555,5 +556,6 @@ def test_a_probe_choice_as_an_earlier_batchinfer_recorded_it_settles_a_resumed_r
     )
     assert settle_budget(auto, choice) == (Batching(4096, "packed", "torch", None), True)
     assert settle_budget(auto, None)[0] == Batching(DEFAULT_BUDGET, "padded")
+    assert pickle.loads(pickle.dumps(choice)) == choice  # as Ray hands it to the other workers' actors
     written = choice.record()
     assert written == {k: v for k, v in old.items() if v is not None} and ProbeChoice.model_validate(written) == choice
