@@ -9,12 +9,12 @@ try:
 except PackageNotFoundError:  # run from a source tree that is not installed
     __version__ = "0.2.0"
 
-__all__ = ["__version__", "infer", "run"]
+__all__ = ["RunResult", "__version__", "infer", "run"]
 
 
 def __getattr__(name: str):
-    """batchinfer.run and batchinfer.infer, imported on first use (they load torch and transformers)."""
-    if name in ("run", "infer"):
+    """batchinfer.run, batchinfer.infer and RunResult, imported on first use (they load torch and transformers)."""
+    if name in ("run", "infer", "RunResult"):
         from . import api
 
         return getattr(api, name)

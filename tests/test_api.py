@@ -1,5 +1,7 @@
 """The Python API: the same jobs and results as the command line."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -24,8 +26,13 @@ def test_run_equals_the_cli(tmp_path, sms_parquet, tiny_embed):
         output={"path": str(tmp_path / "cli")},
     )
     assert CliRunner().invoke(app, ["run", str(job), "-q"]).exit_code == 0
-    report = batchinfer.run(job, output__path=str(tmp_path / "api"))
-    assert report["complete"] and report["rows"] == 600
+    result = batchinfer.run(job, output__path=str(tmp_path / "api"))
+    assert isinstance(result, batchinfer.RunResult) and result.complete and result.rows == result.rows_ok == 600
+    saved = json.loads((tmp_path / "api" / "_report.json").read_text())
+    assert {k: v for k, v in saved.items() if k != "job_id"} == result.report  # the whole report, as saved
+    assert result.seconds == result.report["run"]["seconds"] and result.rows_per_s == result.report["run"]["rows_per_s"]
+    with pytest.raises(TypeError, match=r"result.report\['complete'\]"):  # 0.2.0 returned the report: says what to read
+        result["complete"]
     cli, api = (ds.dataset(str(tmp_path / n)).to_table() for n in ("cli", "api"))
     assert api.column("sms_id").to_pylist() == cli.column("sms_id").to_pylist()
     assert api.column("embedding").to_pylist() == cli.column("embedding").to_pylist()
@@ -63,7 +70,7 @@ def test_infer_scores_equal_run_s_label_names_included(tmp_path, sms_parquet, sm
         model={"path": str(tiny_classify), "task": "classify"},
         output={"path": str(tmp_path / "run")},
     )
-    assert batchinfer.run(job, limit=40, **settings)["complete"]
+    assert batchinfer.run(job, limit=40, **settings).complete
     ran = ds.dataset(str(tmp_path / "run")).to_table().sort_by("sms_id")
     mine = table.sort_by("sms_id")
     labels = ran.schema.field("scores").metadata

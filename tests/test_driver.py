@@ -1,6 +1,7 @@
 """End to end through the engine: outputs, agreement with trusted tools, batching invariance, resume."""
 
 import json
+import pickle
 import shutil
 
 import numpy as np
@@ -523,3 +524,38 @@ def test_polars_and_duckdb_read_the_output_by_the_readmes_glob(sms_parquet, tiny
     frame = pl.read_parquet(str(tmp_path / "out" / "*.parquet"))
     assert frame.height == 600 and frame["sms_id"].to_list() == _read(tmp_path / "out").column("sms_id").to_pylist()
     assert duckdb.sql(f"SELECT count(*) FROM '{tmp_path / 'out'}/*.parquet'").fetchall() == [(600,)]
+
+
+def test_a_probe_choice_as_an_earlier_batchinfer_recorded_it_settles_a_resumed_runs_batching(tmp_path):
+    """_batchinfer.json's `tuning` as batchinfer wrote it before the choice was typed (a null precision, rates as
+    whole numbers, a key this one does not know) reads back as the ProbeChoice the driver starts from, and is
+    written again with every value it held."""
+    from batchinfer.batching.budget import Batching, ProbeChoice
+    from batchinfer.batching.probe import DEFAULT_BUDGET
+    from batchinfer.execution.driver import settle_budget
+    from batchinfer.output.job_record import JobRecord, probe_choice
+    from batchinfer.output.layout import FORMAT
+
+    old = {
+        "max_tokens": 4096,
+        "strategy": "packed",
+        "backend": "torch",
+        "precision": None,
+        "tokens_per_s": {"padded@4096": 1157, "packed@4096": 4226},
+        "seconds": 2,
+        "rows": 80,
+        "notes": ["strategy: no candidate clearly faster than padded, kept"],
+        "added_later": {"by": "a later batchinfer"},
+    }
+    record = {"batchinfer": FORMAT, "job_id": "0" * 32, "fingerprint": {}, "tuning": old}
+    JobRecord.model_validate(record)  # read_job's check: the folder is not damaged
+    choice = probe_choice(record)
+    assert isinstance(choice, ProbeChoice) and choice.tokens_per_s == {"padded@4096": 1157.0, "packed@4096": 4226.0}
+    auto = _job(
+        tmp_path / "in.parquet", tmp_path / "m", tmp_path / "out", batching={"max_tokens": "auto", "strategy": "auto"}
+    )
+    assert settle_budget(auto, choice) == (Batching(4096, "packed", "torch", None), True)
+    assert settle_budget(auto, None)[0] == Batching(DEFAULT_BUDGET, "padded")
+    assert pickle.loads(pickle.dumps(choice)) == choice  # as Ray hands it to the other workers' actors
+    written = choice.record()
+    assert written == {k: v for k, v in old.items() if v is not None} and ProbeChoice.model_validate(written) == choice

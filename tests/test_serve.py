@@ -1086,3 +1086,68 @@ def test_one_client_cannot_hold_generation_past_max_queue_tokens(tiny_llama):
     assert (
         listed.json()["error"]["message"] == "prompt: 2,049 texts, more than the 2,048 one request may hold; split it"
     )
+
+
+@pytest.mark.parametrize(
+    "body, refused, said",
+    [
+        (
+            "ScoreBody",
+            {"pairs": [["a", "b"]], "query": "q", "documents": ["d"]},
+            "give pairs, or query and documents, not both",
+        ),
+        ("ScoreBody", {"query": "q"}, "give pairs: [[text, text_pair], ...], or query and documents"),
+        ("ScoreBody", {"pairs": []}, "pairs: empty; give one at least (got [])"),
+        (
+            "ScoreBody",
+            {"pairs": [["a", "b"], ["c", " "]]},
+            "pairs[1]: both texts must hold something to read (got ['c', ' '])",
+        ),
+        (
+            "ScoreBody",
+            {"query": " ", "documents": ["d"]},
+            "query: empty, or only whitespace, invisible or control characters (got ' ')",
+        ),
+        (
+            "ScoreBody",
+            {"query": "q", "documents": ["d", ""]},
+            "documents[1]: empty, or only whitespace, invisible or control characters (got '')",
+        ),
+        (
+            "ChatBody",
+            {"messages": [], "stream_options": {"include_usage": True}},
+            "stream_options: only with stream: true (got {'include_usage': True})",
+        ),
+        (
+            "CompletionBody",
+            {"prompt": "p", "stream": True, "stream_options": {"include_usage": "yes"}},
+            "stream_options.include_usage: must be true or false (got 'yes')",
+        ),
+        (
+            "CompletionBody",
+            {"prompt": "p", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+            "stream_options: continuous_usage_stats is not one of its fields (include_usage, include_obfuscation); "
+            "leave it out (got {'continuous_usage_stats': True})",
+        ),
+        (
+            "CompletionBody",
+            {"prompt": "p", "stream": True, "stream_options": "usage"},
+            "stream_options: must be an object, such as {\"include_usage\": true} (got 'usage')",
+        ),
+    ],
+)
+def test_a_score_or_stream_options_body_is_refused_by_its_model_naming_the_field_and_the_fix(body, refused, said):
+    """The checks are the body models' own (FastAPI answers them as a 400 in describe's words, before a route
+    runs); a body they take reads as the route needs it."""
+    from pydantic import ValidationError
+
+    from batchinfer.openai_compat.requests import describe
+    from batchinfer.serve import bodies
+
+    with pytest.raises(ValidationError) as caught:
+        getattr(bodies, body).model_validate(refused)
+    assert describe(caught.value.errors()) == said
+    streamed = {"prompt": "p", "stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}}
+    assert bodies.CompletionBody.model_validate(streamed).include_usage
+    assert not bodies.CompletionBody.model_validate({"prompt": "p", "stream": True}).include_usage
+    assert bodies.ScoreBody.model_validate({"query": "q", "documents": ["a", "b"]}).texts() == [("q", "a"), ("q", "b")]

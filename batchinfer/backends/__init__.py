@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..batching.budget import ProbeChoice
 from ..errors import ConfigError, ModelError, ResumeError
 from ..job.config import ModelConfig
 from ..machine import load_so_far
@@ -106,15 +107,15 @@ def why_no_bf16() -> str:
     return "this CPU has no native bf16 (avx512_bf16 or AMX), as OpenVINO reports it"
 
 
-def refuse_a_mixed_resume(job, recorded: dict) -> None:
+def refuse_a_mixed_resume(job, recorded: ProbeChoice | None) -> None:
     """Refuse to go on, in another precision, with a job whose first chunks ran in bf16 (`recorded`: the probe's
     choice in the output folder) where this run cannot take bf16: on a CPU without native bf16, under
     BATCHINFER_NO_BF16, or with model.backend moved off OpenVINO. A resume never mixes two precisions' results."""
     from .models import device_type
 
-    backend, precision = recorded.get("backend"), recorded.get("precision")
-    if precision in (None, "f32"):
+    if recorded is None or recorded.precision in (None, "f32"):
         return
+    backend, precision = recorded.backend, recorded.precision
     names = candidates(job.model, device_type(job.model.device), job.batching.strategy == "packed")
     if backend in names and precision in precisions(job.model, backend):
         return

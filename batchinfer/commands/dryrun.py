@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..backends.model_size import model_size
+from ..batching.budget import ProbeChoice
 from ..execution.job_plan import JobPlan
 from ..job.config import JobConfig
 from ..job.plan import cuts_of, planned_rows, rows_of
@@ -98,7 +99,7 @@ class SoFar:
     measured."""
 
     rows: int = 0
-    tuning: dict | None = None
+    tuning: ProbeChoice | None = None
     rate: float | None = None
     run_rows: int = 0
     load: Load | None = None

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from ..batching.budget import Batching
+from ..batching.budget import Batching, ProbeChoice
 from ..control import StopFlag
 from ..errors import ConfigError, InputError
 from ..heap import HeapGuard
@@ -102,12 +102,12 @@ class ChunkTask:
         self._readers: dict[int, object] = {}
         check_strategy(job, runner)
 
-    def take(self, tuning: dict) -> None:
+    def take(self, tuning: ProbeChoice) -> None:
         """Run the next chunks with a probe's choice made elsewhere (another worker's first chunk): its
         budget, and its backend and precision where this worker loaded that backend."""
-        self.rows.adopt(tuning["max_tokens"], tuning["strategy"])
-        if tuning.get("backend") in self.runner.backends:
-            self.runner.keep(tuning["backend"], tuning.get("precision"))
+        self.rows.adopt(tuning.max_tokens, tuning.strategy)
+        if tuning.backend in self.runner.backends:
+            self.runner.keep(tuning.backend, tuning.precision)
 
     # --- up to the model --------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from ..backends import backend_is_open, precision_note, refuse_a_mixed_resume
 from ..backends.model_size import model_size
-from ..batching.budget import Batching
+from ..batching.budget import Batching, ProbeChoice
 from ..batching.probe import DEFAULT_BUDGET
 from ..control import Progress, Quiet, StopFlag
 from ..job.config import JobConfig
@@ -74,7 +74,7 @@ def run_job(
         budget, auto = settle_budget(job, recorded)
         ran = Ran(budget)
         if todo:
-            refuse_a_mixed_resume(job, recorded or {})
+            refuse_a_mixed_resume(job, recorded)
             spec = read_spec(job.input, job.columns, types)
             inputs = TaskInputs(job, model_path, shards, spec, out.writer(), budget, first_engine(done))
             ran = _run_chunks(inputs, out, todo, chunks, auto and recorded is None, stop, progress, on_runner, started)
@@ -147,7 +147,7 @@ def _report(
     return report
 
 
-def _batching(job, tuning: dict | None, budget) -> dict:
+def _batching(job, tuning: ProbeChoice | None, budget) -> dict:
     """The batching an encoder job ran with, and the probe that chose it."""
     note = precision_note(job.model, budget.backend, budget.precision)
     return {
@@ -156,7 +156,7 @@ def _batching(job, tuning: dict | None, budget) -> dict:
         "backend": budget.backend,
         "precision": budget.precision,
         **({"precision_note": note} if note else {}),
-        **({"probe": tuning} if tuning else {}),
+        **({"probe": tuning.record()} if tuning else {}),
     }
 
 
@@ -241,18 +241,18 @@ def startup_figures(started: float, opened: float, load: dict) -> dict:
     }
 
 
-def settle_budget(job: JobConfig, recorded: dict | None) -> tuple[Batching, bool]:
+def settle_budget(job: JobConfig, recorded: ProbeChoice | None) -> tuple[Batching, bool]:
     """The batching settings to start with, and whether the job leaves any of them to a probe.
 
     A probe's choice is recorded in the output folder, so a resumed run cuts batches as the first did."""
     batching = job.batching
+    found = recorded.batching if recorded else Batching(DEFAULT_BUDGET, "padded")
     if job.model.task == "generate":  # the engine that engine auto's probe chose on a GPU, where one did
-        return Batching(DEFAULT_BUDGET, "padded", backend=(recorded or {}).get("backend")), False
+        return Batching(DEFAULT_BUDGET, "padded", backend=found.backend), False
     auto = batching.max_tokens == "auto" or batching.strategy == "auto" or backend_is_open(job)
-    recorded = recorded or {}
-    max_tokens = batching.max_tokens if batching.max_tokens != "auto" else recorded.get("max_tokens", DEFAULT_BUDGET)
-    strategy = batching.strategy if batching.strategy != "auto" else recorded.get("strategy", "padded")
-    return Batching(max_tokens, strategy, backend=recorded.get("backend"), precision=recorded.get("precision")), auto
+    max_tokens = batching.max_tokens if batching.max_tokens != "auto" else found.max_tokens
+    strategy = batching.strategy if batching.strategy != "auto" else found.strategy
+    return replace(found, max_tokens=max_tokens, strategy=strategy), auto
 
 
 def _retries(chunks: list[Chunk], done: dict[str, ChunkRecord], error_files) -> tuple[list[Work], Counter]:

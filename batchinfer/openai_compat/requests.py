@@ -184,8 +184,9 @@ def describe(errors: list[dict], prefix: str = "") -> str:
     lists = {loc[0] for loc in locs if len(loc) > 1 and str(loc[1]).startswith("list[")}
     problems = []
     for e, loc in zip(errors, locs):
-        if not loc:  # the body itself: null, a list, text
-            problems.append(f"the body must be a JSON object (got {shorten(e.get('input'), 60)})")
+        if not loc:  # the body itself: null, a list, text; or a check across its fields ("body": its message says it)
+            body = e["type"] == "body"
+            problems.append(e["msg"] if body else f"the body must be a JSON object (got {shorten(e.get('input'), 60)})")
             continue
         branch = len(loc) > 1 and isinstance(loc[1], str) and (loc[1] in ("str", "int") or "[" in loc[1])
         if branch and loc[1] == "str" and loc[0] in lists:

@@ -12,13 +12,14 @@ from typing import Iterator
 
 import pyarrow as pa
 
+from ..batching.budget import ProbeChoice
 from ..errors import OutputError, ResumeError
 from ..job.plan import cuts_of, describe_changes
 from ..reasons import Reason
 from ..storage import open_folder, refuse_location
 from .failures import display_path, reach_error, writing
 from .formats import DeclaredFiles
-from .job_record import create_job, save_job, without_limit
+from .job_record import create_job, probe_choice, save_job, without_limit
 from .layout import (
     BAD_RECORDS,
     ERROR_SCHEMA,
@@ -104,9 +105,9 @@ class Checkpoint:
         return self.job.get("command", "")
 
     @property
-    def tuning(self) -> dict | None:
+    def tuning(self) -> ProbeChoice | None:
         """What a batching probe chose for this folder's job, if one ran."""
-        return self.job.get("tuning")
+        return probe_choice(self.job)
 
     def cuts(self) -> dict[str, set[int]]:
         """Where this folder's finished chunks and pieces begin and end inside their chunks (job.plan.cuts_of), so
@@ -223,13 +224,13 @@ class Checkpoint:
             if errors is not None:
                 yield chunk, errors
 
-    def commit(self, record: ChunkRecord, tuning: dict | None = None) -> None:
+    def commit(self, record: ChunkRecord, tuning: ProbeChoice | None = None) -> None:
         """Record a probe's choice, then the chunk's marker: the chunk is done once this returns. After a
         retry pass, the error file it replaced goes (after the marker: a crash between the two is mended
         on the next open)."""
         self.lock.check()
         if tuning:
-            self._save({**self.job, "tuning": tuning})
+            self._save({**self.job, "tuning": tuning.record()})
         replaced = current_errors(self.done).get(record.retry_of) if record.retry_of else None
         record = record.committed(round(time.time(), 3), round(self.lock.started, 3))
         self._put(marker_name(record.chunk), dumps(record.marker(self.job_id)))

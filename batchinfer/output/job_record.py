@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..batching.budget import ProbeChoice
 from ..errors import OutputError
 from ..storage import join
 from .failures import damage, writing
@@ -28,16 +29,6 @@ class Extent(BaseModel):
     job_chunks: Tally | None = None
     job_rows: Tally | None = None
     limit: Tally | None = None
-
-
-class ProbeChoice(BaseModel):
-    """What a batching probe chose (runners/base.py), as a resumed run reads it back."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-    max_tokens: Annotated[int, Field(ge=1)]
-    strategy: Literal["padded", "packed"]
-    backend: str | None = None
-    precision: str | None = None
 
 
 class JobRecord(BaseModel):
@@ -75,6 +66,12 @@ def read_job(folder, path) -> dict | None:
         f"damaged: {join(str(path), JOB)}: {problem}; so batchinfer cannot tell which files in the folder are its own",
         "write to a new folder with --output NEW_FOLDER; move this one away if its results are not needed",
     )
+
+
+def probe_choice(job: dict) -> ProbeChoice | None:
+    """What a batching probe chose for a job (its record's `tuning`, checked by read_job), if one ran."""
+    tuning = job.get("tuning")
+    return ProbeChoice.model_validate(tuning) if tuning else None
 
 
 def create_job(folder, path, fields: dict) -> dict:

@@ -11,7 +11,7 @@ from typing import Annotated, NamedTuple
 
 from pydantic import Field, StrictFloat, StrictInt, StrictStr, TypeAdapter
 
-from ..batching.budget import Batching
+from ..batching.budget import Batching, ProbeChoice
 from .layout import error_part_name, part_name
 
 _OMITTED_WHEN_EMPTY = (
@@ -113,7 +113,7 @@ class ChunkResult:
 
     record: ChunkRecord
     budget: Batching  # the worker's after this chunk
-    tuning: dict | None = None
+    tuning: ProbeChoice | None = None
     notes: list[str] = field(default_factory=list)
 
 

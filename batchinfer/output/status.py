@@ -10,11 +10,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..batching.budget import ProbeChoice
 from ..errors import OutputError
 from ..job.plan import describe_changes
 from ..storage import open_folder, refuse_location
 from .checkpoint import read_report
 from .failures import display_path, reach_error
+from .job_record import probe_choice
 from .layout import JOB, LEGACY, REPORT, SKIPPED, SUCCESS
 from .lock import live_holder
 from .ownership import refuse_foreign, refuse_foreign_folder
@@ -80,8 +82,8 @@ class FolderStatus:
         return self.job.get("fingerprint", {})
 
     @property
-    def tuning(self) -> dict | None:
-        return self.job.get("tuning")
+    def tuning(self) -> ProbeChoice | None:
+        return probe_choice(self.job)
 
     @property
     def extent(self) -> dict:

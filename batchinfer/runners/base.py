@@ -20,6 +20,7 @@ import pyarrow as pa
 from ..backends.base import Backend, Pair, batch_of
 from ..backends.models import position_limit
 from ..backends.precision import PRECISION_SAMPLE, SETTLE_SAMPLE, check_conversion, check_precision, describe_check
+from ..batching.budget import ProbeChoice
 from ..batching.cut import computed_tokens, cut_batches
 from ..batching.probe import Candidate, probe
 from .protocol import ChunkContext, ChunkInput, ChunkOutput, Tokens
@@ -215,8 +216,8 @@ class EncoderRunner:
         if (ctx.probe or self.unsettled) and len(index):
             tuning, rest = self.settle(loop.lengths, [tokens.ids[i] for i in index.tolist()], loop.run, ctx)
             if loop.fits is not None:  # a budget that ran out of memory while the probe timed it is not chosen
-                tuning["max_tokens"] = min(tuning["max_tokens"], loop.fits)
-            loop.budget = replace(loop.budget, max_tokens=tuning["max_tokens"], strategy=tuning["strategy"])
+                tuning = tuning.model_copy(update={"max_tokens": min(tuning.max_tokens, loop.fits)})
+            loop.budget = replace(loop.budget, max_tokens=tuning.max_tokens, strategy=tuning.strategy)
             loop.run([rest[b] for b in self.cut(loop.lengths[rest], loop.budget.key, rows)], loop.budget.strategy)
         else:  # cut again when a probe or an out-of-memory changed the budget after this chunk was read ahead
             same = loaded.cut_with == loop.budget.key
@@ -266,7 +267,7 @@ class EncoderRunner:
         """More than one backend or precision still loaded (a folder whose recorded probe predates backends)."""
         return len(self.backends) > 1 or len(self._running.precisions) > 1
 
-    def settle(self, lengths: np.ndarray, ids: list, run, ctx) -> tuple[dict, np.ndarray]:
+    def settle(self, lengths: np.ndarray, ids: list, run, ctx) -> tuple[ProbeChoice, np.ndarray]:
         """Settle on the first chunk what the job leaves open: each backend's precision (checked against f32
         on a sample of items), then the backend and batching (the probe, batching/probe.py), and free what lost.
         lengths, ids: the chunk's items to run. Returns the choice, for the record, and the positions not
@@ -298,18 +299,19 @@ class EncoderRunner:
             + (f"; precision {describe_check(check)}" if check else "")
             + (f"; OpenVINO conversion {describe_check(conversion)}" if conversion else "")
         )
-        return {
-            "max_tokens": tuning.max_tokens,
-            "strategy": tuning.strategy,
-            "backend": tuning.backend,
-            "precision": self.precision,
-            "tokens_per_s": tuning.tokens_per_s,
-            "seconds": tuning.seconds,
-            "rows": tuning.rows,
-            **({"notes": tuning.notes} if tuning.notes else {}),
-            **({"precision_check": check} if check else {}),
-            **({"conversion_check": conversion} if conversion else {}),
-        }, rest
+        choice = ProbeChoice(
+            max_tokens=tuning.max_tokens,
+            strategy=tuning.strategy,
+            backend=tuning.backend,
+            precision=self.precision,
+            tokens_per_s=tuning.tokens_per_s,
+            seconds=tuning.seconds,
+            rows=tuning.rows,
+            notes=tuning.notes or None,
+            precision_check=check or None,
+            conversion_check=conversion or None,
+        )
+        return choice, rest
 
     def head(self, out, batch) -> list:
         """out: what the backend's forward returned for `batch` (backends/base.py: the task's output, [b, ...] in

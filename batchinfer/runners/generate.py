@@ -17,6 +17,7 @@ import pyarrow as pa
 import torch
 from pydantic import ValidationError
 
+from ..batching.budget import ProbeChoice
 from ..batching.cut import computed_tokens
 from ..constrained.spec import Constraint, job_constraint, response_format
 from ..errors import ConfigError, ModelError
@@ -189,14 +190,14 @@ class GenerateRunner:
         chose."""
         self.probed.keep(backend, "engine auto on a GPU: as another worker's probe chose")
 
-    def tuning(self, budget) -> dict | None:
+    def tuning(self, budget) -> ProbeChoice | None:
         """engine auto on a GPU, in the chunk that probed: its choice as the output folder records a probe's
         (backend: the engine), so that a resumed run and the other workers keep it; else None."""
         probed = self.probed.settled() if self.probed else None
         if probed is None:
             return None
-        engine = {"backend": probed["engine"], "precision": None, "engine_probe": probed["tokens_per_s"]}
-        return {"max_tokens": budget.max_tokens, "strategy": budget.strategy, **engine}
+        engine = {"backend": probed["engine"], "engine_probe": probed["tokens_per_s"]}
+        return ProbeChoice(max_tokens=budget.max_tokens, strategy=budget.strategy, **engine)
 
     # --- prompts ---------------------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Collection, Protocol
 import numpy as np
 import pyarrow as pa
 
-from ..batching.budget import Batching
+from ..batching.budget import Batching, ProbeChoice
 from ..control import StopFlag
 from ..heap import HeapGuard
 from ..job.config import JobConfig
@@ -107,7 +107,7 @@ class ChunkOutput:
     model_seconds: float
     padded_tokens: int  # the tokens the model computed, padding included
     figures: dict = field(default_factory=dict)  # the task's own figures for the record (generated_tokens, ...)
-    tuning: dict | None = None  # the probe's choice (batching: auto), when this chunk settled it
+    tuning: ProbeChoice | None = None  # the probe's choice (batching: auto), when this chunk settled it
     budget: Batching | None = None  # the budget the chunk ended with (a probe's choice, lowered on OOM); None: as given
     lowered: list[str] = field(default_factory=list)  # each out-of-memory that lowered max_tokens in this chunk
 

@@ -1,21 +1,23 @@
 """serve's request bodies: the OpenAI ones are openai_compat/requests.py's models, which read batch lines too
-(the same fields, ranges and list cap); here the checks that turn a body that is valid JSON but not a valid
-request into one 400 naming what is wrong, and what a completion request is read into (Asked)."""
+(the same fields, ranges and list cap), with what serve alone takes (stream_options); here the checks that turn
+a body that is valid JSON but not a valid request into one 400 naming what is wrong (pydantic's, in the models,
+said by requests.describe; the texts' own, where a list's item is named), and what a completion request is read
+into (Asked)."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..constrained.spec import Constraint
-from ..errors import shorten
 from ..job.config import GenerationConfig
 from ..messages import is_blank
-from ..openai_compat.requests import CompletionRequest, EmbeddingsRequest, GenerationSettings, Texts
+from ..openai_compat.requests import ChatRequest, CompletionRequest, EmbeddingsRequest, Texts
 
 
 class BadInput(Exception):
@@ -41,49 +43,110 @@ class ClassifyBody(_Body):
         return texts_of(self.input, "input")
 
 
+def _filled(text: str) -> str:
+    if is_blank(text):
+        raise PydanticCustomError("blank", "empty, or only whitespace, invisible or control characters")
+    return text
+
+
+def _pair_filled(pair: tuple[str, str]) -> tuple[str, str]:
+    if any(is_blank(side) for side in pair):
+        raise PydanticCustomError("blank_pair", "both texts must hold something to read")
+    return pair
+
+
+def _listed(items: list) -> list:
+    if not items:
+        raise PydanticCustomError("empty_list", "empty; give one at least")
+    return items
+
+
+Filled = Annotated[str, AfterValidator(_filled)]
+TextPair = Annotated[tuple[str, str], AfterValidator(_pair_filled)]
+
+
 class ScoreBody(_Body):
-    pairs: list[tuple[str, str]] | None = None
-    query: str | None = None
-    documents: list[str] | None = None
+    """/score: pairs: [[text, text_pair], ...], or a query and the documents to score beside it."""
+
+    pairs: Annotated[list[TextPair], AfterValidator(_listed)] | None = None
+    query: Filled | None = None
+    documents: Annotated[list[Filled], AfterValidator(_listed)] | None = None
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ScoreBody:
+        if self.pairs is not None and (self.query is not None or self.documents is not None):
+            raise PydanticCustomError("body", "give pairs, or query and documents, not both")
+        if self.pairs is None and (self.query is None or self.documents is None):
+            raise PydanticCustomError("body", "give pairs: [[text, text_pair], ...], or query and documents")
+        return self
 
     def texts(self) -> list[tuple[str, str]]:
         """The (text, text_pair) pairs to score: the pairs given, or the query beside each document."""
-        if self.pairs is not None and (self.query is not None or self.documents is not None):
-            raise BadInput("give pairs, or query and documents, not both")
         if self.pairs is not None:
-            pairs, where = [tuple(p) for p in self.pairs], "pairs"
-        elif self.query is not None and self.documents is not None:
-            pairs, where = [(self.query, doc) for doc in self.documents], "documents"
-        else:
-            raise BadInput("give pairs: [[text, text_pair], ...], or query and documents")
-        for i, pair in enumerate(pairs):
-            if any(is_blank(side) for side in pair):
-                raise BadInput(f"{where}[{i}]: both texts must hold something to read")
-        if not pairs:
-            raise BadInput(f"{where}: empty")
-        return pairs
+            return [tuple(p) for p in self.pairs]
+        return [(self.query, doc) for doc in self.documents]
 
 
-def include_usage(body: GenerationSettings) -> bool:
-    """Whether a streamed answer ends with a usage chunk (stream_options.include_usage, as OpenAI's)."""
-    options = body.stream_options
-    if options is None:
-        return False
-    if not body.stream:
-        raise BadInput("stream_options: only with stream: true")
-    for key, value in options.items():
-        if key == "include_usage" and not isinstance(value, bool):
-            raise BadInput(f"stream_options.include_usage must be true or false, not {shorten(value, 40)}")
-        if key not in ("include_usage", "include_obfuscation"):  # obfuscation pads events: nothing to pad here
-            raise BadInput(f"unsupported: stream_options.{key} (not a field of stream_options); leave it out")
-    return bool(options.get("include_usage"))
+def _an_object(value):
+    if value is not None and not isinstance(value, dict):
+        raise PydanticCustomError("stream_options", 'must be an object, such as {"include_usage": true}')
+    return value
 
 
-class CompletionBody(CompletionRequest):
+def _true_or_false(value):
+    if not isinstance(value, bool):
+        raise PydanticCustomError("bool", "must be true or false")
+    return value
+
+
+class StreamOptions(BaseModel):
+    """stream_options, as OpenAI's: include_usage ends a streamed answer with a usage chunk; include_obfuscation
+    pads events against a length side channel, and there is nothing to pad here (taken, not used)."""
+
+    model_config = ConfigDict(extra="allow")  # refused below by name, with the fields it has
+    include_usage: Annotated[Any, AfterValidator(_true_or_false)] = False
+    include_obfuscation: Any = None
+
+    @model_validator(mode="after")
+    def _known(self) -> StreamOptions:
+        for key in self.model_extra or {}:
+            raise PydanticCustomError(
+                "unsupported",
+                "{key} is not one of its fields (include_usage, include_obfuscation); leave it out",
+                {"key": key},
+            )
+        return self
+
+
+class StreamedBody(BaseModel):
+    """stream and stream_options, as serve reads a completion body (a batch line refuses stream_options by
+    name: fields.FIELDS)."""
+
+    stream: bool = False
+    stream_options: Annotated[StreamOptions | None, BeforeValidator(_an_object)] = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _streamed(cls, options: StreamOptions | None, info) -> StreamOptions | None:
+        if options is not None and not info.data.get("stream", False):  # `stream` comes first (GenerationSettings)
+            raise PydanticCustomError("not_streamed", "only with stream: true")
+        return options
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed answer ends with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionBody(StreamedBody, CompletionRequest):
     def prompts(self) -> list[str]:
         if isinstance(self.prompt, str) and is_blank(self.prompt):
             raise BadInput("prompt: empty, or only whitespace")
         return texts_of(self.prompt, "prompt")
+
+
+class ChatBody(StreamedBody, ChatRequest):
+    """A /v1/chat/completions body; its messages are read by fields.chat_messages."""
 
 
 def texts_of(value: str | list[str], where: str) -> list[str]:

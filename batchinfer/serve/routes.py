@@ -18,9 +18,9 @@ from ..backends.models import HUB
 from ..job.config import JobConfig
 from ..messages import message_problem
 from ..openai_compat.fields import CHAT, CLASSIFY, COMPLETIONS, EMBEDDINGS, SCORE, chat_messages, unsupported
-from ..openai_compat.requests import ChatRequest, unicode_problem
+from ..openai_compat.requests import unicode_problem
 from ..openai_compat.shapes import embedding_list, model_object, usage
-from .bodies import BadInput, ClassifyBody, CompletionBody, EmbeddingsBody, ScoreBody
+from .bodies import BadInput, ChatBody, ClassifyBody, CompletionBody, EmbeddingsBody, ScoreBody
 from .completions import Completions
 from .failures import Failures, NoModel
 from .guard import BodyGuard, arrived
@@ -150,7 +150,7 @@ class Routes:
         prompts = body.prompts()
         return await self._generate(body, prompts, prompts, False, body.max_tokens, request)
 
-    async def chat(self, body: ChatRequest, request: Request):
+    async def chat(self, body: ChatBody, request: Request):
         self.accept("generate", body, request)
         messages, problem = chat_messages(body.messages, "messages")
         if problem := problem or message_problem(messages, "messages"):

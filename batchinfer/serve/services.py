@@ -21,7 +21,7 @@ from ..runners import make_runner
 from ..runners.engine import Serving
 from ..runners.protocol import BatchRunner, Generating
 from .batcher import Batcher, Overloaded, Ticket, TokenQueue, shed
-from .bodies import Asked, BadInput, include_usage
+from .bodies import Asked, BadInput, ChatBody, CompletionBody
 from .failures import Disconnected, EngineDown
 from .guard import once_sent
 from .latency import FirstToken
@@ -122,14 +122,15 @@ class GenerateService:
             raise shed(decision, "get its first token")
         return self.queue.take(most, least)
 
-    async def ask(self, body: GenerationSettings, prompt, chat: bool, max_tokens: int | None, started: float) -> Asked:
+    async def ask(
+        self, body: CompletionBody | ChatBody, prompt, chat: bool, max_tokens: int | None, started: float
+    ) -> Asked:
         """A completion request (its prompt: text, or chat messages; its settings range-checked already)
         checked against what this server runs, and tokenized; never past the positions the model knows,
         as offline. `started`: when the request arrived (guard.arrived)."""
         settings = self.settings(body)
         if self.problem():  # before a stream's status line goes out
             raise EngineDown(self.problem())
-        usage = include_usage(body)
         if chat and (problem := self.runner.chat_problem("messages")):
             raise BadInput(problem)
         max_new = max_tokens or self.job.generation.max_new_tokens
@@ -141,7 +142,7 @@ class GenerateService:
         ids = tokens.ids[0]
         if self.runner.context:
             max_new = max(1, min(max_new, self.runner.context - len(ids)))
-        return Asked(chat, ids, max_new, settings, stops, constraint, body.stream, usage, started)
+        return Asked(chat, ids, max_new, settings, stops, constraint, body.stream, body.include_usage, started)
 
     async def constraint(self, body) -> Constraint | None:
         """The request's response_format, else the server's job's; compiled (off the event loop, which goes on

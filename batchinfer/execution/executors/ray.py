@@ -23,6 +23,7 @@ import time
 from collections import deque
 from typing import Iterator
 
+from ...batching.budget import ProbeChoice
 from ...control import Progress, StopFlag, library_logs_shown
 from ...errors import BatchinferError, ConfigError, ModelError
 from ...job.plan import Work
@@ -55,7 +56,7 @@ class Worker:
             raise self.failed
         return str(self.task.runner.device), os.getpid()
 
-    def run(self, work: Work, probe: bool, tuning: dict | None) -> ChunkResult:
+    def run(self, work: Work, probe: bool, tuning: ProbeChoice | None) -> ChunkResult:
         if self.failed:  # a replacement worker whose model did not load
             raise self.failed
         if tuning and not self.tuned:  # once: an out-of-memory may lower the budget afterwards
@@ -128,7 +129,7 @@ class RayExecutor:
                     probe, tuning = False, result.tuning
                 yield result
 
-    def _hand_out(self, waiting: deque, probe: bool, tuning: dict | None) -> None:
+    def _hand_out(self, waiting: deque, probe: bool, tuning: ProbeChoice | None) -> None:
         """Fill each live worker's places with the next chunks; while probing, one chunk in all, alone (the
         others wait for the batching it settles)."""
         for name in self.live:
