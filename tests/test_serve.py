@@ -656,6 +656,28 @@ def test_a_failed_batch_answers_500_and_the_server_goes_on(sms_table, tiny_embed
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
 
+@pytest.mark.parametrize("task", ["embed", "score"])
+def test_the_model_runs_a_row_then_a_few_before_the_server_takes_a_request(
+    task, tiny_embed, tiny_cross_encoder, monkeypatch
+):
+    """A model's first pass sets up kernels and memory (385 ms for MiniLM on a CPU, then 10 ms): a first
+    request that paid for it was late, and serve.p99_ms shed load for a while after it."""
+    import batchinfer.serve.services as services
+
+    batches, make_runner = [], services.make_runner
+
+    def counted(job, path):
+        runner = make_runner(job, path)
+        real = runner.run
+        runner.run = lambda batch: batches.append(len(batch)) or real(batch)
+        return runner
+
+    monkeypatch.setattr(services, "make_runner", counted)
+    job = _serving(tiny_cross_encoder if task == "score" else tiny_embed, task)
+    create_app(job, resolve_model_path(job.model.path))
+    assert batches == [1, services.WARM_UP_ROWS]
+
+
 def test_a_bug_is_a_500_in_openais_error_body_not_plain_text_and_the_server_goes_on(tiny_llama):
     """A negative seed was OpenVINO GenAI's TypeError, answered `Internal Server Error` in plain text: whatever
     escapes a route is still an error body a client reads."""

@@ -18,6 +18,7 @@ from ..constrained.spec import Constraint
 from ..job.config import GenerationConfig
 from ..messages import is_blank
 from ..openai_compat.requests import ChatRequest, CompletionRequest, EmbeddingsRequest, Texts
+from ..reasons import Reason
 
 
 class BadInput(Exception):
@@ -111,7 +112,7 @@ class StreamOptions(BaseModel):
     def _known(self) -> StreamOptions:
         for key in self.model_extra or {}:
             raise PydanticCustomError(
-                "unsupported",
+                Reason.UNSUPPORTED,
                 "{key} is not one of its fields (include_usage, include_obfuscation); leave it out",
                 {"key": key},
             )
