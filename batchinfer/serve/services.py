@@ -63,7 +63,7 @@ class EncoderService:
         memory (MiniLM on a CPU: 385 ms, against 10 ms after), which no request should wait for, and from
         which serve.p99_ms would learn that the server is slower than it is."""
         text = "A first request should not pay for what the model sets up on its first passes."
-        rows = [(text, text)] * WARM_UP_ROWS if self.job.model.task == "score" else [text] * WARM_UP_ROWS
+        rows = [(text, text) if self.rows_job.input.text_pair else text] * WARM_UP_ROWS
         ids = load_rows(self.rows_job, self.runner, request_rows(rows)).tokens.ids
         self.runner.lay_out(strategy)
         for size in (1, WARM_UP_ROWS):
