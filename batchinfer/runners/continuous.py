@@ -5,6 +5,7 @@ running and adds each request to it."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import time
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..constrained.sampling import SeededSampling, sampling_warpers
+from ..constrained.sampling import RequestHook, SeededSampling, sampling_warpers
 from ..constrained.spec import Constraint
 from ..errors import ModelError
 from ..job.config import GenerationConfig
@@ -25,12 +26,55 @@ from .kv_cache import (
     sequences_in_flight,
     sized_by_user,
 )
-from .model_generation import History, history_config, needs_history
+from .model_generation import history_config, needs_history
 from .prefix import admission
 
 # Cache page (tokens) when rows may share a prefix: the engine shares whole pages, so transformers' default of 256
 # shares nothing of a prompt shorter than 257 tokens.
 SHARED_PAGE = 32
+
+
+class History(RequestHook):
+    """transformers' continuous-batching hook for the model's history processors (HISTORY): each request gets the
+    processors `generate` builds for it alone (its prompt's length, its own max_length), and each step they see its
+    whole sequence (prompt and completion, [1, tokens]), as in `generate`. Installed first, with the grammar masks,
+    before temperature, top-k and top-p: generate's order."""
+
+    def __init__(self, model, generation_config):
+        self.model, self.config = model, generation_config
+        eos = generation_config.eos_token_id
+        self.eos = None if eos is None else torch.tensor(eos if isinstance(eos, list) else [eos])
+        self.requests: dict[str, object] = {}  # request id -> its LogitsProcessorList
+        self.step: list[tuple[object, torch.Tensor]] = []  # per row of the step: its processors, its tokens
+
+    def processors(self, state):
+        """`generate`'s processors for this request alone, as `generate` builds them for a one-row batch."""
+        if state.request_id not in self.requests:
+            # a request the engine re-queued carries what it had generated in its prompt
+            prompt = state.initial_tokens[: state._true_initial_tokens or len(state.initial_tokens)]
+            config = copy.copy(self.config)
+            config.max_length = len(prompt) + (state.max_new_tokens or 0)  # forced_eos_token_id's last position
+            config._eos_token_tensor = self.eos
+            self.requests[state.request_id] = self.model._get_logits_processor(
+                config, len(prompt), encoder_input_ids=torch.tensor([prompt]), device=self.model.device
+            )
+        return self.requests[state.request_id]
+
+    def drop(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+    def prepare_tensor_args(self, requests_with_new_token: list) -> torch.Tensor:
+        self.step = []
+        for future in requests_with_new_token:
+            state = future.state
+            self.step.append((self.processors(state), torch.tensor([state.initial_tokens + state.generated_tokens])))
+        return torch.arange(len(self.step), dtype=torch.int32)
+
+    def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        # scores: [rows, vocab], one row per request that gets a token this step, in prepare_tensor_args' order
+        for row, (processors, tokens) in enumerate(self.step[: scores.size(0)]):
+            scores[row : row + 1] = processors(tokens.to(scores.device), scores[row : row + 1])
+        return scores
 
 
 @dataclass
@@ -93,7 +137,7 @@ class ContinuousEngine(Registered):
         seeded: bool = False,
     ) -> Session:
         """A manager for requests of `lengths` tokens, with grammar masks installed when `constrained`, and the
-        model's history processors when its generation_config sets any (model_generation.History)."""
+        model's history processors when its generation_config sets any (History)."""
         config, history = generation_config(self.model, gen, max_new_tokens, self.pad_id), None
         if needs_history(config):
             config, own = history_config(config)

@@ -10,16 +10,12 @@ temperature, top_p and top_k, as `generate` does (`model_sampling`; the job's se
 is the model's, as here.
 
 transformers' continuous batching drops the processors that read a row's tokens so far (the repetition penalty,
-minimum lengths) or hands them the step's last tokens only (n-gram bans, bad words); `History` applies them as
+minimum lengths) or hands them the step's last tokens only (n-gram bans, bad words); continuous.History applies them as
 `generate` does, each request with its own prompt and tokens."""
 
 from __future__ import annotations
 
 import copy
-
-import torch
-
-from ..constrained.sampling import RequestHook
 
 # Logits processors over a row's tokens so far (prompt and completion) or its length, before the sampling warpers.
 HISTORY = (
@@ -64,7 +60,7 @@ BATCH_BOUND = (
 )
 
 # What each engine honours of them. The static engine is model.generate itself. The OpenVINO engine's mapping is in
-# openvino_engine.config; the transformers engine's history processors are History's.
+# openvino_engine.config; the transformers engine's history processors are continuous.History's.
 HONOURED = {
     "static": (*HISTORY, *WARPERS, *SEARCH, *SEARCH_AFTER, *BEAMS_ONLY),
     "transformers": (*HISTORY, *WARPERS),
@@ -135,49 +131,6 @@ def history_config(generation_config):
 
 def needs_history(generation_config) -> bool:
     return any(name in HISTORY for name in model_settings(generation_config))
-
-
-class History(RequestHook):
-    """transformers' continuous-batching hook for the model's history processors (HISTORY): each request gets the
-    processors `generate` builds for it alone (its prompt's length, its own max_length), and each step they see its
-    whole sequence (prompt and completion, [1, tokens]), as in `generate`. Installed first, with the grammar masks,
-    before temperature, top-k and top-p: generate's order."""
-
-    def __init__(self, model, generation_config):
-        self.model, self.config = model, generation_config
-        eos = generation_config.eos_token_id
-        self.eos = None if eos is None else torch.tensor(eos if isinstance(eos, list) else [eos])
-        self.requests: dict[str, object] = {}  # request id -> its LogitsProcessorList
-        self.step: list[tuple[object, torch.Tensor]] = []  # per row of the step: its processors, its tokens
-
-    def processors(self, state):
-        """`generate`'s processors for this request alone, as `generate` builds them for a one-row batch."""
-        if state.request_id not in self.requests:
-            # a request the engine re-queued carries what it had generated in its prompt
-            prompt = state.initial_tokens[: state._true_initial_tokens or len(state.initial_tokens)]
-            config = copy.copy(self.config)
-            config.max_length = len(prompt) + (state.max_new_tokens or 0)  # forced_eos_token_id's last position
-            config._eos_token_tensor = self.eos
-            self.requests[state.request_id] = self.model._get_logits_processor(
-                config, len(prompt), encoder_input_ids=torch.tensor([prompt]), device=self.model.device
-            )
-        return self.requests[state.request_id]
-
-    def drop(self, request_id: str) -> None:
-        self.requests.pop(request_id, None)
-
-    def prepare_tensor_args(self, requests_with_new_token: list) -> torch.Tensor:
-        self.step = []
-        for future in requests_with_new_token:
-            state = future.state
-            self.step.append((self.processors(state), torch.tensor([state.initial_tokens + state.generated_tokens])))
-        return torch.arange(len(self.step), dtype=torch.int32)
-
-    def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
-        # scores: [rows, vocab], one row per request that gets a token this step, in prepare_tensor_args' order
-        for row, (processors, tokens) in enumerate(self.step[: scores.size(0)]):
-            scores[row : row + 1] = processors(tokens.to(scores.device), scores[row : row + 1])
-        return scores
 
 
 SAMPLING = ("temperature", "top_p", "top_k")
