@@ -261,7 +261,7 @@ def test_with_a_latency_target_a_request_predicted_past_it_is_shed_at_once_and_w
     ahead of it would answer it past the target, by the measured cost; the others queue and are answered, all in
     the next window, cut into batches of the budget. Latencies measured, not timed: a second a token."""
     runner = Held()
-    batcher = _batcher(runner, max_tokens=30, max_wait=0, target=85.0)  # allowed: 85 s (headroom 1)
+    batcher = _batcher(runner, max_tokens=30, max_wait=0, target=85.0)  # allowed: 85 s (nothing missed yet)
     batcher.window.cost.add(10, 10.0)
 
     async def go():

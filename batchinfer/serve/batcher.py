@@ -127,6 +127,7 @@ class Submitted:
     cancelled: bool = False
     arrived: float = field(default_factory=time.monotonic)
     answered: float = 0.0  # when its last row's result came (time.monotonic)
+    expected: float = 0.0  # its latency as predicted when it was admitted (latency.Decision)
 
     def __post_init__(self):
         self.results = [None] * self.size
@@ -214,7 +215,7 @@ class Batcher:
         now = time.monotonic()
         with self._wake:
             self._admit(tokens, min(reserved, self.max_queue_tokens))  # as reserved() holds it
-            self._in_time(tokens, len(items))
+            request.expected = self._in_time(tokens, len(items)).expected
             self._queue.extend(_Row(request, i, item, now) for i, item in enumerate(items))
             self._queued_tokens += tokens
             self._wake.notify()
@@ -225,7 +226,7 @@ class Batcher:
     def answered(self, request: Submitted, seconds: float) -> None:
         """`request` was answered to its client `seconds` after it came: the latency serve.p99_ms holds."""
         with self._wake:
-            self.window.answered(seconds, request.answered - request.arrived)
+            self.window.answered(seconds, request.answered - request.arrived, request.expected)
 
     def cancel(self, request: Submitted) -> None:
         """Drop the rows of `request` that have not run (its caller went away): the queued ones now, the rest
@@ -244,14 +245,15 @@ class Batcher:
             raise Overloaded("it is shutting down")
         refuse_past(self.max_queue_tokens, self._queued_tokens + self._reserved - own, tokens)
 
-    def _in_time(self, tokens: int, rows: int) -> None:
+    def _in_time(self, tokens: int, rows: int):
         """Refuse (Shed) a request of `tokens` in `rows` that the window predicts past serve.p99_ms behind what
-        is queued and running. Called holding the lock."""
+        is queued and running; else its latency.Decision. Called holding the lock."""
         now = time.monotonic()
         waited = now - self._queue[0].arrived if self._queue else 0.0
         decision = self.window.admit(now, self._queued_tokens, len(self._queue), tokens, rows, waited)
         if not decision.admit:
             raise shed(decision)
+        return decision
 
     def stop(self) -> None:
         """Finish what is queued, then stop."""
