@@ -203,6 +203,9 @@ def test_a_latency_target_sheds_an_embedding_request_it_cannot_answer_in_time_wi
     assert _shed_metric(metrics) == 1.0
     assert 'batchinfer_batch_budget{unit="tokens"}' in metrics and 'batchinfer_batch_budget{unit="rows"}' in metrics
     assert 'batchinfer_requests_total{endpoint="/v1/embeddings",status="429"} 1.0' in metrics
+    # what the target is held to now: the first answer came sooner than predicted (a second a token), so more
+    held_to = next(line.split()[1] for line in metrics.splitlines() if line.startswith("batchinfer_admitted_within"))
+    assert float(held_to) == service.batcher.window.admission.allowed > 1.0
 
 
 def test_the_latency_a_target_holds_runs_from_the_requests_arrival_to_its_answer_sent(tiny_embed):

@@ -79,6 +79,15 @@ class Metrics:
             registry=self.registry,
         ).set_function(tokens)
 
+    def held_to(self, allowed: Callable[[], float]) -> None:
+        """With serve.p99_ms: the predicted latency a request is admitted within now, read at each scrape."""
+        Gauge(
+            "batchinfer_admitted_within_seconds",
+            "serve.p99_ms less what the latency predictions missed by (the 98th percentile over the last 200 "
+            "answers): a request predicted to be answered later is shed",
+            registry=self.registry,
+        ).set_function(allowed)
+
     def batch(self, stats: BatchStats) -> None:
         self.batch_rows.observe(stats.rows)
         self.batch_requests.observe(stats.requests)

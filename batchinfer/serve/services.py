@@ -57,6 +57,8 @@ class EncoderService:
         self.described = {"task": job.model.task, "backend": self.runner.backend, "precision": self.runner.precision}
         metrics.serving(self.described)
         metrics.queued(lambda: self.batcher.queued_tokens)
+        if job.serve.p99_ms:
+            metrics.held_to(lambda: self.batcher.window.admission.allowed)
 
     def warm_up(self, strategy: str) -> None:
         """Run the model on a row, then on a few, before the server listens: its first pass sets up kernels and
@@ -123,6 +125,8 @@ class GenerateService:
         self.queue = TokenQueue(job.serve.max_queue_tokens)
         metrics.queued(lambda: self.queue.held)
         self.target = FirstToken(job.serve.p99_ms / 1000) if job.serve.p99_ms else None
+        if self.target:
+            metrics.held_to(lambda: self.target.admission.allowed)
 
     def admit(self, texts: list, max_tokens: int | None) -> Ticket:
         """A request's hold on serve.max_queue_tokens, taken before its prompts (`texts`, or a chat's messages
