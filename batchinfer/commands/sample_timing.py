@@ -67,8 +67,10 @@ def time_on_sample(
     spec = read_spec(job.input, job.columns, inputs.types)
     task = TaskInputs(job, model_path, inputs.shards, spec, None, budget).task(StopFlag())  # writes nothing: no writer
     runner = task.runner
-    # What a run spends before its first batch: batchinfer's imports, discovery, the model's load.
-    startup = process_age() - aside
+    # What a run spends before its first batch: batchinfer's imports, discovery, the model's load; not a
+    # conversion this process made (and the weights it was made from), which the run reads from the cache.
+    converted = runner.load_seconds.get("convert", 0.0)
+    startup = process_age() - aside - converted
     sampled = sample_tokens(task, chunks, sample)
     lengths, seen = sampled.lengths, sampled.seen
     summary["sampled_rows"] = seen
@@ -84,12 +86,14 @@ def time_on_sample(
             summary["prefix"] = estimate_prefix(sampled, page, rows, len(chunks), summary["tokens"])
         if timed:
             summary["estimate"] = time_generation(generating, job, budget, sampled, summary["rows_left"], startup)
+            summary["estimate"]["converted_s"] = converted
         return summary
     probing = auto and earlier.tuning is None
     if timed:
         summary["estimate"], key = estimate_time(
             runner, job, budget, sampled, probing, summary, earlier, startup, chunks[0].rows
         )
+        summary["estimate"]["converted_s"] = converted
         budget = replace(budget, max_tokens=key[0], strategy=key[1])
     batches = cut_batches(lengths, *budget.key, job.batching.max_rows, runner.device)
     padded = computed_tokens(lengths, batches, budget.strategy)

@@ -176,7 +176,15 @@ def estimate_lines(summary: dict) -> list[str]:
     if not left:
         return ["time     nothing left to run: the output folder holds every row of this job"]
     what = f"{left:,} rows" + (" left" if left < summary["rows"] else "")
-    parts = [f"{_duration(e['startup_s'])} start-up (imports, discovery and model load, as this process took them)"]
+    converted = (
+        f"; not the {_duration(e['converted_s'])} it spent converting the model for OpenVINO, which a run reads back"
+        if e.get("converted_s")
+        else ""
+    )
+    parts = [
+        f"{_duration(e['startup_s'])} start-up (imports, discovery and model load, as this process took them"
+        f"{converted})"
+    ]
     if e["probe_s"] is not None:
         parts.append(f"{_duration(e['probe_s'])} for the batching probe")
     if e["rate_from"] == "completions":

@@ -60,11 +60,15 @@ class GenerateRunner:
         device = device_type(job.model.device)
         recorded = budget.backend if budget is not None else None
         first, passed = first_engine(job, model_path, device, recorded)
+        started = time.perf_counter()
         tokenizer, model, torch_device = (first or engine_class(AUTO_AFTER[0])).load(job, model_path)
+        loaded = time.perf_counter() - started
         own = getattr(model, "generation_config", None) or model_generation.from_folder(model_path)  # vllm.LLM: none
         gen, sampled = model_generation.model_sampling(job.generation, own)
         runner = cls(tokenizer, model, torch_device, job.model.max_length, gen, precision_of(job, torch_device))
         runner.engine = runner.settle(first, passed, job, model_path, device, recorded)
+        if "convert" in runner.load_seconds:  # the weights were loaded for the conversion: a later run reads neither
+            runner.load_seconds["convert"] = round(runner.load_seconds["convert"] + loaded, 3)
         if sampled:
             runner.engine.note(sampled)
         return runner
@@ -77,7 +81,7 @@ class GenerateRunner:
         self.device = device
         self.gen = gen
         self.precision = precision  # the loaded model's, by name (the torch engines run in it)
-        self.load_seconds: dict = {}  # the report's startup steps: a generation load times none of its own
+        self.load_seconds: dict = {}  # the report's startup steps: the engine's conversion, where it made one
         # Positions the model knows; vllm.LLM keeps its own (max_model_len).
         self.context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         # A prompt leaves room for at least one new token inside the context.

@@ -125,11 +125,12 @@ class OpenVINOEngine(Registered):
 
         if problem := job_problem(job, runner):
             raise Unfit(problem)
-        f32_model = runner.f32_model(job, model_path)
+        f32_model, identity = runner.f32_model(job, model_path), model_identity(model_path)
         try:
-            folder = openvino_causal.converted(model_identity(model_path), model_path, f32_model, runner.tokenizer)[0]
+            folder, seconds = openvino_causal.converted(identity, model_path, f32_model, runner.tokenizer)
         except (ModelError, RuntimeError, ValueError, TypeError) as exc:  # the cache's, the tracer's, OpenVINO's
             raise Unfit(f"the model did not convert for OpenVINO GenAI ({type(exc).__name__}: {exc})") from None
+        runner.load_seconds.update(seconds)  # {"convert": s} where this process converted it: a later one reads it
         fallback = lambda: runner.model_engine(job, model_path)  # noqa: E731
         built = cls(folder, runner.gen, precision(job.model.dtype), runner.eos, fallback, lambda: runner.grammars)
         if job.model.dtype == "auto" and bf16_supported():
