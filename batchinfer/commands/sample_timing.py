@@ -70,7 +70,7 @@ def time_on_sample(
     # What a run spends before its first batch: batchinfer's imports, discovery, the model's load; not a
     # conversion this process made (and the weights it was made from), which the run reads from the cache.
     converted = runner.load_seconds.get("convert", 0.0)
-    startup = process_age() - aside - converted
+    started = {"startup_s": process_age() - aside - converted, "converted_s": converted}
     sampled = sample_tokens(task, chunks, sample)
     lengths, seen = sampled.lengths, sampled.seen
     summary["sampled_rows"] = seen
@@ -85,15 +85,13 @@ def time_on_sample(
         if page:  # read from the engine's cache pages
             summary["prefix"] = estimate_prefix(sampled, page, rows, len(chunks), summary["tokens"])
         if timed:
-            summary["estimate"] = time_generation(generating, job, budget, sampled, summary["rows_left"], startup)
-            summary["estimate"]["converted_s"] = converted
+            summary["estimate"] = time_generation(generating, job, budget, sampled, summary["rows_left"], started)
         return summary
     probing = auto and earlier.tuning is None
     if timed:
         summary["estimate"], key = estimate_time(
-            runner, job, budget, sampled, probing, summary, earlier, startup, chunks[0].rows
+            runner, job, budget, sampled, probing, summary, earlier, started, chunks[0].rows
         )
-        summary["estimate"]["converted_s"] = converted
         budget = replace(budget, max_tokens=key[0], strategy=key[1])
     batches = cut_batches(lengths, *budget.key, job.batching.max_rows, runner.device)
     padded = computed_tokens(lengths, batches, budget.strategy)
@@ -208,7 +206,7 @@ def estimate_time(
     probing: bool,
     summary: dict,
     earlier,
-    startup: float,
+    started: dict,
     first_chunk_rows: int,
 ):
     """The time for the rows left: start-up, the probe where the run will probe, and the work at the model's rate
@@ -237,7 +235,7 @@ def estimate_time(
         "timed_tokens": measured["timed_tokens"],
         "warmup_tokens": measured["warmup_tokens"],
         "read_tokens_per_s": read_rate,
-        "startup_s": startup,
+        **started,
         "probe_s": measured["probe_s"] if probing and summary["rows_left"] else None,
         "work_s": work,
         "rate_from": "sample",
@@ -256,7 +254,7 @@ def estimate_time(
 
 
 def time_generation(
-    runner: Generating, job: JobConfig, budget, sampled: Sampled, rows_left: int, startup: float
+    runner: Generating, job: JobConfig, budget, sampled: Sampled, rows_left: int, started: dict
 ) -> dict:
     """The time for the rows left of a generation job, from completions the job's own engine writes for rows of
     the sample: a row's time is mostly its completion's, whose length only generating it tells. GENERATED_ROWS
@@ -283,13 +281,13 @@ def time_generation(
         "generated_tokens_per_row": generated / ran if generated is not None else None,
         # the standard error of the mean completion, as a share of it: the time goes with the tokens generated
         "uncertainty": float(lengths.std() / np.sqrt(len(lengths)) / lengths.mean()) if lengths.sum() else 0.0,
-        "startup_s": startup,
+        **started,
         "probe_s": None,
         "work_s": rows_left / rate,
         "rate_from": "completions",
         "load": window.stop(),
     }
-    estimate["seconds"] = startup + estimate["work_s"] if rows_left else 0.0
+    estimate["seconds"] = started["startup_s"] + estimate["work_s"] if rows_left else 0.0
     return estimate
 
 

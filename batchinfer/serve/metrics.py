@@ -10,6 +10,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from .batcher import BatchStats
+from .latency import MISSED, TAIL
 
 # fine where serve.p99_ms targets lie (tens to hundreds of ms), so that a p99 read from the buckets is close
 LATENCY = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10, 30)
@@ -83,8 +84,8 @@ class Metrics:
         """With serve.p99_ms: the predicted latency a request is admitted within now, read at each scrape."""
         Gauge(
             "batchinfer_admitted_within_seconds",
-            "serve.p99_ms less what the latency predictions missed by (the 98th percentile over the last 200 "
-            "answers): a request predicted to be answered later is shed",
+            f"serve.p99_ms less what the latency predictions missed by (the {MISSED}th percentile over the last "
+            f"{TAIL} answers): a request predicted to be answered later is shed",
             registry=self.registry,
         ).set_function(allowed)
 
