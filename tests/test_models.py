@@ -107,6 +107,56 @@ def test_classify_needs_a_classification_head(tiny_embed):
         load_model(ModelConfig(path=str(tiny_embed), task="classify"), tiny_embed)
 
 
+def _without(source: Path, folder: Path, drop) -> Path:
+    """A copy of the model folder `source` whose weights lack the tensors `drop(name)` picks."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, folder)
+    weights = load_file(source / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not drop(k)}, folder / "model.safetensors", {"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize(
+    "case, task, missing",
+    [
+        ("head", "classify", "classifier.bias, classifier.weight"),
+        ("layer", "embed", "encoder.layer.1.attention.output.LayerNorm.bias"),
+        ("architecture", "embed", "embed_tokens.weight"),
+    ],
+)
+def test_weights_that_miss_what_the_task_computes_with_are_refused_not_started_at_random(
+    tmp_path, tiny_embed, tiny_classify, case, task, missing
+):
+    """transformers starts a missing tensor at random: a classifier saved without its head, a layer's tensors
+    gone, a config.json naming another architecture ran 'complete', two runs gave other scores."""
+    source = tiny_classify if task == "classify" else tiny_embed
+    if case == "architecture":
+        folder = tmp_path / case
+        shutil.copytree(source, folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | {"model_type": "llama", "architectures": None}))
+    else:
+        dropped = "classifier." if case == "head" else ".layer.1."
+        folder = _without(source, tmp_path / case, lambda k: dropped in f".{k}")
+    with pytest.raises(ModelError, match=f"the weights in {folder} hold no {missing}.*task {task} computes with"):
+        load_model(ModelConfig(path=str(folder), task=task), folder)
+
+
+def test_an_embedder_saved_without_a_pooler_loads_it_pools_the_hidden_states(tmp_path, tiny_embed):
+    folder = _without(tiny_embed, tmp_path / "no-pooler", lambda k: k.startswith("pooler."))
+    load_model(ModelConfig(path=str(folder), task="embed"), folder)
+
+
+def test_a_config_json_transformers_cannot_place_is_the_folders_error(tmp_path, tiny_embed):
+    folder = tmp_path / "no-type"
+    shutil.copytree(tiny_embed, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "model_type"}))
+    with pytest.raises(ModelError, match="transformers refuses the model in .*model_type"):
+        load_model(ModelConfig(path=str(folder), task="embed"), folder)
+
+
 def test_identity_changes_with_weights(tmp_path, tiny_embed, tiny_embed_cls):
     assert model_identity(tiny_embed) == model_identity(tiny_embed)
     assert model_identity(tiny_embed) != model_identity(tiny_embed_cls)  # same weights, other pooling

@@ -347,16 +347,22 @@ def load_model(cfg: ModelConfig, path: Path):
         )
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
-    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    with _loading(path):  # a config.json transformers cannot place (no model_type, say) is the folder's fault
+        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     check_head(config, cfg, path)
-    loader = getattr(transformers, model_spec(cfg.task, cfg.labels).auto_class)
+    auto_class = model_spec(cfg.task, cfg.labels).auto_class
     tokenizer = load_tokenizer(cfg, path)
     with _loading(path):
         # Attention as the model's class defines it by default: sdpa where it has it, else its own (Gemma2's
         # soft-capping and BLOOM's ALiBi have no sdpa path, and transformers refuses sdpa for them).
-        model = loader.from_pretrained(
-            path, dtype=dtype, use_safetensors=use_safetensors, trust_remote_code=cfg.trust_remote_code
+        model, loaded = getattr(transformers, auto_class).from_pretrained(
+            path,
+            dtype=dtype,
+            use_safetensors=use_safetensors,
+            trust_remote_code=cfg.trust_remote_code,
+            output_loading_info=True,
         )
+    check_weights(loaded["missing_keys"], auto_class, cfg.task, path)
     if cfg.quantize == "int8":
         if device.type != "cpu":
             raise ModelError(
@@ -369,6 +375,24 @@ def load_model(cfg: ModelConfig, path: Path):
             qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
             model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear: qconfig}, dtype=torch.qint8)
     return tokenizer, model.to(device).eval(), device
+
+
+def check_weights(missing, auto_class: str, task: str, path: Path) -> None:
+    """Refuse a model whose weights files lack tensors the task computes with (transformers' `missing_keys`):
+    transformers starts them at random, so results would mean nothing and two runs (or a run and its resume)
+    would disagree. A classifier saved without its head, a folder with a layer's tensors missing, a config.json
+    naming another architecture than the weights were saved from. To embed (AutoModel), a pooler is not
+    computed with (rows are pooled from the hidden states), and checkpoints of masked-LM models have none."""
+    needed = sorted(key for key in missing if not (auto_class == "AutoModel" and ".pooler." in f".{key}"))
+    if needed:
+        more = f" and {len(needed) - 5} more" if len(needed) > 5 else ""
+        raise ModelError(
+            f"the weights in {path} hold no {', '.join(needed[:5])}{more}, which task {task} computes with: "
+            "transformers would start them at random, and every run would give other results",
+            "point model.path at the folder the model was saved to whole (save_pretrained), with the head its "
+            "task needs; check that config.json's model_type and architectures are the ones the weights were "
+            "saved from",
+        )
 
 
 def load_tokenizer(cfg: ModelConfig, path: Path):
