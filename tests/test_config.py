@@ -152,6 +152,16 @@ def test_keep_column_clashing_with_output_is_refused():
     assert validate_job(renamed).input.kept == {"embedding": "old_embedding"}
 
 
+def test_two_columns_kept_under_one_name_or_the_ids_are_refused_not_one_silently_dropped():
+    clash = _error({**GOOD, "input": {"path": "d", "text": "t", "keep": {"title": "meta", "lang": "meta"}}})
+    assert "input.keep: 'lang' and 'title' would both be written as column 'meta'" in clash
+    assert "keep: {lang: lang_kept}" in clash
+    onto_id = _error({**GOOD, "input": {"path": "d", "text": "t", "id": "id", "keep": {"title": "id"}}})
+    assert "input.keep: 'title' and input.id would both be written as column 'id'" in onto_id
+    kept_id_too = {**GOOD, "input": {"path": "d", "text": "t", "id": "id", "keep": ["id", "title"]}}
+    assert validate_job(kept_id_too).input.kept == {"id": "id", "title": "title"}
+
+
 def test_templates():
     assert template_fields("text") == ["text"]
     assert template_fields("{title}. {body} {title}") == ["title", "body"]

@@ -755,6 +755,15 @@ class JobConfig(Section):
                         f"{key}: column '{name}' clashes with a result column of task {self.model.task} "
                         f"({', '.join(sorted(reserved))}); keep it under another name: keep: {{{name}: {name}_in}}"
                     )
+        # two columns written under one name: one of them would be lost (the id's own values, too)
+        taken = {self.input.id: "input.id"} if self.input.id else {}
+        for column, name in self.input.kept.items():
+            if name in taken and column != self.input.id:
+                raise ValueError(
+                    f"input.keep: '{column}' and {taken[name]} would both be written as column '{name}', and one "
+                    f"lost; keep '{column}' under another name, e.g. keep: {{{column}: {column}_kept}}"
+                )
+            taken[name] = f"'{column}'"
 
 
 def count_or_auto(value, example: str):
