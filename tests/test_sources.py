@@ -86,6 +86,17 @@ def test_missing_column_names_the_key_and_lists_what_exists(tmp_path):
         discover_shards(InputConfig(path=str(tmp_path / "a.parquet"), text="{head} {tail}"))
 
 
+def test_a_column_the_job_reads_twice_under_one_name_is_the_shards_problem_not_an_internal_error(tmp_path):
+    (tmp_path / "a.csv").write_text("id,text,text\n1,a,b\n")
+    pq.write_table(pa.table([["1"], ["a"], ["b"]], names=["id", "text", "text"]), tmp_path / "b.parquet")
+    for name in ("a.csv", "b.parquet"):
+        with pytest.raises(InputError, match=f"^{name} has column 'text' more than once") as info:
+            discover_shards(InputConfig(path=str(tmp_path / name), text="text", id="id"))
+        assert "rename the repeated column" in info.value.hint
+    (tmp_path / "c.csv").write_text("id,text,note,note\n1,a,x,y\n")  # a column the job does not read may repeat
+    assert discover_shards(InputConfig(path=str(tmp_path / "c.csv"), text="text", id="id")).shards[0].num_rows == 1
+
+
 @pytest.mark.parametrize("on_bad_shard", ["fail", "skip"])
 def test_a_column_no_shard_has_is_one_problem_of_the_job_not_one_per_shard(tmp_path, on_bad_shard):
     for i in range(10):

@@ -140,6 +140,11 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
             bad.append(BadShard(name, lacking[-1].message))
             hints.append(LACKING_FIX)
             continue
+        twice = [c for c in spec.columns if info.columns is not None and info.columns.count(c) > 1]
+        if twice:  # which of them holds the rows is the file's guess, not the job's
+            bad.append(BadShard(name, f"{name} has {_columns(twice)} more than once, under the same name"))
+            hints.append("rename the repeated column in the file (the job reads it), or remove the shard")
+            continue
         shards.append(Shard(path, name, fmt, info.rows, info.digest, stamp=stamp))
         infos.append(info)
     if lacking and len(lacking) == len(paths):  # the job names a column that no shard has: the job's mistake
