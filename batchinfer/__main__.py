@@ -1,3 +1,3 @@
-from .cli import app
+from .entry import main
 
-app(prog_name="batchinfer")
+main()

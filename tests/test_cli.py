@@ -838,3 +838,20 @@ def test_a_max_length_past_the_models_positions_is_refused_by_validate_and_run(t
         assert "set model.max_length: 512 or less" in result.output
     assert not (tmp_path / "out").exists()
     assert runner.invoke(app, ["validate", str(job), "--set", "model.max_length=512"]).exit_code == 0
+
+
+def test_a_ctrl_c_while_the_command_still_imports_is_exit_130_without_a_traceback():
+    """The console script's entry: a Ctrl-C in the second or more the CLI takes to import printed a traceback
+    and the process died of the signal (the probe sent it 0.8 s in)."""
+    interrupted = (
+        "import sys\n"
+        "class Interrupt:\n"  # the user's Ctrl-C, arriving while batchinfer.cli imports
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'batchinfer.cli': raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "sys.argv = ['batchinfer', 'validate', 'job.yaml']\n"
+        "from batchinfer.entry import main\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", interrupted], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
