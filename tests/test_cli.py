@@ -308,6 +308,18 @@ def test_limit_runs_the_first_rows_and_the_full_job_continues_it(tmp_path, sms_p
     assert after["_results.jsonl"] == 600 and "limit" not in after  # the totals of now
 
 
+@pytest.mark.parametrize("limit", ["600", "10000000000000000000000"])
+def test_a_limit_that_reaches_the_last_row_finishes_the_job(tmp_path, sms_parquet, tiny_embed, limit):
+    """A limit of every row, or past them, ran every chunk and left the job unfinished: no _SUCCESS, and export
+    refused the folder as one that would miss rows."""
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows
+    assert runner.invoke(app, ["run", str(job), "--limit", limit, "-q"]).exit_code == 0
+    assert (tmp_path / "out" / "_SUCCESS").exists()
+    assert "limit" not in json.loads((tmp_path / "out" / "_report.json").read_text())
+    exported = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(tmp_path / "all.parquet")])
+    assert exported.exit_code == 0 and pq.read_table(tmp_path / "all.parquet").num_rows == 600, exported.output
+
+
 def test_the_full_run_keeps_the_trials_rows_of_the_chunk_its_limit_cut(tmp_path, sms_parquet, tiny_embed):
     """After `run --limit 250` (chunks of 100: the third cut at 50 rows), plan and the full run count the 250 rows
     as done; the cut chunk's trial part is kept as it is, its other 50 rows run as a piece of their own, and the

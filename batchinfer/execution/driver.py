@@ -59,6 +59,8 @@ def run_job(
     plan = JobPlan.open(job, stop)
     (shards, bad_shards, types), model_path = plan.inputs, plan.model_path
     output = job.output
+    if limit is not None and limit >= sum(shard.num_rows for shard in shards):
+        limit = None  # it reaches past the last row: the whole job, finished as one (_SUCCESS, the format's files)
     with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:
         limit = limit if restart else out.covering_limit(limit)
         fmt = output_format(job)
