@@ -52,7 +52,7 @@ EveryOption = typer.Option(30.0, "--every", min=0.0, help="Seconds between progr
 
 def with_output(sets: Optional[List[str]], output: Optional[str]) -> list[str]:
     """The --set overrides, and --output as the override of output.path (as `run` prints it in a resume line)."""
-    return list(sets or []) + ([f"output.path={output}"] if output else [])
+    return list(sets or []) + ([f"output.path={output}"] if output is not None else [])
 
 
 def _version(value: bool) -> None:

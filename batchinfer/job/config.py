@@ -107,6 +107,11 @@ class InputConfig(Section):
         "AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS, ...), which keeps secrets out of job files.",
     )
 
+    @field_validator("path")
+    @classmethod
+    def _path_named(cls, value: str) -> str:
+        return named_path(value, "a file, a folder or a glob of shards")
+
     @field_validator("keep", mode="before")  # before: one line naming the key, not one per type of the union
     @classmethod
     def _keep_shape(cls, value):
@@ -497,6 +502,12 @@ class OutputConfig(Section):
         "_done/ (completion markers), _batchinfer.json (the job), _report.json. It must be empty, new, "
         "or this job's."
     )
+
+    @field_validator("path")
+    @classmethod
+    def _path_named(cls, value: str) -> str:
+        return named_path(value, "the output folder")
+
     scores: bool = Field(
         default=False,
         description="classify: add `scores`, every class probability. score: add "
@@ -764,6 +775,13 @@ class JobConfig(Section):
                     f"lost; keep '{column}' under another name, e.g. keep: {{{column}: {column}_kept}}"
                 )
             taken[name] = f"'{column}'"
+
+
+def named_path(value: str, what: str) -> str:
+    """A path key's value, refused when blank: an empty input.path read the current folder and all below it."""
+    if not value.strip():
+        raise ValueError(f"is empty: name {what}")
+    return value
 
 
 def count_or_auto(value, example: str):
