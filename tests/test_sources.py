@@ -86,6 +86,21 @@ def test_missing_column_names_the_key_and_lists_what_exists(tmp_path):
         discover_shards(InputConfig(path=str(tmp_path / "a.parquet"), text="{head} {tail}"))
 
 
+def test_an_empty_partition_without_columns_is_left_out_and_an_input_of_nothing_else_says_so(tmp_path):
+    """Some writers leave an empty partition as a file of no rows and no columns: it failed the job as a shard
+    without the job's columns ('it has: ' and nothing after)."""
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "a.parquet")
+    pq.write_table(pa.table({}), tmp_path / "b.parquet")
+    inputs = discover_shards(InputConfig(path=str(tmp_path), text="text", id="id"))
+    assert [s.name for s in inputs.shards] == ["a.parquet"] and not inputs.bad
+    (tmp_path / "a.parquet").unlink()
+    pq.write_table(pa.table({}), tmp_path / "c.parquet")
+    with pytest.raises(InputError, match="^the input holds no rows: its 2 shards are empty files without columns"):
+        discover_shards(InputConfig(path=str(tmp_path), text="text", id="id"))
+    with pytest.raises(InputError, match=r"\(b.parquet has no columns\)"):
+        discover_shards(InputConfig(path=str(tmp_path / "b.parquet"), text="text", id="id"))
+
+
 def test_a_column_the_job_reads_twice_under_one_name_is_the_shards_problem_not_an_internal_error(tmp_path):
     (tmp_path / "a.csv").write_text("id,text,text\n1,a,b\n")
     pq.write_table(pa.table([["1"], ["a"], ["b"]], names=["id", "text", "text"]), tmp_path / "b.parquet")

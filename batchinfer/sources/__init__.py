@@ -125,7 +125,7 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
         ) from exc
     root = posixpath.commonpath([posixpath.dirname(p) for p, _ in paths]) if len(paths) > 1 else None
     spec = read_spec(cfg, columns)
-    shards, bad, infos, hints, lacking = [], [], [], [], []
+    shards, bad, infos, hints, lacking, empty = [], [], [], [], [], []
     for path, fmt in paths:
         name = posixpath.relpath(path, root) if root else posixpath.basename(path.rstrip("/"))
         try:
@@ -135,6 +135,9 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
             hints.append(exc.hint)
             continue
         missing = [c for c in spec.columns if info.columns is not None and c not in info.columns]
+        if missing and not info.rows and len(paths) > 1:  # an empty partition, as some writers leave: no rows
+            empty.append(name)
+            continue
         if missing:
             lacking.append(Lacking(name, missing, info.columns))
             bad.append(BadShard(name, lacking[-1].message))
@@ -155,6 +158,10 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
             if len(bad) == 1
             else f"{len(bad)} shards cannot be used:\n  " + "\n  ".join(b.message for b in bad),
             hints[0] + ("; or set input.on_bad_shard: skip to leave it out" if len(paths) > 1 else ""),
+        )
+    if not shards and not bad:
+        raise InputError(
+            f"the input holds no rows: its {len(empty)} shards are empty files without columns", "check input.path"
         )
     if not shards:
         raise InputError(
@@ -199,7 +206,8 @@ class Lacking(NamedTuple):
 
     @property
     def message(self) -> str:
-        return f"{_columns(self.missing)} not found in {self.shard}; it has: {', '.join(self.present)}"
+        held = f"it has: {', '.join(self.present)}" if self.present else "it has no columns"
+        return f"{_columns(self.missing)} not found in {self.shard}; {held}"
 
 
 def _no_such_column(cfg: InputConfig, lacking: list[Lacking]) -> InputError:
@@ -210,7 +218,7 @@ def _no_such_column(cfg: InputConfig, lacking: list[Lacking]) -> InputError:
         return InputError(
             f"{len(lacking)} shards cannot be used:\n  " + "\n  ".join(x.message for x in lacking), LACKING_FIX
         )
-    present = ", ".join(dict.fromkeys(c for x in lacking for c in x.present))
+    present = ", ".join(dict.fromkeys(c for x in lacking for c in x.present)) or "no columns"
     where = f"{lacking[0].shard} has" if len(lacking) == 1 else f"the {len(lacking)} shards have"
     by_key: dict[str, list[str]] = {}
     for column in everywhere:
