@@ -867,3 +867,18 @@ def test_a_ctrl_c_while_the_command_still_imports_is_exit_130_without_a_tracebac
     )
     done = subprocess.run([sys.executable, "-c", interrupted], capture_output=True, text=True, timeout=120)
     assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_status_of_a_folder_that_is_no_run_answers_without_walking_what_is_below_it(tmp_path, monkeypatch):
+    """`status /` listed the whole disk (and failed on the first folder it could not read); /usr took 7 s."""
+    from batchinfer.storage import LocalFolder
+
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    (tmp_path / "deep" / "er" / "photo.jpg").write_bytes(b"\xff\xd8")
+
+    def walked(self):
+        raise AssertionError("status listed a folder that holds no run")
+
+    monkeypatch.setattr(LocalFolder, "list", walked)
+    result = runner.invoke(app, ["status", str(tmp_path)])
+    assert result.exit_code == 1 and f"{tmp_path} holds no batchinfer run" in result.output, result.output

@@ -17,7 +17,7 @@ from ..storage import open_folder, refuse_location
 from .checkpoint import read_report
 from .failures import display_path, reach_error
 from .job_record import probe_choice
-from .layout import JOB, LEGACY, REPORT, SKIPPED, SUCCESS
+from .layout import DONE, JOB, LEGACY, REPORT, SKIPPED, SUCCESS
 from .lock import live_holder
 from .ownership import refuse_foreign, refuse_foreign_folder
 from .parts import in_input_order, read_table
@@ -43,11 +43,13 @@ class FolderStatus:
     @classmethod
     def of_run(cls, path: str | Path, options: dict | None = None) -> FolderStatus:
         """read(), refusing a path where there is no job: nothing there (a folder or bucket that does not
-        exist), or something that is not a batchinfer run."""
-        state = cls.read(path, options)
+        exist), or something that is not a batchinfer run. A folder with neither a job record nor markers is
+        not listed: `status /` walked the whole disk (and stopped at the first folder it could not read)."""
+        shown, folder = display_path(path), open_folder(str(path), options)
+        ours = folder.read(JOB) is not None or open_folder(f"{str(path).rstrip('/')}/{DONE}", options).exists()
+        state = cls.read(path, options) if ours else None
         if state is not None:
             return state
-        shown, folder = display_path(path), open_folder(str(path), options)
         if not folder.exists():
             what = "bucket or prefix" if isinstance(shown, str) else "folder"
             raise OutputError(
