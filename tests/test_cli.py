@@ -882,3 +882,17 @@ def test_status_of_a_folder_that_is_no_run_answers_without_walking_what_is_below
     monkeypatch.setattr(LocalFolder, "list", walked)
     result = runner.invoke(app, ["status", str(tmp_path)])
     assert result.exit_code == 1 and f"{tmp_path} holds no batchinfer run" in result.output, result.output
+
+
+def test_retry_errors_refuses_a_folder_without_a_run_and_restart_beside_it(tmp_path, sms_parquet, tiny_embed):
+    """--retry-errors on a new folder ran the whole job as if asked to; beside --restart it deleted the very
+    errors it was asked to retry."""
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    result = runner.invoke(app, ["run", str(job), "--retry-errors", "-q"])
+    assert result.exit_code == 2 and "holds no run whose errors --retry-errors could run again" in result.output
+    assert not list((tmp_path / "out").iterdir())  # nothing ran
+    assert runner.invoke(app, ["run", str(job), "--limit", "100", "-q"]).exit_code == 0
+    before = sorted(p.name for p in (tmp_path / "out").iterdir())
+    result = runner.invoke(app, ["run", str(job), "--retry-errors", "--restart", "-q"])
+    assert result.exit_code == 2 and "--retry-errors and --restart together" in result.output, result.output
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == before

@@ -18,6 +18,7 @@ from ..backends.model_size import model_size
 from ..batching.budget import Batching, ProbeChoice
 from ..batching.probe import DEFAULT_BUDGET
 from ..control import Progress, Quiet, StopFlag
+from ..errors import ConfigError
 from ..job.config import JobConfig
 from ..job.plan import Chunk, Work, planned_rows, retry_name, rows_of
 from ..machine import Load, LoadWindow, process_age
@@ -62,6 +63,15 @@ def run_job(
     if limit is not None and limit >= sum(shard.num_rows for shard in shards):
         limit = None  # it reaches past the last row: the whole job, finished as one (_SUCCESS, the format's files)
     with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:
+        if retry_errors and (restart or not out.holds_a_job):  # not a retry: a whole run, or none at all
+            raise ConfigError(
+                "--retry-errors and --restart together: --restart discards the errors to retry"
+                if restart
+                else f"{output.path} holds no run whose errors --retry-errors could run again",
+                "give one of them: --restart to start over, --retry-errors to run the rows in _errors/ again"
+                if restart
+                else "run the job first, without --retry-errors: its failed rows land in _errors/",
+            )
         limit = limit if restart else out.covering_limit(limit)
         fmt = output_format(job)
         chunks = _start(out, plan, limit, restart, command, fmt.files, retry_errors)

@@ -114,6 +114,11 @@ class Checkpoint:
         that the plan keeps a chunk an earlier --limit cut short in its pieces. Asked before start()."""
         return cuts_of({name: r.rows for name, r in self._found.done.items() if not r.retry_of})
 
+    @property
+    def holds_a_job(self) -> bool:
+        """The folder holds a job already (asked before start())."""
+        return self._found.job is not None
+
     def covering_limit(self, limit: int | None) -> int | None:
         """--limit never narrows what this folder's job already covers: a folder that holds the first 1,000
         rows (or all of them) stays so after `--limit 10`, which then has nothing left to do. A job that
