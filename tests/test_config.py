@@ -289,6 +289,8 @@ def test_keep_that_is_no_list_says_how_to_write_one():
         validate_with_overrides(GOOD, ["input.keep=dataset"], "job.yaml")
     assert info.value.message.count("input.keep") == 1 and "--set input.keep: write a list" in info.value.message
     assert "list[str]" not in _error({**GOOD, "input": {"path": "d", "text": "t", "keep": [1]}})
+    unclosed = _error({**GOOD, "input": {"path": "d", "text": "t", "keep": "[label"}})  # a --set short of its ]
+    assert "such as [label], or" in unclosed and "[[label]" not in unclosed
 
 
 def test_the_chat_keys_belong_to_text_prompts_of_a_causal_lm():

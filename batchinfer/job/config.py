@@ -118,7 +118,8 @@ class InputConfig(Section):
         columns = [*value, *value.values()] if isinstance(value, dict) else value
         if isinstance(columns, list) and all(isinstance(column, str) for column in columns):
             return value
-        example = f"[{value}]" if isinstance(value, str) and value.strip() else "[label]"
+        named = value.strip("[]{} ") if isinstance(value, str) else ""  # '[label' from a --set missing its ]
+        example = f"[{named}]" if named else "[label]"
         raise ValueError(
             f"write a list of columns such as {example}, or a mapping {{column: output name}} such as "
             "{label: gold_label}"
