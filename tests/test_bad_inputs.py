@@ -181,3 +181,24 @@ def test_every_bad_shard_is_named_at_once_and_a_skip_is_in_the_summary(tmp_path,
     assert result.exit_code == 0, result.output
     summary = " ".join(result.output.split())  # the table wraps long cells
     assert "skipped 2 shard(s) (input.on_bad_shard: skip): " + ", ".join(kinds) in summary  # with -q too
+
+
+def test_a_csv_record_of_the_wrong_width_and_not_utf8_is_named_without_a_traceback(tmp_path, tiny_embed):
+    """pyarrow decodes such a record as UTF-8 before our handler sees it; Python printed that as 'Exception
+    ignored' with a traceback, and the raw bytes went to the terminal. Not a row-level error (pyarrow stops the
+    read there): the shard is named with the record, escaped."""
+    import subprocess
+    import sys
+
+    from helpers import write_job
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.csv").write_bytes(b"id,text\n1,caf\xe9 ok\n2,na\xefve,extra\x01\n3,fine\n")
+    job = write_job(tmp_path, make_job(tmp_path / "in", tiny_embed, tmp_path / "out", raw=True))
+    job_yaml = yaml.safe_load(job.read_text())
+    job_yaml["input"] = {"path": str(tmp_path / "in"), "text": "text", "id": "id"}
+    job.write_text(yaml.safe_dump(job_yaml))
+    done = subprocess.run([sys.executable, "-m", "batchinfer", "validate", str(job)], capture_output=True, text=True)
+    assert done.returncode == 1 and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    assert "a.csv cannot be read" in done.stderr and "Expected 2 columns, got 3" in done.stderr, done.stderr
+    assert "extra\\x01" in done.stderr

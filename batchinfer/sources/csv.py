@@ -21,6 +21,8 @@ import hashlib
 import io
 import itertools
 import re
+import sys
+import traceback
 from typing import IO, Iterator, NamedTuple
 
 import pyarrow as pa
@@ -100,6 +102,25 @@ class CsvFormat:
 
     def reader(self, shard: Shard, spec: ReadSpec) -> "CsvReader":
         return CsvReader(shard, spec)
+
+
+def _unraisable(shown=sys.unraisablehook):
+    """sys.unraisablehook, quiet for one case: pyarrow decodes a record with the wrong number of fields as UTF-8
+    before it calls invalid_row_handler, and a record that is not UTF-8 raises there, where Python can only print
+    it ('Exception ignored', a traceback); pyarrow then fails the read with the record, which is reported as the
+    shard's problem, by name."""
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, UnicodeDecodeError) and any(
+            frame.name.endswith("_handle_invalid_row") for frame in traceback.extract_tb(unraisable.exc_traceback)
+        ):
+            return
+        shown(unraisable)
+
+    return hook
+
+
+sys.unraisablehook = _unraisable()
 
 
 class CsvReader:

@@ -103,7 +103,12 @@ def describe_read_error(exc: BaseException) -> str:
         return "the file ends early (truncated gzip)"
     if isinstance(exc, ShardUnreadable):
         return str(exc)
-    return f"{type(exc).__name__}: {exc}".strip()
+    # a parser quotes the bytes it choked on: a binary file read as text puts NULs and escapes on the terminal
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in str(exc).strip())
+    return f"{type(exc).__name__}: {text[:SHOWN]}{'...' if len(text) > SHOWN else ''}"
+
+
+SHOWN = 300  # characters of a reader's error shown
 
 
 def footer(f, size: int) -> bytes:
