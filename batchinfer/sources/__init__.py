@@ -143,31 +143,9 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
             bad.append(BadShard(name, lacking[-1].message))
             hints.append(LACKING_FIX)
             continue
-        twice = [c for c in spec.columns if info.columns is not None and info.columns.count(c) > 1]
-        if twice:  # which of them holds the rows is the file's guess, not the job's
-            bad.append(BadShard(name, f"{name} has {_columns(twice)} more than once, under the same name"))
-            hints.append("rename the repeated column in the file (the job reads it), or remove the shard")
-            continue
         shards.append(Shard(path, name, fmt, info.rows, info.digest, stamp=stamp))
         infos.append(info)
-    if lacking and len(lacking) == len(paths):  # the job names a column that no shard has: the job's mistake
-        raise _no_such_column(cfg, lacking)
-    if bad and cfg.on_bad_shard == "fail":  # every bad shard at once, not one per attempt
-        raise InputError(
-            bad[0].message
-            if len(bad) == 1
-            else f"{len(bad)} shards cannot be used:\n  " + "\n  ".join(b.message for b in bad),
-            hints[0] + ("; or set input.on_bad_shard: skip to leave it out" if len(paths) > 1 else ""),
-        )
-    if not shards and not bad:
-        raise InputError(
-            f"the input holds no rows: its {len(empty)} shards are empty files without columns", "check input.path"
-        )
-    if not shards:
-        raise InputError(
-            f"no readable shard: {bad[0].message}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
-            "fix the input files or input.text / input.id / input.keep",
-        )
+    _refuse_unusable(cfg, len(paths), bad, hints, lacking, bool(shards), len(empty))
     if cfg.format == "openai":
         repeats = find_repeats([(s.name, info.keys) for s, info in zip(shards, infos)])
         shards = [replace(s, repeats=repeats.get(s.name, ())) for s in shards]
@@ -179,12 +157,34 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
     return Inputs(shards, bad, types)
 
 
+def _refuse_unusable(cfg: InputConfig, found: int, bad: list, hints: list, lacking: list, any_good: bool, empty: int):
+    """Raise where the `found` shards cannot make the job: a column no shard has (the job's mistake), any bad
+    shard under on_bad_shard: fail (every one at once, not one per attempt), or none good."""
+    if lacking and len(lacking) == found:
+        raise _no_such_column(cfg, lacking)
+    if bad and cfg.on_bad_shard == "fail":
+        raise InputError(
+            bad[0].message
+            if len(bad) == 1
+            else f"{len(bad)} shards cannot be used:\n  " + "\n  ".join(b.message for b in bad),
+            hints[0] + ("; or set input.on_bad_shard: skip to leave it out" if found > 1 else ""),
+        )
+    if not any_good and not bad:
+        raise InputError(
+            f"the input holds no rows: its {empty} shards are empty files without columns", "check input.path"
+        )
+    if not any_good:
+        raise InputError(
+            f"no readable shard: {bad[0].message}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""),
+            "fix the input files or input.text / input.id / input.keep",
+        )
+
+
 def _inspect(path: str, fmt: str, spec: ReadSpec) -> tuple[ShardInfo, tuple[tuple[str, str], ...]]:
     """What a shard holds, and its stamp: taken before it is read, so a change while it is read is seen."""
     try:
         stamp = file_stamp(path, spec.options)
         info = FORMATS[fmt].inspect(path, spec)
-        return info, tuple(sorted({**stamp, **({"footer": info.footer} if info.footer else {})}.items()))
     except READ_ERRORS as exc:
         problem = reach_problem(exc)
         if problem:
@@ -192,6 +192,13 @@ def _inspect(path: str, fmt: str, spec: ReadSpec) -> tuple[ShardInfo, tuple[tupl
         raise InputError(
             f"shard {path} cannot be read: {describe_read_error(exc)}", "replace or remove the file"
         ) from exc
+    twice = [c for c in spec.columns if info.columns is not None and info.columns.count(c) > 1]
+    if twice:  # which of them holds the rows is the file's guess, not the job's
+        raise InputError(
+            f"shard {path} has {_columns(twice)} more than once, under the same name",
+            "rename the repeated column in the file (the job reads it), or remove the shard",
+        )
+    return info, tuple(sorted({**stamp, **({"footer": info.footer} if info.footer else {})}.items()))
 
 
 LACKING_FIX = "fix input.text, input.id or input.keep to name existing columns, or remove the shard of another schema"
