@@ -223,17 +223,24 @@ def _say_delivered(counts: dict, output: Path, errors: Path, work: Path) -> None
 
 
 def check_port(host: str, port: int) -> None:
+    import errno
     import socket
 
+    if not 1 <= port <= 65535:  # 0 is refused too: the system would pick a port, and no message could name it
+        raise ConfigError(f"--port {port} is not a port to listen on", "give --port a number from 1 to 65535")
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
             probe.bind((host, port))
     except OSError as exc:
-        raise ConfigError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-            "stop the program that holds the port, or give another with --port",
-        ) from None
+        if exc.errno == errno.EADDRNOTAVAIL or isinstance(exc, socket.gaierror):
+            why = f"{host} is not an address of this machine"
+            fix = "give --host one of its addresses: 127.0.0.1 (this machine alone) or 0.0.0.0 (all of them)"
+        elif exc.errno == errno.EADDRINUSE:
+            why, fix = exc.strerror, "stop the program that holds the port, or give another with --port"
+        else:
+            why, fix = exc.strerror or str(exc), "give another --host or --port"
+        raise ConfigError(f"cannot listen on {host}:{port}: {why}", fix) from None
 
 
 def progress_display(kind: str, every: float):
