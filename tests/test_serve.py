@@ -351,6 +351,49 @@ def test_completions_equal_greedy_generate_and_stream_the_same_text(tiny_llama):
     assert sum(odd[2].json()["usage"][k] for k in ("prompt_tokens", "completion_tokens")) <= context
 
 
+def _text(choice: dict) -> str:
+    """A completion choice's text, or a chat choice's (a streamed chunk's delta, or the whole message)."""
+    return choice["text"] if "text" in choice else (choice.get("delta") or choice["message"]).get("content", "")
+
+
+async def _streamed(client, path: str, body: dict) -> str:
+    """The text a streamed completion's pieces join to."""
+    pieces = []
+    async with client.stream("POST", path, json=body | {"stream": True}) as streamed:
+        async for line in streamed.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                pieces.append(_text(json.loads(line[6:])["choices"][0]))
+    return "".join(pieces)
+
+
+def test_a_stream_joins_to_the_whole_answers_text_whatever_its_stop_strings(tiny_llama, sms_table):
+    """A stream holds back a tail that may begin a stop string until a later token rules it out (then sends it)
+    or completes it (then ends there, where the whole answer is cut), and a character whose bytes are not all
+    in: its pieces join to the whole answer's text, on both endpoints."""
+    prompt = sms_table.column("text")[73].as_py()  # the tiny model's completion has a character of two tokens
+    chat = {"messages": [{"role": "user", "content": prompt}]}
+
+    async def go():
+        answers = []
+        async with _client(_serving(tiny_llama, "generate")) as client:
+            for path, asked in (("/v1/completions", {"prompt": prompt}), ("/v1/chat/completions", chat)):
+                body = asked | {"max_tokens": 40}
+                text = _text((await client.post(path, json=body)).json()["choices"][0])
+                # spanning tokens; a beginning that the text goes on past; two, the later one first in the text
+                stops = [[text[5:12]], [text[20:23] + "~~~"], [text[-6:], text[30:34]], [text[44:46]]]
+                for stop in [[], *stops]:
+                    whole = _text((await client.post(path, json=body | {"stop": stop})).json()["choices"][0])
+                    streamed = await _streamed(client, path, body | {"stop": stop})
+                    answers.append((path, stop, text, whole, streamed))
+        return answers
+
+    answers = asyncio.run(go())
+    assert any(ord(c) > 127 and c != "\ufffd" for c in answers[0][2]), answers[0][2]
+    for path, stop, text, whole, streamed in answers:
+        assert streamed == whole, (path, stop)
+        assert whole == text[: min((text.find(s) for s in stop if s in text), default=len(text))], (path, stop)
+
+
 @pytest.mark.parametrize("engine", ["transformers", "openvino"])
 def test_a_greedy_server_samples_each_request_with_its_own_settings_as_a_batch_file_row(tmp_path, tiny_llama, engine):
     """A client's temperature 0.7 on a server started greedy is sampled, not refused; a request's seed gives
@@ -790,6 +833,25 @@ def test_a_port_already_taken_is_one_message_before_the_model_loads(tiny_embed):
     assert "serving embed" not in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    "listen, said",
+    [
+        (["--port", "99999"], ["--port 99999 is not a port to listen on", "give --port a number from 1 to 65535"]),
+        (["--port", "-1"], ["--port -1 is not a port to listen on", "from 1 to 65535"]),
+        (["--port", "0"], ["--port 0 is not a port to listen on", "from 1 to 65535"]),  # it could not say which
+        (["--host", "192.0.2.1"], ["cannot listen on 192.0.2.1:", "192.0.2.1 is not an address of this machine"]),
+    ],
+)
+def test_a_port_or_host_serve_cannot_listen_on_is_one_message_saying_why(tiny_embed, listen, said, monkeypatch):
+    import batchinfer.cli as cli
+
+    monkeypatch.setattr(cli, "_graceful_server", lambda: pytest.fail("serve went on to listen"))
+    result = _serve_cli(["--model", str(tiny_embed), "--task", "embed", "--port", str(_free_port()), *listen])
+    assert result.exit_code == 2, result.output
+    assert all(words in result.output for words in said), result.output
+    assert "internal error" not in result.output and "stop the program" not in result.output
+
+
 def test_serve_says_at_once_that_it_does_not_run_a_task(tiny_nli):
     result = _serve_cli(["--model", str(tiny_nli), "--task", "zero-shot"])
     assert result.exit_code == 2, result.output
@@ -844,6 +906,35 @@ def test_every_refusal_is_the_servers_error_body_naming_the_limit(tiny_embed):
     assert messages[5].startswith("the body stopped coming: nothing more for serve.read_timeout_s (0.5 s)")
 
 
+def test_requests_are_counted_by_their_route_not_by_each_path_a_client_sends(tiny_embed):
+    """batchinfer_requests_total's endpoint is the route's template, and one label for every path no route takes:
+    a client trying paths cannot add a series per path (each kept until the server stops)."""
+
+    async def go():
+        async with _client(_serving(tiny_embed, "embed", max_body_bytes=1000)) as client:
+            for path in ("/rand7", "/rand8", "/v1/models/m123", "/v1/models/org/m456"):
+                await client.get(path)
+            await client.post("/v1/embeddings", json={"input": "counted"})
+            await client.get("/v1/embeddings")
+            for path in ("/v1/embeddings", "/rand9"):  # refused before routing, by the body's size
+                await client.post(path, json={"input": "x" * 2000})
+            return (await client.get("/metrics")).text
+
+    counted = {
+        line.split(" ")[0].removeprefix("batchinfer_requests_total"): float(line.split(" ")[1])
+        for line in asyncio.run(go()).splitlines()
+        if line.startswith("batchinfer_requests_total{")
+    }
+    assert counted == {
+        '{endpoint="unmatched",status="404"}': 2.0,
+        '{endpoint="/v1/models/{model:path}",status="404"}': 2.0,
+        '{endpoint="/v1/embeddings",status="200"}': 1.0,
+        '{endpoint="/v1/embeddings",status="405"}': 1.0,
+        '{endpoint="/v1/embeddings",status="413"}': 1.0,
+        '{endpoint="unmatched",status="413"}': 1.0,
+    }
+
+
 def test_a_client_that_goes_away_has_its_queued_rows_dropped_and_one_line_logged(tiny_embed, caplog):
     job = _serving(tiny_embed, "embed", max_wait_ms=1500)
     app = create_app(job, resolve_model_path(job.model.path))
@@ -886,6 +977,45 @@ def test_a_client_that_goes_away_has_its_queued_rows_dropped_and_one_line_logged
         "/v1/embeddings: the client went away before its answer; its queued work was dropped"
     ]
     assert not any(r.exc_info for r in caplog.records)
+
+
+@contextlib.contextmanager
+def _listening(app):
+    """`app` served by uvicorn on a free port, in a thread: its base URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive(), "the server did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
+def test_a_client_that_leaves_a_whole_completion_frees_what_it_held_at_once(tiny_llama, sms_table):
+    """A completion answered whole is looked at while its tokens come, not only when they stop: once its client
+    has gone it is dropped from the engine, its tokens go back to serve.max_queue_tokens within a look or two,
+    and it is counted as a 499, not run on to its end."""
+    prompt = sms_table.column("text")[17].as_py()  # the tiny model goes on for 702 tokens: seconds on this engine
+    job = _serving(tiny_llama, "generate", engine="transformers")
+    app = create_app(job, resolve_model_path(job.model.path))
+    with _listening(app) as base:
+        # the engine set up by a first request: the next one is generating when its client leaves
+        assert httpx.post(f"{base}/v1/completions", json={"prompt": "Hello", "max_tokens": 2}).status_code == 200
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{base}/v1/completions", json={"prompt": prompt, "max_tokens": 1000}, timeout=1)
+        left = time.monotonic()
+        while _metric(httpx.get(f"{base}/metrics").text, "batchinfer_queued_tokens") and time.monotonic() < left + 10:
+            time.sleep(0.05)
+        freed = time.monotonic() - left
+        metrics = httpx.get(f"{base}/metrics").text
+    assert freed < 2, f"held {freed:.1f} s after its client left"
+    assert 'batchinfer_requests_total{endpoint="/v1/completions",status="499"} 1.0' in metrics
 
 
 JSON = {"content-type": "application/json"}

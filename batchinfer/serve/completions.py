@@ -39,7 +39,7 @@ class Completions:
             raise
         finally:
             ticket.release()
-        self.metrics.answered(request.url.path, first.started)
+        self.metrics.answered(request.scope, first.started)
         choices = [choice(first.chat, text, reason, index=i) for i, (_, text, reason) in enumerate(finished)]
         body = completion(first.chat, first.key, first.created, self.model, choices)
         generated = sum(len(tokens) for tokens, _, _ in finished)
@@ -82,15 +82,15 @@ class Completions:
                         raise piece
                     yield self._event(first, [piece], {"usage": None} if first.include_usage else {})
         except EngineDown as exc:
-            self.metrics.refused(request.url.path, 500)
+            self.metrics.refused(request.scope, 500)
             yield _data(error_body(500, str(exc)))
             return
         except Unanswered as exc:  # the text sent so far is no answer: say so, as the last event
-            self.metrics.refused(request.url.path, 422)
+            self.metrics.refused(request.scope, 422)
             yield _data(exc.body())
             return
         except Disconnected:
-            self.metrics.refused(request.url.path, GONE)
+            self.metrics.refused(request.scope, GONE)
             gone(request.url.path)
             return
         finally:  # a prompt still running when the stream ends (an error, the client gone) is cancelled
@@ -100,11 +100,12 @@ class Completions:
         if first.include_usage:  # a last chunk with no choices and the request's usage
             yield self._event(first, [], {"usage": usage(sum(len(one.ids) for one in asked), sum(generated))})
         yield "data: [DONE]\n\n"
-        self.metrics.answered(request.url.path, first.started)
+        self.metrics.answered(request.scope, first.started)
         self.metrics.rows.inc(len(asked))
 
     async def _pieces(self, asked: Asked, request: Request, index: int):
-        """One prompt's streamed choices (choice `index`) as its text grows: (the piece, the tokens generated)."""
+        """One prompt's streamed choices (choice `index`) as its text grows: (the piece, the tokens generated).
+        Only settled text is sent, so that the pieces join to the text the whole answer has."""
         sent, sent_any = "", False
         async for output in self.service.stream(asked, request):
             if output.error:
@@ -113,7 +114,9 @@ class Completions:
             if output.is_finished():
                 await self._check(asked, generated, text, reason)
             # a stop string ends the completion before the engine does (it knows no stop strings)
-            finished = output.is_finished() or len(generated) < len(output.generated_tokens)
+            finished = output.is_finished() or reason == "stop"
+            if not finished:
+                text = settled(text, asked.stops)
             delta, sent = text[len(sent) :], text
             if delta or finished:
                 piece = choice(asked.chat, delta, reason if finished else None, True, first=not sent_any, index=index)
@@ -131,6 +134,19 @@ class Completions:
 
     def _event(self, asked: Asked, choices: list, extra: dict) -> str:
         return _data(completion(asked.chat, asked.key, asked.created, self.model, choices, chunk=True) | extra)
+
+
+def settled(text: str, stops: list[str]) -> str:
+    """The part of a completion's text so far that later tokens cannot change: without a last character the
+    tokenizer could not make whole yet (U+FFFD: more of its bytes are to come), and without a tail that may
+    begin a stop string (runners' finish cuts the text at a stop string once a later token completes it; a
+    tail it rules out is sent with the next piece)."""
+    text = text.rstrip("\ufffd")
+    longest = max(map(len, stops), default=0)
+    for start in range(max(0, len(text) - longest + 1), len(text)):
+        if any(stop.startswith(text[start:]) for stop in stops):
+            return text[:start]
+    return text
 
 
 def _data(event: dict) -> str:

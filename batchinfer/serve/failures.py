@@ -80,8 +80,9 @@ class Failures:
     def __init__(self, metrics: Metrics):
         self.metrics = metrics
 
-    def answer(self, path: str, status: int, message: str, headers: dict | None = None) -> JSONResponse:
-        self.metrics.refused(path, status)
+    def answer(self, scope: dict, status: int, message: str, headers: dict | None = None) -> JSONResponse:
+        """An error body with `status`, counted for the request of `scope` (its ASGI scope)."""
+        self.metrics.refused(scope, status)
         return JSONResponse(error_body(status, message), status_code=status, headers=headers)
 
     def install(self, app: FastAPI) -> None:
@@ -105,7 +106,7 @@ class Failures:
 
     def _handler(self, read):
         async def handle(request: Request, exc: Exception) -> JSONResponse:
-            return self.answer(request.url.path, *read(exc))
+            return self.answer(request.scope, *read(exc))
 
         return handle
 
@@ -123,22 +124,22 @@ class Failures:
             message = f"{path} does not take {request.method}"
         else:
             message = str(exc.detail)
-        return self.answer(path, exc.status_code, message, exc.headers)
+        return self.answer(request.scope, exc.status_code, message, exc.headers)
 
     async def _shed(self, request: Request, exc: Shed) -> JSONResponse:
         """A request refused to hold serve.p99_ms: counted apart from a full queue, told when it would fit."""
         self.metrics.shed.inc()
         message = f"the server is busy: {exc}; retry in {exc.retry_after} s"
-        return self.answer(request.url.path, 429, message, {"Retry-After": str(exc.retry_after)})
+        return self.answer(request.scope, 429, message, {"Retry-After": str(exc.retry_after)})
 
     async def _gone(self, request: Request, exc: Disconnected) -> JSONResponse:
-        return self.answer(request.url.path, GONE, gone(request.url.path))
+        return self.answer(request.scope, GONE, gone(request.url.path))
 
     def _coded(self, status: int):
         """A failure whose error body carries its own code (exc.body()), answered with `status`."""
 
         async def handle(request: Request, exc: Unanswered | NoModel) -> JSONResponse:
-            self.metrics.refused(request.url.path, status)
+            self.metrics.refused(request.scope, status)
             return JSONResponse(exc.body(), status_code=status)
 
         return handle

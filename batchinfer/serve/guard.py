@@ -45,7 +45,7 @@ class BodyGuard:
                 message = await asyncio.wait_for(receive(), self.seconds)
             except asyncio.TimeoutError:
                 late = f"the body stopped coming: nothing more for serve.read_timeout_s ({self.seconds:g} s)"
-                return await self.refused(scope["path"], 408, late + "; send it without pauses")(scope, receive, send)
+                return await self.refused(scope, 408, late + "; send it without pauses")(scope, receive, send)
             if message["type"] != "http.request":  # the client went away
                 return
             parts.append(message.get("body", b""))
@@ -82,7 +82,7 @@ class BodyGuard:
             drained += len(message.get("body", b""))
             drain = message.get("more_body", False)
         message = f"the body is larger than serve.max_body_bytes ({self.limit:,} bytes); send less per request"
-        await self.refused(scope["path"], 413, message)(scope, receive, send)
+        await self.refused(scope, 413, message)(scope, receive, send)
 
 
 def arrived(request) -> float:

@@ -8,12 +8,14 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from starlette.routing import Match
 
 from .batcher import BatchStats
 from .latency import MISSED, TAIL
 
 # fine where serve.p99_ms targets lie (tens to hundreds of ms), so that a p99 read from the buckets is close
 LATENCY = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5, 10, 30)
+UNMATCHED = "unmatched"  # the endpoint of a path no route takes
 
 
 class Metrics:
@@ -98,13 +100,24 @@ class Metrics:
         for waited in stats.waited:
             self.queue_wait.observe(waited)
 
-    def answered(self, path: str, started: float) -> None:
-        """A request to `path` answered 200, `started` (time.perf_counter) ago."""
-        self.requests.labels(path, "200").inc()
-        self.latency.labels(path).observe(time.perf_counter() - started)
+    def answered(self, scope: dict, started: float) -> None:
+        """A request (its ASGI scope) answered 200, `started` (time.perf_counter) ago."""
+        label = endpoint(scope)
+        self.requests.labels(label, "200").inc()
+        self.latency.labels(label).observe(time.perf_counter() - started)
 
-    def refused(self, path: str, status: int) -> None:
-        self.requests.labels(path, str(status)).inc()
+    def refused(self, scope: dict, status: int) -> None:
+        self.requests.labels(endpoint(scope), str(status)).inc()
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()
+
+
+def endpoint(scope: dict) -> str:
+    """A request's endpoint label: the template of the route its path matches (/v1/models/{model:path}), else
+    UNMATCHED. Each label value is a series kept until the server stops: one per path a client sends would
+    grow without bound."""
+    for route in scope["app"].router.routes:
+        if route.matches(scope)[0] is not Match.NONE:
+            return route.path
+    return UNMATCHED

@@ -47,8 +47,8 @@ def create_app(job: JobConfig, model_path) -> FastAPI:
     failures = Failures(metrics)
     failures.install(app)
 
-    def refused(path: str, status: int, message: str) -> JSONResponse:
-        return failures.answer(path, status, message, {"Connection": "close"})
+    def refused(scope: dict, status: int, message: str) -> JSONResponse:
+        return failures.answer(scope, status, message, {"Connection": "close"})
 
     serve = job.serve
     app.add_middleware(BodyGuard, limit=serve.max_body_bytes, seconds=serve.read_timeout_s, refused=refused)
@@ -127,14 +127,14 @@ class Routes:
         started = self.accept("embed", body, request)
         columns, tokens = await self.service.run(body.texts(), request, whole=True)
         vectors = [_encode(vector, body.encoding_format) for vector in columns["embedding"]]
-        self.metrics.answered(request.url.path, started)
+        self.metrics.answered(request.scope, started)
         return embedding_list(vectors, body.model or self.model, tokens)
 
     async def classify(self, body: ClassifyBody, request: Request):
         started = self.accept("classify", body, request)
         columns, tokens = await self.service.run(body.texts(), request)
         data = [{"index": i, **dict(zip(columns, values))} for i, values in enumerate(zip(*columns.values()))]
-        self.metrics.answered(request.url.path, started)
+        self.metrics.answered(request.scope, started)
         return {"data": data, "model": self.model, "usage": usage(tokens)}
 
     async def score(self, body: ScoreBody, request: Request):
@@ -142,7 +142,7 @@ class Routes:
         columns, tokens = await self.service.run(body.texts(), request)
         scored = zip(columns["score"], columns["truncated"])
         data = [{"index": i, "score": s, "truncated": t} for i, (s, t) in enumerate(scored)]
-        self.metrics.answered(request.url.path, started)
+        self.metrics.answered(request.scope, started)
         return {"data": data, "model": self.model, "usage": usage(tokens)}
 
     async def completions(self, body: CompletionBody, request: Request):

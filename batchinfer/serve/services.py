@@ -28,6 +28,7 @@ from .latency import FirstToken
 from .metrics import Metrics
 
 WARM_UP_ROWS = 4  # the rows of the second batch serve runs before it listens
+LOOK_S = 0.25  # how often a waiting request looks whether its client or the engine has gone
 
 
 class EncoderService:
@@ -239,19 +240,25 @@ class GenerateService:
             self.engine.forget(request_id)
 
     async def _outputs(self, outputs: asyncio.Queue, request: Request):
-        """A request's outputs from the engine, to its last; raises when the client or the engine goes away."""
+        """A request's outputs from the engine, to its last; raises when the client or the engine goes away,
+        looked at every LOOK_S whether outputs come or not (a client waiting for a whole answer is seen
+        leaving only here)."""
+        looked = time.monotonic()
         while True:
             try:
-                output = await asyncio.wait_for(outputs.get(), timeout=0.25)
+                output = await asyncio.wait_for(outputs.get(), timeout=LOOK_S)
             except asyncio.TimeoutError:
+                output = None
+            if output is None or time.monotonic() - looked >= LOOK_S:
+                looked = time.monotonic()
                 if await request.is_disconnected():
-                    raise Disconnected() from None
+                    raise Disconnected()
                 if self.problem():
-                    raise EngineDown(self.problem()) from None
-                continue
-            yield output
-            if output.is_finished():
-                return
+                    raise EngineDown(self.problem())
+            if output is not None:
+                yield output
+                if output.is_finished():
+                    return
 
     def first_token(self, held: int, seconds: float) -> None:
         """A request's first output came `seconds` after the request, added when `held` tokens were held."""
@@ -308,7 +315,7 @@ def request_rows(texts: list) -> pa.Table:
 async def until_done(pending, request: Request, cancel):
     """Wait for a queued request; if the client goes away, cancel(pending) drops its rows before they run."""
     while True:
-        done, _ = await asyncio.wait({pending.future}, timeout=0.25)
+        done, _ = await asyncio.wait({pending.future}, timeout=LOOK_S)
         if done:
             return pending.future.result()
         if await request.is_disconnected():
