@@ -18,6 +18,7 @@ from batchinfer.batching.cut import cut_batches
 from batchinfer.serve.latency import (
     DECREASE,
     FLOOR,
+    HALF,
     MISSED,
     TAIL,
     Admission,
@@ -77,7 +78,8 @@ def test_each_batch_of_the_trace_moves_the_budget_as_clipper_does():
         control.ran(tokens, rows, seconds, full=True)
         fits = control.cost.within(control.limit)
         if seconds > control.limit:
-            assert control.tokens == max(1, int(min(before[0], tokens * DECREASE, fits))) < tokens
+            assert control.tokens == max(1, int(min(before[0], max(min(tokens * DECREASE, fits), tokens * HALF))))
+            assert control.tokens < tokens
             assert control.rows <= max(1, int(min(before[1], rows * DECREASE))) and control.rows < max(rows, 2)
         else:
             grown = max(before[0] + math.ceil(tokens / rows), int(min(fits, 1 << 40)))
@@ -86,6 +88,23 @@ def test_each_batch_of_the_trace_moves_the_budget_as_clipper_does():
     kept = (control.tokens, control.rows)
     control.ran(10, 1, 0.01, full=False)
     assert (control.tokens, control.rows) == kept
+
+
+def test_a_burst_slow_outside_the_model_halves_the_budget_at_most_and_leaves_batches_half_the_target():
+    """100 requests at once (MiniLM, p99_ms 60): the time outside the model grew to most of the target, the limit
+    on a batch to nothing, the line's fixed part past it; the budget fell to a row at once and batches of a row
+    each served a fraction of the load. Now each slow batch halves it at most, and a batch may take half of
+    what the target allows whatever the time outside: the rest is admission's, with sheds."""
+    control = _target(target=0.06, max_tokens=4096, max_rows=256)
+    for _ in range(20):  # a burst: every answer 55 ms outside the queue
+        control.answered(0.065, 0.01, 0.02)
+    assert control.limit == pytest.approx(HALF * control.admission.allowed)
+    for tokens, seconds in ((400, 0.2), (800, 0.4), (1600, 0.8)):  # the line: 0 s + 0.5 ms a token
+        control.cost.add(tokens, seconds)
+    control.cost.add(10, 0.5)  # ... and one slow little batch: the fixed part past the limit, nothing fits
+    assert control.cost.within(control.limit) < 200
+    control.ran(1000, 50, 0.5, full=True)
+    assert (control.tokens, control.rows) == (500, 25)
 
 
 @pytest.mark.parametrize("target", [0.5, 1.0, 3.0])

@@ -31,6 +31,7 @@ FITTED_ON = 64  # the last batches (or requests) the cost line is fitted on
 TAIL = 200  # the last admitted requests whose latencies (the p99) and misses (the margin) are kept
 MISSED = 98  # the percentile of the predictions' misses that the margin holds (see Admission)
 DECREASE = 0.9  # multiplicative decrease of a batch budget
+HALF = 0.5  # ... and at most this much at once, whatever the cost line says fits (see BatchSize)
 FLOOR = 0.5  # the least share of the target a request is allowed, whatever the margin
 
 
@@ -101,7 +102,10 @@ class BatchSize:
 
     def ran(self, tokens: int, rows: int, seconds: float, full: bool, limit: float, fits: float = math.inf) -> None:
         if seconds > limit:
-            self.tokens = max(1, int(min(self.tokens, tokens * DECREASE, fits)))
+            # the line's cut at once, but never below half of what ran: under a burst, the time outside the model
+            # (the event loop's, the GIL's) inflated the line's fixed part past the limit, cut the budget to one
+            # row at once, and batches of a row each served a fraction of the load (MiniLM, 100 at once)
+            self.tokens = max(1, int(min(self.tokens, max(min(tokens * DECREASE, fits), tokens * HALF))))
             self.rows = max(1, int(min(self.rows, rows * DECREASE, rows * self.tokens / max(tokens, 1))))
         elif full:  # a row more, or at once what the cost line says fits (a batch's fixed part is paid once)
             per_row = tokens / max(rows, 1)
@@ -211,8 +215,11 @@ class LatencyTarget:
     @property
     def limit(self) -> float:
         """The longest a batch may take: what the target allows a request alone, less its time outside the queue
-        (a longer batch misses the target whatever runs beside it; a shorter one is admission's to fit)."""
-        return max(0.0, self.admission.allowed - self.outside)
+        (a longer batch misses the target whatever runs beside it; a shorter one is admission's to fit), and at
+        least half of what it allows: time outside that grows under load is admission's to answer with sheds,
+        not the batches' (at a limit near nothing they shrank to a row each, and the load they could serve with
+        them)."""
+        return max(HALF * self.admission.allowed, self.admission.allowed - self.outside)
 
     def waiting(self, tokens: int) -> float:
         """How long the oldest row waits for company with `tokens` queued: what the target leaves after two
