@@ -303,9 +303,10 @@ def test_the_chat_keys_belong_to_text_prompts_of_a_causal_lm():
     assert "model.system_prompt: only with model.chat: true" in message
 
 
-def test_a_blank_input_or_output_path_is_refused_not_read_as_the_current_folder():
+def test_a_blank_path_or_served_name_is_refused_not_read_as_the_current_folder_or_left_out():
     for blank in ("", "  "):
         assert "input.path: is empty: name a file, a folder or a glob" in _error(
             {**GOOD, "input": {"path": blank, "text": "t"}}
         )
         assert "output.path: is empty: name the output folder" in _error({**GOOD, "output": {"path": blank}})
+        assert "serve.model_name: is empty: name the model id" in _error({**GOOD, "serve": {"model_name": blank}})

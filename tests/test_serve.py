@@ -104,10 +104,20 @@ def test_classify_and_score_equal_the_offline_job(sms_table, tiny_classify, tiny
             scores = (await client.post("/score", json={"pairs": list(zip(queries, texts))})).json()["data"]
             ranked = (await client.post("/score", json={"query": queries[0], "documents": texts[:3]})).json()["data"]
             both = await client.post("/score", json={"pairs": [["a", "b"]], "query": "q", "documents": ["d"]})
-        return labels, scores, ranked, both
+            many = [  # one more than /v1/embeddings and /classify take: the same cap
+                await client.post("/score", json=body)
+                for body in ({"pairs": [["a", "b"]] * 2049}, {"query": "q", "documents": ["d"] * 2049})
+            ]
+        return labels, scores, ranked, both, many
 
-    labels, scores, ranked, both = asyncio.run(go())
+    labels, scores, ranked, both, many = asyncio.run(go())
     assert both.status_code == 400 and "not both" in both.json()["error"]["message"]
+    for refused, key in zip(many, ("pairs", "documents")):
+        said = refused.json()["error"]["message"]
+        assert (
+            refused.status_code == 400
+            and said == f"{key}: 2,049 items, more than the 2,048 one request may hold; split it"
+        )
     offline = _offline(tiny_classify, "classify", pa.table({"text": texts}), tmp_path)
     assert [row["label"] for row in labels] == offline.column("label").to_pylist()
     assert np.allclose([row["score"] for row in labels], offline.column("score").to_pylist(), atol=1e-5)

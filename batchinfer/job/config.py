@@ -581,6 +581,12 @@ class ServeConfig(Section):
         "clients written for another service; GET /v1/models/{alias} finds it, and /v1/models lists the served name "
         "alone.",
     )
+
+    @field_validator("model_name")
+    @classmethod
+    def _name_named(cls, value: str | None) -> str | None:
+        return value if value is None else named_path(value, "the model id, or leave the key out for the default")
+
     max_wait_ms: StrictFloat = Field(
         default=5.0,
         ge=0,

@@ -17,7 +17,7 @@ from pydantic_core import PydanticCustomError
 from ..constrained.spec import Constraint
 from ..job.config import GenerationConfig
 from ..messages import is_blank
-from ..openai_compat.requests import ChatRequest, CompletionRequest, EmbeddingsRequest, Texts
+from ..openai_compat.requests import MAX_INPUTS, ChatRequest, CompletionRequest, EmbeddingsRequest, Texts
 from ..reasons import Reason
 
 
@@ -59,6 +59,12 @@ def _pair_filled(pair: tuple[str, str]) -> tuple[str, str]:
 def _listed(items: list) -> list:
     if not items:
         raise PydanticCustomError("empty_list", "empty; give one at least")
+    if len(items) > MAX_INPUTS:  # as a list of texts to embed or classify
+        raise PydanticCustomError(
+            "too_many_texts",
+            "{count} items, more than the {most} one request may hold; split it",
+            {"count": f"{len(items):,}", "most": f"{MAX_INPUTS:,}"},
+        )
     return items
 
 
