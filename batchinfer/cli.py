@@ -294,7 +294,9 @@ def execute(config, command: str, *, restart: bool, retry_errors: bool, progress
     finally:
         if progress:
             progress.stop()
-    if report["complete"] and not report["run"]["rows"]:
+    if report["complete"] and not report["rows"]:
+        err.print(f"the input holds no rows: {config.output.path} is complete with none", highlight=False)
+    elif report["complete"] and not report["run"]["rows"]:
         err.print(
             f"already complete: {report['rows']:,} rows in {config.output.path} (use --restart to run it again)",
             highlight=False,

@@ -896,3 +896,12 @@ def test_retry_errors_refuses_a_folder_without_a_run_and_restart_beside_it(tmp_p
     result = runner.invoke(app, ["run", str(job), "--retry-errors", "--restart", "-q"])
     assert result.exit_code == 2 and "--retry-errors and --restart together" in result.output, result.output
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == before
+
+
+def test_a_job_whose_input_holds_no_rows_says_so_not_already_complete(tmp_path, tiny_embed):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text("")
+    job = write_job(tmp_path, user_job(tmp_path / "in", tiny_embed, tmp_path / "out"))
+    result = runner.invoke(app, ["run", str(job)])
+    assert result.exit_code == 0 and "the input holds no rows" in result.output, result.output
+    assert "already complete" not in result.output and (tmp_path / "out" / "_SUCCESS").exists()
