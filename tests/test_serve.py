@@ -264,6 +264,7 @@ def test_a_latency_target_sheds_a_completion_whose_first_token_would_come_too_la
     assert late.status_code == 429 and "would get its first token in about " in late.text
     assert int(late.headers["retry-after"]) >= 1 and _shed_metric(metrics) == 1.0
     assert "batchinfer_time_to_first_token_seconds_count 1.0" in metrics
+    assert _metric(metrics, "batchinfer_tokens_total") == first.json()["usage"]["prompt_tokens"]  # was 0
 
 
 def test_a_served_request_reads_its_rows_as_the_job_does_and_a_too_long_text_is_a_400(tiny_embed):
@@ -1026,6 +1027,24 @@ def test_a_client_that_leaves_a_whole_completion_frees_what_it_held_at_once(tiny
         metrics = httpx.get(f"{base}/metrics").text
     assert freed < 2, f"held {freed:.1f} s after its client left"
     assert 'batchinfer_requests_total{endpoint="/v1/completions",status="499"} 1.0' in metrics
+
+
+def test_a_client_that_closes_a_stream_part_way_is_counted_499(tiny_llama, sms_table):
+    """A stream whose client closes it is cancelled by the server, not told so: it was counted nowhere."""
+    prompt = sms_table.column("text")[17].as_py()  # a long completion on the tiny model
+    job = _serving(tiny_llama, "generate", engine="transformers")
+    app = create_app(job, resolve_model_path(job.model.path))
+    body = {"prompt": prompt, "max_tokens": 1000, "stream": True}
+    with _listening(app) as base:
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as answer:
+            assert answer.status_code == 200
+            next(answer.iter_lines())  # a first event, then the client goes
+        left, counted = time.monotonic(), ""
+        while '"/v1/completions",status="499"} 1.0' not in counted and time.monotonic() < left + 10:
+            time.sleep(0.05)
+            counted = httpx.get(f"{base}/metrics").text
+    assert 'batchinfer_requests_total{endpoint="/v1/completions",status="499"} 1.0' in counted
+    assert 'status="200"' not in counted.split("batchinfer_requests_total", 1)[1].split("# HELP", 1)[0]
 
 
 JSON = {"content-type": "application/json"}

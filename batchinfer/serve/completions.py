@@ -55,6 +55,7 @@ class Completions:
         generated, text, reason = self.service.finished(asked, last)
         await self._check(asked, generated, text, reason)
         self.metrics.rows.inc()
+        self.metrics.tokens.inc(len(asked.ids))
         return generated, text, reason
 
     async def events(self, asked: list[Asked], request: Request, ticket: Ticket):
@@ -93,6 +94,10 @@ class Completions:
             self.metrics.refused(request.scope, GONE)
             gone(request.url.path)
             return
+        except (asyncio.CancelledError, GeneratorExit):  # the server closes the stream of a client that left
+            self.metrics.refused(request.scope, GONE)
+            gone(request.url.path)
+            raise
         finally:  # a prompt still running when the stream ends (an error, the client gone) is cancelled
             for task in running:
                 task.cancel()
@@ -102,6 +107,7 @@ class Completions:
         yield "data: [DONE]\n\n"
         self.metrics.answered(request.scope, first.started)
         self.metrics.rows.inc(len(asked))
+        self.metrics.tokens.inc(sum(len(one.ids) for one in asked))
 
     async def _pieces(self, asked: Asked, request: Request, index: int):
         """One prompt's streamed choices (choice `index`) as its text grows: (the piece, the tokens generated).
