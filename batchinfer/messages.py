@@ -18,15 +18,27 @@ def is_blank(text: str) -> bool:
 
 
 def message_problem(messages, where: str) -> tuple[str, str] | None:
+    """Why `messages` (at `where`) is no chat a template can read, naming the message and the key; None if it is."""
     if messages is None:
         return (Reason.NULL_TEXT, f"{where} is null")
-    if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
-    ):
-        return (Reason.NOT_TEXT, f"{where} must be a list of {{role, content}} messages with text content")
+    if not isinstance(messages, list):
+        return (Reason.NOT_TEXT, f"{where} must be a list of {{role, content}} messages, not {_kind(messages)}")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return (Reason.NOT_TEXT, f"{where}[{i}]: must be a {{role, content}} message, not {_kind(message)}")
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                what = "is missing" if message.get(key) is None else f"must be text, not {_kind(message[key])}"
+                return (Reason.NOT_TEXT, f"{where}[{i}].{key}: {what}")
     if not messages:
         return (Reason.EMPTY_TEXT, f"{where} holds no message")
     return None
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "a list", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def user_turn(text: str, system: str | None = None) -> list[dict]:

@@ -2,6 +2,7 @@
 
 import pyarrow as pa
 
+from batchinfer.reasons import Reason
 from batchinfer.sources.prepare import is_blank, prepare_texts
 
 
@@ -45,3 +46,20 @@ def test_row_limits_and_odd_column_types_never_crash():
     table = pa.table({"gap": pa.array([1, 2], pa.duration("s")), "t": ["a", "b"]})
     prepared = prepare_texts(table, "{t} after {gap}", {})  # a duration is no text: not a crash
     assert {reason for reason, _ in prepared.errors.values()} == {"not_text"}
+
+
+def test_a_chat_row_that_is_not_one_names_the_message_and_the_key():
+    from batchinfer.messages import message_problem
+
+    where = "column 'messages'"
+    assert message_problem([{"role": "user", "content": "hi"}], where) is None
+    assert message_problem([{"role": "user", "content": "hi"}, {"role": "user"}], where) == (
+        Reason.NOT_TEXT,
+        "column 'messages'[1].content: is missing",
+    )
+    assert (
+        message_problem([{"role": 3, "content": "hi"}], where)[1]
+        == "column 'messages'[0].role: must be text, not a number"
+    )
+    assert message_problem("hi", where)[1] == "column 'messages' must be a list of {role, content} messages, not str"
+    assert message_problem([], where) == (Reason.EMPTY_TEXT, "column 'messages' holds no message")

@@ -1363,3 +1363,24 @@ def test_a_score_or_stream_options_body_is_refused_by_its_model_naming_the_field
     assert bodies.CompletionBody.model_validate(streamed).include_usage
     assert not bodies.CompletionBody.model_validate({"prompt": "p", "stream": True}).include_usage
     assert bodies.ScoreBody.model_validate({"query": "q", "documents": ["a", "b"]}).texts() == [("q", "a"), ("q", "b")]
+
+
+@pytest.mark.parametrize(
+    "messages, param, said",
+    [
+        ([{"role": "user"}], "messages[0].content", "messages[0].content: is missing"),
+        ([{"content": "hi"}], "messages[0].role", "messages[0].role: is missing"),
+        ([{"role": "user", "content": "hi"}, {"role": "user", "content": 5}], "messages[1].content", "not a number"),
+        (["hi"], "messages[0]", "messages[0]: input should be a valid dictionary"),
+    ],
+)
+def test_a_chat_message_that_is_not_one_is_a_400_naming_the_message_and_the_key(tiny_llama, messages, param, said):
+    """It was one message for every case, 'messages must be a list of {role, content} messages', param null."""
+
+    async def go():
+        async with _client(_serving(tiny_llama, "generate")) as client:
+            return await client.post("/v1/chat/completions", json={"messages": messages})
+
+    answer = asyncio.run(go())
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error["param"] == param and said in error["message"], error
