@@ -523,8 +523,11 @@ def export(
         err.print(f"wrote {done.rows:,} rows to {output}{what}", highlight=False)
 
 
-def say_sample_problems(seen: int, reasons: Counter, examples: dict[str, str]) -> None:
-    """validate and plan: stop when every row read from the start of the input would fail; warn when some would."""
+def say_sample_problems(seen: int, reasons: Counter, examples: dict[str, str], ids: str = "") -> None:
+    """validate and plan: stop when every row read from the start of the input would fail; warn when some would,
+    and when their ids repeat or are null (`ids`: dryrun.id_note)."""
+    if ids:
+        out.print(labelled("note:", "yellow", ids), highlight=False)
     if not reasons:
         return
     counts = ", ".join(f"{reason} {n:,}" for reason, n in reasons.most_common())

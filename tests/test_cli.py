@@ -905,3 +905,17 @@ def test_a_job_whose_input_holds_no_rows_says_so_not_already_complete(tmp_path, 
     result = runner.invoke(app, ["run", str(job)])
     assert result.exit_code == 0 and "the input holds no rows" in result.output, result.output
     assert "already complete" not in result.output and (tmp_path / "out" / "_SUCCESS").exists()
+
+
+def test_validate_notes_ids_that_repeat_or_are_null(tmp_path, tiny_embed):
+    """A user joining results back by input.id learns before the run that some ids are not one row's."""
+    (tmp_path / "in").mkdir()
+    pq.write_table(
+        pa.table({"sms_id": [1, 1, None, 2], "text": ["a", "b", "c", "d"], "label": ["x"] * 4}),
+        tmp_path / "in" / "a.parquet",
+    )
+    job = write_job(tmp_path, user_job(tmp_path / "in", tiny_embed, tmp_path / "out"))
+    said = runner.invoke(app, ["validate", str(job)]).output
+    assert "note: input.id 'sms_id': of the first 4 rows, 1 repeat an earlier id (e.g. '1') and 1 is null" in said
+    pq.write_table(pa.table({"sms_id": [1, 2], "text": ["a", "b"], "label": ["x"] * 2}), tmp_path / "in" / "a.parquet")
+    assert "input.id" not in runner.invoke(app, ["validate", str(job)]).output

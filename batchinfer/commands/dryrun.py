@@ -23,12 +23,13 @@ from ..sources import READ_ERRORS, Inputs, open_reader, read_spec
 from ..sources.prepare import prepare_rows
 
 
-def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[int, Counter, dict[str, str]]:
+def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[int, Counter, dict[str, str], str]:
     """Read the first `rows` rows and prepare them as a run would, without the model: how many were read,
-    how many of them would go to _errors/ by reason, and one message per reason. Catches a job whose
-    every row fails (a text column that holds numbers, a template over the wrong column) before a night."""
+    how many of them would go to _errors/ by reason, one message per reason, and what is odd about their ids
+    (id_note). Catches a job whose every row fails (a text column that holds numbers, a template over the
+    wrong column) before a night."""
     spec = read_spec(job.input, job.columns, inputs.types)
-    seen, reasons, examples = 0, Counter(), {}
+    seen, reasons, examples, ids = 0, Counter(), {}, []
     for shard in inputs.shards:
         if seen >= rows:
             break
@@ -45,8 +46,25 @@ def sample_problems(job: JobConfig, inputs: Inputs, rows: int = 200) -> tuple[in
         for reason, message in prepare_rows(job, block.table, block.bad_rows).errors.values():
             reasons[reason] += 1
             examples.setdefault(reason, f"{shard.name}: {message}")
+        if job.input.id:
+            ids += block.table.column(job.input.id).to_pylist()
         seen += take
-    return seen, reasons, examples
+    return seen, reasons, examples, id_note(job.input.id, ids)
+
+
+def id_note(column: str | None, ids: list) -> str:
+    """What a user joining results back by input.id should know of the first rows' ids: repeats and nulls
+    (copied as they are; each row's own key is (source, row)). Empty when there is nothing to say."""
+    counts = Counter(str(i) for i in ids if i is not None)
+    repeated, nulls = sum(n - 1 for n in counts.values()), sum(i is None for i in ids)
+    if not repeated and not nulls:
+        return ""
+    parts = [f"{repeated:,} repeat an earlier id (e.g. {counts.most_common(1)[0][0]!r})"] if repeated else []
+    parts += [f"{nulls:,} {'is' if nulls == 1 else 'are'} null"] if nulls else []
+    return (
+        f"input.id {column!r}: of the first {len(ids):,} rows, {' and '.join(parts)}; the output copies them as "
+        "they are (each row's own key is source and row)"
+    )
 
 
 SAMPLE_ROWS = 2000  # the fewest rows plan samples by default
