@@ -656,3 +656,17 @@ def test_a_column_whose_types_do_not_combine_names_the_key_it_is_read_for(tmp_pa
     assert "column 'ref' has types that do not combine across shards" in info.value.message
     fix = "or name another column as input.id" if role == "id" else "or leave it out of input.keep"
     assert info.value.hint == f"give every shard the same type for 'ref', {fix}"
+
+
+@pytest.mark.parametrize("case", ["parquet read as jsonl", "utf-16"])
+def test_a_binary_or_utf16_file_read_as_json_lines_is_a_bad_shard_not_a_shard_of_error_rows(tmp_path, case):
+    """Every line of it was an error row (bad_utf8, bad_json), and the run 'completed'."""
+    if case == "utf-16":
+        (tmp_path / "a.jsonl").write_bytes('{"id": 1, "text": "a"}\n{"id": 2, "text": "b"}\n'.encode("utf-16"))
+    else:
+        pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "a.jsonl")
+    for typed in ({}, {"id": "id"}):  # the typed pass reads every line; the other only the first lines
+        with pytest.raises(InputError, match="it is not JSON Lines: its first line holds NUL bytes"):
+            discover_shards(InputConfig(path=str(tmp_path / "a.jsonl"), text="text", **typed))
+    (tmp_path / "b.jsonl").write_bytes(b'{"id": 1, "text": "a"}\n{"id": 2, "te\x00xt": \n')  # one bad line: one row
+    assert discover_shards(InputConfig(path=str(tmp_path / "b.jsonl"), text="text", id="id")).shards[0].num_rows == 2

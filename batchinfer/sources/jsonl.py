@@ -17,7 +17,7 @@ from ..messages import message_problem
 from ..reasons import Problem, Reason
 from ..storage.lines import Oversized, count_lines, numbered_lines, open_lines, parse_object, read_lines, sniff_field
 from .column_types import Kinds, as_text
-from .file_identity import Tap, next_row
+from .file_identity import ShardUnreadable, Tap, next_row
 from .shards import ReadSpec, RowBlock, Shard, ShardInfo
 
 _BLOCK = 1 << 20
@@ -39,6 +39,8 @@ class JsonlFormat:
                 for rows, (number, line) in enumerate(numbered_lines(stream, spec.max_line_bytes), start=1):
                     record, _ = parse_object(line, spec.max_line_bytes)
                     if record is None:
+                        if rows == 1:
+                            refuse_binary(line)
                         continue
                     columns = (columns or {}) | dict.fromkeys(record)  # a key one line leaves out is still a column
                     for column, seen in kinds.items():
@@ -68,6 +70,8 @@ class JsonlFormat:
                 record, _ = parse_object(line, spec.max_line_bytes)
                 if record is not None:
                     found = (found or {}) | dict.fromkeys(record)
+                elif not number:
+                    refuse_binary(line)
                 if number >= lines:
                     break
         return list(found) if found is not None else None
@@ -94,6 +98,16 @@ class JsonlFormat:
         if problem:
             return ({spec.id_column: record.get(spec.id_column)} if spec.id_column else {}), problem
         return record, None
+
+
+def refuse_binary(first) -> None:
+    """A first line that is no JSON and holds NUL bytes, which JSON text never does: the file is binary (a
+    Parquet file read as JSON Lines) or UTF-16, and every line of it would be an error row."""
+    if isinstance(first, bytes) and b"\x00" in first:
+        raise ShardUnreadable(
+            "it is not JSON Lines: its first line holds NUL bytes (a binary file such as Parquet, or text in UTF-16); "
+            "check input.format, or save the file as UTF-8"
+        )
 
 
 class JsonlReader:
