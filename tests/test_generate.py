@@ -158,6 +158,17 @@ def test_generate_errors_are_clear(tmp_path, tiny_embed, tiny_llama, sms_table):
                 tmp_path / "p.parquet", tiny_llama, tmp_path / "out3", generation__engine_options={"no_such_option": 1}
             )
         )
+    # transformers checks sizes in its generation thread: every row failed, 'check model.device' the advice
+    with pytest.raises(ConfigError, match="generation.engine_options.max_batch_tokens: -5 is no size"):
+        run_job(
+            _job(
+                tmp_path / "p.parquet",
+                tiny_llama,
+                tmp_path / "out4",
+                generation__engine="transformers",
+                generation__engine_options={"max_batch_tokens": -5},
+            )
+        )
 
 
 def test_the_kv_cache_is_sized_from_the_job_not_the_machine():

@@ -352,6 +352,9 @@ def test_the_pipeline_keeps_the_measured_rows_in_flight_unless_engine_options_sa
     for options in ({}, {"max_num_seqs": 8}):
         OpenVINOEngine(tmp_path, GenerationConfig(engine_options=options), ["f32"], {0}, None, None)
     assert IN_FLIGHT == 32 and [scheduler.max_num_seqs for scheduler in built] == [32, 8]
+    for value in (-4, "x", 2.5):  # pybind refused them unnamed: an internal error
+        with pytest.raises(ConfigError, match=rf"^generation.engine_options.max_num_seqs: {value!r} is no value"):
+            OpenVINOEngine(tmp_path, GenerationConfig(engine_options={"max_num_seqs": value}), ["f32"], {0}, None, None)
 
 
 def test_a_folder_auto_started_on_transformers_goes_on_there_where_openvino_would_now_run(

@@ -15,7 +15,7 @@ import torch
 
 from ..constrained.sampling import RequestHook, SeededSampling, sampling_warpers
 from ..constrained.spec import Constraint
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from ..job.config import GenerationConfig
 from .engine import PassOutput, PassRows, Registered, by_sampling, generation_config, passes_by, with_note
 from .kv_cache import (
@@ -29,6 +29,8 @@ from .kv_cache import (
 from .model_generation import history_config, needs_history
 from .prefix import admission
 
+# ContinuousBatchingConfig's sizes: whole numbers of at least 1
+SIZES = frozenset({"num_blocks", "page_size", "max_batch_tokens", "max_requests_per_batch"})
 # Cache page (tokens) when rows may share a prefix: the engine shares whole pages, so transformers' default of 256
 # shares nothing of a prompt shorter than 257 tokens.
 SHARED_PAGE = 32
@@ -108,6 +110,12 @@ class ContinuousEngine(Registered):
         `constrained`: a processor reads each step's tokens on the host; `seeded`: one draws on the host."""
         from transformers import ContinuousBatchingConfig
 
+        for key in SIZES & set(self.options):  # transformers checks them in its generation thread, row by row
+            if not isinstance(self.options[key], int) or isinstance(self.options[key], bool) or self.options[key] < 1:
+                raise ConfigError(
+                    f"generation.engine_options.{key}: {self.options[key]!r} is no size",
+                    f"give {key} a whole number of at least 1, or remove it",
+                )
         cpu = self.device.type == "cpu"
         options = engine_options(self.options, concurrency, self.shared_page, cpu, constrained, seeded)
         if not sized_by_user(options):
@@ -121,7 +129,7 @@ class ContinuousEngine(Registered):
             )
         try:
             return ContinuousBatchingConfig(seed=gen.seed, **options)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:  # an unknown field; a value out of its range (max_batch_tokens -5)
             raise ModelError(
                 f"generation.engine_options: {exc}",
                 "use fields of transformers.ContinuousBatchingConfig, e.g. num_blocks, max_batch_tokens",

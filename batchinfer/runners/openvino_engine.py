@@ -176,7 +176,14 @@ class OpenVINOEngine(Registered):
             if key.isupper():
                 properties[key] = value
             elif hasattr(scheduler, key):
-                setattr(scheduler, key, value)
+                try:
+                    setattr(scheduler, key, value)
+                except TypeError:  # pybind's words: "incompatible function arguments", the field unnamed
+                    kind = type(getattr(scheduler, key)).__name__
+                    raise ConfigError(
+                        f"generation.engine_options.{key}: {value!r} is no value of SchedulerConfig.{key} ({kind})",
+                        f"give {key} a {'whole number of at least 0' if kind == 'int' else kind}, or remove it",
+                    ) from None
             else:
                 raise ConfigError(
                     f"generation.engine_options: {key} is no field of openvino_genai.SchedulerConfig",
