@@ -1,3 +1,4 @@
+import copy
 import re
 from pathlib import Path
 
@@ -286,7 +287,7 @@ def test_keep_that_is_no_list_says_how_to_write_one():
     assert "input.keep: write a list of columns such as [dataset], or a mapping" in message
     assert "list[str]" not in message and "dict[str,str]" not in message and "Input should be" not in message
     with pytest.raises(ConfigError) as info:
-        validate_with_overrides(GOOD, ["input.keep=dataset"], "job.yaml")
+        validate_with_overrides(copy.deepcopy(GOOD), ["input.keep=dataset"], "job.yaml")
     assert info.value.message.count("input.keep") == 1 and "--set input.keep: write a list" in info.value.message
     assert "list[str]" not in _error({**GOOD, "input": {"path": "d", "text": "t", "keep": [1]}})
     unclosed = _error({**GOOD, "input": {"path": "d", "text": "t", "keep": "[label"}})  # a --set short of its ]
@@ -310,3 +311,11 @@ def test_a_blank_path_or_served_name_is_refused_not_read_as_the_current_folder_o
         )
         assert "output.path: is empty: name the output folder" in _error({**GOOD, "output": {"path": blank}})
         assert "serve.model_name: is empty: name the model id" in _error({**GOOD, "serve": {"model_name": blank}})
+
+
+def test_an_empty_choices_list_or_stop_string_is_refused_not_run_as_if_absent():
+    generate = {**GOOD, "model": {"path": "m", "task": "generate"}}
+    assert "generation.choices: is empty: list the strings" in _error({**generate, "generation": {"choices": []}})
+    assert "generation.stop: holds an empty string" in _error({**generate, "generation": {"stop": ["\n", ""]}})
+    assert validate_job({**generate, "generation": {"stop": ["\n"]}}).generation.stop == ["\n"]
+    assert validate_job({**generate, "generation": {"choices": ["ham", "spam"]}}).generation.choices == ["ham", "spam"]

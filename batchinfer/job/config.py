@@ -459,6 +459,20 @@ class GenerationConfig(Section):
         # top_p this small keeps the likeliest token alone, as float32's smallest normal number does
         return max(value, TOP_P_LEAST)
 
+    @field_validator("choices")
+    @classmethod
+    def _some_choice(cls, value: list[str]) -> list[str]:
+        if not value:  # given and empty: the completion ran unconstrained, as if the key were not there
+            raise ValueError("is empty: list the strings the completion may be, e.g. [ham, spam], or remove it")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stops_named(cls, value: list[str]) -> list[str]:
+        if any(not stop for stop in value):  # an empty stop string was left out without a word
+            raise ValueError("holds an empty string, which ends nothing: remove it")
+        return value
+
     @field_validator("response_format")
     @classmethod
     def _response_format_shape(cls, value):
