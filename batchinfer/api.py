@@ -136,7 +136,7 @@ def _run_in_memory(job: JobConfig, table: pa.Table) -> tuple[pa.Table | None, di
 def _config(job, overrides: dict, caller: str = "batchinfer.run") -> JobConfig:
     items = [f"{key.replace('__', '.')}={_yaml(value)}" for key, value in overrides.items()]
     if isinstance(job, JobConfig):
-        job = job.model_dump()
+        job = job.model_dump(exclude_unset=True)  # as its file gave it: defaults are not judged as given
     if isinstance(job, dict):
         data = {section: dict(values) if isinstance(values, dict) else values for section, values in job.items()}
         for item in items:

@@ -415,7 +415,8 @@ class GenerateRunner:
     def request_config(self, asked: dict) -> tuple[GenerationConfig, tuple[str, str] | None]:
         """row_config without its memo, for serve, whose requests' settings (a fresh seed each) do not repeat."""
         try:
-            return GenerationConfig.model_validate(self.gen.model_dump() | asked), None
+            # what the job set, not its defaults: a default given again would be judged as given (choices: [])
+            return GenerationConfig.model_validate(self.gen.model_dump(exclude_unset=True) | asked), None
         except ValidationError as exc:
             said = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
             return self.gen, (Reason.BAD_REQUEST, said)
