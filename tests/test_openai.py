@@ -716,3 +716,15 @@ def test_a_lone_surrogate_in_a_list_input_names_the_request_field_not_a_column(t
         "message": "body.input[1]: not valid Unicode (surrogates not allowed at character 0)",
     }
     assert json.loads((tmp_path / "o.jsonl").read_text())["custom_id"] == "ok"
+
+
+def test_a_chat_message_of_a_role_openai_does_not_take_is_that_requests_error_line():
+    """A 'wizard' message was answered: the model's template wrote <|im_start|>wizard, where OpenAI refuses it."""
+    from batchinfer.openai_compat.batch_files import parse_request
+
+    body = {"messages": [{"role": "system", "content": "be brief"}, {"role": "wizard", "content": "hi"}]}
+    reason, message = parse_request({"custom_id": "r", "method": "POST", "url": CHAT_URL, "body": body})[1]
+    assert reason == "bad_request" and message.startswith("body.messages[1].role: 'wizard' is no role"), message
+    for role in ("developer", "assistant"):
+        body = {"messages": [{"role": role, "content": "x"}, {"role": "user", "content": "hi"}]}
+        assert parse_request({"custom_id": "r", "method": "POST", "url": CHAT_URL, "body": body})[1] is None

@@ -1372,6 +1372,7 @@ def test_a_score_or_stream_options_body_is_refused_by_its_model_naming_the_field
         ([{"content": "hi"}], "messages[0].role", "messages[0].role: is missing"),
         ([{"role": "user", "content": "hi"}, {"role": "user", "content": 5}], "messages[1].content", "not a number"),
         (["hi"], "messages[0]", "messages[0]: input should be a valid dictionary"),
+        ([{"role": "wizard", "content": "hi"}], "messages[0].role", "'wizard' is no role of an OpenAI chat message"),
     ],
 )
 def test_a_chat_message_that_is_not_one_is_a_400_naming_the_message_and_the_key(tiny_llama, messages, param, said):

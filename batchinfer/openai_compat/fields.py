@@ -124,6 +124,9 @@ def unsupported(url: str, body: dict, surface: str) -> Problem | None:
     return None
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # what OpenAI's chat API takes
+
+
 def chat_messages(messages, where: str) -> tuple[Any, Problem | None]:
     """Chat messages with each content as text: a list of text parts is joined with newlines (as vLLM
     reads it); another kind of part, or a message field that would change the answer, is refused by name.
@@ -141,6 +144,12 @@ def chat_messages(messages, where: str) -> tuple[Any, Problem | None]:
                 return messages, _unsupported(f"{where}[{i}].{name} (not a field of a chat message); leave it out")
             if not field.neutral(value):
                 return messages, _unsupported(f"{where}[{i}].{name} ({field.lacks}); leave it out")
+        role = message.get("role")
+        if isinstance(role, str) and role not in ROLES:  # the model's template would write it out as given
+            return messages, (
+                Reason.BAD_REQUEST,
+                f"{where}[{i}].role: {role!r} is no role of an OpenAI chat message; use one of {', '.join(ROLES)}",
+            )
         content = message.get("content")
         if isinstance(content, list):
             content, problem = _text_parts(content, f"{where}[{i}].content")
