@@ -520,6 +520,8 @@ def export(
     with reported(debug):
         done = export_folder(folder, format, output, force, partial)
         what = f"; a partial export: the {done.partial} the folder finished, not the whole job" if done.partial else ""
+        if done.errors:
+            what += f"; {done.errors:,} rows in error are not in it (they are in {folder.rstrip('/')}/_errors/)"
         err.print(f"wrote {done.rows:,} rows to {output}{what}", highlight=False)
 
 

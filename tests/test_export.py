@@ -196,3 +196,19 @@ def test_a_bucket_that_does_not_exist_is_said_to_not_exist(s3):
         said = " ".join(result.output.split())
         assert result.exit_code == 1 and "s3://no-such-bucket-here/out" in said and "does not exist" in said, said
         assert "holds no batchinfer run" not in said
+
+
+def test_export_says_how_many_rows_are_in_errors_and_not_in_the_file(tmp_path, tiny_embed):
+    """It said 'wrote 4 rows' of a folder of 7 rows, 3 in _errors/, and no more."""
+    import pyarrow as pa
+
+    (tmp_path / "in").mkdir()
+    texts = ["a fine text", "", "another", "   ", "more", "", "last"]
+    pq.write_table(
+        pa.table({"sms_id": list(range(7)), "text": texts, "label": ["x"] * 7}), tmp_path / "in" / "a.parquet"
+    )
+    job = write_job(tmp_path, user_job(tmp_path / "in", tiny_embed, tmp_path / "out"))
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    said = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(tmp_path / "all.parquet")]).output
+    assert f"wrote 4 rows to {tmp_path / 'all.parquet'}; 3 rows in error are not in it" in said.replace("\n", " ")
+    assert f"{tmp_path / 'out'}/_errors/" in said.replace("\n", "")

@@ -19,6 +19,7 @@ from ..output.formats import json_lines
 from ..output.job_record import without_limit
 from ..output.layout import SUCCESS
 from ..output.parts import tables_in_input_order
+from ..output.records import error_counts
 from ..output.status import FolderStatus
 from ..storage import JOB_RECORD, LocalFolder
 from .delivery import place
@@ -33,6 +34,7 @@ TMP_PREFIX = ".tmp-export-"  # FILE is written as .tmp-export-XXXXXXXX-FILE besi
 class Exported:
     rows: int
     partial: str | None = None  # what an export of an unfinished folder holds, e.g. "2/6 chunks"; None: all
+    errors: int = 0  # rows of the folder in _errors/, which an export does not hold
 
 
 def export_folder(folder: str, fmt: str, target: Path, force: bool = False, partial: bool = False) -> Exported:
@@ -89,7 +91,7 @@ def export_folder(folder: str, fmt: str, target: Path, force: bool = False, part
             raise OutputError(f"{target} exists", "give another -o path, or add --force to replace it")
     except OSError as exc:
         raise OutputError(f"cannot write {target}: {exc.strerror or exc}", "choose a writable -o path") from exc
-    return Exported(rows, held)
+    return Exported(rows, held, sum(error_counts(state.done).values()))
 
 
 def _read(state: FolderStatus, command: str, part: str) -> pa.Table:

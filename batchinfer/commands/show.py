@@ -3,14 +3,13 @@ read-only status. Pure: values in, strings out; cli.py prints them."""
 
 from __future__ import annotations
 
-from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..backends.model_size import describe_size
 from ..output.job_record import without_limit
 from ..output.layout import REPORT
-from ..output.records import ChunkRecord, current_errors
+from ..output.records import ChunkRecord, error_counts
 from ..output.verify import NOT_OURS
 
 if TYPE_CHECKING:
@@ -74,9 +73,7 @@ def status_lines(state: FolderStatus) -> list[str]:
     """status: chunks, rows and errors done, the run holding the folder, what is damaged or lost, what to run next."""
     lines: list[str] = []
     done = state.done
-    errors: Counter = Counter()
-    for name in current_errors(done).values():
-        errors.update(done[name].errors)
+    errors = error_counts(done)
     lost = state.lost()
     chunks = [r for name, r in done.items() if not r.retry_of and name not in lost]
     holder = state.holder()

@@ -6,6 +6,7 @@ run's log travel beside it (ChunkResult) and never reach a marker."""
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Annotated, NamedTuple
 
@@ -123,6 +124,14 @@ def current_errors(done: dict[str, ChunkRecord]) -> dict[str, str]:
     for name, record in done.items():  # marker order: a retry comes after what it retries
         current[record.retry_of or name] = name
     return current
+
+
+def error_counts(done: dict[str, ChunkRecord]) -> Counter:
+    """The rows in the folder's current error files, by reason."""
+    counts: Counter = Counter()
+    for name in current_errors(done).values():
+        counts.update(done[name].errors)
+    return counts
 
 
 class Committed(NamedTuple):
