@@ -207,7 +207,11 @@ def openai_batch(
 def _say_delivered(counts: dict, output: Path, errors: Path, work: Path) -> None:
     answered, failed = counts["output.jsonl"], counts["errors.jsonl"]
     err.print(
-        f"wrote {answered:,} response{'s' * (answered != 1)} to {output} and "
+        (
+            f"wrote {answered:,} response{'s' * (answered != 1)} to {output} and "
+            if answered
+            else "wrote no response (every request failed, so no results file) and "
+        )
         + (
             f"{failed:,} failed request{'s' * (failed != 1)} to {errors}"
             if failed

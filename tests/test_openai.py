@@ -261,6 +261,13 @@ def test_an_existing_response_file_is_replaced_only_if_batchinfer_wrote_it(tmp_p
     assert result.exit_code == 0 and f"wrote 1 response to {tmp_path / 'out.jsonl'} and no failed" in result.output
     assert runner.invoke(app, command + ["--restart"]).exit_code == 0  # its own file: replaced
     assert json.loads((tmp_path / "out.jsonl").read_text())["custom_id"] == "a"
+    path.write_text(_embedding_request("b", "") + "\n")  # every request fails: no results file is written
+    (tmp_path / "out.jsonl").unlink()
+    result = runner.invoke(app, command[:-1] + ["-o", str(tmp_path / "none.jsonl")])
+    assert result.exit_code == 0 and "wrote no response (every request failed, so no results file) and 1 failed" in (
+        result.output.replace("\n", " ")
+    ), result.output
+    assert not (tmp_path / "none.jsonl").exists() and (tmp_path / "none.errors.jsonl").exists()
     (tmp_path / "folder").mkdir()
     result = runner.invoke(app, command[:4] + ["-o", str(tmp_path / "folder"), "-q"])
     assert result.exit_code == 1 and "is a folder" in result.output and "Traceback" not in result.output
