@@ -60,17 +60,18 @@ def run_job(
     plan = JobPlan.open(job, stop)
     (shards, bad_shards, types), model_path = plan.inputs, plan.model_path
     output = job.output
-    if limit is not None and limit >= sum(shard.num_rows for shard in shards):
+    if limit is not None and limit >= plan.rows:
         limit = None  # it reaches past the last row: the whole job, finished as one (_SUCCESS, the format's files)
+    if retry_errors and restart:
+        raise ConfigError(
+            "--retry-errors and --restart together: --restart discards the errors to retry",
+            "give one of them: --restart to start over, --retry-errors to run the rows in _errors/ again",
+        )
     with Checkpoint.open(output.path, output.compression, output.storage_options, tuple(s.path for s in shards)) as out:
-        if retry_errors and (restart or not out.holds_a_job):  # not a retry: a whole run, or none at all
+        if retry_errors and not out.holds_a_job:  # no errors to retry: it would run the whole job unasked
             raise ConfigError(
-                "--retry-errors and --restart together: --restart discards the errors to retry"
-                if restart
-                else f"{output.path} holds no run whose errors --retry-errors could run again",
-                "give one of them: --restart to start over, --retry-errors to run the rows in _errors/ again"
-                if restart
-                else "run the job first, without --retry-errors: its failed rows land in _errors/",
+                f"{output.path} holds no run whose errors --retry-errors could run again",
+                "run the job first, without --retry-errors: its failed rows land in _errors/",
             )
         limit = limit if restart else out.covering_limit(limit)
         fmt = output_format(job)

@@ -110,7 +110,7 @@ class InputConfig(Section):
     @field_validator("path")
     @classmethod
     def _path_named(cls, value: str) -> str:
-        return named_path(value, "a file, a folder or a glob of shards")
+        return named(value, "a file, a folder or a glob of shards")
 
     @field_validator("keep", mode="before")  # before: one line naming the key, not one per type of the union
     @classmethod
@@ -521,7 +521,7 @@ class OutputConfig(Section):
     @field_validator("path")
     @classmethod
     def _path_named(cls, value: str) -> str:
-        return named_path(value, "the output folder")
+        return named(value, "the output folder")
 
     scores: bool = Field(
         default=False,
@@ -599,7 +599,7 @@ class ServeConfig(Section):
     @field_validator("model_name")
     @classmethod
     def _name_named(cls, value: str | None) -> str | None:
-        return value if value is None else named_path(value, "the model id, or leave the key out for the default")
+        return value if value is None else named(value, "the model id, or leave the key out for the default")
 
     max_wait_ms: StrictFloat = Field(
         default=5.0,
@@ -798,8 +798,9 @@ class JobConfig(Section):
             taken[name] = f"'{column}'"
 
 
-def named_path(value: str, what: str) -> str:
-    """A path key's value, refused when blank: an empty input.path read the current folder and all below it."""
+def named(value: str, what: str) -> str:
+    """A name or path key's value, refused when blank: an empty input.path read the current folder and all
+    below it; an empty serve.model_name was left for the default."""
     if not value.strip():
         raise ValueError(f"is empty: name {what}")
     return value

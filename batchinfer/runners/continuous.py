@@ -99,6 +99,12 @@ class ContinuousEngine(Registered):
         return cls(model, device, gen.engine_options, pad_id, grammars)
 
     def __init__(self, model, device: torch.device, options: dict, pad_id: int, grammars: Callable):
+        for key in SIZES & set(options):  # transformers checks them in its generation thread, failing every row
+            if not isinstance(options[key], int) or isinstance(options[key], bool) or options[key] < 1:
+                raise ConfigError(
+                    f"generation.engine_options.{key}: {options[key]!r} is no size",
+                    f"give {key} a whole number of at least 1, or remove it",
+                )
         self.model, self.device, self.options, self.pad_id = model, device, options, pad_id
         self.grammars = grammars  # () -> grammar.Grammars, built on first use
         self.described: dict = {"name": self.name}
@@ -110,12 +116,6 @@ class ContinuousEngine(Registered):
         `constrained`: a processor reads each step's tokens on the host; `seeded`: one draws on the host."""
         from transformers import ContinuousBatchingConfig
 
-        for key in SIZES & set(self.options):  # transformers checks them in its generation thread, row by row
-            if not isinstance(self.options[key], int) or isinstance(self.options[key], bool) or self.options[key] < 1:
-                raise ConfigError(
-                    f"generation.engine_options.{key}: {self.options[key]!r} is no size",
-                    f"give {key} a whole number of at least 1, or remove it",
-                )
         cpu = self.device.type == "cpu"
         options = engine_options(self.options, concurrency, self.shared_page, cpu, constrained, seeded)
         if not sized_by_user(options):
@@ -129,7 +129,7 @@ class ContinuousEngine(Registered):
             )
         try:
             return ContinuousBatchingConfig(seed=gen.seed, **options)
-        except (TypeError, ValueError) as exc:  # an unknown field; a value out of its range (max_batch_tokens -5)
+        except TypeError as exc:
             raise ModelError(
                 f"generation.engine_options: {exc}",
                 "use fields of transformers.ContinuousBatchingConfig, e.g. num_blocks, max_batch_tokens",

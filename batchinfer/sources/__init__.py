@@ -125,7 +125,7 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
         ) from exc
     root = posixpath.commonpath([posixpath.dirname(p) for p, _ in paths]) if len(paths) > 1 else None
     spec = read_spec(cfg, columns)
-    shards, bad, infos, hints, lacking, empty = [], [], [], [], [], []
+    shards, bad, infos, hints, lacking, empty = [], [], [], [], [], 0
     for path, fmt in paths:
         name = posixpath.relpath(path, root) if root else posixpath.basename(path.rstrip("/"))
         try:
@@ -136,7 +136,7 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
             continue
         missing = [c for c in spec.columns if info.columns is not None and c not in info.columns]
         if missing and not info.rows and len(paths) > 1:  # an empty partition, as some writers leave: no rows
-            empty.append(name)
+            empty += 1
             continue
         if missing:
             lacking.append(Lacking(name, missing, info.columns))
@@ -145,7 +145,7 @@ def discover_shards(cfg: InputConfig, columns: list[str] | None = None, output: 
             continue
         shards.append(Shard(path, name, fmt, info.rows, info.digest, stamp=stamp))
         infos.append(info)
-    _refuse_unusable(cfg, len(paths), bad, hints, lacking, bool(shards), len(empty))
+    _refuse_unusable(cfg, len(paths), bad, hints, lacking, bool(shards), empty)
     if cfg.format == "openai":
         repeats = find_repeats([(s.name, info.keys) for s, info in zip(shards, infos)])
         shards = [replace(s, repeats=repeats.get(s.name, ())) for s in shards]
