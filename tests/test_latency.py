@@ -156,6 +156,27 @@ def test_a_request_is_shed_when_it_or_one_queued_before_it_would_be_answered_pas
     assert control.admit(20.5, 0, 0, 30, 1).admit
 
 
+def test_what_a_request_spent_before_it_was_queued_counts_toward_the_target():
+    """A burst finds the queue short at each request's turn to be queued: the event loop, not the queue, held the
+    later ones. Their time since arrival (body read, event loop, tokenizing) is counted, theirs and the oldest
+    queued request's, and the time outside the queue is split into before (each request's own, as it came) and
+    after (answering, averaged), so that it is not counted twice."""
+    control = _measured(_target(target=1.0))
+    control.answered(0.5, 0.3, 0.4, before=0.15)  # 0.05 s after the last row, 0.15 s before it was queued
+    assert control.outside == pytest.approx(0.2) and control.after == pytest.approx(0.05)
+    allowed, after = control.admission.allowed, control.after
+    ahead = control.waiting(130) + control.cost.seconds(130)  # the next window, with 100 tokens queued
+    fresh = control.admit(0.0, 100, 5, 30, 1)
+    assert fresh.admit and fresh.expected == pytest.approx(ahead + after)
+    late = control.admit(0.0, 100, 5, 30, 1, since=allowed)  # it waited all it may for the event loop
+    assert not late.admit and late.predicted == pytest.approx(allowed + ahead + after)
+    # the oldest queued request came 0.9 of the target before it was queued: the new one would make it late
+    behind = control.admit(0.0, 100, 5, 30, 1, waited=0.01, oldest=0.9 * allowed + 0.01)
+    soon = max(0.0, control.waiting(130) - 0.01) + control.cost.seconds(130)  # its wait for company is over
+    assert not behind.admit and behind.expected == pytest.approx(soon + after)
+    assert control.admit(0.0, 0, 0, 30, 1, since=5 * allowed).admit  # nothing ahead: no one could answer it sooner
+
+
 def test_the_margin_is_what_the_predictions_missed_by_and_a_slow_burst_raises_it_for_a_tail_of_answers_only():
     target = 0.2
     admission = Admission(target)

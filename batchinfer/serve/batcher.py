@@ -128,6 +128,7 @@ class Submitted:
     arrived: float = field(default_factory=time.monotonic)
     answered: float = 0.0  # when its last row's result came (time.monotonic)
     expected: float = 0.0  # its latency as predicted when it was admitted (latency.Decision)
+    before: float = 0.0  # seconds from its arrival (HTTP) to its submission
 
     def __post_init__(self):
         self.results = [None] * self.size
@@ -190,16 +191,17 @@ class Batcher:
         return self._queued_tokens
 
     @contextmanager
-    def reserved(self, tokens: int, least: int = 0):
+    def reserved(self, tokens: int, least: int = 0, since: float = 0.0):
         """Hold `tokens` of the queue while a request is tokenized; raises Overloaded, before any work, when
         they do not fit, and TooLarge when even `least` (a lower bound of its tokens, and of its rows) is past
         the bound; Shed when even `least` would be answered past serve.p99_ms (submit checks the real count).
-        submit(..., reserved=tokens) inside the block trades them for the real count."""
+        submit(..., reserved=tokens) inside the block trades them for the real count. `since`: seconds since
+        the request arrived."""
         refuse_past(self.max_queue_tokens, 0, 0, least)
         tokens = min(tokens, self.max_queue_tokens)  # an estimate past the bound: submit sees the real count
         with self._wake:
             self._admit(tokens, 0)
-            self._in_time(least, least)
+            self._in_time(least, least, since)
             self._reserved += tokens
         try:
             yield
@@ -207,15 +209,16 @@ class Batcher:
             with self._wake:
                 self._reserved -= tokens
 
-    def submit(self, items: list, loop: asyncio.AbstractEventLoop, reserved: int = 0) -> Submitted:
+    def submit(self, items: list, loop: asyncio.AbstractEventLoop, reserved: int = 0, since: float = 0.0) -> Submitted:
         """Queue a request's items (token ids, one per row); raises Overloaded when the queue is full.
-        reserved: the tokens this request holds already (Batcher.reserved)."""
+        reserved: the tokens this request holds already (Batcher.reserved); since: the seconds since the request
+        arrived (its body read, its tokenizing), which serve.p99_ms counts."""
         tokens = sum(len(item) for item in items)
-        request = Submitted(len(items), loop.create_future(), loop)
+        request = Submitted(len(items), loop.create_future(), loop, before=since)
         now = time.monotonic()
         with self._wake:
             self._admit(tokens, min(reserved, self.max_queue_tokens))  # as reserved() holds it
-            request.expected = self._in_time(tokens, len(items)).expected
+            request.expected = self._in_time(tokens, len(items), since).expected
             self._queue.extend(_Row(request, i, item, now) for i, item in enumerate(items))
             self._queued_tokens += tokens
             self._wake.notify()
@@ -226,7 +229,7 @@ class Batcher:
     def answered(self, request: Submitted, seconds: float) -> None:
         """`request` was answered to its client `seconds` after it came: the latency serve.p99_ms holds."""
         with self._wake:
-            self.window.answered(seconds, request.answered - request.arrived, request.expected)
+            self.window.answered(seconds, request.answered - request.arrived, request.expected, request.before)
 
     def cancel(self, request: Submitted) -> None:
         """Drop the rows of `request` that have not run (its caller went away): the queued ones now, the rest
@@ -245,12 +248,14 @@ class Batcher:
             raise Overloaded("it is shutting down")
         refuse_past(self.max_queue_tokens, self._queued_tokens + self._reserved - own, tokens)
 
-    def _in_time(self, tokens: int, rows: int):
-        """Refuse (Shed) a request of `tokens` in `rows` that the window predicts past serve.p99_ms behind what
-        is queued and running; else its latency.Decision. Called holding the lock."""
-        now = time.monotonic()
-        waited = now - self._queue[0].arrived if self._queue else 0.0
-        decision = self.window.admit(now, self._queued_tokens, len(self._queue), tokens, rows, waited)
+    def _in_time(self, tokens: int, rows: int, since: float):
+        """Refuse (Shed) a request of `tokens` in `rows`, `since` seconds after it arrived, that the window
+        predicts past serve.p99_ms behind what is queued and running; else its latency.Decision. Called holding
+        the lock."""
+        now, oldest = time.monotonic(), self._queue[0] if self._queue else None
+        waited = now - oldest.arrived if oldest else 0.0
+        ages = (waited, waited + oldest.request.before if oldest else 0.0, since)  # LatencyTarget.admit's
+        decision = self.window.admit(now, self._queued_tokens, len(self._queue), tokens, rows, *ages)
         if not decision.admit:
             raise shed(decision)
         return decision

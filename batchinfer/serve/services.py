@@ -23,7 +23,7 @@ from ..runners.protocol import BatchRunner, Generating
 from .batcher import Batcher, Overloaded, Ticket, TokenQueue, shed
 from .bodies import Asked, BadInput, ChatBody, CompletionBody
 from .failures import Disconnected, EngineDown
-from .guard import once_sent
+from .guard import arrived, once_sent
 from .latency import FirstToken
 from .metrics import Metrics
 
@@ -78,7 +78,7 @@ class EncoderService:
         most = most_tokens(texts, self.runner.max_length)
         # a full queue refuses before the tokenizer runs, and so does a request of more texts than the queue's
         # tokens (each text is a token at least)
-        with self.batcher.reserved(most, least=len(texts)):
+        with self.batcher.reserved(most, least=len(texts), since=time.perf_counter() - arrived(request)):
             loaded = await asyncio.to_thread(load_rows, self.rows_job, self.runner, request_rows(texts))
             if loaded.prepared.errors:  # model.truncation: error
                 position, (_, message) = min(loaded.prepared.errors.items())
@@ -86,7 +86,8 @@ class EncoderService:
             tokens = loaded.tokens
             if whole and tokens.truncated.any():
                 raise BadInput(f"input[{int(np.argmax(tokens.truncated))}]: {uncut(self.runner.max_length)}")
-            pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop(), reserved=most)
+            since = time.perf_counter() - arrived(request)
+            pending = self.batcher.submit(tokens.ids, asyncio.get_running_loop(), reserved=most, since=since)
         results, failed = await until_done(pending, request, self.batcher.cancel)
         if failed:
             position, (reason, message) = next(iter(sorted(failed.items())))
