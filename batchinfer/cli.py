@@ -147,7 +147,8 @@ def openai_batch(
         ..., help="An OpenAI Batch API request file (JSONL: custom_id, method, url, body)."
     ),
     model: str = typer.Option(..., "--model", "-m", help="The model to run instead of each request's body.model."),
-    output: Path = typer.Option(..., "--output", "-o", help="The response file to write (JSONL)."),
+    # text, not a Path, which would drop the / that marks a folder
+    output: str = typer.Option(..., "--output", "-o", metavar="<path>", help="The response file to write (JSONL)."),
     set_: Optional[List[str]] = SetOption,
     restart: bool = typer.Option(False, "--restart", help="Discard earlier results for OUTPUT and start over."),
     retry_errors: bool = typer.Option(
@@ -165,12 +166,13 @@ def openai_batch(
 
     Work is checkpointed in OUTPUT.batchinfer/; rerun the same command to resume."""
     from .backends.models import read_config, resolve_model_path
-    from .commands.delivery import check_targets, deliver
+    from .commands.delivery import results_path
     from .errors import ModelError
     from .job.config import validate_with_overrides
     from .openai_compat.batch_files import task_of_requests
 
     with reported(debug):
+        output = results_path(output)
         work = output.with_name(output.name + ".batchinfer")
         data = {
             "input": {"path": str(requests), "format": "openai"},
@@ -190,18 +192,28 @@ def openai_batch(
         command = resume_command(
             ["openai-batch", str(requests), "--model", model, "-o", str(output)], set_ or [], None
         ) + (" --retry-errors" if retry_errors else "")
-        errors = output.with_name(output.name.removesuffix(".jsonl") + ".errors.jsonl")
-        known = check_targets(work, [output, errors])
-        report = execute(
-            config,
-            command,
-            restart=restart,
-            retry_errors=retry_errors,
-            progress=progress_display("none" if quiet else progress, every),
-        )
-        counts = report["openai"]
-        deliver(work, {"output.jsonl": output, "errors.jsonl": errors}, counts, known)
-        _say_delivered(counts, output, errors, work)
+        shown = progress_display("none" if quiet else progress, every)
+        _run_batch(config, command, output, work, restart=restart, retry_errors=retry_errors, progress=shown)
+
+
+def _run_batch(config, command: str, output: Path, work: Path, *, restart: bool, retry_errors: bool, progress):
+    """Run the batch's job in `work`, then move its responses to `output` and its failed requests beside it."""
+    from .commands.delivery import check_targets, deliver
+    from .errors import OtherJobError
+
+    errors = output.with_name(output.name.removesuffix(".jsonl") + ".errors.jsonl")
+    known = check_targets(work, [output, errors])
+    try:
+        report = execute(config, command, restart=restart, retry_errors=retry_errors, progress=progress)
+    except OtherJobError as exc:  # its fix is run's (--output NEW_FOLDER); here -o names a file
+        raise OtherJobError(
+            exc.message,
+            f"write this batch to a new file with -o NEW.jsonl, which keeps them and {output}; or, to delete them "
+            f"and replace {output}, add --restart",
+        ) from exc
+    counts = report["openai"]
+    deliver(work, {"output.jsonl": output, "errors.jsonl": errors}, counts, known)
+    _say_delivered(counts, output, errors, work)
 
 
 def _say_delivered(counts: dict, output: Path, errors: Path, work: Path) -> None:

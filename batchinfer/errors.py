@@ -39,6 +39,11 @@ class ResumeError(OutputError):
     """The output folder holds a run of a different job."""
 
 
+class OtherJobError(ResumeError):
+    """The output folder holds results of a job with another input, model or settings; its hint says where
+    else to write, which each command says its own way (run: --output NEW_FOLDER; openai-batch: -o NEW.jsonl)."""
+
+
 def shorten(value, limit: int = 200) -> str:
     """A value for a message, at most `limit` characters. reprlib stops early, so a job file whose
     aliases expand to gigabytes costs nothing to quote."""

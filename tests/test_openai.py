@@ -3,6 +3,7 @@ response lines in OpenAI's batch output shape out, errors as lines, resume witho
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -82,8 +83,8 @@ def test_openai_batch_command_writes_openai_shaped_lines(tmp_path, tiny_llama):
         ("bad-messages", "bad_request"),
     ]
     assert all(e["response"] is None and e["error"]["message"] for e in errors)
-    # a line without a custom_id is named by its place: the 5th request of the file
-    assert errors[2]["error"]["message"] == "custom_id is missing (request 5 of requests.jsonl)"
+    # a line without a custom_id is named by its place: the 5th line of the file
+    assert errors[2]["error"]["message"] == "custom_id is missing (line 5 of requests.jsonl)"
 
 
 def test_embeddings_requests(tmp_path, tiny_embed):
@@ -735,3 +736,99 @@ def test_a_chat_message_of_a_role_openai_does_not_take_is_that_requests_error_li
     for role in ("developer", "assistant"):
         body = {"messages": [{"role": role, "content": "x"}, {"role": "user", "content": "hi"}]}
         assert parse_request({"custom_id": "r", "method": "POST", "url": CHAT_URL, "body": body})[1] is None
+
+
+def test_every_message_that_names_a_line_counts_blank_lines_as_an_editor_does(tmp_path, tiny_embed):
+    """A line without a custom_id is named by its line, as the line a custom_id repeats is: both numbered as an
+    editor shows them, blank lines counted (not as requests, which skip them)."""
+    lines = [
+        "",
+        _embedding_request("a", "hello"),
+        "   ",
+        json.dumps({"method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}),
+        "",
+        '{"method": "POST", "body": [',
+        _embedding_request("a", "again"),
+    ]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", str(tmp_path / "o.jsonl")])
+    assert result.exit_code == 0, result.output
+    errors = [json.loads(line)["error"]["message"] for line in (tmp_path / "o.errors.jsonl").read_text().splitlines()]
+    assert errors[0] == "custom_id is missing (line 4 of requests.jsonl)"
+    assert errors[1].startswith("line is not JSON") and errors[1].endswith("(line 6 of requests.jsonl)")
+    assert errors[2] == "custom_id 'a' repeats line 2 of requests.jsonl; only the first request runs"
+
+
+def test_a_folder_as_the_request_file_is_refused_naming_the_job_file_that_reads_one(tmp_path):
+    folder = tmp_path / "batches"
+    folder.mkdir()
+    (folder / "part-1.jsonl").write_text(_embedding_request("a", "hi") + "\n")
+    result = runner.invoke(app, ["openai-batch", str(folder), "-m", "m", "-o", str(tmp_path / "o.jsonl")])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "Traceback" not in said and "does not exist" not in said
+    assert f"error: {folder} is a folder; openai-batch takes one OpenAI Batch API request file (.jsonl)" in said
+    assert f"e.g. {folder / 'part-1.jsonl'}" in said and "input.format: openai and output.format: openai" in said
+
+
+def test_an_output_path_ending_in_a_slash_is_a_folder_and_refused(tmp_path, tiny_embed):
+    path = tmp_path / "requests.jsonl"
+    path.write_text(_embedding_request("a", "hello") + "\n")
+    result = runner.invoke(app, ["openai-batch", str(path), "-m", str(tiny_embed), "-o", f"{tmp_path / 'new'}/"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "Traceback" not in said, said
+    assert f"-o {tmp_path / 'new'}/ ends in /, so it names a folder" in said
+    assert f"-o {tmp_path / 'new' / 'results.jsonl'}" in said
+    assert not (tmp_path / "new").exists() and not (tmp_path / "new.batchinfer").exists()
+
+
+def test_results_of_another_batch_at_the_output_say_to_give_a_new_file(tmp_path, tiny_embed):
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text(_embedding_request("a", "hello") + "\n")
+    second.write_text(_embedding_request("b", "other") + "\n")
+    out = tmp_path / "out.jsonl"
+    assert runner.invoke(app, ["openai-batch", str(first), "-m", str(tiny_embed), "-o", str(out), "-q"]).exit_code == 0
+    result = runner.invoke(app, ["openai-batch", str(second), "-m", str(tiny_embed), "-o", str(out), "-q"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "holds results of a different job" in said, said
+    assert "fix: write this batch to a new file with -o NEW.jsonl" in said and "NEW_FOLDER" not in said
+    assert json.loads(out.read_text())["custom_id"] == "a"  # kept
+
+
+def test_a_request_without_max_tokens_gets_generation_max_new_tokens_as_the_docs_say(tmp_path, tiny_llama):
+    from batchinfer.job.config import GenerationConfig
+
+    default = GenerationConfig.model_fields["max_new_tokens"].default
+    doc = " ".join((EXAMPLE.parents[2] / "docs" / "openai-batch.md").read_text().split())
+    assert "A request without `max_tokens` (or `max_completion_tokens`)" in doc
+    assert f"`generation.max_new_tokens` tokens, {default} unless" in doc
+    assert "`--set generation.max_new_tokens=N`" in doc
+    path = tmp_path / "requests.jsonl"
+    path.write_text(_completion("free", "Free entry in 2 a wkly comp") + "\n")
+    out = tmp_path / "out.jsonl"
+    command = ["openai-batch", str(path), "-m", str(tiny_llama), "-o", str(out), "-q"]
+    result = runner.invoke(app, [*command, "--set", "generation.max_new_tokens=3"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["response"]["body"]["usage"]["completion_tokens"] <= 3
+
+
+def test_a_rerun_of_a_complete_batch_keeps_each_responses_created(tmp_path, tiny_llama, monkeypatch):
+    """`created` is when the response's chunk was committed, kept in its marker: a rerun writes the file again
+    from the parts, and writes the same lines, however much later it runs."""
+    from types import SimpleNamespace
+
+    from batchinfer.openai_compat import batch_files
+
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(_completion(f"r{i}", f"message {i}", max_tokens=2) + "\n" for i in range(3)))
+    out = tmp_path / "out.jsonl"
+    command = ["openai-batch", str(path), "-m", str(tiny_llama), "-o", str(out), "-q"]
+    start = int(time.time())
+    assert runner.invoke(app, command).exit_code == 0
+    first = out.read_text()
+    assert all(start <= json.loads(line)["response"]["body"]["created"] <= time.time() for line in first.splitlines())
+    later = time.time() + 1000  # the rerun, as if much later
+    monkeypatch.setattr(batch_files, "time", SimpleNamespace(time=lambda: later))
+    again = runner.invoke(app, command)
+    assert again.exit_code == 0 and "already complete" in again.output, again.output
+    assert out.read_text() == first

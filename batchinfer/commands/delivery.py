@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,18 @@ from ..errors import OutputError
 from ..output.formats import EXPORTED, DeclaredFiles
 from ..output.status import FolderStatus
 from ..storage import TMP, LocalFolder
+
+
+def results_path(text: str) -> Path:
+    """-o as given: a path that ends in a separator names a folder (Path would drop the separator and write a
+    file of that name), refused as check_targets refuses a folder that exists."""
+    if text.endswith(("/", os.sep)):
+        folder = Path(text)
+        raise OutputError(
+            f"-o {text} ends in {text[-1]}, so it names a folder; -o names the results file (errors go next to it)",
+            f"give a file path, e.g. -o {folder / 'results.jsonl'} or -o {folder}.jsonl",
+        )
+    return Path(text)
 
 
 def check_targets(work, targets: list) -> dict[str, str]:

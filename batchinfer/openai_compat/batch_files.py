@@ -98,11 +98,17 @@ def _stable_id(*parts: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
 
 
+CREATED = "_created"  # a result table's column (output/formats.py): when its row's chunk was committed
+
+
 def response_lines(table: pa.Table, model: str, task: str) -> list[str]:
-    """Result rows → OpenAI batch output lines (chat.completion, text_completion or embedding list)."""
-    created = int(time.time())
+    """Result rows → OpenAI batch output lines (chat.completion, text_completion or embedding list). A
+    completion's `created` is when its chunk was committed (CREATED), so writing the file again from the same
+    parts writes the same lines; now where the table does not say."""
+    now = int(time.time())
     lines = []
     for row in table.to_pylist():
+        created = int(row[CREATED]) if row.get(CREATED) is not None else now
         request_id = _stable_id(row["custom_id"], model)
         if task == "embed":
             vectors = row["embedding"]
@@ -131,9 +137,7 @@ def error_lines(errors: pa.Table, model: str) -> list[str]:
     """Error rows → OpenAI batch error lines: {id, custom_id, response: null, error: {code, message}}."""
     lines = []
     for row in errors.to_pylist():
-        custom_id, message = row["id"], row["message"]
-        if custom_id is None:  # the line is named by its place instead (blank lines are no requests)
-            message = f"{message} (request {row['row'] + 1:,} of {row['source']})"
+        custom_id, message = row["id"], row["message"]  # without a custom_id, the message names the line
         # By the request's line, not its custom_id: a duplicate_id line shares its custom_id with a response.
         key = _stable_id("error", row["source"], str(row["row"]), model)
         lines.append(
@@ -152,6 +156,14 @@ def error_lines(errors: pa.Table, model: str) -> list[str]:
 
 def task_of_requests(path) -> str:
     """The task a request file needs, from the url of its first valid line."""
+    if path.is_dir():
+        example = next(iter(sorted(path.glob("*.jsonl"))), path / "requests.jsonl")
+        raise InputError(
+            f"{path} is a folder; openai-batch takes one OpenAI Batch API request file (.jsonl)",
+            f"give one file, e.g. {example}; to run every request file of the folder, run a job file with "
+            f"input.path: {path}, input.format: openai and output.format: openai (batchinfer run JOB.yaml; "
+            "docs/openai-batch.md)",
+        )
     if not path.is_file():
         raise InputError(f"request file {path} does not exist", "give the path of an OpenAI Batch API .jsonl file")
     with open_lines(str(path)) as stream:

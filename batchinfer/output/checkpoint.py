@@ -13,7 +13,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from ..batching.budget import ProbeChoice
-from ..errors import OutputError, ResumeError
+from ..errors import OtherJobError, OutputError, ResumeError
 from ..job.plan import cuts_of, describe_changes
 from ..reasons import Reason
 from ..storage import open_folder, refuse_location
@@ -190,7 +190,7 @@ class Checkpoint:
             self._save({**job, **fresh, **({} if done else {"tuning": None})})
         elif changed:
             changed.pop("limit", None)  # any limit may continue a job; only the other changes refuse it
-            raise ResumeError(
+            raise OtherJobError(
                 f"{self.path} holds results of a different job ({'; '.join(changed.values())})",
                 # the folder's results are another job's: keeping them comes first, deleting them second
                 "write this job to a new folder with --output NEW_FOLDER, which keeps them; or, to delete them "
@@ -266,7 +266,9 @@ class Checkpoint:
         missing = [name for name in committed_parts(self.done) if name not in listing]
         report["complete"] = report["complete"] and not missing
         if report["complete"]:
-            report.update(output_format.finish(DeclaredFiles(self.folder, self.path, self.job)))
+            # each part's commit time: a rerun that writes the files again writes the same `created`
+            committed = {part_name(name): record.finished for name, record in self.done.items()}
+            report.update(output_format.finish(DeclaredFiles(self.folder, self.path, self.job, committed)))
         self._write_report(report, success=report["complete"] and final, idle=idle)
         if missing:
             raise OutputError(

@@ -7,7 +7,9 @@ from __future__ import annotations
 import functools
 import json
 
-from ..openai_compat.batch_files import error_lines, response_lines
+import pyarrow as pa
+
+from ..openai_compat.batch_files import CREATED, error_lines, response_lines
 from .failures import writing
 from .layout import tmp_prefix
 from .parts import part_names, read_table, tables_in_input_order
@@ -19,9 +21,10 @@ EXPORTED = "exported.json"  # the files `openai-batch -o` wrote outside the fold
 class DeclaredFiles:
     """Writes the job's other files (those its job record declares), each whole."""
 
-    def __init__(self, folder, path, job: dict):
+    def __init__(self, folder, path, job: dict, committed: dict[str, float | None] | None = None):
         self.folder, self.path, self.declared = folder, path, job.get("files", [])
         self.tmp = tmp_prefix(job["job_id"])
+        self.committed = committed or {}  # part file -> when its pass was committed (its marker's `finished`)
 
     def write(self, name: str, fill) -> None:
         """`name`, written by fill(binary file)."""
@@ -29,14 +32,15 @@ class DeclaredFiles:
             raise ValueError(f"{name} is not among the files this job declared")
         writing(self.path, lambda: self.folder.write_with(name, fill, tmp=self.tmp))
 
-    def write_lines(self, name: str, convert, errors: bool = False) -> int:
+    def write_lines(self, name: str, convert, errors: bool = False, stamped: bool = False) -> int:
         """`name`, from every result (or error) part in input order: each part's table → lines by
-        `convert`. Returns the lines written."""
+        `convert`. stamped: each table has a CREATED column, when its rows' pass was committed (null where
+        unknown). Returns the lines written."""
         count = 0
 
         def fill(f) -> None:
             nonlocal count
-            read = functools.partial(read_table, self.folder)
+            read = self._stamped if stamped else functools.partial(read_table, self.folder)
             for table in tables_in_input_order(part_names(self.folder, errors=errors), read):
                 lines = convert(table)
                 f.write("".join(line + "\n" for line in lines).encode())
@@ -44,6 +48,11 @@ class DeclaredFiles:
 
         self.write(name, fill)
         return count
+
+    def _stamped(self, part: str) -> pa.Table:
+        table = read_table(self.folder, part)
+        when = pa.scalar(self.committed.get(part), pa.float64())
+        return table.append_column(CREATED, pa.repeat(when, table.num_rows))
 
 
 class ParquetOutput:
@@ -76,7 +85,9 @@ class OpenAIOutput:
         """Returns the lines written to each file, as the report's `openai`."""
         return {
             "openai": {
-                "output.jsonl": files.write_lines("output.jsonl", lambda t: response_lines(t, self.model, self.task)),
+                "output.jsonl": files.write_lines(
+                    "output.jsonl", lambda t: response_lines(t, self.model, self.task), stamped=True
+                ),
                 "errors.jsonl": files.write_lines("errors.jsonl", lambda t: error_lines(t, self.model), errors=True),
             }
         }

@@ -80,9 +80,10 @@ class JsonlFormat:
         return JsonlReader(shard, spec, self)
 
     def record(
-        self, line: bytes | Oversized, spec: ReadSpec, number: int, repeats: dict[int, str]
+        self, line: bytes | Oversized, spec: ReadSpec, row: int, repeats: dict[int, str], where: str
     ) -> tuple[dict, Problem | None]:
-        """One line → the row's values, or the reason it cannot run (with its id when readable)."""
+        """One line → the row's values, or the reason it cannot run (with its id when readable). row: its row
+        (blank lines are no rows); where: its line as an editor numbers it, `line 3 of requests.jsonl`."""
         record, problem = parse_object(line, spec.max_line_bytes)
         if problem:
             return ({spec.id_column: sniff_field(line, spec.id_column)} if spec.id_column else {}), problem
@@ -124,15 +125,16 @@ class JsonlReader:
         if self._stream is None or start < self._line:
             self.close()
             self._stream, self._line = open_lines(self.shard.path, self.spec.options), 0
-            self._lines = read_lines(self._stream, self.spec.max_line_bytes)
+            self._lines = numbered_lines(self._stream, self.spec.max_line_bytes)
         while self._line < start:
             next_row(self._lines, self.shard)
             self._line += 1
         values: dict[str, list] = {c: [] for c in self.spec.columns}
         bad: dict[int, Problem] = {}
         for offset in range(stop - start):
-            line = next_row(self._lines, self.shard)
-            record, problem = self.format.record(line, self.spec, self._line, self.repeats)
+            number, line = next_row(self._lines, self.shard)
+            where = f"line {number:,} of {self.shard.name}"
+            record, problem = self.format.record(line, self.spec, self._line, self.repeats, where)
             self._line += 1
             if problem:
                 bad[offset] = problem

@@ -53,16 +53,24 @@ class OpenAIFormat(JsonlFormat):
         return None  # lines are checked one by one; a bad one becomes an error line
 
     def record(
-        self, line: bytes | Oversized, spec: ReadSpec, number: int, repeats: dict[int, str]
+        self, line: bytes | Oversized, spec: ReadSpec, row: int, repeats: dict[int, str], where: str
     ) -> tuple[dict, Problem | None]:
         record, problem = parse_object(line, spec.max_line_bytes)
         if problem:
             custom_id = sniff_field(line, "custom_id")
-            return {"custom_id": custom_id if isinstance(custom_id, str) else None}, problem
-        row, problem = parse_request(record)
-        if problem is None and number in repeats:
-            problem = (Reason.DUPLICATE_ID, repeats[number])
-        return ({"custom_id": row.get("custom_id")} if problem else row), problem
+            custom_id = custom_id if isinstance(custom_id, str) else None
+            return {"custom_id": custom_id}, _placed(problem, custom_id, where)
+        values, problem = parse_request(record)
+        if problem is None and row in repeats:
+            problem = (Reason.DUPLICATE_ID, repeats[row])
+        custom_id = values.get("custom_id")
+        return ({"custom_id": custom_id} if problem else values), _placed(problem, custom_id, where)
+
+
+def _placed(problem: Problem | None, custom_id: str | None, where: str) -> Problem | None:
+    """A failed request without a custom_id is named by its line (blank lines counted, as an editor shows them),
+    as find_repeats names the line a custom_id was first used on."""
+    return (problem[0], f"{problem[1]} ({where})") if problem and not custom_id else problem
 
 
 def find_repeats(
