@@ -273,6 +273,7 @@ def progress_display(kind: str, every: float):
 def execute(config, command: str, *, restart: bool, retry_errors: bool, progress, limit: int | None = None) -> dict:
     """Run a job showing progress; on SIGINT/SIGTERM stop cleanly and say how to resume; on a second
     one, exit at once (control.Signals)."""
+    from .commands.show import no_rows
     from .control import Interrupted, Signals, StopFlag
     from .execution.driver import run_job
     from .progress import summary_table
@@ -300,18 +301,20 @@ def execute(config, command: str, *, restart: bool, retry_errors: bool, progress
                 command=command,
             )
     except Interrupted as exc:
+        kept = None
         if progress:
             progress.stop()
-            progress = None
+            kept, progress = progress.kept(), None
         name = signal.Signals(exc.signum).name
-        err.print(labelled(f"stopped on {name}:", "yellow", f"finished chunks are saved in {config.output.path}."))
+        said = kept.line(config.output.path) if kept else f"finished chunks are saved in {config.output.path}."
+        err.print(labelled(f"stopped on {name}:", "yellow", said))
         err.print(f"resume with: {command}", highlight=False)
         exit_at_once(128 + exc.signum)
     finally:
         if progress:
             progress.stop()
     if report["complete"] and not report["rows"]:
-        err.print(f"the input holds no rows: {config.output.path} is complete with none", highlight=False)
+        err.print(f"{no_rows(config)}: {config.output.path} is complete with none", highlight=False)
     elif report["complete"] and not report["run"]["rows"]:
         err.print(
             f"already complete: {report['rows']:,} rows in {config.output.path} (use --restart to run it again)",

@@ -4,6 +4,7 @@ Only these and cli.py (messages, errors) print; the rest of the package returns 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
@@ -12,6 +13,22 @@ from rich.text import Text
 
 from .backends.model_size import describe_size
 from .commands.show import prefix_line
+
+
+@dataclass(frozen=True)
+class Kept:
+    """Where a stopped run leaves its job: rows committed (earlier runs' too) of the total, and the rows
+    run in the chunk in flight, which are not committed and which the resume runs again."""
+
+    committed: int
+    total: int
+    inflight: int
+
+    def line(self, folder: str) -> str:
+        kept = f"{self.committed:,} of {self.total:,} rows are committed (kept) in {folder}"
+        if not self.inflight:
+            return kept + "."
+        return f"{kept}; the {self.inflight:,} rows in flight are dropped and will be recomputed on resume."
 
 
 class _Rate(ProgressColumn):
@@ -38,8 +55,9 @@ class RunProgress:
 
     def __init__(self, console: Console):
         self.console = console
-        self.rows = self.tokens = self.before = 0
+        self.rows = self.tokens = self.before = self.total = 0
         self.inflight = (0, 0)  # rows and tokens run so far in the chunk not yet committed
+        self.shown = 0  # the highest count shown: a chunk's rows in flight dropped never take the bar back
         self.t0 = time.perf_counter()
         self._bar = Progress(
             TextColumn("[bold]{task.description}"),
@@ -53,7 +71,7 @@ class RunProgress:
         self._task = None
 
     def start(self, total_rows: int, done_rows: int, since: float) -> None:
-        self.t0, self.before = since, done_rows
+        self.t0, self.before, self.total, self.shown = since, done_rows, total_rows, done_rows
         self._task = self._bar.add_task("rows", total=total_rows, completed=done_rows)
         self._bar.start()
 
@@ -64,7 +82,11 @@ class RunProgress:
 
     def partial(self, rows: int, tokens: int) -> None:
         self.inflight = (rows, tokens)
-        self._bar.update(self._task, completed=self.before + self.rows + rows)
+        self.shown = max(self.shown, self.before + self.rows + rows)
+        self._bar.update(self._task, completed=self.shown)
+
+    def kept(self) -> Kept | None:
+        return Kept(self.before + self.rows, self.total, self.inflight[0]) if self._task is not None else None
 
     def log(self, message: str) -> None:
         self._bar.console.print(labelled("note:", "yellow", message), highlight=False)
@@ -83,10 +105,11 @@ class LineProgress:
         self.console, self.every = console, every
         self.rows = self.tokens = self.total = self.before = self.shown = 0
         self.inflight = (0, 0)  # rows and tokens run so far in the chunk not yet committed
+        self.started = False
         self.t0 = self.computing = self.last = time.perf_counter()
 
     def start(self, total_rows: int, done_rows: int, since: float) -> None:
-        self.total, self.before = total_rows, done_rows
+        self.total, self.before, self.started = total_rows, done_rows, True
         self.t0, self.computing = since, time.perf_counter()
         self.last = self.computing
         self._print(
@@ -106,13 +129,16 @@ class LineProgress:
     def log(self, message: str) -> None:
         self._print(f"note: {message}")
 
+    def kept(self) -> Kept | None:
+        return Kept(self.before + self.rows, self.total, self.inflight[0]) if self.started else None
+
     def stop(self) -> None:
-        self.inflight = (0, 0)  # a run stopped mid-chunk keeps only its committed chunks
-        self._line()
+        self._line()  # rows in flight included, as the lines before: what a stop keeps is said by kept()
 
     def _line(self) -> None:
         rows, tokens = self.rows + self.inflight[0], self.tokens + self.inflight[1]
-        if rows == self.shown:  # nothing new since the last line (the end, said by its last batch)
+        # nothing new since the last line (the end, said by its last batch), or fewer: a count never goes back
+        if rows <= self.shown:
             return
         self.last, self.shown = time.perf_counter(), rows
         elapsed = max(self.last - self.t0, 1e-9)

@@ -115,13 +115,16 @@ def test_folder_in_use_is_refused_and_stale_lock_taken_over(tmp_path, sms_parque
 def test_signal_stops_cleanly_and_the_same_command_resumes(tmp_path, sms_parquet, tiny_embed, signum, code):
     # Kernels and batching pinned: what is signalled is a run, not the probe that `auto` starts with.
     job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, tmp_path / "out", raw=True, model__max_length=64))
-    command = ["run", str(job), "--set", "batching.max_rows=1"]
+    command = ["run", str(job), "--set", "batching.max_rows=1", "--every", "0"]  # a progress line per batch
     stopped = run_until(command, lambda _: done_chunks(tmp_path / "out") > 0, signum)
     output = stopped.output
     assert stopped.returncode == code, output
     assert f"stopped on {signal.Signals(signum).name}" in output and "resume with: batchinfer run" in output
     done = done_chunks(tmp_path / "out")
     assert 1 <= done < 6
+    counts = [int(n) for n in re.findall(r" (\d+)/600 rows", output)]
+    assert counts == sorted(counts), output  # the rows in flight dropped do not take the count back
+    assert f" {done * 100} of 600 rows are committed (kept) in {tmp_path / 'out'}" in output, output
     result = run_cli(command[:2])
     assert result.returncode == 0, result.stderr
     ids = ds.dataset(str(tmp_path / "out")).to_table().column("sms_id").to_pylist()
@@ -905,6 +908,29 @@ def test_a_job_whose_input_holds_no_rows_says_so_not_already_complete(tmp_path, 
     result = runner.invoke(app, ["run", str(job)])
     assert result.exit_code == 0 and "the input holds no rows" in result.output, result.output
     assert "already complete" not in result.output and (tmp_path / "out" / "_SUCCESS").exists()
+
+
+@pytest.mark.parametrize("shard", ["a.jsonl", "a.parquet"])
+def test_plan_of_an_input_with_no_rows_says_so_as_run_does(tmp_path, tiny_embed, shard):
+    """plan said 'nothing left to run: the output folder holds every row' beside 'a new folder'."""
+    (tmp_path / "in").mkdir()
+    if shard.endswith(".jsonl"):
+        (tmp_path / "in" / shard).write_text("")
+    else:
+        pq.write_table(
+            pa.table({"sms_id": pa.array([], pa.int64()), "text": pa.array([], pa.string())}), tmp_path / "in" / shard
+        )
+    job = write_job(tmp_path, user_job(tmp_path / "in", tiny_embed, tmp_path / "out"))
+    said = f"the input holds no rows (input.path: {tmp_path / 'in'})"
+    planned = runner.invoke(app, ["plan", str(job)])
+    assert planned.exit_code == 0 and f"time     nothing to run: {said}\n" in planned.output, planned.output
+    assert "nothing left" not in planned.output and "holds every row" not in planned.output
+    assert f"output   {tmp_path / 'out'}: a new folder, which a run marks complete with none" in planned.output
+    assert not (tmp_path / "out").exists()
+    ran = runner.invoke(app, ["run", str(job)])
+    assert ran.exit_code == 0 and f"{said}: {tmp_path / 'out'} is complete with none" in ran.output, ran.output
+    planned = runner.invoke(app, ["plan", str(job)])
+    assert f"time     nothing to run: {said}\n" in planned.output and "a new folder" not in planned.output
 
 
 def test_validate_notes_ids_that_repeat_or_are_null(tmp_path, tiny_embed):

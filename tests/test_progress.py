@@ -6,7 +6,7 @@ import time
 
 from rich.console import Console
 
-from batchinfer.progress import LineProgress, RunProgress, _duration, labelled
+from batchinfer.progress import Kept, LineProgress, RunProgress, _duration, labelled
 
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
 
@@ -40,17 +40,64 @@ def test_lines_say_rows_done_of_total_counting_the_chunk_in_flight_batch_by_batc
     assert len(lines) == 4
 
 
-def test_lines_come_every_so_often_and_the_end_says_only_what_was_committed():
+def test_lines_come_every_so_often_and_the_end_says_where_the_run_got():
     console, text = _console()
     progress = LineProgress(console, every=3600.0)
     progress.start(50, 0, time.perf_counter())
     progress.advance(10, 100)
     progress.partial(7, 70)
     assert len(_lines(text)) == 1 and _lines(text)[0].endswith("started: 50 rows to run")  # not yet due
-    progress.stop()  # stopped mid-chunk: the 7 rows in flight are not kept
-    assert " 10/50 rows (20.0%)," in _lines(text)[-1] and len(_lines(text)) == 2
+    progress.stop()  # stopped mid-chunk: the count reached; what is kept is kept()'s to say
+    assert " 17/50 rows (34.0%)," in _lines(text)[-1] and len(_lines(text)) == 2
+    assert progress.kept() == Kept(committed=10, total=50, inflight=7)
     progress.stop()  # nothing new since: no second line
     assert len(_lines(text)) == 2
+
+
+def _counts(text: io.StringIO, total: str) -> list[int]:
+    return [int(n.replace(",", "")) for n in re.findall(rf" ([\d,]+)/{total}\b", text.getvalue())]
+
+
+def test_a_ctrl_c_mid_chunk_never_takes_the_count_back_and_says_what_is_kept():
+    """Ctrl-C drops the chunk in flight: its rows are not committed and the resume runs them again. The count
+    shown stays where it got (512, not back to 256); the stop says 256 are kept and 256 recomputed."""
+    console, text = _console()
+    progress = LineProgress(console, every=0.0)
+    progress.start(1000, 0, time.perf_counter())
+    progress.advance(256, 2560)
+    progress.partial(256, 2560)
+    progress.stop()  # what cli.execute does on Interrupted
+    assert _counts(text, "1,000") == [256, 512]
+    kept = progress.kept()
+    assert kept == Kept(committed=256, total=1000, inflight=256)
+    assert kept.line("out/x") == (
+        "256 of 1,000 rows are committed (kept) in out/x; the 256 rows in flight are dropped and will be "
+        "recomputed on resume."
+    )
+    assert Kept(300, 1000, 0).line("out/x") == "300 of 1,000 rows are committed (kept) in out/x."
+
+
+def test_the_bar_stopped_mid_chunk_stays_at_its_count_and_says_what_is_kept():
+    console, text = _console()
+    bar = RunProgress(console)
+    assert bar.kept() is None  # stopped before it started counting (discovery, model load): cli says less
+    bar.start(1000, 100, time.perf_counter())  # 100 rows done by an earlier run
+    bar.advance(256, 2560)
+    bar.partial(256, 2560)
+    bar.stop()  # what cli.execute does on Interrupted
+    assert _counts(text, "1000") == [612]
+    assert bar.kept() == Kept(committed=356, total=1000, inflight=256)
+
+
+def test_lines_never_show_a_lower_count_than_one_they_showed():
+    console, text = _console()
+    progress = LineProgress(console, every=0.0)
+    assert progress.kept() is None
+    progress.start(100, 0, time.perf_counter())
+    progress.partial(30, 300)
+    progress.partial(10, 100)  # a chunk in flight dropped and the next one begun: no line back to 10
+    progress.partial(40, 400)
+    assert _counts(text, "100") == [30, 40]
 
 
 def test_the_rate_counts_from_the_runs_start_and_the_time_left_from_the_first_chunk():

@@ -18,7 +18,7 @@ from ..execution.job_plan import JobPlan
 from ..job.config import JobConfig
 from ..job.plan import cuts_of, planned_rows, rows_of
 from ..machine import Load
-from ..output.status import FolderStatus, describe_folder
+from ..output.status import NEW_FOLDER, FolderStatus, describe_folder
 from ..sources import READ_ERRORS, Inputs, open_reader, read_spec
 from ..sources.prepare import prepare_rows
 
@@ -96,6 +96,7 @@ def estimate_job(job: JobConfig, sample: int | None = None, timed: bool = True, 
         "limit": limit,
         "chunks": len(chunks),
         "output": folder,
+        "new_folder": folder == NEW_FOLDER,
         "model_size": model_size(model_path),
     }
     if not summary["rows_left"]:  # a finished job: no row to check, sample or time, no model to load

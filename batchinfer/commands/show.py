@@ -44,14 +44,24 @@ def plan_lines(config: JobConfig, summary: dict) -> list[str]:
             f"batches  {b['strategy']}, max_tokens {b['max_tokens']:,}: padding efficiency "
             f"{b['padding_efficiency']:.3f} on the sample ({BATCHING_SOURCE[b['source']]})",
         )
-    if "estimate" in summary:
+    if not summary["rows"]:  # as `run` says it; "nothing left" would read as rows an earlier run did
+        lines.append(f"time     nothing to run: {no_rows(config)}")
+    elif "estimate" in summary:
         lines += estimate_lines(summary)
     elif config.model.task == "generate":
         lines.append(
             "time     generation time depends on what the model writes: try `batchinfer run JOB --limit 100`",
         )
-    lines.append(f"output   {config.output.path}: {summary['output']}")
+    folder = summary["output"]
+    if not summary["rows"] and summary["new_folder"]:
+        folder += ", which a run marks complete with none"
+    lines.append(f"output   {config.output.path}: {folder}")
     return lines
+
+
+def no_rows(config: JobConfig) -> str:
+    """What plan and run say of an input with no rows."""
+    return f"the input holds no rows (input.path: {config.input.path})"
 
 
 NO_PREFIX = "none reused: the sampled prompts share no start long enough to reuse (put a shared instruction first)"

@@ -25,6 +25,8 @@ from .records import ChunkRecord, Committed, committed_parts
 from .scan import Scan, read_footers, scan
 from .verify import damaged, lost_chunks, unsealed
 
+NEW_FOLDER = "a new folder"  # what describe_folder says of a folder that holds no job yet
+
 
 class FolderStatus:
     """The job in a folder and its finished chunks, as they stand; reading only."""
@@ -172,7 +174,7 @@ def describe_folder(
     except OSError as exc:
         raise reach_error(shown, exc, "read output folder") from exc
     if not found.job:
-        return "a new folder", None
+        return NEW_FOLDER, None
     refuse_foreign(folder, shown, found)
     found.refuse_damaged(shown)
     changed = describe_changes(found.job["fingerprint"], fingerprint)
