@@ -199,18 +199,14 @@ def openai_batch(
 def _run_batch(config, command: str, output: Path, work: Path, *, restart: bool, retry_errors: bool, progress):
     """Run the batch's job in `work`, then move its responses to `output` and its failed requests beside it."""
     from .commands.delivery import check_targets, deliver
-    from .errors import OtherJobError
+    from .errors import Elsewhere
 
     errors = output.with_name(output.name.removesuffix(".jsonl") + ".errors.jsonl")
     known = check_targets(work, [output, errors])
     try:
         report = execute(config, command, restart=restart, retry_errors=retry_errors, progress=progress)
-    except OtherJobError as exc:  # its fix is run's (--output NEW_FOLDER); here -o names a file
-        raise OtherJobError(
-            exc.message,
-            f"write this batch to a new file with -o NEW.jsonl, which keeps them and {output}; or, to delete them "
-            f"and replace {output}, add --restart",
-        ) from exc
+    except Elsewhere as exc:  # its fix is run's (--output NEW_FOLDER); here -o names a file
+        raise exc.at("a new file with -o NEW.jsonl") from None
     counts = report["openai"]
     deliver(work, {"output.jsonl": output, "errors.jsonl": errors}, counts, known)
     _say_delivered(counts, output, errors, work)
@@ -524,7 +520,9 @@ def status(
 def export(
     folder: str = typer.Argument(..., help="A finished job's output folder (a path or a URL)."),
     format: str = typer.Option("parquet", "--format", "-f", help="parquet, jsonl or csv."),
-    output: Path = typer.Option(..., "--output", "-o", help="The file to write, outside every output folder."),
+    output: str = typer.Option(
+        ..., "--output", "-o", metavar="<path>", help="The file to write, outside every output folder."
+    ),
     force: bool = typer.Option(
         False, "--force", help="Replace OUTPUT if an earlier export wrote it (a Parquet file whose footer says so)."
     ),
@@ -534,9 +532,11 @@ def export(
     debug: bool = DebugOption,
 ):
     """Write a finished job's results as one file, in input order (CSV holds lists as JSON text)."""
+    from .commands.delivery import results_path
     from .commands.export import export_folder
 
     with reported(debug):
+        output = results_path(output, f".{format}", "")
         done = export_folder(folder, format, output, force, partial)
         what = f"; a partial export: the {done.partial} the folder finished, not the whole job" if done.partial else ""
         if done.errors:

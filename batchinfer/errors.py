@@ -1,5 +1,7 @@
 """Typed errors. Each carries a hint that tells the user what to do; only cli.py prints them."""
 
+from __future__ import annotations
+
 import reprlib
 
 
@@ -39,9 +41,23 @@ class ResumeError(OutputError):
     """The output folder holds a run of a different job."""
 
 
-class OtherJobError(ResumeError):
-    """The output folder holds results of a job with another input, model or settings; its hint says where
-    else to write, which each command says its own way (run: --output NEW_FOLDER; openai-batch: -o NEW.jsonl)."""
+class Elsewhere(OutputError):
+    """The output folder cannot take this job as it is, and the fix begins with writing elsewhere, which each
+    command says its own way: `where` is run's; openai-batch, whose -o is a file, says it with at()."""
+
+    def __init__(self, message: str, rest: str, where: str = "a new folder with --output NEW_FOLDER"):
+        super().__init__(message, f"write to {where}{rest}")
+        self.rest, self.where = rest, where
+
+    def __reduce__(self):
+        return self.__class__, (self.message, self.rest, self.where)
+
+    def at(self, where: str) -> Elsewhere:
+        return type(self)(self.message, self.rest, where)
+
+
+class OtherJobError(Elsewhere, ResumeError):
+    """The output folder holds results of a job with another input, model or settings."""
 
 
 def shorten(value, limit: int = 200) -> str:

@@ -58,6 +58,11 @@ def test_export_refuses_an_unfinished_folder_and_an_existing_file(tmp_path, sms_
     result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target), "--force"])
     assert result.exit_code == 1 and "cannot tell that an export wrote it" in result.output, result.output
     assert target.read_text() == "mine"  # --force replaces an export's file only
+    # a path ending in / names a folder: refused, not written as a file of that name
+    result = runner.invoke(app, ["export", str(tmp_path / "out"), "-f", "csv", "-o", f"{tmp_path / 'csv'}/"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "so it names a folder" in said and f"-o {tmp_path / 'csv'}.csv" in said, said
+    assert not (tmp_path / "csv").exists()
     target.unlink()
     assert runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target)]).exit_code == 0
     assert runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target), "--force"]).exit_code == 0

@@ -791,8 +791,30 @@ def test_results_of_another_batch_at_the_output_say_to_give_a_new_file(tmp_path,
     result = runner.invoke(app, ["openai-batch", str(second), "-m", str(tiny_embed), "-o", str(out), "-q"])
     said = " ".join(result.output.split())
     assert result.exit_code == 1 and "holds results of a different job" in said, said
-    assert "fix: write this batch to a new file with -o NEW.jsonl" in said and "NEW_FOLDER" not in said
+    assert "fix: write to a new file with -o NEW.jsonl, which keeps them" in said and "NEW_FOLDER" not in said
     assert json.loads(out.read_text())["custom_id"] == "a"  # kept
+
+
+def test_a_damaged_work_folder_says_to_give_a_new_file_and_the_fix_survives_a_worker(tmp_path, tiny_embed):
+    import pickle
+
+    from batchinfer.errors import Elsewhere
+    from batchinfer.output.layout import JOB
+
+    requests, out = tmp_path / "requests.jsonl", tmp_path / "out.jsonl"
+    requests.write_text(_embedding_request("a", "hello") + "\n")
+    (tmp_path / "out.jsonl.batchinfer").mkdir()
+    (tmp_path / "out.jsonl.batchinfer" / JOB).write_text("{not json")
+    result = runner.invoke(app, ["openai-batch", str(requests), "-m", str(tiny_embed), "-o", str(out), "-q"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "damaged" in said, said
+    assert "fix: write to a new file with -o NEW.jsonl; move this one away" in said and "NEW_FOLDER" not in said
+    error = Elsewhere("held", ", which keeps them").at("a new file with -o NEW.jsonl")
+    assert (
+        pickle.loads(pickle.dumps(error)).hint
+        == error.hint
+        == "write to a new file with -o NEW.jsonl, which keeps them"
+    )
 
 
 def test_a_request_without_max_tokens_gets_generation_max_new_tokens_as_the_docs_say(tmp_path, tiny_llama):

@@ -16,14 +16,15 @@ from ..output.status import FolderStatus
 from ..storage import TMP, LocalFolder
 
 
-def results_path(text: str) -> Path:
+def results_path(text: str, suffix: str = ".jsonl", note: str = " (errors go next to it)") -> Path:
     """-o as given: a path that ends in a separator names a folder (Path would drop the separator and write a
-    file of that name), refused as check_targets refuses a folder that exists."""
+    file of that name), refused as check_targets refuses a folder that exists. suffix: the file's; note: what
+    the message adds to "-o names the results file"."""
     if text.endswith(("/", os.sep)):
         folder = Path(text)
         raise OutputError(
-            f"-o {text} ends in {text[-1]}, so it names a folder; -o names the results file (errors go next to it)",
-            f"give a file path, e.g. -o {folder / 'results.jsonl'} or -o {folder}.jsonl",
+            f"-o {text} ends in {text[-1]}, so it names a folder; -o names the results file{note}",
+            f"give a file path, e.g. -o {folder / ('results' + suffix)} or -o {folder}{suffix}",
         )
     return Path(text)
 

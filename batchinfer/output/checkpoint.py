@@ -193,8 +193,7 @@ class Checkpoint:
             raise OtherJobError(
                 f"{self.path} holds results of a different job ({'; '.join(changed.values())})",
                 # the folder's results are another job's: keeping them comes first, deleting them second
-                "write this job to a new folder with --output NEW_FOLDER, which keeps them; or, to delete them "
-                "and run this job here, --restart",
+                ", which keeps them; or, to delete them and run this job here, --restart",
             )
         if set(files) - set(self.job.get("files", [])):  # declared before it is ever written
             self._save({**self.job, "files": sorted(set(self.job.get("files", [])) | set(files))})

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..batching.budget import ProbeChoice
-from ..errors import OutputError
+from ..errors import Elsewhere, OutputError
 from ..storage import join
 from .failures import damage, writing
 from .layout import FORMAT, JOB, dumps, tmp_prefix
@@ -62,9 +62,9 @@ def read_job(folder, path) -> dict | None:
             return job
         except ValidationError as exc:
             problem = damage(exc)
-    raise OutputError(
+    raise Elsewhere(
         f"damaged: {join(str(path), JOB)}: {problem}; so batchinfer cannot tell which files in the folder are its own",
-        "write to a new folder with --output NEW_FOLDER; move this one away if its results are not needed",
+        "; move this one away if its results are not needed",
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import OutputError
+from ..errors import Elsewhere, OutputError
 from .failures import foreign_error
 from .layout import CREATING, JOB, LEGACY, LOCK, MARKER, REPORT, SUCCESS, has_id, tmp_prefix
 from .records import committed_parts
@@ -22,11 +22,10 @@ def refuse_foreign_folder(folder, path) -> None:
         raise OutputError(f"output.path {path} is a file", "choose a folder for output.path")
     listing = folder.list()
     if LEGACY in listing:
-        raise OutputError(
+        raise Elsewhere(
             f"{path} was written by an earlier batchinfer (it has {LEGACY}), whose checkpoints cannot "
             "show that the input is unchanged, so it cannot be resumed",
-            "write to a new folder with --output NEW_FOLDER; delete the old one yourself when you no longer "
-            "need its results",
+            "; delete the old one yourself when you no longer need its results",
         )
     foreign = [n for n in listing if n != LOCK and not CREATING.fullmatch(n)]
     if foreign:
