@@ -6,6 +6,7 @@ through the Engine protocol."""
 
 import asyncio
 import json
+import threading
 
 import httpx
 import pyarrow.dataset as ds
@@ -16,8 +17,9 @@ from typer.testing import CliRunner
 
 from batchinfer.backends.models import resolve_model_path
 from batchinfer.backends.openvino import CPU_KINDS
-from batchinfer.errors import ConfigError, ResumeError
+from batchinfer.errors import ConfigError, ModelError, ResumeError
 from batchinfer.execution.driver import run_job
+from batchinfer.runners import openvino_engine
 
 pytest.importorskip("openvino_genai")
 
@@ -67,8 +69,31 @@ def test_a_warm_run_loads_no_transformers_weights_beside_the_pipeline(sms_table,
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
     # nor, free rows only, xgrammar's view of the vocabulary (seconds on a real tokenizer)
     monkeypatch.setattr("batchinfer.constrained.grammar.Grammars.__init__", no_weights)
+    # the pipeline compiles on a thread of its own while the config and tokenizer load, and is the one used
+    compiled, real = [], openvino_engine.pipeline
+    monkeypatch.setattr(
+        openvino_engine, "pipeline", lambda *a: compiled.append(threading.current_thread().name) or real(*a)
+    )
     report, got = _run(tmp_path, "warm", tiny_llama)
     assert report["engine"]["name"] == "openvino" and got == expected
+    assert compiled == ["batchinfer-compile"]
+
+
+def test_an_early_pipeline_is_taken_only_for_what_build_compiles_and_its_failure_is_builds(tmp_path, monkeypatch):
+    from batchinfer.job.config import GenerationConfig
+
+    monkeypatch.setattr(openvino_engine, "pipeline", lambda folder, precision, gen: (folder, precision))
+    early, gen = openvino_engine.EarlyPipeline(), GenerationConfig()
+    early.start(tmp_path, "f32", gen)
+    assert early.take(tmp_path, "f32", gen) == (tmp_path, "f32")
+    assert early.take(tmp_path, "f32", gen) is None  # taken once
+    early.start(tmp_path, "f32", gen)
+    assert early.take(tmp_path, "f32", GenerationConfig(engine_options={"max_num_seqs": 8})) is None
+    assert early.take(tmp_path, "f32", gen) is None  # another job's compile is dropped, not kept for later
+    monkeypatch.setattr(openvino_engine, "pipeline", lambda *a: (_ for _ in ()).throw(ModelError("refused")))
+    early.start(tmp_path, "f32", gen)
+    with pytest.raises(ModelError, match="refused"):  # raised where build takes it, as its own compile's
+        early.take(tmp_path, "f32", gen)
 
 
 def test_the_generate_runner_imports_no_transformers_engine_where_openvino_runs_the_job():

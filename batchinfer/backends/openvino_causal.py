@@ -61,19 +61,23 @@ def conversion(identity: str) -> dict:
     }
 
 
-def warm(cfg, path: Path, identity: str):
-    """(tokenizer, model, device) for a generate job on the CPU whose model's conversion is cached, the model
-    a DeferredModel: its config and generation config without its weights. None where the conversion is not
-    cached, or the job is not one the OpenVINO engine may run (then the weights are needed anyway)."""
-    from .models import check_head, check_model_folder, device_type, load_model, load_tokenizer, quiet_libraries
+def warm_entry(cfg, identity: str) -> Path | None:
+    """The cached conversion a generate job on the CPU runs from without its weights (warm), or None where it
+    is not cached or the job is not one the OpenVINO engine may run in f32 (then the weights are needed)."""
+    from .models import device_type
 
     if device_type(cfg.device) != "cpu" or cfg.quantize != "none" or cfg.dtype not in ("auto", "float32"):
         return None
-    entry = openvino.hit(conversion(identity))
-    if entry is None:
-        return None
+    return openvino.hit(conversion(identity))
+
+
+def warm(cfg, path: Path, entry: Path):
+    """(tokenizer, model, device) for a generate job whose conversion is cached at `entry` (warm_entry), the
+    model a DeferredModel: its config and generation config without its weights."""
     import torch
     import transformers
+
+    from .models import check_head, check_model_folder, load_model, load_tokenizer, quiet_libraries
 
     quiet_libraries()
     check_model_folder(path, cfg.allow_pickle)

@@ -29,6 +29,7 @@ import itertools
 import re
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
@@ -99,6 +100,82 @@ def job_problem(job, runner) -> str | None:
     )
 
 
+def pipeline(folder: Path, precision: str, gen: GenerationConfig):
+    """A ContinuousBatchingPipeline over the conversion in `folder`, compiled in `precision`; gen.engine_options:
+    SchedulerConfig fields, and OpenVINO properties (upper-case keys, e.g. KV_CACHE_PRECISION)."""
+    import openvino_genai
+
+    options = gen.engine_options
+    scheduler = openvino_genai.SchedulerConfig()
+    scheduler.enable_prefix_caching = True
+    scheduler.max_num_seqs = IN_FLIGHT
+    if gen.max_memory != "auto":  # the KV cache's GB; auto: the pipeline grows it as the rows in flight need
+        scheduler.cache_size = max(1, int(gen.max_memory) >> 30)
+    properties = dict(F32 if precision == "f32" else BF16)
+    for key, value in options.items():
+        if key.isupper():
+            properties[key] = value
+        elif hasattr(scheduler, key):
+            try:
+                setattr(scheduler, key, value)
+            except TypeError:  # pybind's words: "incompatible function arguments", the field unnamed
+                kind = type(getattr(scheduler, key)).__name__
+                raise ConfigError(
+                    f"generation.engine_options.{key}: {value!r} is no value of SchedulerConfig.{key} ({kind})",
+                    f"give {key} a {'whole number of at least 0' if kind == 'int' else kind}, or remove it",
+                ) from None
+        else:
+            raise ConfigError(
+                f"generation.engine_options: {key} is no field of openvino_genai.SchedulerConfig",
+                "use SchedulerConfig fields (cache_size, max_num_batched_tokens, max_num_seqs, "
+                "enable_prefix_caching) or OpenVINO properties in upper case",
+            )
+    try:
+        return openvino_genai.ContinuousBatchingPipeline(str(folder), scheduler, "CPU", properties)
+    except RuntimeError as exc:
+        raise ModelError(f"OpenVINO GenAI cannot load the converted model {folder}: {exc}") from exc
+
+
+class EarlyPipeline:
+    """A pipeline compiling on a thread of its own while the job's config and tokenizer load (the compile
+    releases the GIL): OpenVINOEngine.load starts it where the conversion is cached, build takes it where it was
+    compiled from what build would compile (else it is dropped and build compiles its own). It hid the whole
+    compile, 1.7 s of the 5.2 s a SmolLM2 engine took to start after transformers' imports (2-core AVX2 EPYC)."""
+
+    def __init__(self):
+        self.key: tuple | None = None
+        self.future: Future | None = None
+
+    @staticmethod
+    def _key(folder: Path, precision: str, gen: GenerationConfig) -> tuple:
+        return str(folder), precision, repr(sorted(gen.engine_options.items())), gen.max_memory
+
+    def start(self, folder: Path, precision: str, gen: GenerationConfig) -> None:
+        future: Future = Future()
+
+        def compile_() -> None:
+            try:
+                future.set_result(pipeline(folder, precision, gen))
+            except BaseException as exc:  # noqa: BLE001 - handed to take(), which raises it where build would
+                future.set_exception(exc)
+
+        self.key, self.future = self._key(folder, precision, gen), future
+        threading.Thread(target=compile_, name="batchinfer-compile", daemon=True).start()
+
+    def take(self, folder: Path, precision: str, gen: GenerationConfig):
+        """The pipeline started for these settings (waiting for its compile), or None."""
+        future, started = self.future, self.key
+        self.key = self.future = None
+        if future is None:
+            return None
+        if started != self._key(folder, precision, gen):  # not what build compiles: it finishes, unused
+            return None
+        return future.result()
+
+
+early = EarlyPipeline()  # one engine loads at a time: GenerateRunner.load runs load, then build
+
+
 class OpenVINOEngine(Registered):
     name = "openvino"
     pads = False
@@ -106,13 +183,17 @@ class OpenVINOEngine(Registered):
 
     @classmethod
     def load(cls, job, model_path) -> tuple:
-        """transformers' model; where its conversion is cached, one without its weights (openvino_causal.warm)."""
+        """transformers' model; where its conversion is cached, one without its weights (openvino_causal.warm),
+        the pipeline compiling meanwhile (early)."""
         from ..backends import candidates, openvino_causal
         from ..backends.models import load_model, model_identity
 
         candidates(job.model, "cpu")  # a model.backend named in the job file: says why it runs no generate job
-        warm = openvino_causal.warm(job.model, model_path, model_identity(model_path)) if available() else None
-        return warm or load_model(job.model, model_path)
+        entry = openvino_causal.warm_entry(job.model, model_identity(model_path)) if available() else None
+        if entry is None:
+            return load_model(job.model, model_path)
+        early.start(entry, "f32", job.generation)  # warm_entry: a job in f32
+        return openvino_causal.warm(job.model, model_path, entry)
 
     @classmethod
     def build(cls, runner, job, model_path) -> OpenVINOEngine:
@@ -132,7 +213,8 @@ class OpenVINOEngine(Registered):
             raise Unfit(f"the model did not convert for OpenVINO GenAI ({type(exc).__name__}: {exc})") from None
         runner.load_seconds.update(seconds)  # {"convert": s} where this process converted it: a later one reads it
         fallback = lambda: runner.model_engine(job, model_path)  # noqa: E731
-        built = cls(folder, runner.gen, precision(job.model.dtype), runner.eos, fallback, lambda: runner.grammars)
+        pipe = early.take(folder, precision(job.model.dtype), runner.gen)
+        built = cls(folder, runner.gen, precision(job.model.dtype), runner.eos, fallback, lambda: runner.grammars, pipe)
         if job.model.dtype == "auto" and bf16_supported():
             built.note("f32: bf16 changes generated text; model.dtype: bfloat16 runs it in bf16")
         return built
@@ -142,7 +224,14 @@ class OpenVINOEngine(Registered):
         return ConfigError(f"generation.engine openvino: {problem}", "set generation.engine: auto (or transformers)")
 
     def __init__(
-        self, folder: Path, gen: GenerationConfig, precision: str, eos: set[int], fallback, grammars: Callable
+        self,
+        folder: Path,
+        gen: GenerationConfig,
+        precision: str,
+        eos: set[int],
+        fallback,
+        grammars: Callable,
+        pipe=None,
     ):
         self.folder, self.gen, self.eos, self.precision = folder, gen, eos, precision
         self.fallback = fallback  # () -> the transformers engine, for rows whose grammar cannot run here
@@ -150,7 +239,7 @@ class OpenVINOEngine(Registered):
         self.notes: list[str] = []
         self.ids = itertools.count()  # request ids: the pipeline keeps a grammar state per id
         self.structures: dict[Constraint, object | None] = {}  # a grammar -> its StructuredOutputConfig, or None
-        self.pipe = self.pipeline(precision, gen.max_memory)
+        self.pipe = pipe or pipeline(folder, precision, gen)  # pipe: one compiled already (early)
 
     @property
     def described(self) -> dict:
@@ -159,41 +248,6 @@ class OpenVINOEngine(Registered):
         )
         described = {"name": self.name, "precision": self.precision, "kv_cache": kv}
         return described | ({"notes": self.notes} if self.notes else {})
-
-    def pipeline(self, precision: str, max_memory):
-        """A ContinuousBatchingPipeline compiled in `precision`; engine_options: SchedulerConfig fields, and
-        OpenVINO properties (upper-case keys, e.g. KV_CACHE_PRECISION)."""
-        import openvino_genai
-
-        options = self.gen.engine_options
-        scheduler = openvino_genai.SchedulerConfig()
-        scheduler.enable_prefix_caching = True
-        scheduler.max_num_seqs = IN_FLIGHT
-        if max_memory != "auto":  # the KV cache's GB; auto: the pipeline grows it as the rows in flight need
-            scheduler.cache_size = max(1, int(max_memory) >> 30)
-        properties = dict(F32 if precision == "f32" else BF16)
-        for key, value in options.items():
-            if key.isupper():
-                properties[key] = value
-            elif hasattr(scheduler, key):
-                try:
-                    setattr(scheduler, key, value)
-                except TypeError:  # pybind's words: "incompatible function arguments", the field unnamed
-                    kind = type(getattr(scheduler, key)).__name__
-                    raise ConfigError(
-                        f"generation.engine_options.{key}: {value!r} is no value of SchedulerConfig.{key} ({kind})",
-                        f"give {key} a {'whole number of at least 0' if kind == 'int' else kind}, or remove it",
-                    ) from None
-            else:
-                raise ConfigError(
-                    f"generation.engine_options: {key} is no field of openvino_genai.SchedulerConfig",
-                    "use SchedulerConfig fields (cache_size, max_num_batched_tokens, max_num_seqs, "
-                    "enable_prefix_caching) or OpenVINO properties in upper case",
-                )
-        try:
-            return openvino_genai.ContinuousBatchingPipeline(str(self.folder), scheduler, "CPU", properties)
-        except RuntimeError as exc:
-            raise ModelError(f"OpenVINO GenAI cannot load the converted model {self.folder}: {exc}") from exc
 
     # --- a pass ----------------------------------------------------------------------------------------------
 
