@@ -12,10 +12,24 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from helpers import assert_rows_agree, done_chunks, make_job, ran_in, run_cli, run_until, user_job, vectors, write_job
+from helpers import (
+    Crash,
+    CrashAfterChunks,
+    assert_rows_agree,
+    done_chunks,
+    make_job,
+    ran_in,
+    run_cli,
+    run_until,
+    user_job,
+    vectors,
+    write_job,
+)
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
+from batchinfer.execution.driver import run_job
+from batchinfer.job.config import load_job
 
 runner = CliRunner()
 
@@ -432,6 +446,22 @@ def test_validate_reads_the_head_and_the_output_folder_and_a_failed_run_leaves_n
     (tmp_path / "out" / "notes.txt").write_text("mine")
     result = runner.invoke(app, ["validate", str(job)])
     assert result.exit_code == 1 and "notes.txt" in result.output
+
+
+def test_a_run_that_adds_rows_leaves_no_file_holding_fewer_of_them(tmp_path, sms_parquet, tiny_embed):
+    """_results.jsonl holds the folder's rows when written: a trial's 250, then a run stopped part-way, or one
+    whose output.format no longer writes it, must not leave those 250 beside more rows."""
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out", output__format="jsonl"))
+    results = tmp_path / "out" / "_results.jsonl"
+    assert runner.invoke(app, ["run", str(job), "-q", "--limit", "250"]).exit_code == 0
+    assert len(results.read_text().splitlines()) == 250
+    with pytest.raises(Crash):  # the full run stopped after a chunk more
+        run_job(load_job(job), progress=CrashAfterChunks(1))
+    assert not results.exists()  # the folder holds more rows than it said: gone, not stale
+    result = runner.invoke(app, ["run", str(job), "-q", "--set", "output.format=parquet"])
+    assert result.exit_code == 0 and not results.exists(), result.output  # a format that writes none: none
+    assert runner.invoke(app, ["run", str(job), "-q", "--restart"]).exit_code == 0
+    assert len(results.read_text().splitlines()) == 600
 
 
 def test_jsonl_output_holds_every_result_row_in_input_order(tmp_path, sms_parquet, tiny_embed):

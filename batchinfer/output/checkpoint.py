@@ -18,7 +18,7 @@ from ..job.plan import cuts_of, describe_changes
 from ..reasons import Reason
 from ..storage import open_folder, refuse_location
 from .failures import display_path, reach_error, writing
-from .formats import DeclaredFiles
+from .formats import DESCRIBING, DeclaredFiles
 from .job_record import create_job, probe_choice, save_job, without_limit
 from .layout import (
     BAD_RECORDS,
@@ -56,6 +56,7 @@ class Checkpoint:
         self.job: dict = {}
         self.done: dict[str, ChunkRecord] = {}  # finished passes by name, in marker order; changed only here
         self.notes: list[str] = []  # what start() found and mended, for the run's log
+        self.described = True  # the files describing the folder's rows (formats.DESCRIBING) hold them all
         self._found: Scan | None = None
 
     @classmethod
@@ -236,6 +237,8 @@ class Checkpoint:
         if tuning:
             self._save({**self.job, "tuning": tuning.record()})
         replaced = current_errors(self.done).get(record.retry_of) if record.retry_of else None
+        if self.described:
+            self._undescribe()
         record = record.committed(round(time.time(), 3), round(self.lock.started, 3))
         self._put(marker_name(record.chunk), dumps(record.marker(self.job_id)))
         self.done[record.chunk] = record
@@ -253,6 +256,17 @@ class Checkpoint:
             for name in passes:
                 self.folder.delete(part_name(name))
                 self.folder.delete(error_part_name(name))
+
+    def _undescribe(self) -> None:
+        """Before this run's first chunk is done: the files an earlier run wrote of the folder's rows as they
+        were (a --limit trial's _results.jsonl, a format since changed) go, since they no longer hold every row;
+        finish writes the job's format's again once the job is complete. Only names this job's record declared,
+        which batchinfer writes, and no other."""
+        listing = self.folder.list()
+        for name in sorted(set(DESCRIBING) & set(self.job.get("files", ()))):
+            if name in listing:
+                self.folder.delete(name)
+        self.described = False
 
     # --- the end -----------------------------------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ class ParquetOutput:
     """The part files alone."""
 
     files: tuple[str, ...] = ()
+    describing: tuple[str, ...] = ()  # of `files`, those that hold the folder's rows (written whole at the end)
 
     def finish(self, files: DeclaredFiles) -> dict:
         return {}
@@ -67,7 +68,7 @@ class ParquetOutput:
 class JsonlOutput:
     """The parts, and every result row as one JSON line in _results.jsonl."""
 
-    files = (RESULTS_JSONL,)
+    files = describing = (RESULTS_JSONL,)
 
     def finish(self, files: DeclaredFiles) -> dict:
         return {RESULTS_JSONL: files.write_lines(RESULTS_JSONL, json_lines)}
@@ -76,7 +77,8 @@ class JsonlOutput:
 class OpenAIOutput:
     """The parts, and output.jsonl and errors.jsonl: what OpenAI's batch output_file and error_file hold."""
 
-    files = ("output.jsonl", "errors.jsonl", EXPORTED)
+    describing = ("output.jsonl", "errors.jsonl")
+    files = (*describing, EXPORTED)
 
     def __init__(self, model: str, task: str):
         self.model, self.task = model, task
@@ -103,3 +105,7 @@ def output_format(job) -> ParquetOutput | JsonlOutput | OpenAIOutput:
 def json_lines(table) -> list[str]:
     """Result rows as JSON lines (embeddings and scores as arrays)."""
     return [json.dumps(row, ensure_ascii=False, default=str) for row in table.to_pylist()]
+
+
+# every name a format writes of the folder's rows: a run that adds rows makes any of them stale (Checkpoint.commit)
+DESCRIBING = frozenset(name for kind in (ParquetOutput, JsonlOutput, OpenAIOutput) for name in kind.describing)
