@@ -246,6 +246,19 @@ def test_status_changes_nothing_and_explains_a_damaged_report(tmp_path, sms_parq
     assert result.exit_code == 1 and "damaged: " in result.output and "Traceback" not in result.output
 
 
+def test_status_of_a_moved_folder_says_to_go_on_in_that_folder(tmp_path, sms_parquet, tiny_embed):
+    import shutil
+
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    first = tmp_path / "first"
+    assert runner.invoke(app, ["run", str(job), "-q", "--limit", "150", "--output", str(first)]).exit_code == 0
+    said = " ".join(runner.invoke(app, ["status", str(first)]).output.split())
+    assert f"go on batchinfer run {job} --output {first} (the whole job)" in said, said
+    shutil.move(first, tmp_path / "moved")
+    said = " ".join(runner.invoke(app, ["status", str(tmp_path / "moved")]).output.split())
+    assert f"go on batchinfer run {job} --output {tmp_path / 'moved'} (the whole job)" in said, said
+
+
 def test_status_knows_the_total_before_the_first_chunk(tmp_path, sms_parquet, tiny_embed):
     from batchinfer.output.checkpoint import Checkpoint
 

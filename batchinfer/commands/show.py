@@ -3,7 +3,9 @@ read-only status. Pure: values in, strings out; cli.py prints them."""
 
 from __future__ import annotations
 
+import shlex
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..backends.model_size import describe_size
@@ -127,10 +129,11 @@ def status_lines(state: FolderStatus) -> list[str]:
             "refuses the folder over another's until you move it away",
         )
     lines += lost_lines(lost, state.unsealed())
+    command = aimed(state.command, state.path)
     if limit and not holder and len(chunks) >= extent["chunks"]:  # the limited run is done: go on past it
-        lines.append(f"go on   {go_on(state.command)}")
+        lines.append(f"go on   {go_on(command)}")
     elif not complete and not holder:
-        lines.append(f"resume  {state.command or SAME_RUN}")
+        lines.append(f"resume  {command or SAME_RUN}")
     return lines
 
 
@@ -157,6 +160,22 @@ def lost_lines(lost: dict[str, str], unsealed: int) -> list[str]:
 
 # what status says where the folder records no command line: a run from Python (batchinfer.run)
 SAME_RUN = "the same job again: batchinfer run with its job file and --set options, or batchinfer.run(...) from Python"
+
+
+def aimed(command: str, path) -> str:
+    """The folder's recorded command, its --output the folder status read (`path`): a folder copied or moved
+    keeps the record, whose --output names where it was, which resuming would write to instead."""
+    words = shlex.split(command)
+    if "--output" not in words[:-1]:
+        return command
+    at = words.index("--output") + 1
+    if _place(words[at]) != _place(str(path)):
+        words[at] = str(path)
+    return shlex.join(words)
+
+
+def _place(path: str) -> str:
+    return path.rstrip("/") if "://" in path else str(Path(path).resolve())
 
 
 def go_on(command: str) -> str:
