@@ -259,6 +259,14 @@ def test_status_of_a_moved_folder_says_to_go_on_in_that_folder(tmp_path, sms_par
     assert f"go on batchinfer run {job} --output {tmp_path / 'moved'} (the whole job)" in said, said
 
 
+def test_an_output_path_linking_to_nothing_says_so(tmp_path, sms_parquet, tiny_embed):
+    (tmp_path / "out").symlink_to(tmp_path / "gone")
+    job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
+    said = " ".join(runner.invoke(app, ["run", str(job), "-q"]).output.split())
+    assert f"output.path {tmp_path / 'out'} is a link to {tmp_path / 'gone'}, which does not exist" in said, said
+    assert "fix: create the folder the link points to" in said
+
+
 def test_status_knows_the_total_before_the_first_chunk(tmp_path, sms_parquet, tiny_embed):
     from batchinfer.output.checkpoint import Checkpoint
 

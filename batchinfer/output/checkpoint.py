@@ -6,6 +6,7 @@ writes the format's files, the report and _SUCCESS."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Iterator
@@ -73,6 +74,11 @@ class Checkpoint:
         (time.time(), by default now), which `status` measures the run's rate from."""
         checkpoint = cls(path, compression, options, started)
         refuse_location(str(checkpoint.path), inputs)
+        if "://" not in str(path) and Path(path).is_symlink() and not Path(path).exists():  # mkdir: "File exists"
+            raise OutputError(
+                f"output.path {checkpoint.path} is a link to {os.readlink(path)}, which does not exist",
+                "create the folder the link points to, or give another output.path",
+            )
         try:
             refuse_foreign_folder(checkpoint.folder, checkpoint.path)
             checkpoint.folder.make()
