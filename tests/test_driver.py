@@ -15,9 +15,11 @@ from helpers import vectors as _vectors
 
 from batchinfer.commands.export import export_folder
 from batchinfer.control import Quiet
-from batchinfer.errors import ResumeError
+from batchinfer.errors import OutputError, ResumeError
 from batchinfer.execution.driver import run_job
 from batchinfer.job.config import validate_job
+from batchinfer.output.records import error_counts
+from batchinfer.output.status import FolderStatus
 
 
 def test_embed_output_schema_order_and_report(sms_parquet, sms_table, tiny_embed, tmp_path):
@@ -345,6 +347,44 @@ def test_retry_keeps_rows_that_fail_again_and_survives_a_crash(tmp_path, tiny_em
     assert [(e["row"], e["reason"]) for e in errors] == [(1, "null_text"), (3, "empty_text")]
     assert sorted(_read(tmp_path / "out").column("row").to_pylist()) == [0, 2, 4, 5]
     assert not (tmp_path / "out" / "_done" / "00000-00000-r1.json").exists()  # a pass would only fail again
+
+
+def test_a_retry_beside_input_errors_leaves_a_folder_that_status_export_and_a_resume_read(tmp_path, tiny_embed):
+    """A retry pass keeps its chunk's input errors (null, empty text) in its error file without running them;
+    its marker counted them in `errors` but not in `rows`, so every later status, export and run refused the
+    folder as damaged and told the user to --restart. A marker the earlier batchinfer wrote so is read too."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [None, "word " * 100, "fine", "  ", "more " * 100, "also fine"]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet")
+    job = {
+        "input": {"path": str(tmp_path / "t.parquet"), "text": "text"},
+        "model": {"path": str(tiny_embed), "task": "embed", "max_length": 16, "truncation": "error"},
+        "batching": {"chunk_rows": 2},  # chunk 0: a null text beside a long one; chunk 2: a long text alone
+        "output": {"path": str(tmp_path / "out")},
+    }
+    run_job(validate_job(job))
+    job["model"]["max_length"] = 256
+    run_job(validate_job(job), retry_errors=True)
+    marker = tmp_path / "out" / "_done" / "00000-00000-r1.json"
+    written = json.loads(marker.read_text())
+    for old in (False, True):  # as this batchinfer writes the marker, then as the earlier one did
+        if old:
+            marker.write_text(json.dumps({k: v for k, v in written.items() if k != "carried"}))
+        state = FolderStatus.of_run(str(tmp_path / "out"))
+        assert error_counts(state.done) == {"null_text": 1, "empty_text": 1}
+        assert sum(r.ok for r in state.done.values()) == 4
+        exported = export_folder(str(tmp_path / "out"), "jsonl", tmp_path / f"all-{old}.jsonl")
+        assert (exported.rows, exported.errors) == (4, 2)
+        again = run_job(validate_job(job))
+        assert again["run"]["rows"] == 0 and (again["rows"], again["rows_ok"]) == (6, 4)
+        assert again["errors_by_reason"] == {"empty_text": 1, "null_text": 1}
+    # the pass ran 1 row (ok now) and kept the null text without running it
+    assert (written["rows"], written["ok"], written["errors"], written["carried"]) == (1, 1, {"null_text": 1}, 1)
+    marker.write_text(json.dumps({**written, "carried": 0}))  # counts that do not add up are still refused
+    with pytest.raises(OutputError, match="its counts do not add up"):
+        FolderStatus.of_run(str(tmp_path / "out"))
 
 
 def test_int8_quantization_stays_close_to_fp32(sms_parquet, minilm_path, tmp_path):

@@ -164,6 +164,7 @@ class ChunkTask:
         record = ChunkRecord(
             chunk=loaded.work.name,
             retry_of=loaded.work.retry_of,
+            carried=carried.num_rows if carried is not None and carried.num_rows else None,
             rows=loaded.work.rows,
             ok=table.num_rows,
             errors=dict(

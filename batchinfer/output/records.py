@@ -17,6 +17,7 @@ from .layout import error_part_name, part_name
 
 _OMITTED_WHEN_EMPTY = (
     "retry_of",
+    "carried",
     "generated_tokens",
     "first_token_seconds",
     "max_tokens_lowered",
@@ -50,6 +51,10 @@ class ChunkRecord:
     ok: Tally  # rows in its part file
     errors: dict[StrictStr, Tally]  # rows in its error file, by reason
     retry_of: StrictStr | None = None  # a retry pass: the chunk whose error rows it ran again
+    # a retry pass: the error rows it kept in its error file without running them (their reason lies in the
+    # input, not RETRYABLE): in `errors`, not in `rows`. None: none, or a marker of a batchinfer that did not
+    # count them (scan.py: _carried_of_earlier_retry)
+    carried: Tally | None = None
     truncated: Tally = 0
     # label scoring: the tokens the model computed for its rows, a shared prefix's once-computed ones not counted;
     # generate: every prompt token (those the engine read from its cache are in `prefix`)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from ..errors import OutputError
+from ..reasons import RETRYABLE
 from ..storage import join
 from .failures import damage
 from .job_record import read_job
@@ -64,7 +65,7 @@ def scan(folder, path, footers: bool = True) -> Scan:
 def read_markers(folder, job: dict, listing: dict[str, int]) -> tuple[dict[str, ChunkRecord], dict[str, str]]:
     """This job's finished passes by name, in order (a retry after what it retries); and its markers that are
     damaged, by file name, with what is wrong in each."""
-    done, damaged = {}, {}
+    done, damaged, latest = {}, {}, {}  # latest: each chunk's latest pass read so far
     names = sorted((n for n in listing if MARKER.fullmatch(n)), key=marker_order)
     for name, raw in read_each(folder.read, names).items():
         try:
@@ -77,21 +78,38 @@ def read_markers(folder, job: dict, listing: dict[str, int]) -> tuple[dict[str, 
             except ValidationError as exc:
                 damaged[name] = damage(exc)
                 continue
+            record = _carried_of_earlier_retry(record, latest.get(record.retry_of))
             if problem := _disagreement(MARKER.fullmatch(name).group(1), record):
                 damaged[name] = problem
             else:
-                done[record.chunk] = record
+                done[record.chunk] = latest[record.base] = record
     return done, damaged
+
+
+def _carried_of_earlier_retry(record: ChunkRecord, before: ChunkRecord | None) -> ChunkRecord:
+    """A retry pass's marker as a batchinfer before `carried` wrote it: the error rows of the pass before it
+    (`before`) that it kept without running them again (those not RETRYABLE) are in its `errors` and not in its
+    `rows`. Read with `carried` filled in where those rows are exactly what its counts lack; else as it is."""
+    if record.retry_of is None or record.carried is not None or before is None:
+        return record
+    kept = {reason: n for reason, n in before.errors.items() if reason not in RETRYABLE}
+    carried = sum(kept.values())
+    if carried and record.rows + carried == record.ok + sum(record.errors.values()):
+        if all(record.errors.get(reason, 0) >= n for reason, n in kept.items()):
+            return replace(record, carried=carried)
+    return record
 
 
 def _disagreement(chunk: str, record: ChunkRecord) -> str | None:
     """What a marker of this job holds that batchinfer never writes together: another chunk's record (a copy:
-    its chunk would count twice, and the named one as done), or counts that do not add up."""
+    its chunk would count twice, and the named one as done), or counts that do not add up (a retry pass's
+    error rows kept without running them again are in its errors, not its rows)."""
     if record.chunk != chunk:
         return f"it holds the record of chunk {record.chunk}, not of {chunk} (its name): a copy, or edited"
-    if record.rows != record.ok + sum(record.errors.values()):
+    if record.rows + (record.carried or 0) != record.ok + sum(record.errors.values()):
+        kept = f" and {record.carried:,} kept from the pass before" if record.carried else ""
         return (
-            f"its counts do not add up: {record.rows:,} rows, but {record.ok:,} ok and "
+            f"its counts do not add up: {record.rows:,} rows{kept}, but {record.ok:,} ok and "
             f"{sum(record.errors.values()):,} in error"
         )
     return None
