@@ -353,8 +353,9 @@ def validate(
         plan = JobPlan.open(config)
         if config.runtime.executor == "local":  # Ray workers pick their devices on their own machines
             pick_device(config.model.device)
-        chunks = plan.chunks()
-        folder, _ = describe_folder(config.output.path, config.output.storage_options, plan.fingerprint(), len(chunks))
+        folder, _, chunks = describe_folder(
+            config.output.path, config.output.storage_options, plan.fingerprint(), lambda cuts: plan.chunks(None, cuts)
+        )
         for shard in plan.inputs.bad:
             out.print(labelled("skipped", "yellow", f"(input.on_bad_shard: skip): {shard.message}"), highlight=False)
         say_sample_problems(*sample_problems(config, plan.inputs))

@@ -382,6 +382,26 @@ def test_the_full_run_keeps_the_trials_rows_of_the_chunk_its_limit_cut(tmp_path,
     assert "rows    600/600 done (100.0%)" in status and "(complete)" in status, status
 
 
+def test_validate_and_plan_count_the_pieces_of_chunks_limits_cut_as_status_does(tmp_path, sms_parquet, tiny_embed):
+    """Each --limit that ends inside a chunk leaves its rest to run as a piece: validate and plan counted those
+    pieces against the job's uncut chunks ("complete: 7/6 chunks done" with 150 rows left, "9/6" when finished)."""
+    job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, tmp_path / "out", raw=True))  # 600 rows, 100 a chunk
+    for limit in ("250", "333", "450"):
+        assert runner.invoke(app, ["run", str(job), "--limit", limit, "-q"]).exit_code == 0
+    status = runner.invoke(app, ["status", str(tmp_path / "out")]).output
+    assert "chunks  7/8 done (--limit 450" in status, status
+    validate = runner.invoke(app, ["validate", str(job)]).output
+    assert "holds this job: 7/8 chunks done; the run resumes" in validate, validate
+    plan = runner.invoke(app, ["plan", str(job), "--limit", "450"]).output
+    assert "holds this job: 7/8 chunks done; a run with --limit 450 has nothing left to do" in plan, plan
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    assert "chunks  9/9 done (complete)" in runner.invoke(app, ["status", str(tmp_path / "out")]).output
+    for command in (["validate", str(job)], ["plan", str(job), "--sample", "60"]):
+        said = runner.invoke(app, command).output
+        assert "holds this job, complete: 9/9 chunks done; a run has nothing left to do" in said, said
+    assert "600 rows, 9 chunk(s)" in runner.invoke(app, ["validate", str(job)]).output  # as plan and a run plan them
+
+
 def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["run", str(job), "--every", "0"])  # stderr is no terminal, as under nohup or cron

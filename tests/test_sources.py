@@ -315,6 +315,35 @@ def test_csv_reads_every_row_in_order_with_kept_types(tmp_path, name):
     assert _read_all(cfg) == [{**r, "id": str(r["id"])} for r in rows]
 
 
+def test_a_kept_csv_column_is_a_number_only_where_every_field_is_written_back_as_it_stands(tmp_path):
+    """zip 01234 came out as 1234 and price 1.50 as 1.5: a column is read as numbers only where no field of any
+    shard would change, else as the text of its fields (b.csv's zip 7 then comes out as "7")."""
+    fields = {
+        "zip": ["01234", "02345", "00000"],
+        "price": ["1.50", "2", "3.25"],
+        "odd": ["1e3", "+5", "0x10"],
+        "count": ["7", "", "-12"],
+        "amount": ["1.5", "2.0", "-3"],
+    }
+    lines = ["text," + ",".join(fields)] + [f"t{i}," + ",".join(f[i] for f in fields.values()) for i in range(3)]
+    (tmp_path / "a.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "b.csv").write_text("text,zip,price,odd,count,amount\nu,7,1,1,8,4\n")  # numbers alone, here
+    cfg = InputConfig(path=str(tmp_path / "*.csv"), text="text", keep=list(fields))
+    assert discover_shards(cfg).types == {
+        "zip": pa.string(),
+        "price": pa.string(),
+        "odd": pa.string(),
+        "count": pa.int64(),
+        "amount": pa.float64(),
+    }
+    rows = _read_all(cfg)
+    assert {name: [r[name] for r in rows[:3]] for name in ("zip", "price", "odd")} == {
+        name: fields[name] for name in ("zip", "price", "odd")
+    }
+    assert [r["count"] for r in rows] == [7, None, -12, 8] and [r["amount"] for r in rows] == [1.5, 2.0, -3.0, 4.0]
+    assert [r["zip"] for r in rows[3:]] == ["7"]
+
+
 def test_csv_records_with_the_wrong_field_count_are_error_rows(tmp_path, tiny_embed):
     from batchinfer.execution.driver import run_job
     from batchinfer.job.config import validate_job

@@ -16,7 +16,7 @@ from ..backends.model_size import model_size
 from ..batching.budget import ProbeChoice
 from ..execution.job_plan import JobPlan
 from ..job.config import JobConfig
-from ..job.plan import cuts_of, planned_rows, rows_of
+from ..job.plan import planned_rows, rows_of
 from ..machine import Load
 from ..output.status import NEW_FOLDER, FolderStatus, describe_folder
 from ..sources import READ_ERRORS, Inputs, open_reader, read_spec
@@ -80,12 +80,12 @@ def estimate_job(job: JobConfig, sample: int | None = None, timed: bool = True, 
     larger budgets, and the probe could not tell them apart (the shipped classifier on 300,000 rows: 2,000 sampled
     rows settled 4,096 tokens where the run settled 8,192 and ran 1.2x faster)."""
     plan = JobPlan.open(job)
-    inputs, model_path, chunks = plan.inputs, plan.model_path, plan.chunks(limit)
+    inputs, model_path, shards = plan.inputs, plan.model_path, plan.inputs.shards
+    # planned as the run plans them: a chunk an earlier --limit cut short, in its pieces
+    folder, state, chunks = describe_folder(
+        job.output.path, job.output.storage_options, plan.fingerprint(limit), lambda cuts: plan.chunks(limit, cuts)
+    )
     rows = rows_of(chunks) if limit is not None else plan.rows
-    shards = inputs.shards
-    folder, state = describe_folder(job.output.path, job.output.storage_options, plan.fingerprint(limit), len(chunks))
-    if state is not None:  # planned as the run plans them: a chunk an earlier --limit cut short, in its pieces
-        chunks = plan.chunks(limit, cuts_of({name: r.rows for name, r in state.done.items() if not r.retry_of}))
     aside = time.perf_counter()  # plan's own reading, which a run does not do
     earlier = folder_so_far(state, chunks)
     summary = {

@@ -87,15 +87,15 @@ def status_lines(state: FolderStatus) -> list[str]:
     done = state.done
     errors = error_counts(done)
     lost = state.lost()
-    chunks = [r for name, r in done.items() if not r.retry_of and name not in lost]
+    chunks, total = state.chunks_done(lost)
     holder = state.holder()
     stray, unmarked = state.stray_markers(), state.stray_parts()
     complete = state.succeeded() and not stray and not lost and not unmarked
     extent = state.extent
     limit, rows = extent.get("limit"), sum(r.rows for r in chunks)
-    total, total_rows = extent.get("job_chunks", extent.get("chunks", "?")), extent.get("job_rows", extent.get("rows"))
+    total_rows = extent.get("job_rows", extent.get("rows"))
     lines.append(
-        f"chunks  {len(chunks)}/{total} done"
+        f"chunks  {len(chunks)}/{total if total is not None else '?'} done"
         + (" (complete)" if complete else "")
         + (f" (--limit {limit:,}: {extent['chunks']} chunk(s), the first {extent['rows']:,} rows)" if limit else "")
     )

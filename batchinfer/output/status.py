@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,7 +13,7 @@ import pyarrow.parquet as pq
 
 from ..batching.budget import ProbeChoice
 from ..errors import OutputError
-from ..job.plan import describe_changes
+from ..job.plan import Chunk, cuts_of, describe_changes
 from ..storage import open_folder, refuse_location
 from .checkpoint import read_report
 from .failures import display_path, reach_error
@@ -94,6 +95,13 @@ class FolderStatus:
         """The job's totals: chunks and rows (job_chunks, job_rows and limit after a --limit run)."""
         return self.job.get("plan", {})
 
+    def chunks_done(self, lost: dict[str, str]) -> tuple[list[ChunkRecord], int | None]:
+        """What status, validate and plan count: the finished chunks whose parts are whole (each piece of a chunk
+        an earlier --limit cut short counts; a retry pass is its chunk's), and the job's chunks as its last run
+        planned them (the whole job's after a --limit run; None in a job record that holds no plan)."""
+        finished = [r for name, r in self.done.items() if not r.retry_of and name not in lost]
+        return finished, self.extent.get("job_chunks", self.extent.get("chunks"))
+
     def lost(self, digests: bool = True) -> dict[str, str]:
         """Finished chunks whose part files are not as committed (see lost_chunks); reads footers, and, with
         `digests`, every sealed part whole."""
@@ -160,11 +168,13 @@ class FolderStatus:
 
 
 def describe_folder(
-    path: str | Path, options: dict | None, fingerprint: dict, chunks_total: int
-) -> tuple[str, FolderStatus | None]:
+    path: str | Path, options: dict | None, fingerprint: dict, plan: Callable[[dict[str, set[int]]], list[Chunk]]
+) -> tuple[str, FolderStatus | None, list[Chunk]]:
     """What a run of the job with `fingerprint` would find in the folder, without changing anything; raises
     the errors a run would raise (foreign files, a damaged job record). Also the folder's status when it holds
-    this very job (None for a new folder or another job), read in the same pass."""
+    this very job (None for a new folder or another job), read in the same pass, and the job's chunks as that
+    run plans them: `plan` given where the folder's finished pieces cut them (job.plan.cuts_of), so that a chunk
+    an earlier --limit cut short is planned in its pieces. The chunks done are counted as status counts them."""
     shown = display_path(path)
     refuse_location(str(shown), ())
     folder = open_folder(str(path), options)
@@ -174,20 +184,27 @@ def describe_folder(
     except OSError as exc:
         raise reach_error(shown, exc, "read output folder") from exc
     if not found.job:
-        return NEW_FOLDER, None
+        return NEW_FOLDER, None, plan({})
     refuse_foreign(folder, shown, found)
     found.refuse_damaged(shown)
     changed = describe_changes(found.job["fingerprint"], fingerprint)
     changed.pop("limit", None)
     lost = lost_chunks(folder, found.done, found.listing, found.footers, found.job["job_id"])
-    chunks = sum(1 for name, r in found.done.items() if not r.retry_of and name not in lost)
-    again = f"; {len(lost)} finished chunk(s) lost a part file and run again" if lost else ""
-    state = None if changed else FolderStatus(shown, folder, found)
+    status = FolderStatus(shown, folder, found)
+    finished, total = status.chunks_done(lost)
     if changed and found.done:
-        return (
-            f"holds {chunks} finished chunk(s) of a different job ({'; '.join(changed.values())}): the run "
+        other = (
+            f"holds {len(finished)} finished chunk(s) of a different job ({'; '.join(changed.values())}): the run "
             "will refuse; write to a new folder with --output NEW_FOLDER, or delete them with --restart"
-        ), state
-    if chunks >= chunks_total:
-        return f"holds this job, complete: {chunks}/{chunks_total} chunks done; a run has nothing left to do", state
-    return f"holds this job: {chunks}/{chunks_total} chunks done; the run resumes{again}", state
+        )
+        return other, None, plan({})
+    chunks = plan(cuts_of({name: r.rows for name, r in found.done.items() if not r.retry_of}))
+    state = None if changed else status
+    count = f"{len(finished)}/{total if total is not None else len(chunks)} chunks done"
+    if {c.name for c in chunks} <= {r.chunk for r in finished}:  # every chunk the run plans: nothing to run
+        limit = fingerprint.get("limit")
+        if limit is None or status.succeeded():
+            return f"holds this job, complete: {count}; a run has nothing left to do", state, chunks
+        return f"holds this job: {count}; a run with --limit {limit:,} has nothing left to do", state, chunks
+    again = f"; {len(lost)} finished chunk(s) lost a part file and run again" if lost else ""
+    return f"holds this job: {count}; the run resumes{again}", state, chunks

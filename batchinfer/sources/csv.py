@@ -2,7 +2,8 @@
 
 Every column is read as bytes and decoded per field, so a column never changes type half-way through a
 file and a field that is not UTF-8 costs its row alone (bad_utf8); discovery fixes the type of each kept
-column for the whole job (whole numbers, numbers, or text) and keeps ids as their text.
+column for the whole job (whole numbers, numbers, or text: numbers only where every field is the number as it
+is written back, so 01234 or 1.50 keep their text) and keeps ids as their text.
 
 Every record is accounted for. A row is a data record's 0-based place in the file (the header and blank
 lines are not records; a quoted field spanning lines is one record). A record with the wrong number of
@@ -77,7 +78,7 @@ class CsvFormat:
                     values = _decode(table.column(column), column, {})
                     for k, target in enumerate((pa.int64(), pa.float64())):
                         if fits[k]:
-                            fits[k] = _casts(values, target)
+                            fits[k] = _written_back(values, target)
         if quotes.open_line is not None:
             record = f"row {rows - 1:,}" if rows else "the header"  # the field runs to the end: the last record
             raise InputError(
@@ -332,13 +333,20 @@ def _decode(values: pa.ChunkedArray, name: str, bad: dict) -> pa.Array:
     return pa.array(decoded, pa.string())
 
 
-def _casts(values: pa.ChunkedArray | pa.Array, target: pa.DataType) -> bool:
+def _written_back(values: pa.ChunkedArray | pa.Array, target: pa.DataType) -> bool:
+    """Whether every field that is not empty reads as a `target` number whose text, written back, is the field's:
+    42, -3, 1.5, 2.0 (a whole float as Python writes it; Arrow writes 2), never 01234, +5, 1.50, 1e3 or 0x10,
+    which a number column would hand on changed."""
     present = pc.filter(values, pc.not_equal(values, ""))
     try:
-        pc.cast(present, target)
-        return True
+        written = pc.cast(pc.cast(present, target), pa.string())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return False
+    same = pc.equal(written, present)
+    if pa.types.is_floating(target):
+        whole = pc.match_substring_regex(written, r"^-?[0-9]+$")
+        same = pc.or_(same, pc.and_(whole, pc.equal(pc.binary_join_element_wise(written, ".0", ""), present)))
+    return pc.all(same).as_py() is not False
 
 
 def _nulls_for_empty(table: pa.Table, spec: ReadSpec) -> pa.Table:
