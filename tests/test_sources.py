@@ -9,7 +9,14 @@ import pytest
 
 from batchinfer.errors import InputError
 from batchinfer.job.config import InputConfig
-from batchinfer.sources import READ_ERRORS, describe_read_error, discover_shards, open_reader, read_spec
+from batchinfer.sources import (
+    READ_ERRORS,
+    describe_read_error,
+    discover_shards,
+    open_reader,
+    read_spec,
+    shard_contents,
+)
 from batchinfer.sources.openai import REQUEST_COLUMNS
 
 ROWS = [{"id": i, "text": f"message number {i}", "label": i % 2} for i in range(50)]
@@ -699,3 +706,92 @@ def test_a_binary_or_utf16_file_read_as_json_lines_is_a_bad_shard_not_a_shard_of
             discover_shards(InputConfig(path=str(tmp_path / "a.jsonl"), text="text", **typed))
     (tmp_path / "b.jsonl").write_bytes(b'{"id": 1, "text": "a"}\n{"id": 2, "te\x00xt": \n')  # one bad line: one row
     assert discover_shards(InputConfig(path=str(tmp_path / "b.jsonl"), text="text", id="id")).shards[0].num_rows == 2
+
+
+# --- links ---------------------------------------------------------------------------------------------------------
+
+
+def _hub_snapshot(tmp_path, names=("train-00000.parquet", "train-00001.parquet")):
+    """The Hugging Face hub cache's layout: snapshot files that are relative links to one extension-less blob."""
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "snap" / "data").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "blobs" / "3f9a1c")
+    for name in names:
+        (tmp_path / "snap" / "data" / name).symlink_to("../../blobs/3f9a1c")
+    return tmp_path / "snap"
+
+
+def test_a_link_is_a_shard_named_and_judged_by_its_own_path_and_read_through(tmp_path):
+    """Two links to one extension-less blob are two parquet shards under their own names (not one name twice, nor
+    refused for the blob's name); a link into another folder and a link given as input.path keep theirs too."""
+    snapshot = _hub_snapshot(tmp_path)
+    shards = discover_shards(InputConfig(path=str(snapshot), text="text")).shards
+    assert [(s.name, s.format) for s in shards] == [
+        ("train-00000.parquet", "parquet"),
+        ("train-00001.parquet", "parquet"),
+    ]
+    assert _read_all(InputConfig(path=str(snapshot), text="text", id="id", keep=["label"])) == ROWS + ROWS
+    (tmp_path / "elsewhere").mkdir()
+    _jsonl(tmp_path / "elsewhere" / "d.jsonl", ROWS[:5])
+    (snapshot / "data" / "more.jsonl").symlink_to(tmp_path / "elsewhere" / "d.jsonl")
+    names = [s.name for s in discover_shards(InputConfig(path=str(snapshot / "data"), text="text")).shards]
+    assert names == ["more.jsonl", "train-00000.parquet", "train-00001.parquet"]
+    alone = discover_shards(InputConfig(path=str(snapshot / "data" / "train-00001.parquet"), text="text")).shards
+    assert [(s.name, s.path) for s in alone] == [
+        ("train-00001.parquet", str(snapshot / "data" / "train-00001.parquet"))
+    ]
+
+
+def test_a_link_to_a_folder_is_followed_and_a_loop_is_not_gone_round(tmp_path):
+    (tmp_path / "in" / "a").mkdir(parents=True)
+    (tmp_path / "shared").mkdir()
+    _jsonl(tmp_path / "in" / "a" / "x.jsonl", ROWS[:3])
+    _jsonl(tmp_path / "shared" / "y.jsonl", ROWS[3:5])
+    (tmp_path / "in" / "more").symlink_to(tmp_path / "shared")
+    (tmp_path / "in" / "a" / "again").symlink_to("..")  # a loop: in/a/again/a/again/...
+    (tmp_path / "in" / "gone.jsonl").symlink_to(tmp_path / "nowhere.jsonl")  # dangling: not a shard
+    for path in (tmp_path / "in", tmp_path / "in" / "**" / "*.jsonl"):
+        names = [s.name for s in discover_shards(InputConfig(path=str(path), text="text")).shards]
+        assert names == ["a/x.jsonl", "more/y.jsonl"]  # a/again/ leads back to in/: listed once, above
+
+
+def test_a_link_pointed_at_another_file_or_whose_file_changed_is_another_shard(tmp_path):
+    """Resume compares each shard's rows and digest, and a reader its stamp: both see through the link."""
+    snapshot = _hub_snapshot(tmp_path, names=("train.parquet",))
+    link = snapshot / "data" / "train.parquet"
+    cfg = InputConfig(path=str(snapshot), text="text", id="id")
+    before = discover_shards(cfg)
+    changed = [{**r, "text": r["text"].upper()} for r in ROWS]
+    pq.write_table(pa.Table.from_pylist(changed), tmp_path / "blobs" / "b7e2d0")
+    link.unlink()
+    link.symlink_to("../../blobs/b7e2d0")
+    after = discover_shards(cfg).shards
+    assert [s.name for s in after] == [s.name for s in before.shards]
+    assert shard_contents(after) != shard_contents(before.shards)
+    with pytest.raises(READ_ERRORS, match="another file was put in its place"):
+        open_reader(before.shards[0], read_spec(cfg, types=before.types)).read(0, 10)
+    pq.write_table(pa.Table.from_pylist(ROWS[:10]), tmp_path / "blobs" / "b7e2d0")  # the target itself rewritten
+    assert shard_contents(discover_shards(cfg).shards) != shard_contents(after)
+
+
+def test_two_links_to_one_file_give_each_row_once_per_shard_into_an_output_inside_the_input(tmp_path, tiny_embed):
+    from batchinfer.execution.driver import run_job
+    from batchinfer.job.config import validate_job
+
+    snapshot = _hub_snapshot(tmp_path)
+    job = validate_job(
+        {
+            "input": {"path": str(snapshot), "text": "text", "id": "id"},
+            "model": {"path": str(tiny_embed), "task": "embed", "max_length": 32},
+            "batching": {"chunk_rows": 16},
+            "output": {"path": str(snapshot / "out")},
+        }
+    )
+    assert run_job(job)["rows_ok"] == 2 * len(ROWS)
+    table = pq.read_table(snapshot / "out", columns=["source", "row"]).to_pylist()
+    assert sorted((r["source"], r["row"]) for r in table) == [
+        (name, row) for name in ("train-00000.parquet", "train-00001.parquet") for row in range(len(ROWS))
+    ]
+    shards = json.loads((snapshot / "out" / "_batchinfer.json").read_text())["fingerprint"]["input.shards"]
+    assert sorted(shards) == ["train-00000.parquet", "train-00001.parquet"]
+    assert run_job(job)["rows_ok"] == 2 * len(ROWS)  # the same job again: nothing new, the output read back not

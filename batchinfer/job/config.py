@@ -54,7 +54,9 @@ class InputConfig(Section):
         "taken from the current directory. "
         "A folder is read with every folder below it, leaving out names that start with _ or . (_SUCCESS, "
         ".hidden, _errors/, as Spark and pyarrow do). URLs too: "
-        "s3://bucket/reviews/, gs://bucket/reviews/*.parquet, or any fsspec URL."
+        "s3://bucket/reviews/, gs://bucket/reviews/*.parquet, or any fsspec URL. A link is a shard named by its own "
+        "path (and its own extension, so a Hugging Face hub snapshot folder works as it is), read through; a link "
+        "to a folder is read as that folder, unless it leads back to a folder it lies in."
     )
     text: str | None = Field(
         default=None,

@@ -26,6 +26,7 @@ from ..job.config import InputConfig
 from ..job.templates import template_fields
 from ..storage import (
     JOB_RECORD,
+    as_given,
     file_stamp,
     find,
     glob_base,
@@ -258,10 +259,11 @@ def _columns(names: list[str]) -> str:
 
 def _expand(cfg: InputConfig, output: str | None) -> list[tuple[str, str]]:
     """input.path as the paths of its shards, each with its format, in a stable order: a saved dataset, a file, a
-    glob or every file below a folder (local paths resolved, URLs as URLs), leaving out batchinfer output: the
+    glob or every file below a folder (local paths absolute, links not resolved: a shard is named and its format
+    judged by its own path, its bytes read through the link; URLs as URLs), leaving out batchinfer output: the
     job's own folder and any folder below the input's root that holds a batchinfer job."""
     if shard_format(cfg.path) == "hf":
-        return [(str(local_path(cfg.path).resolve()), "hf")]
+        return [(as_given(cfg.path), "hf")]
     found = find(cfg.path, cfg.storage_options, output=output, markers=JOB_MARKERS)
     remote, wildcard = is_uri(cfg.path), glob_base(cfg.path) != cfg.path
     formats = [(path, shard_format(path, cfg.format, folder=not remote and not is_file)) for path, is_file in found]

@@ -71,6 +71,15 @@ def filesystem(path: str, options: dict | None = None) -> tuple[pafs.FileSystem,
         ) from None
 
 
+def as_given(path: str) -> str:
+    """A local path made absolute with the folders above it resolved but not its last part: a link is named by
+    its own name, not its target's (a Hugging Face snapshot's train-00000.parquet, not the blob it points to)."""
+    absolute = local_path(path).absolute()
+    if absolute.name in ("", ".", ".."):
+        return str(absolute.resolve())
+    return str(absolute.parent.resolve() / absolute.name)
+
+
 def join(base: str, *names: str) -> str:
     return "/".join([base.rstrip("/"), *names])
 
@@ -98,24 +107,28 @@ def find(
     output: str | None = None,
     markers: tuple[str, ...] = (),
 ) -> list[tuple[str, bool]]:
-    """What a path names, local or remote, through one pyarrow.fs listing: a file, the matches of a glob,
+    """What a path names, local or remote, through one listing (pyarrow.fs on a store): a file, the matches of a glob,
     or everything below a folder whose path below it has no part starting with one of `hidden`; [] when
     nothing is there. Globs match as the shell's do (glob_regex). A glob's matches come in the order of
     their paths, a folder's in the order of their parts (a/b before a-c), as glob.glob and Path.rglob give
     them. Folders come with the files on a local disk (a saved dataset is a folder). Left out: what lies
     in the folder `output`, and what lies in a folder below the root (the path, or a glob's folder before
-    its first wildcard) that holds one of `markers`. Returns (the path: resolved on a local disk, a URL on
-    a store; whether it is a file). Raises FileNotFoundError when the bucket does not exist."""
+    its first wildcard) that holds one of `markers`. On a local disk, links are followed but never resolved:
+    a file is named by its path below `path` as the user sees it (two links to one file are two paths), and a
+    link to a folder is listed as that folder, unless it leads back to a folder it lies in (a loop). Returns
+    (the path: absolute on a local disk, a URL on a store; whether it is a file). Raises FileNotFoundError
+    when the bucket does not exist."""
     fs, inner = input_filesystem(path, options)
-    root, found = _listed(fs, path, inner, options, hidden)
     remote = is_uri(path)
+    root, found = _listed(fs, path, inner if remote else as_given(path), options, hidden)
     if not found and remote and fs.get_file_info(root.split("/", 1)[0]).type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"the bucket {root.split('/', 1)[0]} does not exist")
     own = input_filesystem(output)[1] if output and is_uri(output) == remote else None
     marked: dict[str, bool] = {}
 
     def left_out(found: str) -> bool:
-        if own and (found == own or found.startswith(own + "/")):
+        where = found if remote else os.path.realpath(found)  # a link into the output folder leads inside it
+        if own and (where == own or where.startswith(own + "/")):
             return True
         folder = posixpath.dirname(found)
         while markers and folder.startswith(root.rstrip("/") + "/"):
@@ -129,7 +142,7 @@ def find(
 
     scheme = path.partition("://")[0]
     return [
-        (f"{scheme}://{i.path}" if remote else str(Path(i.path).resolve()), i.type == pafs.FileType.File)
+        (f"{scheme}://{i.path}" if remote else i.path, i.type == pafs.FileType.File)
         for i in found
         if (i.type == pafs.FileType.File or not remote) and not left_out(i.path)
     ]
@@ -139,7 +152,7 @@ def _listed(fs, path: str, inner: str, options: dict | None, hidden: tuple[str, 
     """find's listing: the root it starts from, and what lies there in find's order (before what it leaves out)."""
     base = glob_base(path)
     if base != path:  # a glob: list below the folder before its first wildcard, as deep as the pattern goes
-        _, root = input_filesystem(base or ".", options)
+        root = input_filesystem(base, options)[1] if is_uri(path) else as_given(base or ".")
         rest = path[len(base) :]
         regex = glob_regex(join(root, rest))
         recursive = "/" in rest or "**" in rest
@@ -152,7 +165,47 @@ def _listed(fs, path: str, inner: str, options: dict | None, hidden: tuple[str, 
 
 
 def _listing(fs: pafs.FileSystem, root: str, recursive: bool) -> list[pafs.FileInfo]:
+    if isinstance(fs, pafs.LocalFileSystem):
+        return _local_listing(root, recursive)
     return fs.get_file_info(pafs.FileSelector(root, recursive=recursive, allow_not_found=True))
+
+
+def _local_listing(root: str, recursive: bool) -> list[pafs.FileInfo]:
+    """_listing on a local disk, with links under their own paths: a link to a folder is followed unless it
+    leads to a folder it lies in (a loop, whose files are listed already; pyarrow's listing would go round it
+    until its paths grew too long), and a dangling link is left out, as pyarrow leaves it out."""
+    found: list[pafs.FileInfo] = []
+    above = {root: {_folder_identity(root)}}  # folder -> the identities of it and of every folder it lies in
+    for folder, folders, files in os.walk(root, onerror=_unless_gone, followlinks=True):
+        chain = above.pop(folder)
+        for name in list(folders):
+            path = os.path.join(folder, name)
+            identity = _folder_identity(path)
+            if identity is None or identity in chain:
+                folders.remove(name)
+                continue
+            above[path] = chain | {identity}
+            found.append(pafs.FileInfo(path, type=pafs.FileType.Directory))
+        if not recursive:
+            folders.clear()
+        paths = (os.path.join(folder, name) for name in files)
+        found += [pafs.FileInfo(path, type=pafs.FileType.File) for path in paths if os.path.isfile(path)]
+    return found
+
+
+def _folder_identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:  # removed while listing
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _unless_gone(exc: OSError) -> None:
+    """os.walk's onerror: a folder removed while listing (or a glob's folder that is no folder) holds nothing;
+    any other error (permission denied) is raised, as pyarrow's listing raises it."""
+    if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        raise exc
 
 
 def _hidden(path: str, root: str, prefixes: tuple[str, ...]) -> bool:
