@@ -352,6 +352,24 @@ def test_a_messages_job_on_a_model_without_a_chat_template_is_refused_before_it_
     assert ds.dataset(str(tmp_path / "out")).to_table().column("completion_tokens").to_pylist()[0] > 0
 
 
+@pytest.mark.parametrize("task", ["generate", "classify"])
+def test_a_system_prompt_on_a_model_without_a_chat_template_is_refused_before_it_starts(
+    sms_table, tmp_path, tiny_llama_plain, task
+):
+    """A base model has no chat template to hold model.system_prompt: the rows would run without it, in silence."""
+    pq.write_table(_prompts(sms_table, 2).drop_columns(["budget"]), tmp_path / "p.parquet")
+    labels = {"labels": ["yes", "no"]} if task == "classify" else {}
+    job = {
+        "input": {"path": str(tmp_path / "p.parquet"), "text": "text", "id": "id"},
+        "model": {"path": str(tiny_llama_plain), "task": task, "system_prompt": "Be brief.", **labels},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    with pytest.raises(ModelError, match="model.system_prompt: .* has no chat template") as e:
+        run_job(validate_job(job))
+    assert "input.text" in e.value.hint and "model.chat_template" in e.value.hint
+    assert not (tmp_path / "out").exists()
+
+
 def test_model_chat_template_is_checked_and_its_text_is_in_the_fingerprint(tmp_path):
     from batchinfer.job.plan import fingerprint
 

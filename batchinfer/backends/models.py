@@ -280,13 +280,22 @@ def checked_model_path(cfg: ModelConfig, messages: str | None) -> Path:
 
 def check_chat_template(cfg: ModelConfig, path: Path, messages: str | None) -> None:
     """Before the output folder is touched: model.chat_template reads and parses, and a job of chat messages
-    (input.messages, the column `messages`) has a template to format them, its own or the model's."""
-    if chat_template(cfg.chat_template) or not messages:
+    (input.messages, the column `messages`) or with model.system_prompt has a template to format them, its own or
+    the model's (without one, a system prompt would be dropped in silence)."""
+    if chat_template(cfg.chat_template) or not (messages or cfg.system_prompt is not None):
         return
     config = path / "tokenizer_config.json"
     inline = config.exists() and json.loads(config.read_text()).get("chat_template")
-    if not (inline or (path / "chat_template.jinja").exists() or (path / "chat_template.json").exists()):
+    if inline or (path / "chat_template.jinja").exists() or (path / "chat_template.json").exists():
+        return
+    if messages:
         raise ModelError(*no_chat_template(f"input.messages ('{messages}')"))
+    raise ModelError(
+        f"model.system_prompt: {path} has no chat template to put a system message in (a base model): each row "
+        "would go to the model as written, without it",
+        "remove model.system_prompt and write the instruction into input.text, or set model.chat_template to a "
+        "Jinja template (inline or a .jinja file)",
+    )
 
 
 def quiet_libraries() -> None:

@@ -275,7 +275,8 @@ class ModelConfig(Section):
     system_prompt: str | None = Field(
         default=None,
         description="With model.chat, on a model with a chat template: a system message before each row's user "
-        "message, e.g. 'You summarize text messages in one sentence.' Part of the job's fingerprint.",
+        "message, e.g. 'You summarize text messages in one sentence.' A model without a chat template (nor "
+        "model.chat_template) refuses it before the job starts. Part of the job's fingerprint.",
     )
 
     @field_validator("chat_template")
