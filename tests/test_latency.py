@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from batchinfer.batching.cut import cut_batches
+from batchinfer.serve.batcher import shed
 from batchinfer.serve.latency import (
     DECREASE,
     FLOOR,
@@ -254,6 +255,19 @@ def test_generation_is_shed_when_its_first_token_is_predicted_past_the_target():
     assert first.admit(1500, 500).admit  # about 0.2 s
     late = first.admit(6000, 500)
     assert not late.admit and late.predicted == pytest.approx(first.cost.seconds(6500)) and late.retry_after == 1
+
+
+def test_generation_behind_a_request_is_shed_until_a_first_token_is_measured():
+    """A line through nothing predicts no wait: a burst of completions at start was admitted whole. Before a first
+    token is measured, only a request with nothing held ahead of it is admitted; the refusal says why, and when
+    to retry."""
+    first = FirstToken(0.5)
+    assert first.admit(0, 500).admit
+    behind = first.admit(500, 500)
+    assert not behind.admit and not behind.measured and behind.retry_after == 1
+    assert "none has been measured yet" in str(shed(behind, "get its first token"))
+    first.answered(500, 0.1)
+    assert first.admit(500, 500).admit and first.admit(500, 500).measured
 
 
 OUTSIDE = 0.01  # a request's seconds outside the queue (HTTP, tokenizing), as the bench measured them

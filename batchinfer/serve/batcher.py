@@ -51,6 +51,12 @@ class Shed(Overloaded):
 
 def shed(decision, would: str = "be answered") -> Shed:
     """The refusal of a request its Decision did not admit; `would`: what the target bounds."""
+    if not decision.measured:
+        return Shed(
+            f"a request is running and none has been measured yet, so a request now cannot be predicted to {would} "
+            f"within what serve.p99_ms allows ({decision.allowed * 1000:,.0f} ms)",
+            decision.retry_after,
+        )
     return Shed(
         f"a request now would {would} in about {decision.predicted * 1000:,.0f} ms, past what serve.p99_ms "
         f"allows ({decision.allowed * 1000:,.0f} ms)",
@@ -295,7 +301,7 @@ class Batcher:
             left = self._queue[0].arrived + window.waiting(self._queued_tokens) - time.monotonic()
             if left <= 0:
                 break
-            self._wake.wait(left)
+            self._wake.wait(min(left, threading.TIMEOUT_MAX))  # serve.max_wait_ms may be .inf: full batches only
         full = window.full(self._queued_tokens, len(self._queue))
         rows = [self._queue.popleft() for _ in range(window.take([len(row.ids) for row in self._queue]))]
         self._queued_tokens -= sum(len(row.ids) for row in rows)
@@ -308,12 +314,15 @@ class Batcher:
         batches = cut_batches(lengths, window.tokens, self.strategy, window.rows, self.runner.device)
         with self._wake:
             window.running(time.monotonic(), int(lengths.sum()), len(batches))
-        for batch in batches:
+        for k, batch in enumerate(batches):
             members = [rows[i] for i in batch.tolist() if not rows[i].request.cancelled]
             if members:
-                self._run_batch(members, full)
+                self._run_batch(members, full, last=k == len(batches) - 1)
 
-    def _run_batch(self, members: list[_Row], full: bool) -> None:
+    def _run_batch(self, members: list[_Row], full: bool, last: bool = False) -> None:
+        """`last`: the window's last batch, which ends it before its rows are delivered: a client that sends its
+        next request once answered finds nothing running ahead of it (it found the window still running, and a
+        lone client was shed under a target below a request's own latency)."""
         started = time.monotonic()
         outcome = run_resilient(self.runner.run, [row.ids for row in members])
         seconds, tokens = time.monotonic() - started, sum(len(row.ids) for row in members)
@@ -322,6 +331,8 @@ class Batcher:
                 self.window.oom(outcome.oom_tokens)
             self.window.ran(tokens, len(members), seconds, full)
             budget = (self.window.tokens, self.window.rows)
+            if last:
+                self.window.idle(time.monotonic())
         requests = len({id(r.request) for r in members})
         self.on_batch(
             BatchStats(len(members), requests, tokens, [started - r.arrived for r in members], seconds, budget)

@@ -39,12 +39,14 @@ FLOOR = 0.5  # the least share of the target a request is allowed, whatever the 
 class Decision:
     """Whether a request is admitted; the predicted latency it was judged by (the queue's oldest request's) and
     what was allowed (seconds); when it is not, the whole seconds after which it would fit (Retry-After).
-    expected: the request's own predicted latency, which its answer is compared with (Admission.answered)."""
+    expected: the request's own predicted latency, which its answer is compared with (Admission.answered);
+    measured: whether anything was measured to predict from (not: refused behind work of unknown length)."""
 
     admit: bool
     predicted: float
     allowed: float
     expected: float = 0.0
+    measured: bool = True
 
     @property
     def retry_after(self) -> int:
@@ -304,7 +306,9 @@ class FirstToken:
     """serve.p99_ms for generation, on the time to first token: a request joins the engine's running batch, so
     its first token waits for the work held ahead of it (TokenQueue: prompts and the most they may generate).
     Predicted by a Cost line through the last requests' (tokens held when added, time to first token); a
-    request is admitted when within the target, always when nothing is held ahead of it."""
+    request is admitted when within the target, always when nothing is held ahead of it, never behind others
+    before a first token is measured (a line through nothing predicted no wait: a burst at start was admitted
+    whole)."""
 
     def __init__(self, target: float):
         self.cost, self.admission = Cost(), Admission(target)
@@ -313,6 +317,8 @@ class FirstToken:
         predicted = self.cost.seconds(held + tokens)
         if not held:
             return Decision(True, predicted, self.admission.allowed, predicted)
+        if not self.cost.known:
+            return Decision(False, predicted, self.admission.allowed, predicted, measured=False)
         return self.admission.decide(predicted, predicted)
 
     def answered(self, held: int, seconds: float) -> None:
