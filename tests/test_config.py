@@ -104,6 +104,7 @@ def test_wrong_type_and_bad_value():
         ("generation", "temperature", False, "generation.temperature: Input should be a valid number (got False)"),
         ("generation", "stop", ["ok", "a\ud800"], "generation.stop[1]: not valid Unicode (surrogates not allowed"),
         ("model", "system_prompt", "be \udcff brief", "model.system_prompt: not valid Unicode"),
+        ("serve", "p99_ms", float("inf"), "serve.p99_ms: Input should be a finite number (got inf)"),
     ],
 )
 def test_a_boolean_for_a_number_or_a_lone_surrogate_is_refused_by_key(section, key, given, said):

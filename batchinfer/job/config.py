@@ -613,6 +613,7 @@ class ServeConfig(Section):
     p99_ms: StrictFloat | None = Field(
         default=None,
         gt=0,
+        allow_inf_nan=False,  # .inf is no target: leave the key out
         description="batchinfer serve: a latency target, in milliseconds, for the 99th percentile of admitted "
         "requests: for embed, classify and score the whole request, for generate the time to its first token. The "
         "server sizes each batch (tokens, rows) and its wait (at most max_wait_ms) from the latencies it measures, "
