@@ -528,7 +528,9 @@ def test_serve_and_an_offline_job_give_one_answer_in_one_precision_on_every_cpu_
 ):
     """One precision decision for a model on a machine (the CPU kind stood in for): serve says which precision
     answers (/v1/models), the offline job's report says the same, and greedy, seeded and constrained requests
-    get the same text through either."""
+    get the same text through either. In bf16 a step's rounding depends on the rows it runs beside, so there only
+    the constrained requests (run on torch) are held to their text (docs/generation.md, Precision): on a real
+    bf16 CPU a greedy or seeded text differed in about 1 serve in 8, its requests meeting in other steps."""
     pytest.importorskip("openvino_genai")
     pytest.importorskip("xgrammar")
     from helpers import stand_in_for_cpu_kind
@@ -550,7 +552,8 @@ def test_serve_and_an_offline_job_give_one_answer_in_one_precision_on_every_cpu_
     offline, report = _as_batch_file(tmp_path, tiny_llama, asked, model__dtype=dtype, generation__max_new_tokens=12)
     assert served["precision"] == report["engine"]["precision"] == ("bf16" if dtype == "bfloat16" else "f32")
     assert served["engine"] == report["engine"]["name"]
-    assert offline == [a.json()["choices"][0]["text"] for a in answers]
+    alike = [i for i, a in enumerate(asked) if dtype != "bfloat16" or "response_format" in a]
+    assert [offline[i] for i in alike] == [answers[i].json()["choices"][0]["text"] for i in alike]
 
 
 def test_a_server_whose_engine_samples_alike_for_every_request_refuses_a_requests_own_settings(tiny_llama):
