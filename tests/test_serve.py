@@ -257,11 +257,13 @@ def test_a_latency_target_sheds_a_completion_whose_first_token_would_come_too_la
             first = asyncio.ensure_future(client.post("/v1/completions", json=body))
             assert await asyncio.to_thread(started.wait, 30)
             late = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+            running = _metric((await client.get("/metrics")).text, "batchinfer_running_requests")
             go.set()
-            return await first, late, (await client.get("/metrics")).text
+            return await first, late, (await client.get("/metrics")).text, running
 
-    first, late, metrics = asyncio.run(run())
+    first, late, metrics, running = asyncio.run(run())
     assert first.status_code == 200, first.text
+    assert running == 1 and _metric(metrics, "batchinfer_running_requests") == 0  # the batch now, and once done
     assert late.status_code == 429 and "would get its first token in about " in late.text
     assert int(late.headers["retry-after"]) >= 1 and _shed_metric(metrics) == 1.0
     assert "batchinfer_time_to_first_token_seconds_count 1.0" in metrics
@@ -301,10 +303,14 @@ def test_a_lone_client_sending_its_next_request_once_answered_is_never_shed(tiny
 def test_the_latency_target_predicts_the_first_requests_from_the_warm_up(tiny_embed):
     """Before any request, serve.p99_ms has a measured batch (the warm-up's): with none, every request was
     predicted to cost nothing, and a burst at start was admitted whole (40 requests of 30 texts, 8 s for a
-    2 s target, MiniLM)."""
+    2 s target, MiniLM). /metrics shows the batch budget from the start (it was absent until a first batch)."""
     job = _serving(tiny_embed, "embed", p99_ms=100)
-    window = create_app(job, resolve_model_path(job.model.path)).state.service.batcher.window
+    app = create_app(job, resolve_model_path(job.model.path))
+    window = app.state.service.batcher.window
     assert window.cost.known and window.cost.seconds(100) > 0
+    metrics = app.state.service.metrics.text()
+    assert _metric(metrics, 'batchinfer_batch_budget{unit="tokens"}') == window.tokens > 0
+    assert _metric(metrics, 'batchinfer_batch_budget{unit="rows"}') == window.rows > 0
 
 
 def test_a_window_without_a_wait_bound_runs_once_full_or_at_stop(tiny_embed):

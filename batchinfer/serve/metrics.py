@@ -91,12 +91,25 @@ class Metrics:
             registry=self.registry,
         ).set_function(allowed)
 
+    def running(self, requests: Callable[[], int]) -> None:
+        """generate: the requests in the engine now, read at each scrape (its running batch, which the engine
+        sizes, at most batching.max_rows, and those waiting for a place in it)."""
+        Gauge(
+            "batchinfer_running_requests",
+            "Completion requests in the generation engine now: running (at most batching.max_rows) or waiting "
+            "for a place",
+            registry=self.registry,
+        ).set_function(requests)
+
+    def budgeted(self, tokens: int, rows: int) -> None:
+        self.budget.labels("tokens").set(tokens)
+        self.budget.labels("rows").set(rows)
+
     def batch(self, stats: BatchStats) -> None:
         self.batch_rows.observe(stats.rows)
         self.batch_requests.observe(stats.requests)
         self.tokens.inc(stats.tokens)
-        self.budget.labels("tokens").set(stats.budget[0])
-        self.budget.labels("rows").set(stats.budget[1])
+        self.budgeted(*stats.budget)
         for waited in stats.waited:
             self.queue_wait.observe(waited)
 

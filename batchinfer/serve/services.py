@@ -58,6 +58,7 @@ class EncoderService:
         self.described = {"task": job.model.task, "backend": self.runner.backend, "precision": self.runner.precision}
         metrics.serving(self.described)
         self.batcher.window.ran(*measured, full=False)  # serve.p99_ms predicts the first requests from it
+        metrics.budgeted(self.batcher.window.tokens, self.batcher.window.rows)  # scraped before the first batch
         metrics.queued(lambda: self.batcher.queued_tokens)
         if job.serve.p99_ms:
             metrics.held_to(lambda: self.batcher.window.admission.allowed)
@@ -131,6 +132,8 @@ class GenerateService:
         metrics.serving(self.described)
         self.queue = TokenQueue(job.serve.max_queue_tokens)
         metrics.queued(lambda: self.queue.held)
+        self.running = 0  # requests listened for in the engine (changed on the event loop only)
+        metrics.running(lambda: self.running)
         self.target = FirstToken(job.serve.p99_ms / 1000) if job.serve.p99_ms else None
         if self.target:
             metrics.held_to(lambda: self.target.admission.allowed)
@@ -228,6 +231,7 @@ class GenerateService:
         request_id = f"req-{uuid.uuid4().hex}"
         self.engine.listen(request_id, asked.constraint, outputs.put_nowait)
         held, first = self.queue.held, True  # what the first token waits behind (FirstToken's measure)
+        self.running += 1
         try:
             # add blocks (up to 10 s) while the engine's input queue is full: off the event loop
             if not await asyncio.to_thread(self.engine.add, request_id, asked.ids, asked.max_new, asked.settings):
@@ -243,6 +247,7 @@ class GenerateService:
             self.engine.cancel(request_id)
             raise
         finally:
+            self.running -= 1
             self.engine.forget(request_id)
 
     async def _outputs(self, outputs: asyncio.Queue, request: Request):
