@@ -199,6 +199,25 @@ def test_cancelled_rows_never_reach_the_model_and_an_empty_request_resolves_at_o
     assert runner.batches == []
 
 
+def test_a_request_cancelled_while_its_rows_wait_for_company_leaves_the_batcher_serving():
+    """The client went away while its rows, alone in the queue, waited for company: the window woke to an empty
+    queue, and the batching thread died (IndexError), every later request accepted and never answered."""
+    runner = Runner()
+    batcher = _batcher(runner, max_wait=0.3)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        gone = batcher.submit(_rows(3), loop)
+        await asyncio.sleep(0.05)  # the window waits for company
+        batcher.cancel(gone)
+        await asyncio.sleep(0.4)  # past the wait
+        return await asyncio.wait_for(batcher.submit(_rows(2, start=10), loop).future, 5)
+
+    assert asyncio.run(go()) == ([21], {})
+    assert batcher.alive and runner.batches == [_rows(2, start=10)]
+    batcher.stop()
+
+
 def test_stop_runs_what_is_queued_then_refuses():
     runner = Runner()
     batcher = _batcher(runner)  # FOREVER: only stop() closes the window

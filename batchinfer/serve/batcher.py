@@ -295,9 +295,10 @@ class Batcher:
 
     def _window(self) -> tuple[list[_Row], bool]:
         """The next window's rows, once the queue holds a budget or its oldest row has waited (holding the
-        lock; the queue is not empty); whether the queue held a whole budget."""
+        lock; the queue is not empty when called, and may be emptied by cancel while it waits: then no rows);
+        whether the queue held a whole budget."""
         window = self.window
-        while not window.full(self._queued_tokens, len(self._queue)) and not self._stopping:
+        while self._queue and not window.full(self._queued_tokens, len(self._queue)) and not self._stopping:
             left = self._queue[0].arrived + window.waiting(self._queued_tokens) - time.monotonic()
             if left <= 0:
                 break

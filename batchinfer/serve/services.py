@@ -57,17 +57,17 @@ class EncoderService:
         )
         self.described = {"task": job.model.task, "backend": self.runner.backend, "precision": self.runner.precision}
         metrics.serving(self.described)
-        self.batcher.window.ran(*measured, full=False)  # serve.p99_ms predicts the first requests from it
         metrics.budgeted(self.batcher.window.tokens, self.batcher.window.rows)  # scraped before the first batch
         metrics.queued(lambda: self.batcher.queued_tokens)
         if job.serve.p99_ms:
+            self.batcher.window.cost.add(*measured)  # the first requests' prediction (batches not sized by it)
             metrics.held_to(lambda: self.batcher.window.admission.allowed)
 
-    def warm_up(self, strategy: str) -> tuple[int, int, float]:
+    def warm_up(self, strategy: str) -> tuple[int, float]:
         """Run the model on a row, then on a few, before the server listens: its first pass sets up kernels and
         memory (MiniLM on a CPU: 385 ms, against 10 ms after), which no request should wait for, and from
-        which serve.p99_ms would learn that the server is slower than it is. Returns the second batch's tokens,
-        rows and seconds: without a batch measured, serve.p99_ms predicted every request at no cost and admitted
+        which serve.p99_ms would learn that the server is slower than it is. Returns the second batch's tokens
+        and seconds: without a batch measured, serve.p99_ms predicted every request at no cost and admitted
         a whole burst at start (40 requests of 30 texts: 8 s for a 2 s target, MiniLM)."""
         text = "A first request should not pay for what the model sets up on its first passes."
         rows = [(text, text) if self.rows_job.input.text_pair else text] * WARM_UP_ROWS
@@ -76,7 +76,7 @@ class EncoderService:
         for size in (1, WARM_UP_ROWS):
             started = time.monotonic()
             self.runner.run(ids[:size])
-        return sum(map(len, ids)), WARM_UP_ROWS, time.monotonic() - started
+        return sum(map(len, ids)), time.monotonic() - started
 
     async def run(self, texts: list, request: Request, whole: bool = False) -> tuple[dict, int]:
         """Each text's result columns (as Python lists) and the request's token count. `whole`: a text longer
