@@ -402,6 +402,22 @@ def test_validate_and_plan_count_the_pieces_of_chunks_limits_cut_as_status_does(
     assert "600 rows, 9 chunk(s)" in runner.invoke(app, ["validate", str(job)]).output  # as plan and a run plan them
 
 
+def test_validate_counts_a_changed_jobs_own_chunks_in_a_folder_it_takes_over(tmp_path, sms_parquet, tiny_embed):
+    """A run killed before its first chunk finished leaves a folder the next run takes over, whatever changed:
+    validate counted the new job's progress against the old job's chunks (0/6 where the job now has 12)."""
+    job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, tmp_path / "out", raw=True))  # 600 rows, 100 a chunk
+
+    class KilledAtStart(CrashAfterChunks):
+        def start(self, total_rows, done_rows, since):
+            raise Crash()
+
+    with pytest.raises(Crash):
+        run_job(load_job(job), progress=KilledAtStart(1))
+    assert not done_chunks(tmp_path / "out")
+    validate = runner.invoke(app, ["validate", str(job), "--set", "batching.chunk_rows=50"]).output
+    assert "holds this job: 0/12 chunks done; the run resumes" in validate, validate
+
+
 def test_progress_lines_when_the_output_is_not_a_terminal(tmp_path, sms_parquet, tiny_embed):
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))
     result = runner.invoke(app, ["run", str(job), "--every", "0"])  # stderr is no terminal, as under nohup or cron

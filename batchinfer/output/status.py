@@ -200,7 +200,8 @@ def describe_folder(
         return other, None, plan({})
     chunks = plan(cuts_of({name: r.rows for name, r in found.done.items() if not r.retry_of}))
     state = None if changed else status
-    count = f"{len(finished)}/{total if total is not None else len(chunks)} chunks done"
+    # the recorded total is this job's only where it is this job (a changed one with nothing done is taken over)
+    count = f"{len(finished)}/{total if total is not None and not changed else len(chunks)} chunks done"
     if {c.name for c in chunks} <= {r.chunk for r in finished}:  # every chunk the run plans: nothing to run
         limit = fingerprint.get("limit")
         if limit is None or status.succeeded():
