@@ -9,7 +9,8 @@ Requests arrive as a Poisson process (exponential gaps, a fixed seed) at each ra
 not the earlier ones were answered (open loop: a slow server is not given a slower client). First the latency of
 a lone request is measured (one at a time, on the fixed window's server); the target is --target-ms, else 3x that.
 Then, for the fixed window and for the target, one server each: per rate, the offered and served requests per
-second, p50 and p99 latency of the answered requests (200), and the share shed (429). Bounded: each rate sends for
+second, p50 and p99 latency of the answered requests (200), the share shed (429), the mean rows a batch ran
+and the batch budget's rows at the end (/metrics). Bounded: each rate sends for
 --seconds and at most --requests requests, and waits at most --timeout seconds for the last answers (a request not
 answered by then counts as unanswered, its latency as the timeout).
 
@@ -138,6 +139,17 @@ async def poisson(
     }
 
 
+def batches(base: str) -> tuple[float, float, float]:
+    """From /metrics: batches run so far, rows run in them, and the batch budget's rows now."""
+    text = httpx.get(f"{base}/metrics").text
+    value = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}
+    return (
+        value.get("batchinfer_batch_rows_count", 0.0),
+        value.get("batchinfer_batch_rows_sum", 0.0),
+        value.get('batchinfer_batch_budget{unit="rows"}', float("nan")),
+    )
+
+
 def record(path: Path, rows: list[str]) -> None:
     """Batches of 1..64 of `rows` run by serve's runner, three rounds of rising sizes: [tokens, rows, seconds]."""
     from batchinfer.backends.models import resolve_model_path
@@ -182,18 +194,23 @@ def main() -> None:
     target = args.target_ms or round(3 * single * 1000)
     print(f"MiniLM embed, one text a request, 127.0.0.1; a lone request: {single * 1000:.1f} ms (median of 100)")
     print(f"Poisson arrivals for {args.seconds:g} s a rate; target serve.p99_ms={target:g}\n")
-    print("| server | offered req/s | served req/s | within the target req/s | p50 ms | p99 ms | shed | unanswered |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| server | offered req/s | served req/s | within the target req/s | p50 ms | p99 ms | shed | unanswered "
+        "| rows a batch | budget rows |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     servers = {"fixed": ("fixed window", [wait]), "target": (f"p99_ms {target:g}", [wait, f"serve.p99_ms={target}"])}
     for name, settings in (servers[s] for s in args.servers.split(",")):
         with serving(settings) as base:
             asyncio.run(poisson(base, rows, 20, 3, args.timeout, 0, target / 1000))  # warm-up, first measurements
             for i, rate in enumerate(rates):
+                before = batches(base)
                 r = asyncio.run(poisson(base, rows, rate, args.seconds, args.timeout, i + 1, target / 1000))
+                after = batches(base)
+                per_batch = (after[1] - before[1]) / max(after[0] - before[0], 1)
                 print(
                     f"| {name} | {r['offered']:.1f} | {r['served']:.1f} | {r['good']:.1f} | {r['p50']:.0f} | "
-                    f"{r['p99']:.0f} | "
-                    f"{r['shed']:.0%} | {r['unanswered']} |",
+                    f"{r['p99']:.0f} | {r['shed']:.0%} | {r['unanswered']} | {per_batch:.1f} | {after[2]:.0f} |",
                     flush=True,
                 )
 
