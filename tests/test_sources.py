@@ -755,6 +755,29 @@ def test_a_link_to_a_folder_is_followed_and_a_loop_is_not_gone_round(tmp_path):
         assert names == ["a/x.jsonl", "more/y.jsonl"]  # a/again/ leads back to in/: listed once, above
 
 
+@pytest.mark.parametrize("layout", ["latest", "crossed"])
+def test_a_folder_the_listing_reaches_twice_through_a_link_is_refused_naming_both(tmp_path, layout):
+    """data/latest -> 2024-06-01 beside it (or two folders linking to each other) listed each shard twice, and a
+    run read its rows twice. A glob that matches one of them reads it once."""
+    data = tmp_path / "data"
+    (data / "2024-06-01").mkdir(parents=True)
+    _jsonl(data / "2024-06-01" / "x.jsonl", ROWS[:3])
+    if layout == "latest":
+        (data / "latest").symlink_to("2024-06-01")
+        twice = [data / "2024-06-01" / "x.jsonl", data / "latest" / "x.jsonl"]
+    else:
+        (data / "b").mkdir()
+        _jsonl(data / "b" / "y.jsonl", ROWS[3:5])
+        (data / "2024-06-01" / "to-b").symlink_to("../b")
+        (data / "b" / "back").symlink_to("../2024-06-01")
+        twice = [data / "2024-06-01" / "x.jsonl", data / "b" / "back" / "x.jsonl"]
+    with pytest.raises(InputError, match=f"lists {twice[0]} and {twice[1]}, one file reached through a link") as e:
+        discover_shards(InputConfig(path=str(data), text="text"))
+    assert "glob that matches one of them" in e.value.hint
+    glob = discover_shards(InputConfig(path=str(data / "2024-*" / "*.jsonl"), text="text")).shards
+    assert [s.path for s in glob] == [str(data / "2024-06-01" / "x.jsonl")]
+
+
 def test_a_link_pointed_at_another_file_or_whose_file_changed_is_another_shard(tmp_path):
     """Resume compares each shard's rows and digest, and a reader its stamp: both see through the link."""
     snapshot = _hub_snapshot(tmp_path, names=("train.parquet",))

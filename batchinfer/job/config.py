@@ -56,7 +56,8 @@ class InputConfig(Section):
         ".hidden, _errors/, as Spark and pyarrow do). URLs too: "
         "s3://bucket/reviews/, gs://bucket/reviews/*.parquet, or any fsspec URL. A link is a shard named by its own "
         "path (and its own extension, so a Hugging Face hub snapshot folder works as it is), read through; a link "
-        "to a folder is read as that folder, unless it leads back to a folder it lies in."
+        "to a folder is read as that folder, unless it leads back to a folder it lies in, and refused where the "
+        "folder is listed under its own name too (its rows would be read twice)."
     )
     text: str | None = Field(
         default=None,

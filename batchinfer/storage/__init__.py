@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..cache import cache_root
-from ..errors import ConfigError, OutputError
+from ..errors import ConfigError, InputError, OutputError
 
 
 def is_uri(path: str) -> bool:
@@ -115,7 +115,8 @@ def find(
     in the folder `output`, and what lies in a folder below the root (the path, or a glob's folder before
     its first wildcard) that holds one of `markers`. On a local disk, links are followed but never resolved:
     a file is named by its path below `path` as the user sees it (two links to one file are two paths), and a
-    link to a folder is listed as that folder, unless it leads back to a folder it lies in (a loop). Returns
+    link to a folder is listed as that folder, unless it leads back to a folder it lies in (a loop); one the
+    listing also reaches under another name is refused (refuse_twice_listed). Returns
     (the path: absolute on a local disk, a URL on a store; whether it is a file). Raises FileNotFoundError
     when the bucket does not exist."""
     fs, inner = input_filesystem(path, options)
@@ -141,11 +142,30 @@ def find(
         return False
 
     scheme = path.partition("://")[0]
-    return [
+    listed = [
         (f"{scheme}://{i.path}" if remote else i.path, i.type == pafs.FileType.File)
         for i in found
         if (i.type == pafs.FileType.File or not remote) and not left_out(i.path)
     ]
+    if not remote:
+        refuse_twice_listed(path, [name for name, is_file in listed if is_file])
+    return listed
+
+
+def refuse_twice_listed(path: str, files: list[str]) -> None:
+    """A link to a folder the listing also reaches under its own name (data/latest -> 2024-06-01, or two folders
+    linking to each other) lists each of its files twice, and its rows would be read twice: refused, naming
+    both. A file is its folder's real path and its own name: two links to one file (a hub snapshot's names for
+    its blobs) are two files."""
+    seen: dict[tuple[str, str], str] = {}
+    for name in files:
+        entry = (os.path.realpath(os.path.dirname(name)), os.path.basename(name))
+        if (first := seen.setdefault(entry, name)) != name:
+            raise InputError(
+                f"input.path: {path} lists {first} and {name}, one file reached through a link to a folder: its "
+                "rows would be read twice",
+                "point input.path at one of the folders, or write a glob that matches one of them, or remove the link",
+            )
 
 
 def _listed(fs, path: str, inner: str, options: dict | None, hidden: tuple[str, ...]) -> tuple[str, list]:
