@@ -4,6 +4,7 @@ module loads torch and the model; commands/dryrun.py imports it only when a job 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,9 +44,14 @@ TIMED_SECONDS = 8.0
 # its threads) is spread over a run's hundreds of rows a batch. A causal LM scoring labels timed on 3 rows ran at a
 # third of its rate on 16 or more (SmolLM2, 2-core AVX2 EPYC under load).
 MIN_TIMED_ROWS = 16
-# A generation job's rows timed: the OpenVINO engine's rows in flight (openvino_engine.IN_FLIGHT), so that they run
-# as a run's chunk runs them, at once
-GENERATED_ROWS = 32
+# A generation job's rows timed, in three passes over rows spread across the sample: the first on an engine that
+# has run nothing yet (a run's first chunk pays its set-up), then two of different sizes, warm, through which a line
+# gives a chunk's fixed time (its last steps, a few rows each) and a token's, prompt or generated (the steps before,
+# full). 32 rows timed alone ran 30-45% below a 256-row chunk's rate, and a plan of 5,474 rows said 10 min 19 s for
+# a 7 min 12 s run; the line through 16 and 48 rows gave a 256-row chunk within 4% (SmolLM2 on the OpenVINO
+# engine, 2-core Zen 4 EPYC).
+GENERATED_PASSES = (16, 16, 48)
+FEWEST_FITTED = 20  # fewer rows in the sample: one pass, its rate
 
 
 def time_on_sample(
@@ -85,7 +91,8 @@ def time_on_sample(
         if page:  # read from the engine's cache pages
             summary["prefix"] = estimate_prefix(sampled, page, rows, len(chunks), summary["tokens"])
         if timed:
-            summary["estimate"] = time_generation(generating, job, budget, sampled, summary["rows_left"], started)
+            left = max(1, math.ceil(len(chunks) * summary["rows_left"] / max(rows, 1)))  # chunk pieces alike
+            summary["estimate"] = time_generation(generating, job, budget, sampled, summary["rows_left"], left, started)
         return summary
     probing = auto and earlier.tuning is None
     if timed:
@@ -254,41 +261,81 @@ def estimate_time(
 
 
 def time_generation(
-    runner: Generating, job: JobConfig, budget, sampled: Sampled, rows_left: int, started: dict
+    runner: Generating, job: JobConfig, budget, sampled: Sampled, rows_left: int, chunks_left: int, started: dict
 ) -> dict:
     """The time for the rows left of a generation job, from completions the job's own engine writes for rows of
-    the sample: a row's time is mostly its completion's, whose length only generating it tells. GENERATED_ROWS
-    rows, spread over the sample (so over the job), run as the run's first chunk runs them (runner.run_chunk:
-    the same engine, settings and rows in flight, on an engine that has run nothing yet). That first pass is
-    slower than later ones (SmolLM2 on the OpenVINO engine: about half the rate after a small warm-up pass), and
-    timed warm a sample ran at twice the rate of a 100-row run; timed cold it holds what a run of a chunk or two
-    takes, and errs long, not short, for a job of many chunks."""
+    the sample: a row's time is mostly its completion's, whose length only generating it tells. The rows, spread
+    over the sample (so over the job), run as a run's chunks run them (runner.run_chunk: the same engine, settings
+    and rows in flight) in GENERATED_PASSES: the work is a chunk's fixed time for each chunk left and a token's for
+    each token left (the sample's prompts and the completions' mean length), the first chunk's as many times as
+    long as the first pass, on a cold engine, ran past the line."""
     rows = pa.concat_tables(sampled.tables, promote_options="default")
-    picked = np.linspace(0, rows.num_rows - 1, num=min(GENERATED_ROWS, rows.num_rows)).round().astype(int)
+    picked = np.unique(np.linspace(0, rows.num_rows - 1, num=min(sum(GENERATED_PASSES), rows.num_rows)).round())
     window = LoadWindow()
-    loaded = load_rows(job, runner, rows.take(pa.array(np.unique(picked))), cut_with=budget.key)
-    t0 = time.perf_counter()
-    done = run_rows(runner, loaded, ChunkContext(job, budget, StopFlag(), HeapGuard(), lambda m: None))
-    seconds = time.perf_counter() - t0
-    ran = max(len(done.rows), 1)
-    rate = ran / max(seconds, 1e-9)
-    generated, described = done.output.figures.get("generated_tokens"), runner.engine.described
-    lengths = done.columns["completion_tokens"].to_numpy(zero_copy_only=False).astype(float)
+    passes, completions, generated = [], [], 0
+    for part in np.split(picked.astype(int), np.cumsum(pass_sizes(len(picked)))[:-1]):
+        loaded = load_rows(job, runner, rows.take(pa.array(part)), cut_with=budget.key)
+        t0 = time.perf_counter()
+        done = run_rows(runner, loaded, ChunkContext(job, budget, StopFlag(), HeapGuard(), lambda m: None))
+        seconds = time.perf_counter() - t0
+        lengths = done.columns["completion_tokens"].to_numpy(zero_copy_only=False).astype(float)
+        made = done.output.figures.get("generated_tokens")  # the engine's, past a stop string too
+        made = lengths.sum() if made is None else made
+        prompts = sum(len(ids) for ids in loaded.tokens.ids)
+        passes.append((len(done.rows), prompts + made, seconds))
+        completions.append(lengths)
+        generated += made
+    lengths = np.concatenate(completions)
+    ran = max(sum(p[0] for p in passes), 1)
+    per_row = float(sampled.lengths.mean()) + generated / ran  # tokens a row: its prompt and what it generates
+    if len(passes) == 3:
+        cold, chunk_s, token_s = fitted_costs(passes)
+        first = chunk_s + token_s * per_row * rows_left / chunks_left  # a chunk's seconds, warm
+        work = (cold - 1) * first + chunk_s * chunks_left + token_s * per_row * rows_left
+    else:
+        work = rows_left * sum(p[2] for p in passes) / ran
+    described = runner.engine.described
     estimate = {
         "device": f"{runner.device} ({described['name']}, {described.get('precision') or 'f32'})",
-        "rows_per_s": rate,
+        "rows_per_s": rows_left / work if work > 0 else ran / max(sum(p[2] for p in passes), 1e-9),
         "timed_rows": ran,
-        "generated_tokens_per_row": generated / ran if generated is not None else None,
+        "timed_passes": len(passes),
+        "generated_tokens_per_row": generated / ran,
         # the standard error of the mean completion, as a share of it: the time goes with the tokens generated
         "uncertainty": float(lengths.std() / np.sqrt(len(lengths)) / lengths.mean()) if lengths.sum() else 0.0,
         **started,
         "probe_s": None,
-        "work_s": rows_left / rate,
+        "work_s": work,
         "rate_from": "completions",
         "load": window.stop(),
     }
     estimate["seconds"] = started["startup_s"] + estimate["work_s"] if rows_left else 0.0
     return estimate
+
+
+def pass_sizes(rows: int) -> tuple[int, ...]:
+    """GENERATED_PASSES for `rows` sampled rows: as given, or scaled down; one pass below FEWEST_FITTED."""
+    if rows < FEWEST_FITTED:
+        return (rows,)
+    if rows >= sum(GENERATED_PASSES):
+        return GENERATED_PASSES
+    first = rows * GENERATED_PASSES[0] // sum(GENERATED_PASSES)
+    return first, first, rows - 2 * first
+
+
+def fitted_costs(passes: list[tuple[int, float, float]]) -> tuple[float, float, float]:
+    """(how many times as long the first pass ran as the line says, a chunk's fixed seconds, a token's seconds)
+    from three passes of (rows, tokens, seconds): a line through the two warm ones; where noise tilts it (no
+    positive cost a token, or a negative one a chunk), their mean seconds a token and no fixed part. A cold
+    engine's pass is slower by a factor, not a sum: 16 rows and a run's 100-row first chunk both took 1.55x the
+    line (its kernels made for each new shape), and a 256-row first chunk about 1.5x."""
+    (_, t1, s1), (_, t2, s2) = passes[1], passes[2]
+    token_s = (s2 - s1) / (t2 - t1) if t2 > t1 else 0.0
+    chunk_s = s1 - token_s * t1
+    if token_s <= 0 or chunk_s < 0:
+        chunk_s, token_s = 0.0, (s1 + s2) / max(t1 + t2, 1.0)
+    _, t0, s0 = passes[0]
+    return max(1.0, s0 / max(chunk_s + token_s * t0, 1e-9)), chunk_s, token_s
 
 
 def warm_up(runner: BatchRunner, ids: list, lengths: np.ndarray, budget, probing: bool) -> float:

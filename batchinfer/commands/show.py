@@ -217,7 +217,12 @@ def estimate_lines(summary: dict) -> list[str]:
         per_row = e["generated_tokens_per_row"]
         parts.append(
             f"{_duration(e['work_s'])} at {e['rows_per_s']:,.2f} rows/s on {e['device']} (the completions of "
-            f"{e['timed_rows']} rows of the sample, run as the first chunk runs them"
+            f"{e['timed_rows']} rows of the sample, run as a run's chunks run them"
+            + (
+                " in three passes: a first chunk's set-up, then a chunk's fixed time and a token's"
+                if e.get("timed_passes") == 3
+                else ""
+            )
             + (f", {per_row:,.0f} new tokens a row" if per_row is not None else "")
             + f"; their mean length, and so the work, known to ±{e['uncertainty']:.0%})"
         )
