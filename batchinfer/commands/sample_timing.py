@@ -293,11 +293,11 @@ def time_generation(
         first = chunk_s + token_s * per_row * rows_left / chunks_left  # a chunk's seconds, warm
         work = (cold - 1) * first + chunk_s * chunks_left + token_s * per_row * rows_left
     else:
-        work = rows_left * sum(p[2] for p in passes) / ran
+        work = rows_left * passes[0][2] / ran
     described = runner.engine.described
     estimate = {
         "device": f"{runner.device} ({described['name']}, {described.get('precision') or 'f32'})",
-        "rows_per_s": rows_left / work if work > 0 else ran / max(sum(p[2] for p in passes), 1e-9),
+        "rows_per_s": rows_left / max(work, 1e-9),  # plan times a generation job only with rows left
         "timed_rows": ran,
         "timed_passes": len(passes),
         "generated_tokens_per_row": generated / ran,

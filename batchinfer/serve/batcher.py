@@ -51,17 +51,14 @@ class Shed(Overloaded):
 
 def shed(decision, would: str = "be answered") -> Shed:
     """The refusal of a request its Decision did not admit; `would`: what the target bounds."""
-    if not decision.measured:
-        return Shed(
-            f"a request is running and none has been measured yet, so a request now cannot be predicted to {would} "
-            f"within what serve.p99_ms allows ({decision.allowed * 1000:,.0f} ms)",
-            decision.retry_after,
+    if decision.measured:
+        why = f"a request now would {would} in about {decision.predicted * 1000:,.0f} ms, past"
+    else:
+        why = (
+            "a request is running and none has been measured yet, so a request now cannot be predicted to "
+            f"{would} within"
         )
-    return Shed(
-        f"a request now would {would} in about {decision.predicted * 1000:,.0f} ms, past what serve.p99_ms "
-        f"allows ({decision.allowed * 1000:,.0f} ms)",
-        decision.retry_after,
-    )
+    return Shed(f"{why} what serve.p99_ms allows ({decision.allowed * 1000:,.0f} ms)", decision.retry_after)
 
 
 class TooLarge(Exception):

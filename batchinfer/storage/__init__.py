@@ -9,6 +9,7 @@ Imports only the leaves cache and errors.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import io
 import json
@@ -158,8 +159,9 @@ def refuse_twice_listed(path: str, files: list[str]) -> None:
     both. A file is its folder's real path and its own name: two links to one file (a hub snapshot's names for
     its blobs) are two files."""
     seen: dict[tuple[str, str], str] = {}
+    real = functools.cache(os.path.realpath)  # once a folder, not once a file: a folder may hold 100,000 shards
     for name in files:
-        entry = (os.path.realpath(os.path.dirname(name)), os.path.basename(name))
+        entry = (real(os.path.dirname(name)), os.path.basename(name))
         if (first := seen.setdefault(entry, name)) != name:
             raise InputError(
                 f"input.path: {path} lists {first} and {name}, one file reached through a link to a folder: its "
