@@ -384,16 +384,18 @@ def test_the_full_run_keeps_the_trials_rows_of_the_chunk_its_limit_cut(tmp_path,
 
 def test_validate_and_plan_count_the_pieces_of_chunks_limits_cut_as_status_does(tmp_path, sms_parquet, tiny_embed):
     """Each --limit that ends inside a chunk leaves its rest to run as a piece: validate and plan counted those
-    pieces against the job's uncut chunks ("complete: 7/6 chunks done" with 150 rows left, "9/6" when finished)."""
+    pieces against the job's uncut chunks ("complete: 7/6 chunks done" with 150 rows left, "9/6" when finished),
+    and status counted the whole job as planned before the last --limit cut its chunk (7/8 where validate's input
+    line and the next run say 9)."""
     job = write_job(tmp_path, make_job(sms_parquet, tiny_embed, tmp_path / "out", raw=True))  # 600 rows, 100 a chunk
     for limit in ("250", "333", "450"):
         assert runner.invoke(app, ["run", str(job), "--limit", limit, "-q"]).exit_code == 0
     status = runner.invoke(app, ["status", str(tmp_path / "out")]).output
-    assert "chunks  7/8 done (--limit 450" in status, status
+    assert "chunks  7/9 done (--limit 450" in status, status
     validate = runner.invoke(app, ["validate", str(job)]).output
-    assert "holds this job: 7/8 chunks done; the run resumes" in validate, validate
+    assert "600 rows, 9 chunk(s)" in validate and "holds this job: 7/9 chunks done; the run resumes" in validate
     plan = runner.invoke(app, ["plan", str(job), "--limit", "450"]).output
-    assert "holds this job: 7/8 chunks done; a run with --limit 450 has nothing left to do" in plan, plan
+    assert "holds this job: 7/9 chunks done; a run with --limit 450 has nothing left to do" in plan, plan
     assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
     assert "chunks  9/9 done (complete)" in runner.invoke(app, ["status", str(tmp_path / "out")]).output
     for command in (["validate", str(job)], ["plan", str(job), "--sample", "60"]):
@@ -832,12 +834,13 @@ def test_status_after_a_limit_counts_the_whole_job_and_says_how_to_go_on(tmp_pat
     job = write_job(tmp_path, user_job(sms_parquet, tiny_embed, tmp_path / "out"))  # 600 rows, chunks of 100
     assert runner.invoke(app, ["run", str(job), "--limit", "250", "-q"]).exit_code == 0
     result = runner.invoke(app, ["status", str(tmp_path / "out")])
-    assert "chunks  3/6 done (--limit 250: 3 chunk(s), the first 250 rows)" in result.output
+    # the next run plans 7: chunk 3 in two pieces, its first 50 rows kept
+    assert "chunks  3/7 done (--limit 250: 3 chunk(s), the first 250 rows)" in result.output
     assert "rows    250/600 done (41.7%)" in result.output
     go_on = next(line for line in result.output.splitlines() if line.startswith("go on"))
     assert f"batchinfer run {job} (the whole job)" in go_on and "--limit 250" not in go_on
     plan = runner.invoke(app, ["plan", str(job), "--sample", "30"]).output
-    assert "holds this job: 3/6 chunks done" in plan  # plan and status count alike
+    assert "600 rows, 7 chunk(s)" in plan and "holds this job: 3/7 chunks done" in plan  # plan and status alike
 
 
 def test_status_of_a_folder_written_from_python_says_how_to_go_on_in_words(tmp_path, sms_parquet, tiny_embed):

@@ -46,7 +46,7 @@ def test_export_refuses_an_unfinished_folder_and_an_existing_file(tmp_path, sms_
     assert runner.invoke(app, ["run", str(job), "--limit", "150", "-q"]).exit_code == 0
     target = tmp_path / "all.parquet"
     result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target)])
-    assert result.exit_code == 1 and "is not a finished job (2/6 chunks done" in result.output
+    assert result.exit_code == 1 and "is not a finished job (2/7 chunks done" in result.output
     said = " ".join(result.output.split())
     assert f"finish it (batchinfer run {job}), then export; or export what it holds now with --partial" in said
     assert "--limit" not in said.split("fix:")[1] and not target.exists()
@@ -94,10 +94,10 @@ def test_partial_exports_what_a_trial_holds_and_never_passes_for_a_finished_expo
     result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target), "--partial"])
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
-    assert f"wrote 150 rows to {target}; a partial export: the 2/6 chunks the folder finished" in said
+    assert f"wrote 150 rows to {target}; a partial export: the 2/7 chunks the folder finished" in said
     table = pq.read_table(target)
     assert table.column("sms_id").to_pylist() == pq.read_table(sms_parquet).column("sms_id").to_pylist()[:150]
-    assert table.schema.metadata[b"batchinfer.export.partial"] == b"2/6 chunks"
+    assert table.schema.metadata[b"batchinfer.export.partial"] == b"2/7 chunks"
     assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
     result = runner.invoke(app, ["export", str(tmp_path / "out"), "-o", str(target), "--force", "--partial"])
     assert result.exit_code == 0 and "a partial export" not in result.output  # a finished folder: the whole job

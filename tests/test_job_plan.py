@@ -17,7 +17,9 @@ def test_a_run_records_the_plan_and_fingerprint_that_job_plan_gives(tmp_path, sm
     run_job(job, limit=150)
     record = json.loads((tmp_path / "out" / "_batchinfer.json").read_text())
     assert record["fingerprint"] == plan.fingerprint(150) != plan.fingerprint()
-    assert record["plan"]["chunks"] == len(plan.chunks(150)) == 3 and record["plan"]["job_chunks"] == len(plan.chunks())
+    assert record["plan"]["chunks"] == len(plan.chunks(150)) == 3
+    # the whole job as the next run plans it: the third chunk in two pieces, its first 10 rows kept
+    assert record["plan"]["job_chunks"] == len(plan.chunks(None, {"00000-00002": {10}})) == len(plan.chunks()) + 1
     assert plan.rows == sum(s.num_rows for s in plan.inputs.shards) and plan.model_path == tiny_embed
 
 

@@ -20,7 +20,7 @@ from ..batching.probe import DEFAULT_BUDGET
 from ..control import Progress, Quiet, StopFlag
 from ..errors import ConfigError
 from ..job.config import JobConfig
-from ..job.plan import Chunk, Work, planned_rows, retry_name, rows_of
+from ..job.plan import Chunk, Work, cuts_of, planned_rows, retry_name, rows_of
 from ..machine import Load, LoadWindow, process_age
 from ..output.checkpoint import Checkpoint
 from ..output.formats import output_format
@@ -103,7 +103,10 @@ def _start(out, plan: JobPlan, limit, restart: bool, command: str, files, retry_
     """The chunks to run, planned, and the folder's job started on them (new, resumed or restarted)."""
     cuts = out.cuts()  # an earlier --limit's: the rows it ran are kept
     chunks = plan.chunks(limit, cuts)
-    whole = plan.chunks(None, cuts) if limit is not None else chunks
+    whole = chunks
+    if limit is not None:  # the whole job as the next run plans it: this run's last chunk too, where the limit cut it
+        ran = cuts_of({c.name: c.rows for c in chunks})
+        whole = plan.chunks(None, {name: cuts.get(name, set()) | ran.get(name, set()) for name in cuts | ran})
     out.start(
         plan.fingerprint(limit),
         restart,
