@@ -1,5 +1,6 @@
 """Out of memory and model failures: split, retry, lower the budget, and lose no row."""
 
+import shutil
 from functools import partial
 
 import numpy as np
@@ -10,7 +11,7 @@ from helpers import make_job
 
 from batchinfer.errors import ModelError
 from batchinfer.execution.driver import run_job
-from batchinfer.runners.recovery import is_oom, run_resilient
+from batchinfer.runners.recovery import NOT_FINITE, is_oom, run_resilient
 
 
 def _fail_above(tokens: int, error=torch.OutOfMemoryError):
@@ -71,6 +72,53 @@ def test_one_poisonous_row_costs_only_that_row():
     outcome = run_resilient(run, [[i] for i in range(32)])
     assert outcome.failed == {13: ("model_error", "IndexError: index out of range in self")}
     assert outcome.oom_tokens is None and outcome.results[12].tolist() == [1, 1]
+
+
+def test_a_result_holding_nan_or_infinity_is_that_rows_error():
+    def run(rows):
+        values = [np.ones(2, dtype=np.float32) for _ in rows]
+        for k, row in enumerate(rows):
+            values[k][1] = {3: np.nan, 7: -np.inf}.get(row[0], 1.0)
+        return values
+
+    outcome = run_resilient(run, [[i] for i in range(8)])
+    assert outcome.failed == {3: ("model_error", NOT_FINITE), 7: ("model_error", NOT_FINITE)}
+    assert outcome.results[3] is None and outcome.results[2].tolist() == [1, 1]
+
+
+def _overflowing_embedder(tiny_embed, folder, word: str):
+    """tiny_embed with one token's embedding infinite, as a float16 overflow leaves it: NaN for every row holding
+    `word`, and nothing odd for the rest."""
+    from transformers import AutoTokenizer, BertModel
+
+    shutil.copytree(tiny_embed, folder)
+    model = BertModel.from_pretrained(folder)
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight[AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids(word)] = (
+            float("inf")
+        )
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_rows_whose_output_is_nan_go_to_errors_and_none_is_written(sms_parquet, tiny_embed, tmp_path):
+    """A model whose output overflowed on some rows wrote their NaN vectors as embeddings, with no word."""
+    model = _overflowing_embedder(tiny_embed, tmp_path / "model", "free")
+    report = run_job(_job(sms_parquet, model, tmp_path / "out"))
+    ids, values = _embeddings(tmp_path / "out")
+    errors = ds.dataset(str(tmp_path / "out" / "_errors"), format="parquet").to_table()
+    assert np.isfinite(values).all() and report["rows_ok"] == len(ids)
+    assert 0 < errors.num_rows == report["errors_by_reason"]["model_error"] and len(ids) + errors.num_rows == 600
+    texts = ds.dataset(str(sms_parquet), format="parquet").to_table(columns=["sms_id", "text"]).to_pylist()
+    failed = {str(row["sms_id"]): row["text"] for row in texts}
+    assert all("free" in failed[i].lower() for i in errors.column("id").to_pylist())
+    assert set(errors.column("message").to_pylist()) == {NOT_FINITE}
+
+
+def test_a_model_whose_output_is_nan_on_every_row_stops_the_job(sms_parquet, tiny_embed, tmp_path):
+    model = _overflowing_embedder(tiny_embed, tmp_path / "model", "[CLS]")  # every row starts with it
+    with pytest.raises(ModelError, match="failed on every row of chunk 00000-00000: the model's output for this row"):
+        run_job(_job(sms_parquet, model, tmp_path / "out"))
 
 
 def test_a_model_that_fails_on_everything_stops_the_job(sms_parquet, tiny_embed, tmp_path):

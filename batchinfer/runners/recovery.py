@@ -2,7 +2,8 @@
 
 On out-of-memory the batch is split in two and each half retried, down to single rows; a row that
 still does not fit is reported as `oom`. Any other model failure is isolated the same way and
-reported as `model_error`, so one poisonous row costs that row alone.
+reported as `model_error`, so one poisonous row costs that row alone; so is a row whose output holds NaN or
+infinity, which no file should carry as a result.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
+
+import numpy as np
 
 from ..reasons import Reason
 
@@ -38,7 +41,11 @@ def run_resilient(run: Callable[[list], list], rows: list) -> BatchOutcome:
 
     def attempt(lo: int, hi: int) -> None:
         try:
-            outcome.results[lo:hi] = list(run(rows[lo:hi]))
+            outcome.results[lo:hi] = results = list(run(rows[lo:hi]))
+            for k, result in enumerate(results):
+                if not finite(result):
+                    outcome.results[lo + k] = None
+                    outcome.failed[lo + k] = (Reason.MODEL_ERROR, NOT_FINITE)
             return
         except Exception as exc:  # noqa: BLE001 - any failure is narrowed down to the rows that cause it
             oom = is_oom(exc)
@@ -58,6 +65,21 @@ def run_resilient(run: Callable[[list], list], rows: list) -> BatchOutcome:
 
     attempt(0, len(rows))
     return outcome
+
+
+NOT_FINITE = (
+    "the model's output for this row holds NaN or infinity (an activation overflowed, as float16 and bfloat16 "
+    "can): set model.dtype: float32 and run again with --retry-errors"
+)
+
+
+def finite(result) -> bool:
+    """A row's result (an array, or a list of numbers) holds no NaN or infinity; one that is no numbers passes."""
+    try:
+        values = np.asarray(result, dtype=np.float64)
+    except (TypeError, ValueError):
+        return True
+    return bool(np.isfinite(values).all())
 
 
 def _torch():
