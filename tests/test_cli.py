@@ -533,6 +533,29 @@ def test_jsonl_output_holds_every_result_row_in_input_order(tmp_path, sms_parque
     assert runner.invoke(app, ["run", str(job), "-q", "--restart"]).exit_code == 0  # its own file: replaced
 
 
+def test_jsonl_results_and_export_are_strict_json_where_a_kept_column_holds_nan_or_infinity(tmp_path, tiny_embed):
+    """Python's json wrote a kept float's NaN and infinity as NaN and Infinity: no JSON parser but Python's reads
+    them. They are null, and the other values as they were."""
+    data = tmp_path / "data"
+    data.mkdir()
+    weights = [1.5, float("nan"), float("inf"), -float("inf"), None, 2.0]
+    pq.write_table(pa.table({"text": [f"message {i}" for i in range(6)], "w": weights}), data / "a.parquet")
+    config = make_job(
+        data, tiny_embed, tmp_path / "out", input__id=None, input__keep=["w"], output__format="jsonl", raw=True
+    )
+    job = write_job(tmp_path, config)
+    assert runner.invoke(app, ["run", str(job), "-q"]).exit_code == 0
+    exported = runner.invoke(app, ["export", str(tmp_path / "out"), "-f", "jsonl", "-o", str(tmp_path / "all.jsonl")])
+    assert exported.exit_code == 0, exported.output
+
+    def strict(text: str) -> list:
+        return [json.loads(line, parse_constant=lambda name: pytest.fail(name)) for line in text.splitlines()]
+
+    for written in (tmp_path / "out" / "_results.jsonl", tmp_path / "all.jsonl"):
+        rows = strict(written.read_text())
+        assert [r["w"] for r in rows] == [1.5, None, None, None, None, 2.0] and len(rows[0]["embedding"]) == 32
+
+
 def test_an_output_that_holds_the_input_or_lies_in_another_jobs_output_is_refused_by_name(
     tmp_path, sms_parquet, tiny_embed
 ):

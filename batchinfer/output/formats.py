@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 
 import pyarrow as pa
 
@@ -104,7 +105,27 @@ def output_format(job) -> ParquetOutput | JsonlOutput | OpenAIOutput:
 
 def json_lines(table) -> list[str]:
     """Result rows as JSON lines (embeddings and scores as arrays)."""
-    return [json.dumps(row, ensure_ascii=False, default=str) for row in table.to_pylist()]
+    return [json_line(row) for row in table.to_pylist()]
+
+
+def json_line(row: dict) -> str:
+    """A row as strict JSON, which has no NaN or infinity: a kept column's are written null (Python's json wrote
+    NaN, which jq, JavaScript and Spark refuse); a model's never reach a file (runners/recovery.py)."""
+    try:
+        return json.dumps(row, ensure_ascii=False, default=str, allow_nan=False)
+    except ValueError:  # a float that JSON cannot hold
+        return json.dumps(finite_or_null(row), ensure_ascii=False, default=str)
+
+
+def finite_or_null(value):
+    """`value` (a row, or anything in one) with each NaN or infinity made None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(item) for item in value]
+    return value
 
 
 # every name a format writes of the folder's rows: a run that adds rows makes any of them stale (Checkpoint.commit)
