@@ -24,6 +24,7 @@ from batchinfer.serve.latency import (
     TAIL,
     Admission,
     Cost,
+    Decision,
     FirstToken,
     FixedWindow,
     LatencyTarget,
@@ -343,3 +344,10 @@ def test_on_the_trace_the_target_keeps_the_fixed_windows_goodput_up_to_saturatio
         assert good[1] >= 0.9 * good[0], (rate, good)
         if fixed["p99"] > 10 * target:
             assert held["p99"] <= target and good[1] > 2 * good[0], (rate, held["p99"], good)
+
+
+def test_a_refusal_says_a_target_under_a_millisecond_as_it_is():
+    """p99_ms: 0.5 was refused as "past what serve.p99_ms allows (0 ms)"."""
+    said = str(shed(Decision(admit=False, predicted=0.0042, allowed=0.0005)))
+    assert "in about 4.2 ms, past what serve.p99_ms allows (0.5 ms)" in said
+    assert "(1,250 ms)" in str(shed(Decision(admit=False, predicted=2.0, allowed=1.25)))

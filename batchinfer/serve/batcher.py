@@ -52,13 +52,19 @@ class Shed(Overloaded):
 def shed(decision, would: str = "be answered") -> Shed:
     """The refusal of a request its Decision did not admit; `would`: what the target bounds."""
     if decision.measured:
-        why = f"a request now would {would} in about {decision.predicted * 1000:,.0f} ms, past"
+        why = f"a request now would {would} in about {milliseconds(decision.predicted)}, past"
     else:
         why = (
             "a request is running and none has been measured yet, so a request now cannot be predicted to "
             f"{would} within"
         )
-    return Shed(f"{why} what serve.p99_ms allows ({decision.allowed * 1000:,.0f} ms)", decision.retry_after)
+    return Shed(f"{why} what serve.p99_ms allows ({milliseconds(decision.allowed)})", decision.retry_after)
+
+
+def milliseconds(seconds: float) -> str:
+    """ "1,250 ms", "0.5 ms": a target under a millisecond is no "0 ms"."""
+    value = seconds * 1000
+    return f"{value:,.0f} ms" if value >= 10 else f"{value:.2g} ms"
 
 
 class TooLarge(Exception):
