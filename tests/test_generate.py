@@ -501,6 +501,26 @@ def test_a_generation_plan_fits_a_chunks_fixed_time_and_a_tokens_on_recorded_pas
     assert pass_sizes(500) == (16, 16, 48) and pass_sizes(40) == (8, 8, 24) and pass_sizes(12) == (12,)
 
 
+def test_a_generation_plan_fits_cpu_seconds_so_a_load_that_comes_between_passes_does_not_tilt_its_line():
+    """Passes recorded beside CI's suite (load 3-4; SmolLM2, OpenVINO engine, 2-core AVX2 EPYC): (rows, tokens, CPU
+    seconds, wall seconds); the --limit 100 run beside it (88 tokens a row, one chunk) computed for 68.0 s. Other
+    processes take wall seconds, not CPU seconds: a line through wall seconds took a load that came between
+    passes for a token's cost (the plan said 89 s for a 58 s run). The line goes through CPU seconds, and the work
+    is made wall seconds at the share of the CPU the passes had together."""
+    from batchinfer.commands.sample_timing import generation_work
+
+    passes = [(16, 1520, 8.68, 13.45), (16, 1328, 5.01, 8.17), (48, 4064, 13.98, 21.06)]
+    work = generation_work(passes, 88.0, 100, 1)
+    assert work == pytest.approx(68.0, rel=0.1)
+    later = [*passes[:2], (48, 4064, 13.98, 2 * 21.06)]  # the load doubled for the last pass alone
+    for rows, chunks in ((100, 1), (5574, 22)):
+        share = sum(p[3] for p in later) / sum(p[3] for p in passes)  # 1.49
+        assert generation_work(later, 88.0, rows, chunks) == pytest.approx(
+            share * generation_work(passes, 88.0, rows, chunks)
+        )
+    assert generation_work([(12, 900, 4.0, 6.0)], 75.0, 30, 1) == pytest.approx(30 * 6.0 / 12)  # one pass: its rate
+
+
 @pytest.mark.parametrize("engine", ["transformers", "openvino"])
 def test_plan_of_a_generation_job_times_completions_of_the_sample_on_the_jobs_engine(
     sms_table, tmp_path, tiny_llama, engine

@@ -49,7 +49,11 @@ MIN_TIMED_ROWS = 16
 # gives a chunk's fixed time (its last steps, a few rows each) and a token's, prompt or generated (the steps before,
 # full). 32 rows timed alone ran 30-45% below a 256-row chunk's rate, and a plan of 5,474 rows said 10 min 19 s for
 # a 7 min 12 s run; the line through 16 and 48 rows gave a 256-row chunk within 4% (SmolLM2 on the OpenVINO
-# engine, 2-core Zen 4 EPYC).
+# engine, 2-core Zen 4 EPYC). The passes are timed in the process's CPU seconds, which other processes barely
+# change (2-core AVX2 EPYC: beside CI's suite, load 3-4, 8.4-8.7, 4.3-5.0 and 11.8-14.0 s; quiet 7.4-10.7, 5.4-7.6
+# and 12.6-15.7 s, where wall seconds were 2-3x apart), and made wall seconds at the share of the CPU the passes
+# had together: a line through wall seconds tilted with each change of load between passes (89 s said beside
+# that suite for a 58 s run).
 GENERATED_PASSES = (16, 16, 48)
 FEWEST_FITTED = 20  # fewer rows in the sample: one pass, its rate
 
@@ -272,28 +276,25 @@ def time_generation(
     rows = pa.concat_tables(sampled.tables, promote_options="default")
     picked = np.unique(np.linspace(0, rows.num_rows - 1, num=min(sum(GENERATED_PASSES), rows.num_rows)).round())
     window = LoadWindow()
+    # CPU seconds on a CPU; a GPU's work is none of the host's CPU seconds: wall seconds there
+    clock = time.process_time if str(runner.device).startswith("cpu") else time.perf_counter
     passes, completions, generated = [], [], 0
     for part in np.split(picked.astype(int), np.cumsum(pass_sizes(len(picked)))[:-1]):
         loaded = load_rows(job, runner, rows.take(pa.array(part)), cut_with=budget.key)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), clock()
         done = run_rows(runner, loaded, ChunkContext(job, budget, StopFlag(), HeapGuard(), lambda m: None))
-        seconds = time.perf_counter() - t0
+        seconds = (clock() - c0, time.perf_counter() - t0)
         lengths = done.columns["completion_tokens"].to_numpy(zero_copy_only=False).astype(float)
         made = done.output.figures.get("generated_tokens")  # the engine's, past a stop string too
         made = lengths.sum() if made is None else made
         prompts = sum(len(ids) for ids in loaded.tokens.ids)
-        passes.append((len(done.rows), prompts + made, seconds))
+        passes.append((len(done.rows), prompts + made, *seconds))
         completions.append(lengths)
         generated += made
     lengths = np.concatenate(completions)
     ran = max(sum(p[0] for p in passes), 1)
     per_row = float(sampled.lengths.mean()) + generated / ran  # tokens a row: its prompt and what it generates
-    if len(passes) == 3:
-        cold, chunk_s, token_s = fitted_costs(passes)
-        first = chunk_s + token_s * per_row * rows_left / chunks_left  # a chunk's seconds, warm
-        work = (cold - 1) * first + chunk_s * chunks_left + token_s * per_row * rows_left
-    else:
-        work = rows_left * passes[0][2] / ran
+    work = generation_work(passes, per_row, rows_left, chunks_left)
     described = runner.engine.described
     estimate = {
         "device": f"{runner.device} ({described['name']}, {described.get('precision') or 'f32'})",
@@ -311,6 +312,21 @@ def time_generation(
     }
     estimate["seconds"] = started["startup_s"] + estimate["work_s"] if rows_left else 0.0
     return estimate
+
+
+def generation_work(passes: list[tuple[int, float, float, float]], per_row: float, rows: int, chunks: int) -> float:
+    """The wall seconds of `rows` rows of `per_row` tokens in `chunks` chunks, from GENERATED_PASSES of (rows,
+    tokens, CPU seconds (wall seconds on a GPU), wall seconds): a chunk's fixed time and a token's fitted on the
+    CPU seconds (fitted_costs), the first chunk's times the cold factor, made wall seconds at the share of the CPU
+    the passes had together. One pass (a small sample): its rate."""
+    cpu = sum(p[2] for p in passes)
+    if len(passes) == 3:
+        cold, chunk_s, token_s = fitted_costs([p[:3] for p in passes])
+        first = chunk_s + token_s * per_row * rows / chunks  # a chunk's seconds, warm
+        work = (cold - 1) * first + chunk_s * chunks + token_s * per_row * rows
+    else:
+        work = rows * cpu / max(passes[0][0], 1)
+    return work * sum(p[3] for p in passes) / max(cpu, 1e-9)
 
 
 def pass_sizes(rows: int) -> tuple[int, ...]:
