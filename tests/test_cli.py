@@ -309,7 +309,9 @@ def test_one_rate_rows_over_the_wall_seconds_of_what_each_line_names(tmp_path, s
     assert "throughput" not in result.output  # no third, unnamed rate
     last = next(line for line in reversed(result.stderr.splitlines()) if "600/600 rows" in line)
     shown = float(last.split(" rows/s and ")[0].rsplit(" ", 1)[1].replace(",", ""))
-    assert run["rows_per_s"] * 0.8 <= shown <= run["rows_per_s"] * 1.05, (last, run)  # since the same start
+    # Since the same start: a line counted from after the start-up (1.7 s of this 2.1 s run) would say 4-5x. What
+    # the run does after its last line (the report, _SUCCESS) is in its seconds alone: under a busy suite, over 5%.
+    assert run["rows_per_s"] * 0.8 <= shown <= run["rows_per_s"] * 1.25, (last, run)
 
 
 def test_the_summary_counts_one_error_in_the_singular(tmp_path, tiny_embed):
