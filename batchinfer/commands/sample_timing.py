@@ -277,7 +277,7 @@ def time_generation(
     picked = np.unique(np.linspace(0, rows.num_rows - 1, num=min(sum(GENERATED_PASSES), rows.num_rows)).round())
     window = LoadWindow()
     # CPU seconds on a CPU; a GPU's work is none of the host's CPU seconds: wall seconds there
-    clock = time.process_time if str(runner.device).startswith("cpu") else time.perf_counter
+    clock = time.process_time if runner.device.type == "cpu" else time.perf_counter
     passes, completions, generated = [], [], 0
     for part in np.split(picked.astype(int), np.cumsum(pass_sizes(len(picked)))[:-1]):
         loaded = load_rows(job, runner, rows.take(pa.array(part)), cut_with=budget.key)
