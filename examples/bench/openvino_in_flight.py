@@ -1,11 +1,15 @@
-"""Rows/s of OpenVINO GenAI's ContinuousBatchingPipeline by sequences in flight (SchedulerConfig.max_num_seqs), on
-batchinfer's conversion of SmolLM2-135M-Instruct, f32, greedy, the prompts of examples/bench/cpu_engines.py's
-workloads as batchinfer tokenizes them. One process holds a pipeline per setting; each round gives every setting
+"""Rows/s of OpenVINO GenAI's ContinuousBatchingPipeline by its scheduling, on batchinfer's conversion of
+SmolLM2-135M-Instruct, f32, greedy, the prompts of examples/bench/cpu_engines.py's workloads as batchinfer
+tokenizes them. One process holds a pipeline per setting; each round gives every setting
 the same fresh rows (no prefix-cache hits across rounds), settings in alternating order, the load beside each
-figure. The first round on a new pipeline is its warm-up.
+figure. The first round on a new pipeline is its warm-up. `--in-flight 0` is the pipeline's default scheduling
+(dynamic_split_fuse, which batchinfer runs: each step max_num_batched_tokens tokens of as many rows as the KV cache
+holds); N > 0 is its vLLM-like scheduling with at most N sequences in flight (dynamic_split_fuse false and
+max_num_seqs N, the only scheduling that reads max_num_seqs; a step then takes whole prompts, so
+max_num_batched_tokens is raised to the longest).
 
-    python examples/bench/openvino_in_flight.py --workload A --rows 64 --in-flight 16,32,64
-    python examples/bench/openvino_in_flight.py --workload B --rows 48 --in-flight 16,32,64
+    python examples/bench/openvino_in_flight.py --workload A --rows 64 --in-flight 0,16,32,64
+    python examples/bench/openvino_in_flight.py --workload B --rows 48 --in-flight 0,16,32,64
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def main() -> None:
     parser.add_argument("--workload", default="A", choices=sorted(WORKLOADS))
     parser.add_argument("--rows", type=int, default=64, help="rows per round")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--in-flight", default="16,32,64")
+    parser.add_argument("--in-flight", default="0,16,32,64", help="0: the default scheduling (dynamic_split_fuse)")
     parser.add_argument("--data", type=Path, default=HERE.parent / "sms_spam")  # the shipped messages
     parser.add_argument("--model", type=Path, help="a SmolLM2 folder that batchinfer has converted")
     args = parser.parse_args()
@@ -57,7 +61,10 @@ def main() -> None:
     pipelines = {}
     for n in counts:
         scheduler = openvino_genai.SchedulerConfig()
-        scheduler.enable_prefix_caching, scheduler.max_num_seqs = True, n
+        scheduler.enable_prefix_caching = True
+        if n:
+            scheduler.dynamic_split_fuse, scheduler.max_num_seqs = False, n
+            scheduler.max_num_batched_tokens = max(scheduler.max_num_batched_tokens, n, *map(len, ids))
         pipelines[n] = openvino_genai.ContinuousBatchingPipeline(str(folder), scheduler, "CPU", dict(F32))
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens, config.do_sample = new_tokens, False
@@ -71,7 +78,7 @@ def main() -> None:
             rates[n].append(f"{len(rows) / (time.perf_counter() - started):.2f} (load {load:.1f})")
     print(f"workload {args.workload}, {args.rows} rows a round; rows/s by round")
     for n in counts:
-        print(f"{n} in flight: " + ", ".join(rates[n]))
+        print(f"{f'{n} in flight' if n else 'default scheduling'}: " + ", ".join(rates[n]))
 
 
 if __name__ == "__main__":
