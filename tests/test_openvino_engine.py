@@ -396,6 +396,31 @@ def test_max_num_seqs_is_refused_where_the_pipelines_scheduling_would_ignore_it(
             engine(max_num_seqs=value, dynamic_split_fuse=False)
 
 
+def test_a_vllm_like_scheduling_whose_steps_hold_less_than_a_prompt_is_refused_before_a_row_runs(
+    sms_table, tmp_path, tiny_llama
+):
+    """dynamic_split_fuse: false runs each prompt in one step: with steps of fewer tokens than a prompt, the
+    pipeline failed every row of the chunk ("Sequence length (69) is longer than max number of tokens in batch
+    (64)", SmolLM2) under a hint about the model's device. Refused up front, naming both numbers; steps that hold
+    model.max_length run the job."""
+    pq.write_table(prompt_table(sms_table, 6), tmp_path / "prompts.parquet")
+    short = {"dynamic_split_fuse": False, "max_num_batched_tokens": 16, "max_num_seqs": 4}
+    with pytest.raises(
+        ConfigError, match=r"max_num_batched_tokens \(16\) is below .* \(model.max_length, 64\)"
+    ) as info:
+        _run(tmp_path, "short", tiny_llama, model__max_length=64, generation__engine_options=short)
+    assert "at least 64" in info.value.hint
+    assert not list((tmp_path / "short").glob("part-*"))
+    report, _ = _run(
+        tmp_path,
+        "whole",
+        tiny_llama,
+        model__max_length=64,
+        generation__engine_options=short | {"max_num_batched_tokens": 64},
+    )
+    assert report["complete"] and report["rows_ok"] == 6 and report["engine"]["name"] == "openvino"
+
+
 def test_a_folder_auto_started_on_transformers_goes_on_there_where_openvino_would_now_run(
     sms_table, tmp_path, tiny_llama, monkeypatch
 ):

@@ -96,6 +96,21 @@ def job_problem(job, runner) -> str | None:
     )
 
 
+def whole_prompts(options: dict, max_length: int) -> None:
+    """Refuse a vLLM-like scheduling (dynamic_split_fuse: false, which runs each prompt in one step) whose steps
+    hold fewer tokens than a prompt may have: the pipeline failed every row of a chunk holding a longer one."""
+    import openvino_genai
+
+    tokens = options.get("max_num_batched_tokens", openvino_genai.SchedulerConfig().max_num_batched_tokens)
+    if options.get("dynamic_split_fuse") is False and isinstance(tokens, int) and tokens < max_length:
+        raise ConfigError(
+            f"generation.engine_options: with dynamic_split_fuse: false each prompt runs in one step, and "
+            f"max_num_batched_tokens ({tokens:,}) is below the longest prompt a row may have (model.max_length, "
+            f"{max_length:,}): a chunk holding a longer one would fail on every row",
+            f"set max_num_batched_tokens to at least {max_length:,}, or remove dynamic_split_fuse",
+        )
+
+
 def pipeline(folder: Path, precision: str, gen: GenerationConfig):
     """A ContinuousBatchingPipeline over the conversion in `folder`, compiled in `precision`; gen.engine_options:
     SchedulerConfig fields, and OpenVINO properties (upper-case keys, e.g. KV_CACHE_PRECISION)."""
@@ -214,6 +229,7 @@ class OpenVINOEngine(Registered):
 
         if problem := job_problem(job, runner):
             raise Unfit(problem)
+        whole_prompts(runner.gen.engine_options, runner.max_length)
         f32_model, identity = runner.f32_model(job, model_path), model_identity(model_path)
         try:
             folder, seconds = openvino_causal.converted(identity, model_path, f32_model, runner.tokenizer)
