@@ -387,10 +387,13 @@ def test_max_num_seqs_is_refused_where_the_pipelines_scheduling_would_ignore_it(
     default = openvino_genai.SchedulerConfig()
     assert [(s.dynamic_split_fuse, s.max_num_seqs) for s in built] == [(True, default.max_num_seqs), (False, 8)]
     assert built[0].enable_prefix_caching
+    check = openvino_engine.check_scheduling
     for alone in ({"max_num_seqs": 8}, {"max_num_seqs": 8, "dynamic_split_fuse": True}):
         with pytest.raises(ConfigError, match="only with dynamic_split_fuse: false") as info:
-            engine(**alone)
+            check(alone, 64)
         assert "remove max_num_seqs, or add dynamic_split_fuse: false" in info.value.hint
+    with pytest.raises(ConfigError, match=r"^generation.engine_options.dynamic_split_fuse: 0 is no value"):
+        check({"max_num_seqs": 8, "dynamic_split_fuse": 0}, 64)  # pybind takes 0 as false; a typo, named
     for value in (-4, "x", 2.5):  # pybind refused them unnamed: an internal error
         with pytest.raises(ConfigError, match=rf"^generation.engine_options.max_num_seqs: {value!r} is no value"):
             engine(max_num_seqs=value, dynamic_split_fuse=False)
@@ -401,12 +404,25 @@ def test_a_vllm_like_scheduling_whose_steps_hold_less_than_a_prompt_is_refused_b
 ):
     """dynamic_split_fuse: false runs each prompt in one step: with steps of fewer tokens than a prompt, the
     pipeline failed every row of the chunk ("Sequence length (69) is longer than max number of tokens in batch
-    (64)", SmolLM2) under a hint about the model's device. Refused up front, naming both numbers; steps that hold
-    model.max_length run the job."""
+    (64)", SmolLM2) under a hint about the model's device, as it did with steps of fewer tokens than max_num_seqs
+    (GenAI asserts it). Refused before the model converts, naming both numbers; steps that hold model.max_length
+    run the job."""
+    check = openvino_engine.check_scheduling
+    vllm_like = {"dynamic_split_fuse": False}
+    with pytest.raises(
+        ConfigError, match=r"max_num_batched_tokens \(64\) is below max_num_seqs \(100 tokens\)"
+    ) as info:
+        check(vllm_like | {"max_num_batched_tokens": 64, "max_num_seqs": 100}, 64)  # GenAI asserts it, every row
+    assert (
+        info.value.hint == "set max_num_batched_tokens to at least 100, or remove dynamic_split_fuse and max_num_seqs"
+    )
+    with pytest.raises(ConfigError, match=r"\(256, the pipeline's default\) is below a prompt a row may have \(512"):
+        check(vllm_like, 512)
+    check(vllm_like | {"max_num_batched_tokens": 512, "max_num_seqs": 32}, 512)
     pq.write_table(prompt_table(sms_table, 6), tmp_path / "prompts.parquet")
     short = {"dynamic_split_fuse": False, "max_num_batched_tokens": 16, "max_num_seqs": 4}
     with pytest.raises(
-        ConfigError, match=r"max_num_batched_tokens \(16\) is below .* \(model.max_length, 64\)"
+        ConfigError, match=r"max_num_batched_tokens \(16\) is below a prompt a row may have \(64 tokens\)"
     ) as info:
         _run(tmp_path, "short", tiny_llama, model__max_length=64, generation__engine_options=short)
     assert "at least 64" in info.value.hint

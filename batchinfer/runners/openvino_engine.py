@@ -96,18 +96,44 @@ def job_problem(job, runner) -> str | None:
     )
 
 
-def whole_prompts(options: dict, max_length: int) -> None:
-    """Refuse a vLLM-like scheduling (dynamic_split_fuse: false, which runs each prompt in one step) whose steps
-    hold fewer tokens than a prompt may have: the pipeline failed every row of a chunk holding a longer one."""
+def check_scheduling(options: dict, max_length: int) -> None:
+    """Refuse engine_options that the pipeline's scheduling would ignore or fail every row on, before anything is
+    converted or compiled. Its default scheduling (dynamic_split_fuse) fills each step with max_num_batched_tokens
+    of decoding rows and prompt pieces, as many rows in flight as that and the KV cache allow; max_num_seqs bounds
+    only its vLLM-like scheduling. Set alone it changed nothing (batchinfer set it to 32 and a chunk of 256 SMS
+    summaries ran 100 rows at once); with dynamic_split_fuse: false, 32 in flight took that chunk 46.5 s instead of
+    35.2 s (SmolLM2-135M, 2-core AVX2 EPYC, docs/benchmarks.md "Rows in flight on the OpenVINO engine"). That
+    scheduling runs each prompt in one step, and asserts steps of at least max_num_seqs tokens: steps shorter than
+    a prompt (`max_length`, a row's most) or than max_num_seqs failed every row of the chunk."""
     import openvino_genai
 
-    tokens = options.get("max_num_batched_tokens", openvino_genai.SchedulerConfig().max_num_batched_tokens)
-    if options.get("dynamic_split_fuse") is False and isinstance(tokens, int) and tokens < max_length:
+    split = options.get("dynamic_split_fuse", True)
+    if not isinstance(split, bool):
+        raise ConfigError(
+            f"generation.engine_options.dynamic_split_fuse: {split!r} is no value of it", "give true or false"
+        )
+    if "max_num_seqs" in options and split:
+        raise ConfigError(
+            "generation.engine_options.max_num_seqs bounds OpenVINO GenAI's rows in flight only with "
+            "dynamic_split_fuse: false; its default scheduling fills each step with max_num_batched_tokens "
+            "tokens of as many rows as the KV cache holds, and would ignore it",
+            "remove max_num_seqs, or add dynamic_split_fuse: false (each prompt then runs in one step: give "
+            f"max_num_batched_tokens at least {max_length:,})",
+        )
+    default = openvino_genai.SchedulerConfig()
+    tokens = options.get("max_num_batched_tokens", default.max_num_batched_tokens)
+    seqs = options.get("max_num_seqs", default.max_num_seqs)
+    if split or not (isinstance(tokens, int) and isinstance(seqs, int)):
+        return  # a value of another type: pipeline() names it as pybind refuses it
+    least = max(max_length, seqs)
+    if tokens < least:
+        given = f"{tokens:,}" if "max_num_batched_tokens" in options else f"{tokens:,}, the pipeline's default"
+        what = "a prompt a row may have" if least == max_length else "max_num_seqs"
         raise ConfigError(
             f"generation.engine_options: with dynamic_split_fuse: false each prompt runs in one step, and "
-            f"max_num_batched_tokens ({tokens:,}) is below the longest prompt a row may have (model.max_length, "
-            f"{max_length:,}): a chunk holding a longer one would fail on every row",
-            f"set max_num_batched_tokens to at least {max_length:,}, or remove dynamic_split_fuse",
+            f"max_num_batched_tokens ({given}) is below {what} ({least:,} tokens): the pipeline would fail every "
+            "row of the chunk",
+            f"set max_num_batched_tokens to at least {least:,}, or remove dynamic_split_fuse and max_num_seqs",
         )
 
 
@@ -116,20 +142,7 @@ def pipeline(folder: Path, precision: str, gen: GenerationConfig):
     SchedulerConfig fields, and OpenVINO properties (upper-case keys, e.g. KV_CACHE_PRECISION)."""
     import openvino_genai
 
-    options = gen.engine_options
-    # The pipeline's scheduling (dynamic_split_fuse) fills each step with max_num_batched_tokens of decoding rows
-    # and prompt pieces, as many rows in flight as that and the KV cache allow; max_num_seqs bounds only its
-    # vLLM-like scheduling. Set alone it changed nothing (batchinfer set it to 32 and a chunk of 256 SMS summaries
-    # ran 100 rows at once); with dynamic_split_fuse: false, 32 in flight took that chunk 46.5 s instead of 35.2 s
-    # (SmolLM2-135M, 2-core AVX2 EPYC, docs/benchmarks.md "Rows in flight on the OpenVINO engine").
-    if "max_num_seqs" in options and options.get("dynamic_split_fuse", True) is not False:
-        raise ConfigError(
-            "generation.engine_options.max_num_seqs bounds OpenVINO GenAI's rows in flight only with "
-            "dynamic_split_fuse: false; its default scheduling fills each step with max_num_batched_tokens "
-            "tokens of as many rows as the KV cache holds, and would ignore it",
-            "remove max_num_seqs, or add dynamic_split_fuse: false (each prompt then runs in one step: give "
-            "max_num_batched_tokens at least model.max_length)",
-        )
+    options = gen.engine_options  # checked by check_scheduling before the model converts
     scheduler = openvino_genai.SchedulerConfig()
     scheduler.enable_prefix_caching = True
     if gen.max_memory != "auto":  # the KV cache's GB; auto: the pipeline grows it as the rows in flight need
@@ -150,8 +163,9 @@ def pipeline(folder: Path, precision: str, gen: GenerationConfig):
         else:
             raise ConfigError(
                 f"generation.engine_options: {key} is no field of openvino_genai.SchedulerConfig",
-                "use SchedulerConfig fields (cache_size, max_num_batched_tokens, max_num_seqs, "
-                "enable_prefix_caching) or OpenVINO properties in upper case",
+                "use SchedulerConfig fields (cache_size, max_num_batched_tokens, enable_prefix_caching, "
+                "dynamic_split_fuse, max_num_seqs with dynamic_split_fuse: false) or OpenVINO properties in upper "
+                "case",
             )
     try:
         return openvino_genai.ContinuousBatchingPipeline(str(folder), scheduler, "CPU", properties)
@@ -229,7 +243,7 @@ class OpenVINOEngine(Registered):
 
         if problem := job_problem(job, runner):
             raise Unfit(problem)
-        whole_prompts(runner.gen.engine_options, runner.max_length)
+        check_scheduling(runner.gen.engine_options, runner.max_length)
         f32_model, identity = runner.f32_model(job, model_path), model_identity(model_path)
         try:
             folder, seconds = openvino_causal.converted(identity, model_path, f32_model, runner.tokenizer)

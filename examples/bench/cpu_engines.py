@@ -133,7 +133,9 @@ def in_flight(model: Path, texts: list[str], workloads: list[str], counts: list[
             cells = []
             for n in counts:
                 load = os.getloadavg()[0]
-                options = {"max_num_seqs": n, "dynamic_split_fuse": False, "max_num_batched_tokens": 512} if n else {}
+                # vLLM-like steps hold whole prompts (run's max_length, 512) and at least max_num_seqs tokens
+                options = {"max_num_seqs": n, "dynamic_split_fuse": False, "max_num_batched_tokens": max(512, n)}
+                options = options if n else {}
                 report, _ = run(data, model, work / f"{name}-{n}", new_tokens, generation__engine_options=options)
                 cells.append(f"{report['run']['compute']['rows_per_s']:.2f} rows/s (load {load:.1f})")
             print(f"| {name}: {new_tokens} new tokens | " + " | ".join(cells) + " |", flush=True)
