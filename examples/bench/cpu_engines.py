@@ -119,6 +119,13 @@ def workload(work: Path, name: str, texts: list[str]) -> tuple[Path, list, int]:
     return work / f"{name}.parquet", messages, new_tokens
 
 
+def scheduling(n: int, longest: int) -> dict:
+    """SchedulerConfig fields for `n` rows in flight: none for 0 (the pipeline's own scheduling, dynamic_split_fuse);
+    else its vLLM-like one, the only one that reads max_num_seqs, whose steps take whole prompts (`longest` tokens)
+    and at least max_num_seqs tokens (256: the pipeline's default)."""
+    return {"dynamic_split_fuse": False, "max_num_seqs": n, "max_num_batched_tokens": max(256, n, longest)} if n else {}
+
+
 def in_flight(model: Path, texts: list[str], workloads: list[str], counts: list[int]) -> None:
     """The default engine's rows/s by its scheduling: 0, the pipeline's own (dynamic_split_fuse: each step
     max_num_batched_tokens tokens of as many rows as its KV cache holds); N, its vLLM-like one with at most N rows
@@ -133,9 +140,7 @@ def in_flight(model: Path, texts: list[str], workloads: list[str], counts: list[
             cells = []
             for n in counts:
                 load = os.getloadavg()[0]
-                # vLLM-like steps hold whole prompts (run's max_length, 512) and at least max_num_seqs tokens
-                options = {"max_num_seqs": n, "dynamic_split_fuse": False, "max_num_batched_tokens": max(512, n)}
-                options = options if n else {}
+                options = scheduling(n, 512)  # run's max_length: its longest prompt
                 report, _ = run(data, model, work / f"{name}-{n}", new_tokens, generation__engine_options=options)
                 cells.append(f"{report['run']['compute']['rows_per_s']:.2f} rows/s (load {load:.1f})")
             print(f"| {name}: {new_tokens} new tokens | " + " | ".join(cells) + " |", flush=True)

@@ -29,7 +29,7 @@ def main() -> None:
     import openvino as ov
     import openvino_genai
     from convert_smollm2 import default_folder
-    from cpu_engines import WORKLOADS, sms_rows
+    from cpu_engines import WORKLOADS, scheduling, sms_rows
     from transformers import AutoTokenizer
 
     from batchinfer.backends import openvino
@@ -62,9 +62,8 @@ def main() -> None:
     for n in counts:
         scheduler = openvino_genai.SchedulerConfig()
         scheduler.enable_prefix_caching = True
-        if n:
-            scheduler.dynamic_split_fuse, scheduler.max_num_seqs = False, n
-            scheduler.max_num_batched_tokens = max(scheduler.max_num_batched_tokens, n, *map(len, ids))
+        for key, value in scheduling(n, max(map(len, ids))).items():
+            setattr(scheduler, key, value)
         pipelines[n] = openvino_genai.ContinuousBatchingPipeline(str(folder), scheduler, "CPU", dict(F32))
     config = openvino_genai.GenerationConfig()
     config.max_new_tokens, config.do_sample = new_tokens, False
