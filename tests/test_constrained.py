@@ -22,8 +22,9 @@ pytest.importorskip("xgrammar")
 
 SCHEMA = {
     "type": "object",
-    "properties": {"spam": {"type": "boolean"}, "why": {"type": "string", "maxLength": 12}},
-    "required": ["spam", "why"],
+    # not in sorted order: the properties come out in the schema's order (a reasoning before its answer)
+    "properties": {"why": {"type": "string", "maxLength": 12}, "spam": {"type": "boolean"}},
+    "required": ["why", "spam"],
     "additionalProperties": False,
 }
 CHOICES = ["ham", "spam", 'not "sure"']
@@ -69,6 +70,7 @@ def test_every_json_schema_output_validates_or_its_row_says_why(tmp_path, sms_ta
     assert len(ok) + len(errors) == 24 and len(ok) >= 6  # the schema leaves a random model room to finish
     for row in ok.values():
         jsonschema.validate(json.loads(row["text"]), SCHEMA)  # strict JSON: no raw control characters
+        assert list(json.loads(row["text"])) == ["why", "spam"]  # the schema's order (it was sorted)
         assert row["finish_reason"] == "stop"
     # invalid_output: a random model can spell broken UTF-8 in byte tokens, which xgrammar lets into a
     # bounded string; the final check catches it
@@ -86,6 +88,26 @@ def test_every_json_schema_output_validates_or_its_row_says_why(tmp_path, sms_ta
     ok, errors = _results(tmp_path / "short")
     assert not ok and {e["reason"] for e in errors.values()} == {"length"}  # 3 tokens never close the object
     assert "max_new_tokens (3) cut the output before it was JSON that follows the schema" in errors["p0"]["message"]
+
+
+def test_a_schemas_key_order_is_in_the_fingerprint(tmp_path, sms_table, tiny_llama):
+    """The grammar generates the properties in the schema's order, so a folder of one order is not resumed with
+    another; a schema given sorted fingerprints as before (every schema compiled sorted then)."""
+    from batchinfer.job.plan import SCHEMA_ORDER, describe_changes, fingerprint
+
+    def fingerprinted(schema):
+        response_format = {"type": "json_schema", "json_schema": {"name": "v", "schema": schema}}
+        job = _generate(
+            _prompts(tmp_path, sms_table), tiny_llama, tmp_path / "o", generation__response_format=response_format
+        )
+        return fingerprint(job, "hash", {})
+
+    reordered = {**SCHEMA, "properties": dict(reversed(SCHEMA["properties"].items()))}
+    changes = describe_changes(fingerprinted(SCHEMA), fingerprinted(reordered))
+    assert list(changes) == [SCHEMA_ORDER] and "keys are in another order" in changes[SCHEMA_ORDER]
+    given_sorted = fingerprinted(json.loads(json.dumps(SCHEMA, sort_keys=True)))
+    assert SCHEMA_ORDER not in given_sorted  # as every fingerprint was: a folder of it resumes
+    assert "sorted order" in describe_changes(given_sorted, fingerprinted(SCHEMA))[SCHEMA_ORDER]
 
 
 def test_choices_and_regex_are_always_kept_and_both_engines_agree(tmp_path, sms_table, tiny_llama):

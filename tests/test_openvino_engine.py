@@ -128,8 +128,8 @@ def test_engine_auto_runs_transformers_with_a_note_where_openvino_cannot_run_the
 
 SCHEMA = {
     "type": "object",
-    "properties": {"spam": {"type": "boolean"}, "why": {"type": "string", "maxLength": 12}},
-    "required": ["spam", "why"],
+    "properties": {"why": {"type": "string", "maxLength": 12}, "spam": {"type": "boolean"}},  # in this order
+    "required": ["why", "spam"],
 }
 CONSTRAINTS = {  # each kind, as the job file asks for it
     "choices": {"generation__choices": ["ham", "spam", 'not "sure"']},
@@ -179,6 +179,7 @@ def test_constrained_jobs_run_on_the_openvino_engine_and_answer_as_the_transform
     grammars = Grammars(tokenizer, len(tokenizer), {tokenizer.eos_token_id}, job.generation.grammar_limits)
     for text in got.values():  # every answer is whole and valid by the project's own check
         assert grammars.complete(constraint, tokenizer.encode(text, add_special_tokens=False), text), text
+        assert kind != "schema" or list(json.loads(text)) == ["why", "spam"]  # the schema's order, not sorted
 
 
 def test_a_grammar_the_pipeline_cannot_take_runs_on_the_transformers_engine_with_a_note(

@@ -44,8 +44,8 @@ def response_format(value, where: str) -> tuple[Constraint | None, str | None]:
     schema = body.get("schema") if isinstance(body, dict) else None
     if not isinstance(schema, dict):
         return None, f'{where}.json_schema.schema must be a JSON schema object, e.g. {{"type": "object", ...}}'
-    try:
-        spec = json.dumps(schema, sort_keys=True, ensure_ascii=False)
+    try:  # in the schema's own order: properties are generated in it (a reasoning before its answer)
+        spec = json.dumps(schema, ensure_ascii=False)
     except RecursionError:
         return None, f"{where}.json_schema.schema nests too deep to read; flatten it"
     return Constraint("json_schema", spec, f"{where}"), None

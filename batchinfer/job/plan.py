@@ -7,6 +7,7 @@ planned in pieces at that cut (its markers say where), so the trial's rows are k
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from ..errors import shorten
@@ -162,8 +163,24 @@ def fingerprint(job: JobConfig, model_id: str, contents: dict[str, str], limit: 
         "output.scores": job.output.scores,
         **({"output.aggregation": job.output.aggregation} if job.model.task == "token-classify" else {}),
         **({f"generation.{key}": value for key, value in generation.items()} if job.model.task == "generate" else {}),
+        **_schema_order(gen.response_format if job.model.task == "generate" else None),
         "limit": limit,
     }
+
+
+SCHEMA_ORDER = "generation.response_format (its order)"
+
+
+def _schema_order(response_format) -> dict:
+    """A json_schema's key order, where it is not sorted: the grammar generates a schema's properties in
+    its order, which a fingerprint's dicts (compared as dicts) do not hold. Before, every schema compiled with
+    sorted keys, so a folder of a schema given sorted still resumes."""
+    body = response_format.get("json_schema") if isinstance(response_format, dict) else None
+    schema = body.get("schema") if isinstance(body, dict) else None
+    if not isinstance(schema, dict):
+        return {}
+    given = json.dumps(schema, ensure_ascii=False)
+    return {} if given == json.dumps(schema, sort_keys=True, ensure_ascii=False) else {SCHEMA_ORDER: given}
 
 
 def _unset_constraints(gen) -> set[str]:
@@ -185,6 +202,13 @@ def describe_changes(old: dict, new: dict) -> dict[str, str]:
             changes[key] = (
                 "model.hash: recorded by an earlier batchinfer, which hashed only samples of large weight files "
                 "and so cannot show that the model is the same"
+            )
+        elif key == SCHEMA_ORDER:
+            changes[key] = "generation.response_format: " + (
+                "the schema's keys are in another order, which the output's keys follow"
+                if before
+                else "this folder's rows have their keys in sorted order, and the schema's are not (batchinfer "
+                "before 2026-12-07 sorted them): the output's keys follow the schema's order"
             )
         else:
             changes[key] = f"{key}: {shorten(before)} -> {shorten(after)}"

@@ -407,7 +407,7 @@ class GenerateRunner:
         asked = {k: v for k, v in override.items() if v is not None}
         if not asked:
             return self.gen, None
-        key = json.dumps(asked, sort_keys=True)
+        key = json.dumps(asked)  # in order: a schema's key order is its output's
         if key not in self._configs:
             self._configs[key] = self.request_config(asked)
         return self._configs[key]
