@@ -152,8 +152,28 @@ def test_a_model_whose_generation_config_samples_is_sampled_unless_the_job_says_
     _, greedy = _run(
         tmp_path, sms_table, sampling, "greedy", generation__engine="transformers", generation__temperature=0
     )
+    # a job that sets some of the three: the others are the model's, as generate merges them into its config
+    report, alone = _run(
+        tmp_path, sms_table, sampling, "t", generation__engine="transformers", generation__temperature=0.7
+    )
+    assert any("generation_config's top_p 0.8, top_k 20" in n for n in report["engine"]["notes"])
+    report, nucleus = _run(tmp_path, sms_table, sampling, "p", generation__engine="transformers", generation__top_p=0.5)
+    assert any("generation_config's temperature 0.7, top_k 20" in n for n in report["engine"]["notes"])
+    asked = dict(generation__temperature=0.7, generation__top_p=0.5, generation__top_k=20)
+    _, nucleus_said = _run(tmp_path, sms_table, sampling, "p-said", generation__engine="transformers", **asked)
     texts = {
         name: [r["text"] for r in sorted(got, key=lambda r: r["id"])]
-        for name, got in (("own", rows), ("said", said), ("greedy", greedy))
+        for name, got in (
+            ("own", rows),
+            ("said", said),
+            ("greedy", greedy),
+            ("alone", alone),
+            ("nucleus", nucleus),
+            ("nucleus_said", nucleus_said),
+        )
     }
-    assert texts["own"] == texts["said"] != texts["greedy"]
+    assert texts["own"] == texts["said"] == texts["alone"] != texts["greedy"]
+    assert texts["nucleus"] == texts["nucleus_said"] != texts["greedy"]
+    # a model that does not sample, and a job that sets top_p alone: greedy, as generate, and a note says so
+    report, _ = _run(tmp_path, sms_table, tiny_llama, "idle", generation__engine="transformers", generation__top_p=0.5)
+    assert any("generation.top_p 0.5 change nothing: the job decodes greedily" in n for n in report["engine"]["notes"])

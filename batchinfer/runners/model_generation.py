@@ -138,18 +138,38 @@ SAMPLING = ("temperature", "top_p", "top_k")
 
 def model_sampling(gen, generation_config) -> tuple[object, str | None]:
     """The job's generation settings `gen`, with the model's own sampling where its generation_config samples
-    (do_sample) and the job sets none of temperature, top_p and top_k: transformers' generate samples such a model
-    unless told otherwise, so a job that says nothing does too. Also the note saying so, or None."""
-    if not getattr(generation_config, "do_sample", False) or gen.model_fields_set & set(SAMPLING):
+    (do_sample) and the job does not decode greedily (temperature: 0): each of temperature, top_p and top_k the job
+    leaves unset is the model's, as transformers' generate merges what it is given into the model's
+    generation_config. A job that set top_p alone decoded greedily (its temperature's default, 0) where generate
+    samples with the model's temperature and top_k, and one that set temperature alone dropped the model's top_p and
+    top_k. Also the note saying what came from the model, or None."""
+    asked = gen.model_fields_set & set(SAMPLING)
+    if not getattr(generation_config, "do_sample", False) or ("temperature" in asked and gen.temperature == 0):
+        idle = [f"{k} {getattr(gen, k)}" for k in ("top_p", "top_k") if k in asked and getattr(gen, k) not in (1.0, 0)]
+        if gen.temperature == 0 and idle:  # generate warns of these, and decodes greedily as here
+            greedy = "temperature 0" if "temperature" in asked else "temperature 0, the default"
+            return gen, (
+                f"generation.{' and '.join(idle)} change nothing: the job decodes greedily ({greedy}); set "
+                "generation.temperature above 0 to sample"
+            )
         return gen, None
-    ours = {
+    own = {
         "temperature": generation_config.temperature if generation_config.temperature is not None else 1.0,
         "top_p": generation_config.top_p if generation_config.top_p is not None else 1.0,
         "top_k": generation_config.top_k or 0,
     }
+    ours = {k: v for k, v in own.items() if k not in asked}
+    if not ours:
+        return gen, None
     said = ", ".join(f"{k} {v}" for k, v in ours.items())
-    note = (
-        f"sampled as the model's generation_config says (do_sample, {said}; seed {gen.seed}), the job setting none "
-        "of generation.temperature, top_p, top_k; generation.temperature: 0 decodes greedily"
-    )
+    if asked:
+        note = (
+            f"sampled with the model's generation_config's {said} (do_sample; seed {gen.seed}), which the job does "
+            f"not set, as generate does; generation.temperature: 0 decodes greedily"
+        )
+    else:
+        note = (
+            f"sampled as the model's generation_config says (do_sample, {said}; seed {gen.seed}), the job setting "
+            "none of generation.temperature, top_p, top_k; generation.temperature: 0 decodes greedily"
+        )
     return gen.model_copy(update=ours), note
