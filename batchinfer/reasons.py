@@ -51,6 +51,9 @@ class Reason:
     DUPLICATE_ID = _reason(
         "duplicate_id", "an OpenAI request whose custom_id an earlier line used: only the first request runs"
     )
+    BAD_CHAT = _reason(
+        "bad_chat", "chat messages the model's chat template refuses (a role it does not take, or out of its order)"
+    )
     BAD_MAX_NEW_TOKENS = _reason("bad_max_new_tokens", "a row's max_new_tokens that is not a whole number >= 1")
     LENGTH = _reason("length", "max_new_tokens cut a constrained output before it was complete")
     INVALID_OUTPUT = _reason("invalid_output", "a constrained output that does not follow its grammar")

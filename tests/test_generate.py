@@ -331,6 +331,34 @@ def test_rows_that_share_an_instruction_read_it_from_the_cache_and_get_the_same_
     assert planned["prefix"] == report["prefix"]  # one chunk, every row sampled: the estimate is what ran
 
 
+def test_rows_the_chat_template_refuses_are_error_rows_and_the_others_run(tmp_path, tiny_llama):
+    """A template may raise on a row (Gemma's on a system message, Mistral's on roles out of turn): that row goes
+    to _errors/ as bad_chat, naming the template and what it said, and the job's other rows run. It failed the
+    whole job with an internal error, no row written."""
+    sys.path.insert(0, str(EXAMPLES / "models"))
+    from make_tiny_causal import CHAT_TEMPLATE
+
+    no_system = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    (tmp_path / "chat.jinja").write_text(no_system + CHAT_TEMPLATE)
+    messages = [[{"role": "user", "content": "Ok lar"}], [{"role": "system", "content": "Be brief."}]] * 3
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "messages": m}) + "\n" for i, m in enumerate(messages)))
+    job = {
+        "input": {"path": str(path), "messages": "messages", "id": "id"},
+        "model": {"path": str(tiny_llama), "task": "generate", "chat_template": str(tmp_path / "chat.jinja")},
+        "generation": {"max_new_tokens": 4, "engine": "transformers"},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    report = run_job(validate_job(job))
+    assert report["rows_ok"] == 3 and report["errors_by_reason"] == {"bad_chat": 3}
+    errors = pq.read_table(tmp_path / "out" / "_errors").to_pylist()
+    assert sorted(e["id"] for e in errors) == ["1", "3", "5"]
+    assert errors[0]["message"] == (
+        "the model's chat template refuses these messages: TemplateError: System role not supported; check the "
+        "messages, or model.chat_template"
+    )
+
+
 def test_a_messages_job_on_a_model_without_a_chat_template_is_refused_before_it_starts(tmp_path, tiny_llama_plain):
     sys.path.insert(0, str(EXAMPLES / "models"))
     from make_tiny_causal import CHAT_TEMPLATE

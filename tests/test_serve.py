@@ -7,6 +7,7 @@ import json
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -16,7 +17,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from helpers import Cli, generate_alone, make_job
+from helpers import EXAMPLES, Cli, generate_alone, make_job
 
 from batchinfer.backends.models import resolve_model_path
 from batchinfer.execution.driver import run_job
@@ -579,6 +580,27 @@ def test_a_server_whose_engine_samples_alike_for_every_request_refuses_a_request
         "(generation.engine_options.use_cuda_graph replays one captured sampler for every request); "
         "start it with --set generation.temperature=0.7, or leave temperature out"
     )
+
+
+def test_a_chat_the_models_template_refuses_is_a_400_naming_what_it_said(tmp_path, tiny_llama):
+    sys.path.insert(0, str(EXAMPLES / "models"))
+    from make_tiny_causal import CHAT_TEMPLATE
+
+    no_system = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    (tmp_path / "chat.jinja").write_text(no_system + CHAT_TEMPLATE)
+    job = _serving(tiny_llama, "generate").model_copy(deep=True)
+    job.model.chat_template = str(tmp_path / "chat.jinja")
+
+    async def chat():
+        async with _client(job) as client:
+            post = lambda messages: client.post("/v1/chat/completions", json={"max_tokens": 2, "messages": messages})  # noqa: E731
+            return await post([{"role": "system", "content": "Be brief."}]), await post(
+                [{"role": "user", "content": "Hi"}]
+            )
+
+    refused, answered = asyncio.run(chat())
+    assert refused.status_code == 400 and answered.status_code == 200
+    assert "chat template refuses these messages: TemplateError: System role not supported" in refused.text
 
 
 def test_every_request_field_is_honoured_or_refused_by_name(tiny_llama, tiny_embed):

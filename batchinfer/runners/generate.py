@@ -209,6 +209,19 @@ class GenerateRunner:
         """Why chat messages at `where` cannot be formatted for this model (it has no chat template), or None."""
         return None if self.tokenizer.chat_template else "; ".join(no_chat_template(where))
 
+    def chat_text(self, messages: list) -> tuple[str, str | None]:
+        """`messages` through the model's chat template, and None; or "" and why the template refused them: a
+        template may raise on a row (Mistral's and Llama 2's on roles out of turn, Gemma's on a system message),
+        which then failed the whole job."""
+        try:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), None
+        except Exception as exc:  # noqa: BLE001 - jinja's TemplateError from raise_exception, or the template's bug
+            return "", f"the model's chat template refuses these messages: {type(exc).__name__}: {exc}"
+
+    def chat_refused(self, messages: list) -> str | None:
+        """Why the model's chat template refuses `messages` (chat_text), or None."""
+        return self.chat_text(messages)[1]
+
     def tokenize(self, texts: list) -> Tokens:
         """Prompts: strings are encoded as they are; message lists go through the chat template first. An OpenAI
         completions request's list of prompts is an item each, owned by its row (one answer, a choice each)."""
@@ -232,10 +245,8 @@ class GenerateRunner:
             for i in chats:
                 encodings[i] = self.backend.encode("", add_special_tokens=False)
             chats = []
-        if chats:  # the template writes its own special tokens
-            templated = [
-                self.tokenizer.apply_chat_template(texts[i], add_generation_prompt=True, tokenize=False) for i in chats
-            ]
+        if chats:  # the template writes its own special tokens; one it refuses failed its row (chat_refused)
+            templated = [self.chat_text(texts[i])[0] for i in chats]
             for i, encoding in zip(
                 chats, encode_capped(self.backend, templated, self.max_length, from_end=True, add_special_tokens=False)
             ):
@@ -257,6 +268,14 @@ class GenerateRunner:
             for offset, text in zip(prepared.rows.tolist(), prepared.texts):
                 if not isinstance(text, str):
                     prepared.errors.setdefault(offset, (Reason.BAD_REQUEST, problem))
+        else:
+            for offset, text in zip(prepared.rows.tolist(), prepared.texts):
+                if is_prompt_list(text) or isinstance(text, str) or offset in prepared.errors:
+                    continue
+                if refused := self.chat_refused(text):
+                    where = "model.chat_template" if job.model.chat_template else "the model's chat template"
+                    hint = " (and model.system_prompt)" if job.model.system_prompt is not None else ""
+                    prepared.errors[offset] = (Reason.BAD_CHAT, f"{refused}; check the messages, or {where}{hint}")
         name = job.max_new_tokens_column
         if not name:
             return None

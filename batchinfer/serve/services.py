@@ -159,7 +159,7 @@ class GenerateService:
         settings = self.settings(body)
         if self.problem():  # before a stream's status line goes out
             raise EngineDown(self.problem())
-        if chat and (problem := self.runner.chat_problem("messages")):
+        if chat and (problem := self.runner.chat_problem("messages") or self.runner.chat_refused(prompt)):
             raise BadInput(problem)
         max_new = max_tokens or self.job.generation.max_new_tokens
         constraint = await self.constraint(body)
