@@ -32,6 +32,9 @@ def message_problem(messages, where: str) -> tuple[str, str] | None:
                 return (Reason.NOT_TEXT, f"{where}[{i}].{key}: {what}")
     if not messages:
         return (Reason.EMPTY_TEXT, f"{where} holds no message")
+    if all(is_blank(message["content"]) for message in messages):  # as a blank text is: the template's words alone
+        return (Reason.EMPTY_TEXT, f"{where}: every message's content is empty, or only whitespace, invisible or "
+                "control characters")  # fmt: skip
     return None
 
 

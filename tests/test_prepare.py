@@ -41,8 +41,9 @@ def test_text_in_any_arrow_encoding_is_text_and_templates_write_numbers():
 def test_row_limits_and_odd_column_types_never_crash():
     from batchinfer.sources.prepare import row_limits
 
-    limits, problems = row_limits([3, "12", 4.0, None, "²", "9" * 5000, -1, True], "budget")
-    assert limits[:4] == [3, 12, 4, None] and sorted(problems) == [4, 5, 6, 7]
+    limits, problems = row_limits([3, "12", 4.0, None, "²", "9" * 5000, -1, True, "", " 5.0 ", "n/a", "1.5"], "budget")
+    # an empty CSV field is the default, as a null; "5.0" (a JSONL column that mixes kinds reads as text) is 5
+    assert limits[:4] == [3, 12, 4, None] and limits[8:10] == [None, 5] and sorted(problems) == [4, 5, 6, 7, 10, 11]
     table = pa.table({"gap": pa.array([1, 2], pa.duration("s")), "t": ["a", "b"]})
     prepared = prepare_texts(table, "{t} after {gap}", {})  # a duration is no text: not a crash
     assert {reason for reason, _ in prepared.errors.values()} == {"not_text"}
@@ -63,3 +64,22 @@ def test_a_chat_row_that_is_not_one_names_the_message_and_the_key():
     )
     assert message_problem("hi", where)[1] == "column 'messages' must be a list of {role, content} messages, not str"
     assert message_problem([], where) == (Reason.EMPTY_TEXT, "column 'messages' holds no message")
+    blank = [{"role": "system", "content": " "}, {"role": "user", "content": "\u200b"}]
+    assert message_problem(blank, where) == (
+        Reason.EMPTY_TEXT,
+        "column 'messages': every message's content is empty, or only whitespace, invisible or control characters",
+    )
+    assert message_problem([{"role": "system", "content": ""}, {"role": "user", "content": "hi"}], where) is None
+
+
+def test_a_template_whose_columns_hold_nothing_is_empty_text():
+    """Its own words alone are no row to run: 'Q: ' with an empty question went to the model as a normal row."""
+    table = pa.table({"title": ["A", "", " ", "C"], "body": ["one", "\u200b", "", "  "]})
+    prepared = prepare_texts(table, "Title: {title}\nBody: {body}", {})
+    assert prepared.texts == ["Title: A\nBody: one", "Title: C\nBody:   "]  # one field with something: it runs
+    assert sorted(prepared.errors) == [1, 2] and prepared.errors[1] == (
+        Reason.EMPTY_TEXT,
+        "text: the template's columns ('title', 'body') are empty, or only whitespace, invisible or control "
+        "characters: the model would read the template's own words alone",
+    )
+    assert prepare_texts(pa.table({"q": ["", "x"]}), "Q: {q}", {}).texts == ["Q: x"]

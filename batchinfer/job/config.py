@@ -355,8 +355,9 @@ class GenerationConfig(Section):
     max_new_tokens: StrictInt = Field(default=256, ge=1, le=(1 << 63) - 1, description="Most tokens generated per row.")
     max_new_tokens_column: str | None = Field(
         default=None,
-        description="A column whose whole-number value overrides max_new_tokens for its row (empty: the default; "
-        "anything else: the row goes to _errors/ as bad_max_new_tokens). Prompt plus completion never run past "
+        description="A column whose whole-number value overrides max_new_tokens for its row (empty or blank: the "
+        "default; 12, '12' and '12.0' are 12; anything else: the row goes to _errors/ as bad_max_new_tokens). "
+        "Prompt plus completion never run past "
         "the model's context.",
     )
     temperature: StrictFloat = Field(

@@ -56,7 +56,7 @@ def prepare_texts(
 def _render(table: pa.Table, spec: str, errors: dict[int, tuple[str, str]], name: str) -> pa.Array:
     """One text per row from a column or template; rows without a usable one are marked in `errors`."""
     parts = template_parts(spec)
-    pieces = []
+    pieces, fields_blank = [], None
     for literal, field in parts:
         if literal:
             pieces.append(literal)
@@ -72,6 +72,8 @@ def _render(table: pa.Table, spec: str, errors: dict[int, tuple[str, str]], name
         null = column.is_null().to_numpy(zero_copy_only=False)
         _mark(errors, np.flatnonzero(null), Reason.NULL_TEXT, f"column '{field}' is null")
         pieces.append(column)
+        blank = pc.match_substring_regex(column, BLANK).fill_null(False)
+        fields_blank = blank if fields_blank is None else pc.and_(fields_blank, blank)
     text = pieces[0] if len(parts) == 1 and not parts[0][0] else pc.binary_join_element_wise(*pieces, "")
     blank = pc.match_substring_regex(text, BLANK).fill_null(False)
     what = "text" if name == "text" else f"input.{name}"
@@ -81,19 +83,31 @@ def _render(table: pa.Table, spec: str, errors: dict[int, tuple[str, str]], name
         Reason.EMPTY_TEXT,
         f"{what} is empty, or only whitespace, invisible or control characters",
     )
+    if fields_blank is not None and len(pieces) > 1:  # a template's words around fields that hold nothing
+        fields = ", ".join(f"'{field}'" for _, field in parts if field is not None)
+        _mark(
+            errors,
+            np.flatnonzero(fields_blank.to_numpy(zero_copy_only=False)),
+            Reason.EMPTY_TEXT,
+            f"{what}: the template's columns ({fields}) are empty, or only whitespace, invisible or control "
+            "characters: the model would read the template's own words alone",
+        )
     return text
 
 
 def row_limits(values: list, name: str) -> tuple[list[int | None], dict[int, tuple[str, str]]]:
     """Per-row max_new_tokens values → (each a whole number, or None for the job's default; the rows whose
-    value is not a whole number of at least 1, as error rows). "12" and 12.0 are 12: a column that mixes
+    value is not a whole number of at least 1, as error rows). "12", "12.0" and 12.0 are 12, and an empty or blank
+    text is the default, as a null (a CSV's empty field): a column that mixes
     kinds is text for the whole job, and must not lose every row's value for it."""
     limits: list[int | None] = []
     problems = {}
     for offset, value in enumerate(values):
         number = value
-        if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,18}\s*", value):  # not "²", not 10**4300
-            number = int(value)
+        if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,18}(\.0*)?\s*", value):  # not "²", not 10**4300
+            number = int(value.strip().split(".")[0])
+        elif isinstance(value, str) and is_blank(value):  # an empty CSV field: the job's default, as a null
+            number = value = None
         elif isinstance(value, float) and value.is_integer():
             number = int(value)
         if value is None or (isinstance(number, int) and not isinstance(number, bool) and number >= 1):
