@@ -438,6 +438,19 @@ def test_a_vllm_like_scheduling_whose_steps_hold_less_than_a_prompt_is_refused_b
     assert report["complete"] and report["rows_ok"] == 6 and report["engine"]["name"] == "openvino"
 
 
+def test_an_openvino_property_the_device_refuses_is_named_as_the_jobs_not_blamed_on_the_model(
+    sms_table, tmp_path, tiny_llama
+):
+    """OpenVINO's own words name the property; the message said the cached model could not load, which invites
+    deleting the cache, and gave no fix."""
+    pq.write_table(prompt_table(sms_table, 2), tmp_path / "prompts.parquet")
+    for options, said in (({"KV_CACHE_PRECISION": "u9"}, "Wrong value u9"), ({"NO_SUCH_KEY": 1}, "Unsupported")):
+        key = next(iter(options))
+        with pytest.raises(ConfigError, match=rf"^generation.engine_options.{key}: OpenVINO refuses .*{said}") as info:
+            _run(tmp_path, key, tiny_llama, generation__engine_options=options)
+        assert info.value.hint.startswith(f"check {key}'s name and value") and "cannot load" not in info.value.message
+
+
 def test_a_folder_auto_started_on_transformers_goes_on_there_where_openvino_would_now_run(
     sms_table, tmp_path, tiny_llama, monkeypatch
 ):

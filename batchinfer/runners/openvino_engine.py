@@ -170,6 +170,16 @@ def pipeline(folder: Path, precision: str, gen: GenerationConfig):
     try:
         return openvino_genai.ContinuousBatchingPipeline(str(folder), scheduler, "CPU", properties)
     except RuntimeError as exc:
+        # a property of the job's that OpenVINO refuses names itself in the error: it is the job's to fix, not the
+        # cached model's (whose blame invited deleting the cache)
+        named = [key for key in options if key.isupper() and key in str(exc)]
+        if named:
+            said = str(exc).strip().splitlines()
+            detail = next((line for line in said if named[0] in line), said[-1] if said else "").strip()
+            raise ConfigError(
+                f"generation.engine_options.{named[0]}: OpenVINO refuses {named[0]}={options[named[0]]!r} ({detail})",
+                f"check {named[0]}'s name and value against OpenVINO's CPU device properties, or remove it",
+            ) from None
         raise ModelError(f"OpenVINO GenAI cannot load the converted model {folder}: {exc}") from exc
 
 
