@@ -149,7 +149,14 @@ def test_generation_settings_no_engine_takes_are_refused_by_name():
 
 def test_keep_column_clashing_with_output_is_refused():
     message = _error({**GOOD, "input": {"path": "d", "text": "t", "keep": ["embedding"]}})
-    assert "input.keep: column 'embedding' clashes" in message and "keep: {embedding: embedding_in}" in message
+    assert "input.keep: column 'embedding' would be written as 'embedding', a result column" in message
+    assert "keep: {embedding: embedding_in}" in message
+    # the hint renames the input's column, which keep may; it named the result column as if it were one
+    message = _error({**GOOD, "input": {"path": "d", "text": "t", "keep": {"label": "embedding"}}})
+    assert "column 'label' would be written as 'embedding'" in message and "keep: {label: label_in}" in message
+    message = _error({**GOOD, "input": {"path": "d", "text": "t", "id": "embedding"}})
+    assert "input.id: column 'embedding' clashes" in message  # keep cannot rename an id: no keep rename of it
+    assert "leave input.id out and keep the column under another name: keep: {embedding: embedding_in}" in message
     renamed = {**GOOD, "input": {"path": "d", "text": "t", "keep": {"embedding": "old_embedding"}}}
     assert validate_job(renamed).input.kept == {"embedding": "old_embedding"}
 

@@ -88,6 +88,7 @@ def test_every_json_schema_output_validates_or_its_row_says_why(tmp_path, sms_ta
     ok, errors = _results(tmp_path / "short")
     assert not ok and {e["reason"] for e in errors.values()} == {"length"}  # 3 tokens never close the object
     assert "max_new_tokens (3) cut the output before it was JSON that follows the schema" in errors["p0"]["message"]
+    assert "with --restart, since --retry-errors keeps" in errors["p0"]["message"]  # a retry refused the raise
 
 
 def test_a_schemas_key_order_is_in_the_fingerprint(tmp_path, sms_table, tiny_llama):

@@ -784,16 +784,19 @@ class JobConfig(Section):
         reserved = set(KEY_COLUMNS) | set(TASK_COLUMNS[self.model.task])
         if self.input.format == "openai":
             reserved -= {"text"}  # the request's prompt is read into its own column
-        for key, names in (
-            ("input.id", [self.input.id] if self.input.id else []),
-            ("input.keep", self.input.kept.values()),
-        ):
-            for name in names:
-                if name in reserved:
-                    raise ValueError(
-                        f"{key}: column '{name}' clashes with a result column of task {self.model.task} "
-                        f"({', '.join(sorted(reserved))}); keep it under another name: keep: {{{name}: {name}_in}}"
-                    )
+        if self.input.id in reserved:  # the id is written under its own name: only another column can be it
+            raise ValueError(
+                f"input.id: column '{self.input.id}' clashes with a result column of task {self.model.task} "
+                f"({', '.join(sorted(reserved))}); leave input.id out and keep the column under another name: "
+                f"keep: {{{self.input.id}: {self.input.id}_in}}"
+            )
+        for column, name in self.input.kept.items():
+            if name in reserved:
+                raise ValueError(
+                    f"input.keep: column '{column}' would be written as '{name}', a result column of task "
+                    f"{self.model.task} ({', '.join(sorted(reserved))}); keep it under another name: keep: "
+                    f"{{{column}: {column}_in}}"
+                )
         # two columns written under one name: one of them would be lost (the id's own values, too)
         taken = {self.input.id: "input.id"} if self.input.id else {}
         for column, name in self.input.kept.items():

@@ -448,7 +448,8 @@ class GenerateRunner:
             return (
                 Reason.LENGTH,
                 f"max_new_tokens ({limit}) cut the output before it was {constraint.describe()}; raise "
-                "max_new_tokens (an OpenAI request's max_tokens)",
+                "max_new_tokens (an OpenAI request's max_tokens): for a job, into a new output folder or with "
+                "--restart, since --retry-errors keeps the job's generation settings",
             )
         if not self.grammars.complete(constraint, ids, text):
             return (Reason.INVALID_OUTPUT, f"the output is not {constraint.describe()} ({constraint.where})")
