@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import os
 import shlex
@@ -359,6 +360,10 @@ def validate(
         for shard in plan.inputs.bad:
             out.print(labelled("skipped", "yellow", f"(input.on_bad_shard: skip): {shard.message}"), highlight=False)
         say_sample_problems(*sample_problems(config, plan.inputs))
+        if config.model.task == "generate" and importlib.util.find_spec("xgrammar"):  # else run says it is needed
+            from .constrained.grammar import check_job_constraint
+
+            check_job_constraint(config.generation)
         out.print(
             labelled(
                 "ok:",

@@ -11,9 +11,11 @@ import jsonschema
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import make_job
+from helpers import make_job, write_job
 from helpers import read_output as _read
+from typer.testing import CliRunner
 
+from batchinfer.cli import app
 from batchinfer.errors import ConfigError
 from batchinfer.execution.driver import run_job
 from batchinfer.job.config import validate_job
@@ -148,6 +150,16 @@ def test_bad_or_uncompilable_constraints_name_their_key(tmp_path, sms_table, tin
         )
     with pytest.raises(ConfigError, match="generation.regex: xgrammar cannot compile this regex"):
         run_job(_generate(prompts, tiny_llama, tmp_path / "b", generation__regex="(ab"))
+    # validate refuses them as the run does, without the model (it said ok, and every run then refused)
+    for key, value, said in (
+        ("regex", "[a-", "generation.regex: xgrammar cannot compile this regex: Regex parsing error"),
+        ("response_format", _with_schema({"type": "strin"}), "generation.response_format: xgrammar cannot compile"),
+    ):
+        job = write_job(tmp_path, _generate(prompts, tiny_llama, tmp_path / "v", raw=True, generation={key: value}))
+        result = CliRunner().invoke(app, ["validate", str(job)])
+        assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output, result.output
+    job = write_job(tmp_path, _generate(prompts, tiny_llama, tmp_path / "v", raw=True, generation__regex="(ab|c)"))
+    assert CliRunner().invoke(app, ["validate", str(job)]).exit_code == 0
     for settings, said in (
         ({"response_format": {"type": "xml"}}, "type must be text, json_object or json_schema"),
         ({"response_format": {"type": "json_schema"}}, "json_schema.schema must be a JSON schema object"),

@@ -24,9 +24,9 @@ from concurrent.futures import Future
 import torch
 from transformers import LogitsProcessor
 
-from ..errors import ModelError
+from ..errors import ConfigError, ModelError
 from .sampling import RequestHook
-from .spec import Constraint, GrammarLimits
+from .spec import Constraint, GrammarLimits, job_constraint
 
 CACHE_BYTES = 512 << 20  # compiled grammars xgrammar keeps per tokenizer (its cache drops the least recent past it)
 TEXTS_CACHED = 256  # schemas' grammar text kept: xgrammar's cache starts after it (from_json_schema is not cached)
@@ -75,8 +75,7 @@ class Grammars:
         """The compiled grammar; `loose` allows any whitespace between JSON tokens (for checking outputs
         that another engine wrote). Raises Uncompilable naming constraint.where: xgrammar refused it, it is
         past the size limits, or it took longer than limits.seconds."""
-        if problem := self.limits.problem(constraint):
-            raise Uncompilable(f"{constraint.where}: this {WHAT[constraint.kind]} is too large to compile: {problem}")
+        refuse_too_large(constraint, self.limits)
         key = (constraint, loose and constraint.kind in JSON_KINDS)
         with self._lock:
             compiling = self._compiling.get(key)
@@ -103,12 +102,7 @@ class Grammars:
                 del self._compiling[key]
 
     def _compile(self, constraint: Constraint, loose: bool):
-        try:
-            return self.compiler.compile_grammar(ebnf(constraint, loose))
-        except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar raises RuntimeError for bad input
-            raise Uncompilable(
-                f"{constraint.where}: xgrammar cannot compile this {WHAT[constraint.kind]}: {xgrammar_message(exc)}"
-            ) from None
+        return self.compiler.compile_grammar(grammar_text(constraint, loose))
 
     def matcher(self, constraint: Constraint):
         return self.xgr.GrammarMatcher(self.compile(constraint))
@@ -169,6 +163,38 @@ def ebnf(constraint: Constraint, loose: bool = False) -> str:
     if kind == "choices":
         return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in json.loads(spec))
     return str(_xgrammar().Grammar.from_regex(spec))
+
+
+UNCOMPILABLE = "simplify it, or see xgrammar's documentation for what it supports"  # the fix for Uncompilable
+
+
+def check_job_constraint(gen) -> None:
+    """validate: the job's constraint (generation's response_format, choices or regex) refused as a run refuses it
+    when it is past the limits or xgrammar cannot read it, without the model or its tokenizer. validate said ok
+    to a regex '[a-' that every run then refused."""
+    if (constraint := job_constraint(gen)) is None:
+        return
+    try:
+        refuse_too_large(constraint, gen.grammar_limits)
+        grammar_text(constraint)
+    except Uncompilable as exc:
+        raise ConfigError(str(exc), UNCOMPILABLE) from None
+
+
+def refuse_too_large(constraint: Constraint, limits: GrammarLimits) -> None:
+    if problem := limits.problem(constraint):
+        raise Uncompilable(f"{constraint.where}: this {WHAT[constraint.kind]} is too large to compile: {problem}")
+
+
+def grammar_text(constraint: Constraint, loose: bool = False) -> str:
+    """ebnf(constraint), or Uncompilable naming constraint.where and what xgrammar said: a regex or schema it
+    cannot read fails here, before any tokenizer (validate checks a job's constraint so, without the model)."""
+    try:
+        return ebnf(constraint, loose)
+    except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar raises RuntimeError for bad input
+        raise Uncompilable(
+            f"{constraint.where}: xgrammar cannot compile this {WHAT[constraint.kind]}: {xgrammar_message(exc)}"
+        ) from None
 
 
 def xgrammar_message(exc: Exception) -> str:

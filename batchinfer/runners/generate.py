@@ -99,13 +99,12 @@ class GenerateRunner:
         self._configs: dict[str, tuple] = {}  # a row's own settings (JSON) -> row_config's answer
         self.constraint = job_constraint(gen)  # every row's, unless an OpenAI request brings its own
         if self.constraint is not None:
-            from ..constrained.grammar import Uncompilable
+            from ..constrained.grammar import UNCOMPILABLE, Uncompilable
 
             try:
                 self.grammars.compile(self.constraint)
             except Uncompilable as exc:
-                hint = "simplify it, or see xgrammar's documentation for what it supports"
-                raise ConfigError(str(exc), hint) from None
+                raise ConfigError(str(exc), UNCOMPILABLE) from None
 
     @functools.cached_property
     def grammars(self):
