@@ -10,6 +10,7 @@ from helpers import check_docs_section
 from batchinfer.errors import ConfigError
 from batchinfer.job.config import (
     JobConfig,
+    UniqueKeys,
     apply_override,
     load_job,
     reference_markdown,
@@ -223,6 +224,19 @@ def test_job_file_problems(tmp_path):
     bad.write_text("!!python/object/apply:os.system ['echo unsafe']\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_job(bad)  # safe_load refuses to run code
+    # a key given twice: YAML's loaders keep the last, and the first was lost unseen
+    bad.write_text('input:\n  path: d\n  text: text\n  text: "{text}"\nmodel: {path: m}\noutput: {path: o}\n')
+    with pytest.raises(ConfigError, match=r"the key 'text' is given twice\n  in .*, line 4, column 3"):
+        load_job(bad)
+    # a merge key's values may be overridden, as YAML says
+    bad.write_text(
+        "d: &d {task: embed, max_length: 64}\ninput: {path: d, text: t}\nmodel: {<<: *d, path: m, max_length: 32}\n"
+    )
+    assert yaml.load(bad.read_text(), Loader=UniqueKeys)["model"] == {
+        "task": "embed",
+        "max_length": 32,
+        "path": "m",
+    }
 
 
 def test_messages_do_not_echo_an_expanded_job_file(tmp_path):

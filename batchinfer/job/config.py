@@ -826,6 +826,24 @@ def count_or_auto(value, example: str):
 # --- loading -------------------------------------------------------------------------------------------------
 
 
+class UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping, which it keeps the last of: `input: {text:
+    text, text: "{text}"}` ran the template and validated ok, the first value lost unseen."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # a merge key's (<<) values may be overridden: YAML says so
+            if (key_node.tag, key_node.value) in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"the key {key_node.value!r} is given twice",
+                    key_node.start_mark,
+                )  # fmt: skip
+            seen.add((key_node.tag, key_node.value))
+        return super().construct_mapping(node, deep)
+
+
 def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
     """Read a job file, apply `--set key=value` overrides, validate. Raises ConfigError with one line per problem."""
     path = Path(path)
@@ -835,7 +853,7 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
             "give the path of a YAML job file, e.g. jobs/quickstart.yaml",
         )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeys)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}", "fix the YAML syntax at the line shown") from None
     except UnicodeDecodeError:
