@@ -38,6 +38,16 @@ def message_problem(messages, where: str) -> tuple[str, str] | None:
     return None
 
 
+def read_messages(messages, where: str) -> tuple[object, tuple[str, str] | None]:
+    """A job's chat row (at `where`) as the template reads it, each content given as OpenAI's text parts joined as
+    an OpenAI request's are (openai_compat.fields.chat_messages), and why it is no chat (message_problem), or None.
+    Parts were not_text here, and taken in a batch file's request."""
+    from .openai_compat.fields import chat_messages
+
+    read, problem = chat_messages(messages, where, request=False)
+    return read, problem or message_problem(read, where)
+
+
 def _kind(value) -> str:
     return {dict: "an object", list: "a list", bool: "a boolean", int: "a number", float: "a number"}.get(
         type(value), type(value).__name__

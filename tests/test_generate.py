@@ -56,6 +56,9 @@ def test_chat_messages_use_the_chat_template(tmp_path, tiny_llama):
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ok lar"}],
         None,
         "not a list",
+        # OpenAI's text parts, as a batch file's request may send them: joined with newlines, as there
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [_part("Ok"), _part("lar")]}],
+        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}],
     ]
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps({"id": i, "messages": m}) + "\n" for i, m in enumerate(messages)))
@@ -68,12 +71,19 @@ def test_chat_messages_use_the_chat_template(tmp_path, tiny_llama):
         }
     )
     report = run_job(job)
-    assert report["errors_by_reason"] == {"null_text": 1, "not_text": 1}
+    assert report["errors_by_reason"] == {"null_text": 1, "not_text": 1, "unsupported": 1}
     rows = ds.dataset(str(tmp_path / "out"), format="parquet").to_table().to_pylist()
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
-    prompt = tokenizer.apply_chat_template(messages[1], add_generation_prompt=True, tokenize=False)
-    expected = _alone(tiny_llama, tokenizer(prompt, add_special_tokens=False)["input_ids"], 8)
-    assert rows[1]["text"] == tokenizer.decode(expected, skip_special_tokens=True)
+    joined = [messages[1][0], {"role": "user", "content": "Ok\nlar"}]
+    for row, chat in ((rows[1], messages[1]), (rows[2], joined)):
+        prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        expected = _alone(tiny_llama, tokenizer(prompt, add_special_tokens=False)["input_ids"], 8)
+        assert row["text"] == tokenizer.decode(expected, skip_special_tokens=True)
+        assert row["prompt_tokens"] == len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+
+def _part(text: str) -> dict:
+    return {"type": "text", "text": text}
 
 
 def test_a_text_template_on_a_chat_model_is_the_users_message_after_the_system_prompt(

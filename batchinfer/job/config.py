@@ -67,8 +67,9 @@ class InputConfig(Section):
     )
     messages: str | None = Field(
         default=None,
-        description="task generate: a column of chat messages ([{role, content}, ...]), formatted with the "
-        "tokenizer's chat template. Give text or messages.",
+        description="task generate: a column of chat messages ([{role, content}, ...]; a content may be OpenAI's "
+        "list of text parts, joined with newlines), formatted with the tokenizer's chat template. Give text or "
+        "messages.",
     )
     id: str | None = Field(
         default=None,

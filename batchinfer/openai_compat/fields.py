@@ -127,17 +127,19 @@ def unsupported(url: str, body: dict, surface: str) -> Problem | None:
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # what OpenAI's chat API takes
 
 
-def chat_messages(messages, where: str) -> tuple[Any, Problem | None]:
+def chat_messages(messages, where: str, request: bool = True) -> tuple[Any, Problem | None]:
     """Chat messages with each content as text: a list of text parts is joined with newlines (as vLLM
-    reads it); another kind of part, or a message field that would change the answer, is refused by name.
-    Anything else is returned as it came, for messages.message_problem to judge."""
+    reads it); another kind of part, or (in an OpenAI `request`) a message field that would change the answer or a
+    role OpenAI's API does not take, is refused by name. A job's messages column (not a `request`) keeps its
+    messages' other keys and roles, which the model's chat template reads or ignores. Anything else is returned as
+    it came, for messages.message_problem to judge."""
     if not isinstance(messages, list):
         return messages, None
     read = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             return messages, None
-        extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+        extra = {k: v for k, v in message.items() if k not in ("role", "content")} if request else {}
         for name, value in extra.items():
             field = MESSAGE_FIELDS.get(name)
             if field is None:
@@ -145,7 +147,7 @@ def chat_messages(messages, where: str) -> tuple[Any, Problem | None]:
             if not field.neutral(value):
                 return messages, _unsupported(f"{where}[{i}].{name} ({field.lacks}); leave it out")
         role = message.get("role")
-        if isinstance(role, str) and role not in ROLES:  # the model's template would write it out as given
+        if request and isinstance(role, str) and role not in ROLES:  # the model's template would write it as given
             return messages, (
                 Reason.BAD_REQUEST,
                 f"{where}[{i}].role: {role!r} is no role of an OpenAI chat message; use one of {', '.join(ROLES)}",
@@ -155,7 +157,9 @@ def chat_messages(messages, where: str) -> tuple[Any, Problem | None]:
             content, problem = _text_parts(content, f"{where}[{i}].content")
             if problem:
                 return messages, problem
-        read.append({"role": message.get("role"), "content": content})
+        read.append(
+            {**message, "content": content} if not request else {"role": message.get("role"), "content": content}
+        )
     return read, None
 
 

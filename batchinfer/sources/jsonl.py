@@ -13,7 +13,7 @@ from typing import IO
 
 import pyarrow as pa
 
-from ..messages import message_problem
+from ..messages import read_messages
 from ..reasons import Problem, Reason
 from ..storage.lines import Oversized, count_lines, numbered_lines, open_lines, parse_object, read_lines, sniff_field
 from .column_types import Kinds, as_text
@@ -95,7 +95,8 @@ class JsonlFormat:
                 problem = (Reason.NOT_TEXT, f"field '{column}' is {type(value).__name__}, not text")
                 break
         for column in spec.messages:
-            problem = problem or message_problem(record.get(column), f"field '{column}'")
+            if not problem:
+                record[column], problem = read_messages(record.get(column), f"field '{column}'")
         if problem:
             return ({spec.id_column: record.get(spec.id_column)} if spec.id_column else {}), problem
         return record, None

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..job.templates import template_parts
-from ..messages import BLANK, is_blank, message_problem
+from ..messages import BLANK, is_blank, message_problem, read_messages
 from ..openai_compat.batch_files import TASK_OF_URL
 from ..reasons import Reason
 
@@ -146,11 +146,14 @@ def _mark(errors: dict[int, tuple[str, str]], offsets: np.ndarray, reason: str, 
 
 
 def prepare_messages(table: pa.Table, column: str, bad_rows: dict[int, tuple[str, str]]) -> Prepared:
-    """Chat rows: a list of {role, content} dicts each. Anything else is named and set aside."""
+    """Chat rows: a list of {role, content} dicts each (read_messages). Anything else is named and set aside."""
     errors = dict(bad_rows)
     values = table.column(column).to_pylist()
     for offset, messages in enumerate(values):
-        if offset not in errors and (problem := message_problem(messages, f"column '{column}'")):
+        if offset in errors:
+            continue
+        values[offset], problem = read_messages(messages, f"column '{column}'")
+        if problem:
             errors[offset] = problem
     return _usable(values, errors)
 
