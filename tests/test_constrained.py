@@ -16,9 +16,10 @@ from helpers import read_output as _read
 from typer.testing import CliRunner
 
 from batchinfer.cli import app
+from batchinfer.constrained.spec import job_constraint
 from batchinfer.errors import ConfigError
 from batchinfer.execution.driver import run_job
-from batchinfer.job.config import validate_job
+from batchinfer.job.config import validate_job, validate_with_overrides
 
 pytest.importorskip("xgrammar")
 
@@ -160,6 +161,10 @@ def test_bad_or_uncompilable_constraints_name_their_key(tmp_path, sms_table, tin
         assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output, result.output
     job = write_job(tmp_path, _generate(prompts, tiny_llama, tmp_path / "v", raw=True, generation__regex="(ab|c)"))
     assert CliRunner().invoke(app, ["validate", str(job)]).exit_code == 0
+    # a job file's constraint cleared from the command line: choices=[] was refused and null not a list
+    raw = _generate(prompts, tiny_llama, tmp_path / "v", raw=True, generation__choices=CHOICES)
+    assert job_constraint(validate_job(raw).generation).kind == "choices"
+    assert job_constraint(validate_with_overrides(raw, ["generation.choices=null"], "job.yaml").generation) is None
     for settings, said in (
         ({"response_format": {"type": "xml"}}, "type must be text, json_object or json_schema"),
         ({"response_format": {"type": "json_schema"}}, "json_schema.schema must be a JSON schema object"),

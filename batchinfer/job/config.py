@@ -393,9 +393,10 @@ class GenerationConfig(Section):
         "completion is then complete and valid, or its row goes to _errors/ (reason length when max_new_tokens "
         "cut it). Needs xgrammar (pip install 'batchinfer[llm]'); vllm uses its structured outputs.",
     )
-    choices: list[str] = Field(
-        default_factory=list,
-        description="Constrained output: the completion is exactly one of these strings, e.g. [ham, spam]. "
+    choices: list[str] | None = Field(
+        default=None,
+        description="Constrained output: the completion is exactly one of these strings, e.g. [ham, spam] "
+        "(null: none; --set generation.choices=null clears a job file's). "
         "(To score every choice instead of generating one, see model.labels with model.task: classify.)",
     )
     regex: str | None = Field(
@@ -468,8 +469,10 @@ class GenerationConfig(Section):
 
     @field_validator("choices")
     @classmethod
-    def _some_choice(cls, value: list[str]) -> list[str]:
-        if not value:  # given and empty: the completion ran unconstrained, as if the key were not there
+    def _some_choice(cls, value: list[str] | None) -> list[str] | None:
+        if (
+            value is not None and not value
+        ):  # given and empty: the completion ran unconstrained, as if the key were not there
             raise ValueError("is empty: list the strings the completion may be, e.g. [ham, spam], or remove it")
         return value
 
@@ -493,7 +496,7 @@ class GenerationConfig(Section):
         asked = [k for k in ("response_format", "choices", "regex") if getattr(self, k)]
         if len(asked) > 1:
             raise ValueError(f"generation: give one of response_format, choices and regex, not {' and '.join(asked)}")
-        if len(set(self.choices)) < len(self.choices) or any(not c for c in self.choices):
+        if self.choices and (len(set(self.choices)) < len(self.choices) or any(not c for c in self.choices)):
             raise ValueError(f"generation.choices: each choice once and not empty (got {shorten(self.choices)})")
         if self.regex == "":
             raise ValueError("generation.regex: empty; give a pattern such as '(yes|no)'")
