@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import unicodedata
 
+from .errors import ConfigError
 from .reasons import Reason
 
 # Nothing a model could read: whitespace, separators, control and format characters (zero-width
@@ -38,16 +39,6 @@ def message_problem(messages, where: str) -> tuple[str, str] | None:
     return None
 
 
-def read_messages(messages, where: str) -> tuple[object, tuple[str, str] | None]:
-    """A job's chat row (at `where`) as the template reads it, each content given as OpenAI's text parts joined as
-    an OpenAI request's are (openai_compat.fields.chat_messages), and why it is no chat (message_problem), or None.
-    Parts were not_text here, and taken in a batch file's request."""
-    from .openai_compat.fields import chat_messages
-
-    read, problem = chat_messages(messages, where, request=False)
-    return read, problem or message_problem(read, where)
-
-
 def _kind(value) -> str:
     return {dict: "an object", list: "a list", bool: "a boolean", int: "a number", float: "a number"}.get(
         type(value), type(value).__name__
@@ -57,3 +48,21 @@ def _kind(value) -> str:
 def user_turn(text: str, system: str | None = None) -> list[dict]:
     """A row's text as the user's message of a chat (model.chat), after the job's system message where it has one."""
     return ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]
+
+
+def check_user_turn(tokenizer, system: str | None) -> None:
+    """A job whose texts become the user's turn of a chat (model.chat on input.text, label scoring too) stops at
+    once where the chat template refuses that chat, as it would for every row: Gemma's raises on a system
+    message, a broken model.chat_template on anything. `tokenizer`: transformers' own, which holds the
+    template."""
+    try:
+        tokenizer.apply_chat_template(user_turn("x", system), add_generation_prompt=True, tokenize=False)
+    except Exception as exc:  # noqa: BLE001 - jinja's TemplateError from raise_exception, or the template's bug
+        said = f"the model's chat template refuses {'a system message then ' if system is not None else ''}a user's"
+        raise ConfigError(
+            f"{said} message, as every row would be: {type(exc).__name__}: {exc}",
+            "remove model.system_prompt (write the instruction into input.text), or give model.chat_template a "
+            "template that takes it"
+            if system is not None
+            else "fix model.chat_template, or set model.chat: false to send each text as written",
+        ) from None

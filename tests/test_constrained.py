@@ -111,6 +111,9 @@ def test_a_schemas_key_order_is_in_the_fingerprint(tmp_path, sms_table, tiny_lla
     assert list(changes) == [SCHEMA_ORDER] and "keys are in another order" in changes[SCHEMA_ORDER]
     given_sorted = fingerprinted(json.loads(json.dumps(SCHEMA, sort_keys=True)))
     assert SCHEMA_ORDER not in given_sorted  # as every fingerprint was: a folder of it resumes
+    # ... and so does one written as usual, "type" first: only its properties' order is generated
+    usual = {"type": "object", "properties": dict(sorted(SCHEMA["properties"].items())), "required": ["why"]}
+    assert SCHEMA_ORDER not in fingerprinted(usual)
     assert "sorted order" in describe_changes(given_sorted, fingerprinted(SCHEMA))[SCHEMA_ORDER]
 
 

@@ -367,6 +367,19 @@ def test_rows_the_chat_template_refuses_are_error_rows_and_the_others_run(tmp_pa
         "the model's chat template refuses these messages: TemplateError: System role not supported; check the "
         "messages, or model.chat_template"
     )
+    # a text template with a system prompt: every row would be refused, so the job stops before a row runs
+    text_job = {
+        **job,
+        "input": {"path": str(tmp_path / "p.jsonl"), "text": "{q}"},
+        "output": {"path": str(tmp_path / "t")},
+    }
+    (tmp_path / "p.jsonl").write_text('{"q": "Ok lar"}\n')
+    text_job["model"] = {**job["model"], "system_prompt": "Be brief."}
+    with pytest.raises(ConfigError, match="refuses a system message then a user's message, as every row would be") as e:
+        run_job(validate_job(text_job))
+    assert e.value.hint.startswith("remove model.system_prompt")
+    text_job["model"].pop("system_prompt")  # as the hint says: the same folder then runs, nothing to restart
+    assert run_job(validate_job(text_job))["rows_ok"] == 1
 
 
 def test_a_messages_job_on_a_model_without_a_chat_template_is_refused_before_it_starts(tmp_path, tiny_llama_plain):

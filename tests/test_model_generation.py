@@ -146,7 +146,10 @@ def test_a_model_whose_generation_config_samples_is_sampled_unless_the_job_says_
     that sets any decodes as it says."""
     sampling = _with_generation(tmp_path / "sampling", tiny_llama, do_sample=True, temperature=0.7, top_p=0.8, top_k=20)
     report, rows = _run(tmp_path, sms_table, sampling, "own", generation__engine="transformers")
-    assert any("sampled as the model's generation_config says" in n for n in report["engine"]["notes"])
+    assert any(
+        "generation_config's temperature 0.7, top_p 0.8, top_k 20 (do_sample; seed" in n
+        for n in report["engine"]["notes"]
+    )
     asked = dict(generation__temperature=0.7, generation__top_p=0.8, generation__top_k=20)
     _, said = _run(tmp_path, sms_table, sampling, "said", generation__engine="transformers", **asked)
     _, greedy = _run(

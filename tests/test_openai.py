@@ -854,3 +854,14 @@ def test_a_rerun_of_a_complete_batch_keeps_each_responses_created(tmp_path, tiny
     again = runner.invoke(app, command)
     assert again.exit_code == 0 and "already complete" in again.output, again.output
     assert out.read_text() == first
+
+
+def test_a_blank_chat_request_is_empty_text_as_a_blank_prompt_is():
+    from batchinfer.openai_compat.batch_files import parse_request
+
+    def parsed(messages):
+        return parse_request({"custom_id": "c", "url": "/v1/chat/completions", "body": {"messages": messages}})[1]
+
+    blank = parsed([{"role": "system", "content": " "}, {"role": "user", "content": "\u200b"}])
+    assert blank[0] == "empty_text" and "every message's content is empty" in blank[1]
+    assert parsed([{"role": "user"}])[0] == "bad_request"  # the rest as before

@@ -83,3 +83,20 @@ def test_a_template_whose_columns_hold_nothing_is_empty_text():
         "characters: the model would read the template's own words alone",
     )
     assert prepare_texts(pa.table({"q": ["", "x"]}), "Q: {q}", {}).texts == ["Q: x"]
+
+
+def test_a_parquet_messages_column_takes_text_parts_whose_struct_has_other_fields():
+    """Arrow gives each part every field of the column's struct: a text part beside an image part carries
+    image_url: None, which is no image. The image part itself is named, as a batch file's request's is."""
+    from batchinfer.sources.prepare import prepare_messages
+
+    text = [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]
+    image = [{"type": "image_url", "image_url": {"url": "u"}}]
+    column = pa.array([[{"role": "user", "content": text}], [{"role": "user", "content": image}]])
+    assert column.to_pylist()[0][0]["content"][0] == {"type": "text", "text": "Hi", "image_url": None}
+    prepared = prepare_messages(pa.table({"m": column}), "m", {})
+    assert prepared.texts == [[{"role": "user", "content": "Hi\nthere"}]]
+    assert (
+        prepared.errors[1][0] == Reason.UNSUPPORTED
+        and "content[0] is a content part of type image_url" in (prepared.errors[1][1])
+    )

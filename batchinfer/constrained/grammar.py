@@ -102,7 +102,13 @@ class Grammars:
                 del self._compiling[key]
 
     def _compile(self, constraint: Constraint, loose: bool):
-        return self.compiler.compile_grammar(grammar_text(constraint, loose))
+        text = grammar_text(constraint, loose)
+        try:
+            return self.compiler.compile_grammar(text)
+        except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar raises RuntimeError for bad input
+            raise Uncompilable(
+                f"{constraint.where}: xgrammar cannot compile this {WHAT[constraint.kind]}: {xgrammar_message(exc)}"
+            ) from None
 
     def matcher(self, constraint: Constraint):
         return self.xgr.GrammarMatcher(self.compile(constraint))

@@ -116,10 +116,6 @@ def fingerprint(job: JobConfig, model_id: str, contents: dict[str, str], limit: 
     memory and engine options, the grammar compile time limit, the executor and its workers, the output's
     compression, progress, the cache.
     """
-    gen = job.generation
-    # constraint keys only when set, so the fingerprints of jobs from before they existed still match
-    # grammar_seconds: how long a compile may take on this machine, which no completion depends on
-    generation = gen.model_dump(exclude={"engine_options", "max_memory", "grammar_seconds"} | _unset_constraints(gen))
     return {
         "input.shards": dict(contents),
         "input.text": job.input.text,
@@ -162,25 +158,38 @@ def fingerprint(job: JobConfig, model_id: str, contents: dict[str, str], limit: 
         "batching.chunk_rows": job.chunk_rows,
         "output.scores": job.output.scores,
         **({"output.aggregation": job.output.aggregation} if job.model.task == "token-classify" else {}),
-        **({f"generation.{key}": value for key, value in generation.items()} if job.model.task == "generate" else {}),
-        **_schema_order(gen.response_format if job.model.task == "generate" else None),
+        **(_generation(job.generation) if job.model.task == "generate" else {}),
         "limit": limit,
     }
+
+
+def _generation(gen) -> dict:
+    """A generate job's fingerprint entries of its generation section: constraint keys only when set, so the
+    fingerprints of jobs from before they existed still match; not grammar_seconds (how long a compile may take
+    on this machine, which no completion depends on)."""
+    generation = gen.model_dump(exclude={"engine_options", "max_memory", "grammar_seconds"} | _unset_constraints(gen))
+    return {f"generation.{key}": value for key, value in generation.items()} | _schema_order(gen.response_format)
 
 
 SCHEMA_ORDER = "generation.response_format (its order)"
 
 
 def _schema_order(response_format) -> dict:
-    """A json_schema's key order, where it is not sorted: the grammar generates a schema's properties in
-    its order, which a fingerprint's dicts (compared as dicts) do not hold. Before, every schema compiled with
-    sorted keys, so a folder of a schema given sorted still resumes."""
+    """The order of a json_schema's properties (each `properties` mapping's names, in the schema's order), where
+    one is not sorted: the grammar generates them in it, which a fingerprint's dicts (compared as dicts) do not
+    hold. Before, every schema compiled with sorted keys: a folder of a schema whose properties are given sorted
+    (whatever the order of its other keys, "type" before "properties" as usual) resumes."""
     body = response_format.get("json_schema") if isinstance(response_format, dict) else None
-    schema = body.get("schema") if isinstance(body, dict) else None
-    if not isinstance(schema, dict):
-        return {}
-    given = json.dumps(schema, ensure_ascii=False)
-    return {} if given == json.dumps(schema, sort_keys=True, ensure_ascii=False) else {SCHEMA_ORDER: given}
+    orders, stack = [], [body.get("schema") if isinstance(body, dict) else None]
+    while stack:  # without recursion: a schema may nest deep
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("properties"), dict):
+                orders.append(list(node["properties"]))
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+    return {SCHEMA_ORDER: json.dumps(orders)} if any(order != sorted(order) for order in orders) else {}
 
 
 def _unset_constraints(gen) -> set[str]:

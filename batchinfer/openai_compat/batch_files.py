@@ -68,7 +68,8 @@ def parse_request(record: dict) -> tuple[dict, tuple[str, str] | None]:
     if url == CHAT:
         row["messages"], problem = chat_messages(request.messages, "body.messages")
         if problem := problem or message_problem(row["messages"], "body.messages"):
-            return row, problem if problem[0] == Reason.UNSUPPORTED else (Reason.BAD_REQUEST, problem[1])
+            kept = (Reason.UNSUPPORTED, Reason.EMPTY_TEXT)  # a blank chat is empty_text, as a blank prompt is
+            return row, problem if problem[0] in kept else (Reason.BAD_REQUEST, problem[1])
     else:
         texts = request.input if url == EMBEDDINGS else request.prompt
         row |= {"prompts": texts} if isinstance(texts, list) and len(texts) > 1 else {"prompt": _one(texts)}

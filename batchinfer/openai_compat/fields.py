@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..messages import message_problem
 from ..reasons import Problem, Reason
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
@@ -154,7 +155,7 @@ def chat_messages(messages, where: str, request: bool = True) -> tuple[Any, Prob
             )
         content = message.get("content")
         if isinstance(content, list):
-            content, problem = _text_parts(content, f"{where}[{i}].content")
+            content, problem = _text_parts(content, f"{where}[{i}].content", request)
             if problem:
                 return messages, problem
         read.append(
@@ -163,13 +164,25 @@ def chat_messages(messages, where: str, request: bool = True) -> tuple[Any, Prob
     return read, None
 
 
+def read_messages(messages, where: str) -> tuple[Any, Problem | None]:
+    """A job's chat row (at `where`, its messages column) as the template reads it, each content given as text
+    parts joined as an OpenAI request's are, and why it is no chat (messages.message_problem), or None. Parts
+    were not_text there, and taken in a batch file's request."""
+    read, problem = chat_messages(messages, where, request=False)
+    return read, problem or message_problem(read, where)
+
+
 def _unsupported(what: str) -> Problem:
     return (Reason.UNSUPPORTED, f"unsupported: {what}")
 
 
-def _text_parts(parts: list, where: str) -> tuple[str | None, Problem | None]:
+def _text_parts(parts: list, where: str, request: bool = True) -> tuple[str | None, Problem | None]:
+    """Text parts joined with newlines. A job's column (not a `request`) read from Parquet gives each part every
+    field of the column's struct, None where the part has none ({type: text, text: hi, image_url: None})."""
     texts = []
     for k, part in enumerate(parts):
+        if not request and isinstance(part, dict):
+            part = {key: value for key, value in part.items() if value is not None}
         kind = part.get("type") if isinstance(part, dict) else None
         if kind != "text":
             shown = f"of type {kind}" if isinstance(kind, str) else "that is not a {type, text} object"

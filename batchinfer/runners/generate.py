@@ -23,7 +23,7 @@ from ..constrained.spec import Constraint, job_constraint, response_format
 from ..errors import ConfigError, ModelError
 from ..job.config import GenerationConfig
 from ..job.templates import no_chat_template
-from ..messages import user_turn
+from ..messages import check_user_turn, user_turn
 from ..reasons import Reason
 from ..sources.prepare import Prepared, row_limits
 from . import model_generation
@@ -65,6 +65,8 @@ class GenerateRunner:
         loaded = time.perf_counter() - started
         own = getattr(model, "generation_config", None) or model_generation.from_folder(model_path)  # vllm.LLM: none
         gen, sampled = model_generation.model_sampling(job.generation, own)
+        if job.model.chat and job.input.text and tokenizer.chat_template:  # each row's text: the user's turn
+            check_user_turn(tokenizer, job.model.system_prompt)
         runner = cls(tokenizer, model, torch_device, job.model.max_length, gen, precision_of(job, torch_device))
         runner.engine = runner.settle(first, passed, job, model_path, device, recorded)
         if "convert" in runner.load_seconds:  # the weights were loaded for the conversion: a later run reads neither
@@ -433,7 +435,7 @@ class GenerateRunner:
     def request_config(self, asked: dict) -> tuple[GenerationConfig, tuple[str, str] | None]:
         """row_config without its memo, for serve, whose requests' settings (a fresh seed each) do not repeat."""
         try:
-            # what the job set, not its defaults: a default given again would be judged as given (choices: [])
+            # what the job set, not its defaults: a default given again would be judged as given
             return GenerationConfig.model_validate(self.gen.model_dump(exclude_unset=True) | asked), None
         except ValidationError as exc:
             said = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())

@@ -31,7 +31,7 @@ from ..backends.base import ScoringBackend, Targets
 from ..backends.models import position_limit
 from ..batching.probe import PROBE_SHARE
 from ..errors import ConfigError, ModelError
-from ..messages import user_turn
+from ..messages import check_user_turn, user_turn
 from .base import EncoderRunner, encode_capped, fixed_size_list
 from .prefix import common_prefix, split_prompts
 from .protocol import Prefix, Tokens
@@ -47,6 +47,8 @@ class LabelScoreRunner(EncoderRunner):
         super().__init__(tokenizer, backend, device, job)
         self.scorer = backend.scorer()  # run() asks it for the labels' log-probabilities, not forward
         self.chat = tokenizer if job.model.chat and getattr(tokenizer, "chat_template", None) else None
+        if self.chat is not None:
+            check_user_turn(self.chat, job.model.system_prompt)
         self.system = job.model.system_prompt
         self.labels = list(job.model.labels)
         self.score_labels = self.labels

@@ -162,14 +162,9 @@ def model_sampling(gen, generation_config) -> tuple[object, str | None]:
     if not ours:
         return gen, None
     said = ", ".join(f"{k} {v}" for k, v in ours.items())
-    if asked:
-        note = (
-            f"sampled with the model's generation_config's {said} (do_sample; seed {gen.seed}), which the job does "
-            f"not set, as generate does; generation.temperature: 0 decodes greedily"
-        )
-    else:
-        note = (
-            f"sampled as the model's generation_config says (do_sample, {said}; seed {gen.seed}), the job setting "
-            "none of generation.temperature, top_p, top_k; generation.temperature: 0 decodes greedily"
-        )
+    unset = "which the job does not set" if asked else "the job setting none of generation.temperature, top_p, top_k"
+    note = (
+        f"sampled with the model's generation_config's {said} (do_sample; seed {gen.seed}), {unset}, as generate "
+        "does; generation.temperature: 0 decodes greedily"
+    )
     return gen.model_copy(update=ours), note

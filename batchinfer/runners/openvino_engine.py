@@ -172,10 +172,11 @@ def pipeline(folder: Path, precision: str, gen: GenerationConfig):
     except RuntimeError as exc:
         # a property of the job's that OpenVINO refuses names itself in the error: it is the job's to fix, not the
         # cached model's (whose blame invited deleting the cache)
-        named = [key for key in options if key.isupper() and key in str(exc)]
+        said = str(exc)  # the longest key first: PERFORMANCE_HINT_NUM_REQUESTS is not PERFORMANCE_HINT
+        named = [k for k in sorted(options, key=len, reverse=True) if k.isupper() and re.search(rf"\b{k}\b", said)]
         if named:
-            said = str(exc).strip().splitlines()
-            detail = next((line for line in said if named[0] in line), said[-1] if said else "").strip()
+            lines = said.strip().splitlines()
+            detail = next((line for line in lines if named[0] in line), lines[-1] if lines else "").strip()
             raise ConfigError(
                 f"generation.engine_options.{named[0]}: OpenVINO refuses {named[0]}={options[named[0]]!r} ({detail})",
                 f"check {named[0]}'s name and value against OpenVINO's CPU device properties, or remove it",

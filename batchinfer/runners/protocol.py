@@ -204,6 +204,9 @@ class Generating(Runner, Protocol):
     def chat_problem(self, where: str) -> str | None:
         """Why chat messages at `where` cannot be formatted for this model (it has no chat template), or None."""
 
+    def chat_refused(self, messages: list) -> str | None:
+        """Why the model's chat template refuses `messages` (it raised on them), or None."""
+
     def request_config(self, asked: dict) -> tuple[GenerationConfig, tuple[str, str] | None]:
         """The generation section with a request's own settings, or the job's and (reason, message) why not."""
 

@@ -13,7 +13,7 @@ from typing import IO
 
 import pyarrow as pa
 
-from ..messages import read_messages
+from ..openai_compat.fields import read_messages
 from ..reasons import Problem, Reason
 from ..storage.lines import Oversized, count_lines, numbered_lines, open_lines, parse_object, read_lines, sniff_field
 from .column_types import Kinds, as_text

@@ -13,8 +13,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..job.templates import template_parts
-from ..messages import BLANK, is_blank, message_problem, read_messages
+from ..messages import BLANK, is_blank, message_problem
 from ..openai_compat.batch_files import TASK_OF_URL
+from ..openai_compat.fields import read_messages
 from ..reasons import Reason
 
 
