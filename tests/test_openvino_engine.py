@@ -438,6 +438,33 @@ def test_a_vllm_like_scheduling_whose_steps_hold_less_than_a_prompt_is_refused_b
     assert report["complete"] and report["rows_ok"] == 6 and report["engine"]["name"] == "openvino"
 
 
+def test_pipelines_are_constructed_one_at_a_time(tmp_path, monkeypatch):
+    """GenAI's binding sets the path of its tokenizers library for the length of a construction only: one that
+    ended beside another unset it for the other ("Failed to load shared object ... libopenvino_tokenizers.so",
+    the early compile beside build's own)."""
+    import time
+
+    import openvino_genai
+
+    from batchinfer.job.config import GenerationConfig
+
+    inside, overlaps = [], []
+
+    def constructed(*args):
+        overlaps.append(len(inside))
+        inside.append(1)
+        time.sleep(0.05)
+        inside.pop()
+
+    monkeypatch.setattr(openvino_genai, "ContinuousBatchingPipeline", constructed)
+    threads = [
+        threading.Thread(target=openvino_engine.pipeline, args=(tmp_path, "f32", GenerationConfig())) for _ in range(3)
+    ]
+    [thread.start() for thread in threads]
+    [thread.join() for thread in threads]
+    assert overlaps == [0, 0, 0]
+
+
 def test_an_openvino_property_the_device_refuses_is_named_as_the_jobs_not_blamed_on_the_model(
     sms_table, tmp_path, tiny_llama
 ):

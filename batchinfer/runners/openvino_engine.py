@@ -137,6 +137,15 @@ def check_scheduling(options: dict, max_length: int) -> None:
         )
 
 
+# One pipeline constructed at a time in a process. GenAI's Python binding sets OPENVINO_TOKENIZERS_PATH_GENAI (where
+# libopenvino_tokenizers.so lies) for the length of a construction only (unset before and after one, read with
+# libc's getenv): a construction that ends while another is under way unsets it for that one, which then failed
+# "Failed to load shared object .../openvino_genai/libopenvino_tokenizers.so". Seen once in CI's suite under the
+# avx512_bf16 stand-in, where the early compile (f32) did not match the job's bf16 and build compiled its own
+# beside it.
+CONSTRUCTING = threading.Lock()
+
+
 def pipeline(folder: Path, precision: str, gen: GenerationConfig):
     """A ContinuousBatchingPipeline over the conversion in `folder`, compiled in `precision`; gen.engine_options:
     SchedulerConfig fields, and OpenVINO properties (upper-case keys, e.g. KV_CACHE_PRECISION)."""
@@ -168,7 +177,8 @@ def pipeline(folder: Path, precision: str, gen: GenerationConfig):
                 "case",
             )
     try:
-        return openvino_genai.ContinuousBatchingPipeline(str(folder), scheduler, "CPU", properties)
+        with CONSTRUCTING:
+            return openvino_genai.ContinuousBatchingPipeline(str(folder), scheduler, "CPU", properties)
     except RuntimeError as exc:
         # a property of the job's that OpenVINO refuses names itself in the error: it is the job's to fix, not the
         # cached model's (whose blame invited deleting the cache)
