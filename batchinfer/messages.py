@@ -55,14 +55,23 @@ def check_user_turn(tokenizer, system: str | None) -> None:
     once where the chat template refuses that chat, as it would for every row: Gemma's raises on a system
     message, a broken model.chat_template on anything. `tokenizer`: transformers' own, which holds the
     template."""
-    try:
-        tokenizer.apply_chat_template(user_turn("x", system), add_generation_prompt=True, tokenize=False)
-    except Exception as exc:  # noqa: BLE001 - jinja's TemplateError from raise_exception, or the template's bug
+    _, refused = render_chat(tokenizer, user_turn("x", system))
+    if refused:
         said = f"the model's chat template refuses {'a system message then ' if system is not None else ''}a user's"
         raise ConfigError(
-            f"{said} message, as every row would be: {type(exc).__name__}: {exc}",
+            f"{said} message, as every row would be: {refused}",
             "remove model.system_prompt (write the instruction into input.text), or give model.chat_template a "
             "template that takes it"
             if system is not None
             else "fix model.chat_template, or set model.chat: false to send each text as written",
         ) from None
+
+
+def render_chat(tokenizer, messages: list) -> tuple[str, str | None]:
+    """`messages` through the chat template `tokenizer` (transformers') holds, and None; or "" and what the
+    template raised: a template may raise on a row (Mistral's and Llama 2's on roles out of turn, Gemma's on a
+    system message)."""
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), None
+    except Exception as exc:  # noqa: BLE001 - jinja's TemplateError from raise_exception, or the template's bug
+        return "", f"{type(exc).__name__}: {exc}"

@@ -105,10 +105,8 @@ class Grammars:
         text = grammar_text(constraint, loose)
         try:
             return self.compiler.compile_grammar(text)
-        except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar raises RuntimeError for bad input
-            raise Uncompilable(
-                f"{constraint.where}: xgrammar cannot compile this {WHAT[constraint.kind]}: {xgrammar_message(exc)}"
-            ) from None
+        except XGRAMMAR_ERRORS as exc:
+            raise cannot_compile(constraint, exc) from None
 
     def matcher(self, constraint: Constraint):
         return self.xgr.GrammarMatcher(self.compile(constraint))
@@ -197,10 +195,17 @@ def grammar_text(constraint: Constraint, loose: bool = False) -> str:
     cannot read fails here, before any tokenizer (validate checks a job's constraint so, without the model)."""
     try:
         return ebnf(constraint, loose)
-    except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar raises RuntimeError for bad input
-        raise Uncompilable(
-            f"{constraint.where}: xgrammar cannot compile this {WHAT[constraint.kind]}: {xgrammar_message(exc)}"
-        ) from None
+    except XGRAMMAR_ERRORS as exc:
+        raise cannot_compile(constraint, exc) from None
+
+
+XGRAMMAR_ERRORS = (RuntimeError, ValueError, TypeError)  # xgrammar raises RuntimeError for bad input
+
+
+def cannot_compile(constraint: Constraint, exc: Exception) -> Uncompilable:
+    return Uncompilable(
+        f"{constraint.where}: xgrammar cannot compile this {WHAT[constraint.kind]}: {xgrammar_message(exc)}"
+    )
 
 
 def xgrammar_message(exc: Exception) -> str:

@@ -470,9 +470,7 @@ class GenerationConfig(Section):
     @field_validator("choices")
     @classmethod
     def _some_choice(cls, value: list[str] | None) -> list[str] | None:
-        if (
-            value is not None and not value
-        ):  # given and empty: the completion ran unconstrained, as if the key were not there
+        if value == []:  # given and empty: the completion ran unconstrained, as if the key were not there
             raise ValueError("is empty: list the strings the completion may be, e.g. [ham, spam], or remove it")
         return value
 

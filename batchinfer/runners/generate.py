@@ -23,7 +23,7 @@ from ..constrained.spec import Constraint, job_constraint, response_format
 from ..errors import ConfigError, ModelError
 from ..job.config import GenerationConfig
 from ..job.templates import no_chat_template
-from ..messages import check_user_turn, user_turn
+from ..messages import check_user_turn, render_chat, user_turn
 from ..reasons import Reason
 from ..sources.prepare import Prepared, row_limits
 from . import model_generation
@@ -210,18 +210,11 @@ class GenerateRunner:
         """Why chat messages at `where` cannot be formatted for this model (it has no chat template), or None."""
         return None if self.tokenizer.chat_template else "; ".join(no_chat_template(where))
 
-    def chat_text(self, messages: list) -> tuple[str, str | None]:
-        """`messages` through the model's chat template, and None; or "" and why the template refused them: a
-        template may raise on a row (Mistral's and Llama 2's on roles out of turn, Gemma's on a system message),
-        which then failed the whole job."""
-        try:
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), None
-        except Exception as exc:  # noqa: BLE001 - jinja's TemplateError from raise_exception, or the template's bug
-            return "", f"the model's chat template refuses these messages: {type(exc).__name__}: {exc}"
-
     def chat_refused(self, messages: list) -> str | None:
-        """Why the model's chat template refuses `messages` (chat_text), or None."""
-        return self.chat_text(messages)[1]
+        """Why the model's chat template refuses `messages` (messages.render_chat: it raised on them, which failed
+        the whole job), or None."""
+        refused = render_chat(self.tokenizer, messages)[1]
+        return f"the model's chat template refuses these messages: {refused}" if refused else None
 
     def tokenize(self, texts: list) -> Tokens:
         """Prompts: strings are encoded as they are; message lists go through the chat template first. An OpenAI
@@ -247,7 +240,7 @@ class GenerateRunner:
                 encodings[i] = self.backend.encode("", add_special_tokens=False)
             chats = []
         if chats:  # the template writes its own special tokens; one it refuses failed its row (chat_refused)
-            templated = [self.chat_text(texts[i])[0] for i in chats]
+            templated = [render_chat(self.tokenizer, texts[i])[0] for i in chats]
             for i, encoding in zip(
                 chats, encode_capped(self.backend, templated, self.max_length, from_end=True, add_special_tokens=False)
             ):
@@ -269,7 +262,7 @@ class GenerateRunner:
             for offset, text in zip(prepared.rows.tolist(), prepared.texts):
                 if not isinstance(text, str):
                     prepared.errors.setdefault(offset, (Reason.BAD_REQUEST, problem))
-        else:
+        else:  # a row the template refuses would be tokenized as nothing (render_chat): an error row instead
             for offset, text in zip(prepared.rows.tolist(), prepared.texts):
                 if is_prompt_list(text) or isinstance(text, str) or offset in prepared.errors:
                     continue
