@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import generate_alone, generate_job, prompt_table
 
-from batchinfer.errors import ConfigError
+from batchinfer.errors import ConfigError, OtherJobError
 from batchinfer.execution.driver import run_job
 
 
@@ -180,3 +180,33 @@ def test_a_model_whose_generation_config_samples_is_sampled_unless_the_job_says_
     # a model that does not sample, and a job that sets top_p alone: greedy, as generate, and a note says so
     report, _ = _run(tmp_path, sms_table, tiny_llama, "idle", generation__engine="transformers", generation__top_p=0.5)
     assert any("generation.top_p 0.5 change nothing: the job decodes greedily" in n for n in report["engine"]["notes"])
+
+
+def test_a_folder_sampled_without_the_models_settings_is_not_resumed_with_them(sms_table, tmp_path, tiny_llama):
+    """Before 2026-12-07 a job that set top_p alone on a model that samples decoded with the job's defaults for the
+    others (greedily): its folder's fingerprint, which the model's settings now taken are not in, does not let a run
+    add rows sampled with them. Jobs whose rows are decoded as before (setting none, all three, temperature 0, or on a
+    model that does not sample) fingerprint as before."""
+    from batchinfer.execution.job_plan import JobPlan
+    from batchinfer.job.plan import SAMPLING_FROM_MODEL
+
+    sampling = _with_generation(tmp_path / "sampling", tiny_llama, do_sample=True, temperature=0.7, top_p=0.8, top_k=20)
+    _run(tmp_path, sms_table, sampling, "p", generation__engine="transformers", generation__top_p=0.5)
+    record = tmp_path / "p" / "_batchinfer.json"
+    written = json.loads(record.read_text())
+    assert written["fingerprint"][SAMPLING_FROM_MODEL] == ["temperature", "top_k"]
+    del written["fingerprint"][SAMPLING_FROM_MODEL]  # as batchinfer wrote it before
+    record.write_text(json.dumps(written))
+    with pytest.raises(OtherJobError) as refused:
+        _run(tmp_path, sms_table, sampling, "p", generation__engine="transformers", generation__top_p=0.5)
+    assert "sampled with the job's defaults for temperature, top_k" in str(refused.value), refused.value
+    assert "before 2026-12-07" in str(refused.value)
+    prompts = tmp_path / "prompts.parquet"
+    for model, settings in (
+        (sampling, {}),
+        (sampling, dict(generation__temperature=0.7, generation__top_p=0.5, generation__top_k=20)),
+        (sampling, dict(generation__temperature=0, generation__top_p=0.5)),
+        (tiny_llama, dict(generation__top_p=0.5)),
+    ):
+        job = generate_job(prompts, model, tmp_path / "any", **settings)
+        assert SAMPLING_FROM_MODEL not in JobPlan.open(job).fingerprint(), settings

@@ -11,6 +11,7 @@ from ..backends.models import checked_model_path, model_identity
 from ..control import StopFlag
 from ..job.config import JobConfig
 from ..job.plan import Chunk, fingerprint, plan_chunks
+from ..runners.model_generation import SAMPLING, samples, taken_from_model
 from ..sources import Inputs, discover_shards, shard_contents
 
 
@@ -42,4 +43,12 @@ class JobPlan:
 
     def fingerprint(self, limit: int | None = None) -> dict:
         """What decides whether an output folder's chunks can be reused (job.plan.fingerprint)."""
-        return fingerprint(self.job, self.model_id, shard_contents(self.inputs.shards), limit)
+        return fingerprint(self.job, self.model_id, shard_contents(self.inputs.shards), limit, self.from_model())
+
+    def from_model(self) -> list[str]:
+        """The sampling settings a generate job that sets some of them takes from its model, which samples
+        (model_generation.taken_from_model); none for a job that sets none of them, or another task."""
+        gen = self.job.generation
+        if self.job.model.task != "generate" or not gen.model_fields_set & set(SAMPLING):
+            return []
+        return taken_from_model(gen, samples(self.model_path))

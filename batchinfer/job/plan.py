@@ -105,10 +105,13 @@ DEFAULT_LINE_BYTES = InputConfig.model_fields["max_line_bytes"].default
 NOT_RESULTS = frozenset({"input.path", "model.path", "generation.max_memory"})
 
 
-def fingerprint(job: JobConfig, model_id: str, contents: dict[str, str], limit: int | None = None) -> dict:
+def fingerprint(
+    job: JobConfig, model_id: str, contents: dict[str, str], limit: int | None = None, from_model: list[str] = ()
+) -> dict:
     """Everything that changes which rows there are or what a row's result is: the job's settings, the
     model's identity (every byte of its weights), and what every shard holds (`contents`: shard name ->
     "rows:digest", as sources.shard_contents gives it), with chunk_rows, on which the chunks' names depend.
+    `from_model`: the sampling settings a job that sets some takes from its model (before 2026-12-07: the job's).
 
     Left out on purpose, since results do not depend on them (a user must be able to resume with a smaller
     max_tokens or max_memory after running out of memory): where the input and the model lie (their digests
@@ -159,6 +162,7 @@ def fingerprint(job: JobConfig, model_id: str, contents: dict[str, str], limit: 
         "output.scores": job.output.scores,
         **({"output.aggregation": job.output.aggregation} if job.model.task == "token-classify" else {}),
         **(_generation(job.generation) if job.model.task == "generate" else {}),
+        **({SAMPLING_FROM_MODEL: list(from_model)} if from_model else {}),  # only then: fingerprints as before
         "limit": limit,
     }
 
@@ -172,6 +176,7 @@ def _generation(gen) -> dict:
 
 
 SCHEMA_ORDER = "generation.response_format (its order)"
+SAMPLING_FROM_MODEL = "generation (sampling settings the model's generation_config gives)"
 
 
 def _schema_order(response_format) -> dict:
@@ -218,6 +223,12 @@ def describe_changes(old: dict, new: dict) -> dict[str, str]:
                 if before
                 else "this folder's rows have their keys in sorted order, and the schema's are not (batchinfer "
                 "before 2026-12-07 sorted them): the output's keys follow the schema's order"
+            )
+        elif key == SAMPLING_FROM_MODEL and before is None:
+            changes[key] = (
+                f"generation: this folder's rows were sampled with the job's defaults for {', '.join(after)}, which "
+                "the job does not set (batchinfer before 2026-12-07); now they are the model's generation_config's, "
+                "as transformers' generate takes them"
             )
         else:
             changes[key] = f"{key}: {shorten(before)} -> {shorten(after)}"

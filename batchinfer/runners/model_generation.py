@@ -16,6 +16,8 @@ minimum lengths) or hands them the step's last tokens only (n-gram bans, bad wor
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 # Logits processors over a row's tokens so far (prompt and completion) or its length, before the sampling warpers.
 HISTORY = (
@@ -136,6 +138,27 @@ def needs_history(generation_config) -> bool:
 SAMPLING = ("temperature", "top_p", "top_k")
 
 
+def taken_from_model(gen, samples: bool) -> list[str]:
+    """Which of temperature, top_p and top_k a job's generation settings `gen` take from a model whose
+    generation_config samples (`samples`: its do_sample): those the job leaves unset, none where it decodes greedily
+    (temperature: 0)."""
+    asked = gen.model_fields_set & set(SAMPLING)
+    if not samples or ("temperature" in asked and gen.temperature == 0):
+        return []
+    return [key for key in SAMPLING if key not in asked]
+
+
+def samples(path: Path) -> bool:
+    """Whether the model folder's generation_config.json says do_sample, as GenerationConfig.from_pretrained reads it
+    (False without the file or the key), without importing transformers: status and plan of a finished job never
+    do."""
+    try:
+        found = json.loads((Path(path) / "generation_config.json").read_text())
+    except FileNotFoundError:
+        return False
+    return bool(isinstance(found, dict) and found.get("do_sample", False))
+
+
 def model_sampling(gen, generation_config) -> tuple[object, str | None]:
     """The job's generation settings `gen`, with the model's own sampling where its generation_config samples
     (do_sample) and the job does not decode greedily (temperature: 0): each of temperature, top_p and top_k the job
@@ -144,7 +167,7 @@ def model_sampling(gen, generation_config) -> tuple[object, str | None]:
     samples with the model's temperature and top_k, and one that set temperature alone dropped the model's top_p and
     top_k. Also the note saying what came from the model, or None."""
     asked = gen.model_fields_set & set(SAMPLING)
-    if not getattr(generation_config, "do_sample", False) or ("temperature" in asked and gen.temperature == 0):
+    if not taken_from_model(gen, getattr(generation_config, "do_sample", False)):
         idle = [f"{k} {getattr(gen, k)}" for k in ("top_p", "top_k") if k in asked and getattr(gen, k) not in (1.0, 0)]
         if gen.temperature == 0 and idle:  # generate warns of these, and decodes greedily as here
             greedy = "temperature 0" if "temperature" in asked else "temperature 0, the default"
@@ -158,9 +181,7 @@ def model_sampling(gen, generation_config) -> tuple[object, str | None]:
         "top_p": generation_config.top_p if generation_config.top_p is not None else 1.0,
         "top_k": generation_config.top_k or 0,
     }
-    ours = {k: v for k, v in own.items() if k not in asked}
-    if not ours:
-        return gen, None
+    ours = {k: own[k] for k in taken_from_model(gen, True)}
     said = ", ".join(f"{k} {v}" for k, v in ours.items())
     unset = "which the job does not set" if asked else "the job setting none of generation.temperature, top_p, top_k"
     note = (
