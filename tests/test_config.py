@@ -228,6 +228,9 @@ def test_job_file_problems(tmp_path):
     bad.write_text('input:\n  path: d\n  text: text\n  text: "{text}"\nmodel: {path: m}\noutput: {path: o}\n')
     with pytest.raises(ConfigError, match=r"the key 'text' is given twice\n  in .*, line 4, column 3"):
         load_job(bad)
+    # ... in a --set value too, which would have been its text, a mapping where one is expected
+    with pytest.raises(ConfigError, match=r"--set input: the key 'text' is given twice in '\{text: a, text: b\}'"):
+        load_job(ROOT / "jobs" / "quickstart.yaml", ["input={text: a, text: b}"])
     # a merge key's values may be overridden, as YAML says
     bad.write_text(
         "d: &d {task: embed, max_length: 64}\ninput: {path: d, text: t}\nmodel: {<<: *d, path: m, max_length: 32}\n"

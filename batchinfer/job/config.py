@@ -893,7 +893,12 @@ def apply_override(data: dict, item: str) -> str:
             )
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else raw
+        node[parts[-1]] = yaml.load(raw, Loader=UniqueKeys) if raw.strip() else raw
+    except yaml.constructor.ConstructorError as exc:
+        if "given twice" not in str(exc.problem):
+            node[parts[-1]] = raw  # as any value that is not YAML: the text itself
+        else:  # a value that is YAML, with a key lost: never the text itself
+            raise ConfigError(f"--set {key}: {exc.problem} in {raw!r}", "give each key once") from None
     except yaml.YAMLError:
         node[parts[-1]] = raw
     return ".".join(parts)
