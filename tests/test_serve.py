@@ -969,6 +969,32 @@ def test_a_job_file_written_for_openai_batch_files_serves_embeddings(tiny_embed)
     assert len(answer.json()["data"]) == 2 and answer.json()["usage"]["prompt_tokens"] > 0
 
 
+def test_encoder_answers_are_written_as_json_without_fastapis_walk_over_each_value(
+    tiny_embed, tiny_classify, monkeypatch
+):
+    """An embedding's floats went through FastAPI's jsonable_encoder one by one before json.dumps wrote them, on
+    the event loop: 39 ms for 64 MiniLM embeddings (2-core AVX2 EPYC). The answers are the same JSON without it."""
+    import fastapi.routing
+
+    walked = []
+    walk = fastapi.routing.jsonable_encoder
+    monkeypatch.setattr(
+        fastapi.routing, "jsonable_encoder", lambda value, **kw: walked.append(value) or walk(value, **kw)
+    )
+
+    async def go(job, path, body):
+        async with _client(job) as client:
+            return await client.post(path, json=body)
+
+    embedded = asyncio.run(go(_serving(tiny_embed, "embed"), "/v1/embeddings", {"input": ["one", "two words"]}))
+    classified = asyncio.run(go(_serving(tiny_classify, "classify"), "/classify", {"input": ["one", "two words"]}))
+    assert embedded.status_code == classified.status_code == 200, (embedded.text, classified.text)
+    assert not walked
+    vectors = [item["embedding"] for item in embedded.json()["data"]]
+    assert len(vectors) == 2 and all(isinstance(x, float) for v in vectors for x in v)
+    assert [row["index"] for row in classified.json()["data"]] == [0, 1]
+
+
 def test_every_refusal_is_the_servers_error_body_naming_the_limit(tiny_embed):
     async def go():
         job = _serving(tiny_embed, "embed", max_queue_tokens=60, read_timeout_s=0.5)

@@ -128,14 +128,14 @@ class Routes:
         columns, tokens = await self.service.run(body.texts(), request, whole=True)
         vectors = [_encode(vector, body.encoding_format) for vector in columns["embedding"]]
         self.metrics.answered(request.scope, started)
-        return embedding_list(vectors, body.model or self.model, tokens)
+        return answer(embedding_list(vectors, body.model or self.model, tokens))
 
     async def classify(self, body: ClassifyBody, request: Request):
         started = self.accept("classify", body, request)
         columns, tokens = await self.service.run(body.texts(), request)
         data = [{"index": i, **dict(zip(columns, values))} for i, values in enumerate(zip(*columns.values()))]
         self.metrics.answered(request.scope, started)
-        return {"data": data, "model": self.model, "usage": usage(tokens)}
+        return answer({"data": data, "model": self.model, "usage": usage(tokens)})
 
     async def score(self, body: ScoreBody, request: Request):
         started = self.accept("score", body, request)
@@ -143,7 +143,7 @@ class Routes:
         scored = zip(columns["score"], columns["truncated"])
         data = [{"index": i, "score": s, "truncated": t} for i, (s, t) in enumerate(scored)]
         self.metrics.answered(request.scope, started)
-        return {"data": data, "model": self.model, "usage": usage(tokens)}
+        return answer({"data": data, "model": self.model, "usage": usage(tokens)})
 
     async def completions(self, body: CompletionBody, request: Request):
         self.accept("generate", body, request)
@@ -169,6 +169,14 @@ class Routes:
             ticket.release()
             raise
         return await self.completer.answer(asked, request, ticket)
+
+
+def answer(body: dict) -> JSONResponse:
+    """An encoder's answer, its JSON written as is: a dict of lists, numbers and text (to_pylist's), which FastAPI
+    would first walk value by value to make JSON-ready (jsonable_encoder, a dozen calls per float) on the event
+    loop, where no other request moves meanwhile: 39 ms for 64 MiniLM embeddings, 0.9 ms for one (json.dumps of
+    them: 25 ms and 0.4 ms; 2-core AVX2 EPYC)."""
+    return JSONResponse(body)
 
 
 def _encode(vector: list[float], encoding: str):
