@@ -151,10 +151,10 @@ def taken_from_model(gen, samples: bool) -> list[str]:
 def samples(path: Path) -> bool:
     """Whether the model folder's generation_config.json says do_sample, as GenerationConfig.from_pretrained reads it
     (False without the file or the key), without importing transformers: status and plan of a finished job never
-    do."""
+    do. A file that is not JSON is False too: loading the model refuses it, naming it."""
     try:
         found = json.loads((Path(path) / "generation_config.json").read_text())
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):
         return False
     return bool(isinstance(found, dict) and found.get("do_sample", False))
 
