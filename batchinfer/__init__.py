@@ -1,8 +1,16 @@
 """batchinfer: offline batch inference over Parquet/JSONL shards."""
 
+import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from . import machine  # noqa: F401 - first, so that start-up figures count from the package's import
+
+# OpenVINO's converter package reports usage to Google Analytics from every process that imports openvino, unless
+# the user's home holds its opt-out: it writes a client id and counts under ~/intel and forks the process (model and
+# all) for each report. A batch job has no business calling out from a cluster or an offline box, nor writing in a
+# home it was not given; openvino runs its own no-op stub when that package cannot be imported. One the process
+# imported before batchinfer is left as it is.
+sys.modules.setdefault("openvino_telemetry", None)
 
 try:
     __version__ = version("batchinfer")

@@ -391,7 +391,7 @@ def _convert(model, of: dict, folder: Path, head=None) -> dict:
     no_cache = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
     names = tuple(of["inputs"])
     example = {name: torch.ones(2, 8, dtype=torch.long) for name in names}
-    with warnings.catch_warnings(), _no_telemetry():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracer's notes on data-dependent branches in attention masks
         try:
             converted = ov.convert_model(
@@ -459,22 +459,6 @@ def _check(module, converted, names: tuple[str, ...]) -> dict:
             "set model.backend: torch",
         )
     return check
-
-
-@contextmanager
-def _no_telemetry():
-    """OpenVINO's converter reports each conversion to Google Analytics unless the user's home holds its
-    consent file saying no, or the process looks like a CI job: each report forks this process, model and
-    all (seconds of CPU per conversion). A batch job has no business calling out from a cluster or an
-    offline box, so conversions run with CI=true, the one switch it reads, unless CI is set already."""
-    if "CI" in os.environ:
-        yield
-        return
-    os.environ["CI"] = "true"
-    try:
-        yield
-    finally:
-        os.environ.pop("CI", None)
 
 
 def _valid(entry: Path) -> bool:

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Callable
 
 from . import openvino
-from .openvino import _no_telemetry
 
 FORMAT = 2  # bump when what is converted changes
 # Architectures traced and checked here (tests/test_openvino_engine.py on a tiny Llama; SmolLM2 in the benchmark):
@@ -117,7 +116,7 @@ def _export(model, tokenizer, model_path: Path, folder: Path) -> None:
     import openvino as ov
     from openvino_tokenizers import convert_tokenizer
 
-    with warnings.catch_warnings(), _no_telemetry():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tracer's notes on data-dependent branches
         graph = _stateful(model)
         ov.save_model(graph, folder / "openvino_model.xml", compress_to_fp16=False)
