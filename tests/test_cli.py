@@ -776,6 +776,42 @@ def test_plan_rates_the_model_after_a_warm_up_batch_and_hides_reading_behind_it(
     assert e["work_s"] == pytest.approx(max(model, read) + read * 100 / 600, rel=1e-3)
 
 
+def test_a_slow_models_plan_rates_it_at_a_runs_batch_through_two_batches_of_its_sample(
+    tmp_path, sms_parquet, tiny_embed, monkeypatch
+):
+    """A slow model is timed on a few rows, a batch far smaller than the run's: where each batch pays a fixed
+    cost (on a CPU other processes share, each layer's call waiting for its threads) their own rate makes the
+    model look several times slower than the run's large batches run it. On a busy machine plan times them as
+    two batches and rates the model at a run's batch through the line they give."""
+    from batchinfer.commands import sample_timing
+    from batchinfer.commands.dryrun import estimate_job
+    from batchinfer.runners.base import EncoderRunner
+
+    calls, run = [], EncoderRunner.run
+
+    def run_paying_a_fixed_cost(self, ids):
+        t0 = time.perf_counter()
+        padded = len(ids) * max(len(row) for row in ids)
+        time.sleep(0.2 + padded * 5e-4)  # a fixed cost a batch, and one a token the tiny model's noise cannot tilt
+        out = run(self, ids)
+        calls.append((padded, time.perf_counter() - t0, sum(len(row) for row in ids)))
+        return out
+
+    monkeypatch.setattr(EncoderRunner, "run", run_paying_a_fixed_cost)
+    monkeypatch.setattr(sample_timing, "TIMED_TOKENS", 600)
+    job = make_job(sms_parquet, tiny_embed, tmp_path / "out", batching__max_tokens=16384)  # 600 rows, 100 a chunk
+    monkeypatch.setattr(sample_timing, "busy", lambda: False)  # a quiet machine: the timed batches' own rate
+    assert estimate_job(job, sample=400)["estimate"]["run_batch_tokens"] is None
+    monkeypatch.setattr(sample_timing, "busy", lambda: True)
+    e = estimate_job(job, sample=400)["estimate"]
+    (small, s1, real1), (large, s2, real2) = calls[-2:]  # the timed rows, as two batches (tokens computed)
+    assert small < large and real1 + real2 == e["timed_tokens"]
+    own = e["timed_tokens"] / (s1 + s2)
+    per_token = (s2 - s1) / (large - small)
+    at_a_run = e["run_batch_tokens"] / (s1 - per_token * small + per_token * e["run_batch_tokens"])
+    assert e["tokens_per_s"] == pytest.approx(at_a_run, rel=0.1) and e["tokens_per_s"] > 2 * own
+
+
 def test_plan_says_when_the_machine_was_busy_and_counts_the_probe(monkeypatch, tmp_path, sms_parquet, tiny_embed):
     from batchinfer.commands import sample_timing
     from batchinfer.machine import Load

@@ -22,7 +22,7 @@ from ..execution.run_rows import load_rows, run_rows
 from ..heap import HeapGuard
 from ..job.config import JobConfig
 from ..job.plan import Work
-from ..machine import LoadWindow, process_age
+from ..machine import LoadWindow, load_so_far, process_age
 from ..runners.base import BatchLoop
 from ..runners.prefix import admission, page_hits
 from ..runners.protocol import BatchRunner, ChunkContext, ChunkInput, Generating, Tokens
@@ -42,8 +42,17 @@ TIMED_TOKENS = 24576
 TIMED_SECONDS = 8.0
 # ... but never fewer rows than this: a batch's fixed cost (a call per layer, and on a busy CPU each call's wait for
 # its threads) is spread over a run's hundreds of rows a batch. A causal LM scoring labels timed on 3 rows ran at a
-# third of its rate on 16 or more (SmolLM2, 2-core AVX2 EPYC under load).
-MIN_TIMED_ROWS = 16
+# third of its rate on 16 or more (SmolLM2, 2-core AVX2 EPYC under load); 32, for batch_line's batches of 8 and 24.
+MIN_TIMED_ROWS = 32
+# A sample timed as batches this many times smaller than a run's batch, on a busy machine, is timed as two
+# (batch_line): on a CPU that other processes share, a batch's fixed cost (each layer's call waiting for its
+# threads) outweighs a small batch's work. SmolLM2 scoring labels beside two busy processes (2-core AVX2 EPYC): 16
+# rows ran at 15-82 tokens/s where the run's batches of 256 ran at 80 to 110, and plans said 2 min 11 s to 11 min
+# for runs of 1 min 49 s to 2 min 24 s; a line through batches of 8 and 24 rows put a 256-row batch within 18% of
+# its time (four tries), where the rate of 16 rows was 34% to 2.7x slow. On a quiet machine the two rates agree
+# (310 and 350 tokens/s), and a line through two batches of a second or less drew as much from noise (plans -16% to
+# +54% of the run, against +1 to +9% at the timed rows' own rate).
+SMALLER = 2
 # A generation job's rows timed, in three passes over rows spread across the sample: the first on an engine that
 # has run nothing yet (a run's first chunk pays its set-up), then two of different sizes, warm, through which a line
 # gives a chunk's fixed time (its last steps, a few rows each) and a token's, prompt or generated (the steps before,
@@ -244,6 +253,7 @@ def estimate_time(
         "device": f"{runner.device} ({runner.backend}{' ' + runner.precision if runner.precision else ''})",
         "tokens_per_s": model_rate,
         "timed_tokens": measured["timed_tokens"],
+        "run_batch_tokens": measured["run_batch_tokens"],
         "warmup_tokens": measured["warmup_tokens"],
         "read_tokens_per_s": read_rate,
         **started,
@@ -354,6 +364,28 @@ def fitted_costs(passes: list[tuple[int, float, float]]) -> tuple[float, float, 
     return max(1.0, s0 / max(chunk_s + token_s * t0, 1e-9)), chunk_s, token_s
 
 
+def busy() -> bool:
+    """Whether other processes took CPU since batchinfer was imported (the model's load, the sample's reading)."""
+    load = load_so_far()
+    return load is not None and load.busy()
+
+
+def batch_line(run, rows: np.ndarray, lengths: np.ndarray, strategy: str, run_batch: float) -> float:
+    """The model's tokens/s at a run's batch of `run_batch` tokens (a large one: its rows alike in length), from
+    `rows` (positions into `lengths`) run as two batches, every fourth of them by length and the rest: a line
+    through their (tokens computed, seconds) gives a batch's fixed seconds and a token's. Where noise tilts it (no
+    positive cost a token, or a negative one a batch), the two batches' own rate."""
+    ordered = rows[np.argsort(lengths[rows], kind="stable")]
+    parts = (ordered[::4], np.delete(ordered, np.s_[::4]))
+    points = [(float(computed_tokens(lengths, [part], strategy)), run([part], strategy)) for part in parts]
+    (t1, s1), (t2, s2) = points
+    per_token = (s2 - s1) / (t2 - t1) if t2 > t1 else 0.0
+    fixed = s1 - per_token * t1
+    if per_token <= 0 or fixed < 0:
+        return float(lengths[rows].sum() / max(s1 + s2, 1e-9))
+    return float(run_batch / (fixed + per_token * run_batch))
+
+
 def warm_up(runner: BatchRunner, ids: list, lengths: np.ndarray, budget, probing: bool) -> float:
     """Each backend's precision settled as a run settles it, the backend a run would take where no probe chooses,
     and a first batch of up to 8 of the sample's items run (first-call allocations, kernel choice): its tokens/s."""
@@ -404,15 +436,20 @@ def time_sample(
     if len(batches) > 1:
         run(batches[:1], key[1])
         timed = batches[1:]
-    seconds = run(timed, key[1])
     counted = int(sum(lengths[b].sum() for b in timed))
-    rate = float(counted / max(seconds, 1e-9))
+    run_batch = min(key[0], first_chunk, rows * float(lengths.mean()))  # the tokens of a run's batch
+    together = np.concatenate(timed)
+    if len(together) >= 8 and run_batch > SMALLER * counted and busy():
+        rate = batch_line(run, together, lengths, key[1], run_batch)
+    else:
+        rate, run_batch = float(counted / max(run(timed, key[1]), 1e-9)), None
     probe_s = 0.0
     if tuning is not None:  # what the run's probe of its first chunk adds: its losing slices, cut as that chunk's
         _, slice_tokens = candidates(int(first_chunk), *settings, runner.device, backends, share)
         probe_s = overhead(tuning, rate, slice_tokens)
     return {
         "tokens_per_s": rate,
+        "run_batch_tokens": run_batch,  # the batch the rate is at, where the timed rows ran as two (batch_line)
         "timed_tokens": counted,
         "warmup_tokens": int(lengths[batches[0]].sum()) if len(batches) > 1 else 0,
         "probe_s": probe_s,

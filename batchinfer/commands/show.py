@@ -237,6 +237,11 @@ def estimate_lines(summary: dict) -> list[str]:
             f"{_duration(e['work_s'])} of work at {e['tokens_per_s']:,.0f} tokens/s on {e['device']} "
             f"(the model on {e['timed_tokens']:,} tokens of the sample after a warm-up batch"
             + (f" of {e['warmup_tokens']:,}" if e["warmup_tokens"] else "")
+            + (
+                f", as two batches that give its rate at a run's batch of {e['run_batch_tokens']:,.0f} tokens"
+                if e.get("run_batch_tokens")
+                else ""
+            )
             + "; reading and tokenizing at "
             f"{e['read_tokens_per_s']:,.0f} tokens/s)"
         )
