@@ -365,7 +365,8 @@ def fitted_costs(passes: list[tuple[int, float, float]]) -> tuple[float, float, 
 
 
 def busy() -> bool:
-    """Whether other processes took CPU since batchinfer was imported (the model's load, the sample's reading)."""
+    """Whether other processes took CPU since batchinfer was imported (the model's load, the sample's reading):
+    what makes a CPU batch's fixed cost large (SMALLER)."""
     load = load_so_far()
     return load is not None and load.busy()
 
@@ -439,7 +440,7 @@ def time_sample(
     counted = int(sum(lengths[b].sum() for b in timed))
     run_batch = min(key[0], first_chunk, rows * float(lengths.mean()))  # the tokens of a run's batch
     together = np.concatenate(timed)
-    if len(together) >= 8 and run_batch > SMALLER * counted and busy():
+    if len(together) >= 8 and run_batch > SMALLER * counted and runner.device.type == "cpu" and busy():
         rate = batch_line(run, together, lengths, key[1], run_batch)
     else:
         rate, run_batch = float(counted / max(run(timed, key[1]), 1e-9)), None
