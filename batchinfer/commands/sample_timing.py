@@ -356,12 +356,18 @@ def fitted_costs(passes: list[tuple[int, float, float]]) -> tuple[float, float, 
     engine's pass is slower by a factor, not a sum: 16 rows and a run's 100-row first chunk both took 1.55x the
     line (its kernels made for each new shape), and a 256-row first chunk about 1.5x."""
     (_, t1, s1), (_, t2, s2) = passes[1], passes[2]
-    token_s = (s2 - s1) / (t2 - t1) if t2 > t1 else 0.0
-    chunk_s = s1 - token_s * t1
-    if token_s <= 0 or chunk_s < 0:
-        chunk_s, token_s = 0.0, (s1 + s2) / max(t1 + t2, 1.0)
+    chunk_s, token_s = line((t1, s1), (t2, s2)) or (0.0, (s1 + s2) / max(t1 + t2, 1.0))
     _, t0, s0 = passes[0]
     return max(1.0, s0 / max(chunk_s + token_s * t0, 1e-9)), chunk_s, token_s
+
+
+def line(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float] | None:
+    """(fixed seconds, seconds a token) through two (tokens, seconds) points; None where noise tilts it (no
+    positive cost a token, or a negative fixed part)."""
+    (t1, s1), (t2, s2) = a, b
+    per_token = (s2 - s1) / (t2 - t1) if t2 > t1 else 0.0
+    fixed = s1 - per_token * t1
+    return (fixed, per_token) if per_token > 0 and fixed >= 0 else None
 
 
 def busy() -> bool:
@@ -379,11 +385,10 @@ def batch_line(run, rows: np.ndarray, lengths: np.ndarray, strategy: str, run_ba
     ordered = rows[np.argsort(lengths[rows], kind="stable")]
     parts = (ordered[::4], np.delete(ordered, np.s_[::4]))
     points = [(float(computed_tokens(lengths, [part], strategy)), run([part], strategy)) for part in parts]
-    (t1, s1), (t2, s2) = points
-    per_token = (s2 - s1) / (t2 - t1) if t2 > t1 else 0.0
-    fixed = s1 - per_token * t1
-    if per_token <= 0 or fixed < 0:
-        return float(lengths[rows].sum() / max(s1 + s2, 1e-9))
+    fitted = line(*points)
+    if fitted is None:
+        return float(lengths[rows].sum() / max(points[0][1] + points[1][1], 1e-9))
+    fixed, per_token = fitted
     return float(run_batch / (fixed + per_token * run_batch))
 
 
