@@ -17,13 +17,17 @@ that is its header alone, with or without a line end after it.
 
 from __future__ import annotations
 
+import atexit
 import csv as stdlib_csv
+import gc
 import hashlib
 import io
 import itertools
 import re
 import sys
+import time
 import traceback
+import weakref
 from typing import IO, Iterator, NamedTuple
 
 import pyarrow as pa
@@ -32,7 +36,7 @@ import pyarrow.csv as pcsv
 
 from ..errors import InputError
 from ..reasons import Problem, Reason
-from ..storage import open_binary
+from ..storage import open_binary, open_stream
 from ..storage.lines import decompressed
 from .column_types import cast_columns
 from .file_identity import Tap, next_row
@@ -55,30 +59,30 @@ class CsvFormat:
     def inspect(self, path: str, spec: ReadSpec) -> ShardInfo:
         digest = hashlib.blake2b(digest_size=16)
         quotes = _QuoteScan(_delimiter(path))
-        with _open(path, spec, digest, quotes.feed) as stream:
-            try:
-                columns, records = _reader(stream, path, spec)
-            except pa.ArrowInvalid:
-                if _no_header(path, spec):
-                    return ShardInfo(0, digest.hexdigest(), None)  # no rows, so no column is missing
-                if (names := _lone_header(stream, _delimiter(path))) is not None:
-                    return ShardInfo(0, digest.hexdigest(), names, {c: pa.string() for c in spec.typed if c in names})
-                while stream.read(BLOCK):  # the quote scan sees the whole file: a header's quote left open
-                    pass
-                if quotes.open_line is None:
-                    raise
-                columns, records = [], iter(())  # said below, by line
-            numeric = {c: [True, True] for c in spec.typed if c in columns and c != spec.id_column}  # [int, float]
-            rows = 0
-            for table, problem in records:
-                rows += table.num_rows
-                if problem is not None:  # a stand-in for a bad record: no values to type
-                    continue
-                for column, fits in numeric.items():
-                    values = _decode(table.column(column), column, {})
-                    for k, target in enumerate((pa.int64(), pa.float64())):
-                        if fits[k]:
-                            fits[k] = _written_back(values, target)
+        with _open(path, spec, digest, quotes.feed) as stream:  # a read of its own, not pyarrow's (_arrow_stream)
+            while stream.read(BLOCK):
+                pass
+        try:
+            columns, records = _reader(path, spec)
+        except pa.ArrowInvalid:
+            if _no_header(path, spec):
+                return ShardInfo(0, digest.hexdigest(), None)  # no rows, so no column is missing
+            if (names := _lone_header(path, spec)) is not None:
+                return ShardInfo(0, digest.hexdigest(), names, {c: pa.string() for c in spec.typed if c in names})
+            if quotes.open_line is None:
+                raise
+            columns, records = [], iter(())  # said below, by line
+        numeric = {c: [True, True] for c in spec.typed if c in columns and c != spec.id_column}  # [int, float]
+        rows = 0
+        for table, problem in records:
+            rows += table.num_rows
+            if problem is not None:  # a stand-in for a bad record: no values to type
+                continue
+            for column, fits in numeric.items():
+                values = _decode(table.column(column), column, {})
+                for k, target in enumerate((pa.int64(), pa.float64())):
+                    if fits[k]:
+                        fits[k] = _written_back(values, target)
         if quotes.open_line is not None:
             record = f"row {rows - 1:,}" if rows else "the header"  # the field runs to the end: the last record
             raise InputError(
@@ -123,23 +127,39 @@ def _unraisable(shown=sys.unraisablehook):
 
 sys.unraisablehook = _unraisable()
 
+# Invalid-row handlers given to pyarrow readers. A reader dropped before its end (a record it refused, a
+# range read) lives on in its read-ahead on pyarrow's threads, and the last of them to let go releases the
+# handler, which takes the GIL: at exit Python ends that thread, and the process aborts ("terminate called
+# without an active exception", pyarrow 24). Exit waits for them.
+_HANDLERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _handler(handle):
+    _HANDLERS.add(handle)
+    return handle
+
+
+@atexit.register
+def _let_go(timeout: float = 2.0) -> None:
+    gc.collect()  # a handler still in a cycle of dead objects
+    deadline = time.monotonic() + timeout
+    while _HANDLERS and time.monotonic() < deadline:
+        time.sleep(0.005)  # the GIL to pyarrow's thread
+
 
 class CsvReader:
     """Row ranges of one shard; consecutive ranges continue one open stream."""
 
     def __init__(self, shard: Shard, spec: ReadSpec):
         self.shard, self.spec = shard, spec
-        self._stream: IO[bytes] | None = None
         self._records: Iterator[tuple[pa.Table, Problem | None]] | None = None
         self._pending: tuple[pa.Table, Problem | None] | None = None
         self._row = 0
 
     def read(self, start: int, stop: int) -> RowBlock:
-        if self._stream is None or start < self._row:
+        if self._records is None or start < self._row:
             self.close()
-            self._stream = _open(self.shard.path, self.spec)
-            self._records, self._row = _reader(self._stream, self.shard.path, self.spec)[1], 0
-            self._pending = None
+            self._records, self._row = _reader(self.shard.path, self.spec)[1], 0
         pieces, have, bad = [], 0, {}
         while self._row + have < stop:
             table, problem = self._pending or next_row(self._records, self.shard)
@@ -162,9 +182,9 @@ class CsvReader:
         return RowBlock(cast_columns(_nulls_for_empty(table, self.spec), self.spec.types), bad)
 
     def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = self._records = self._pending = None
+        # No close() of the stream: pyarrow may still be reading ahead in it, on its own thread; the last
+        # reference to it, the reader's or ours, closes it.
+        self._records = self._pending = None
 
 
 def _open(path: str, spec: ReadSpec, digest=None, see=None) -> IO[bytes]:
@@ -174,6 +194,14 @@ def _open(path: str, spec: ReadSpec, digest=None, see=None) -> IO[bytes]:
         raw = Tap(raw, digest.update)
     stream = decompressed(raw, path)
     return Tap(stream, see) if see is not None else stream
+
+
+def _arrow_stream(path: str, spec: ReadSpec) -> pa.NativeFile:
+    """A shard's bytes, decompressed, for pyarrow's CSV reader, which reads ahead on threads of its own: a
+    Python file there would take the GIL for every block, race a read of ours after a refused record, and be
+    released on that thread, as a handler is (see _HANDLERS)."""
+    raw = open_stream(path, spec.options)
+    return pa.CompressedInputStream(raw, "gzip") if path.lower().endswith(".gz") else raw
 
 
 def _delimiter(path: str) -> str:
@@ -188,16 +216,15 @@ class _LeftOut(NamedTuple):
     id: str | None  # its id field, when the record has one
 
 
-def _reader(
-    stream: IO[bytes], path: str, spec: ReadSpec
-) -> tuple[list[str], Iterator[tuple[pa.Table, Problem | None]]]:
+def _reader(path: str, spec: ReadSpec) -> tuple[list[str], Iterator[tuple[pa.Table, Problem | None]]]:
     """The header's column names, and every data record in file order: pieces of (rows, None), and
     (stand-in row, bad_csv problem) for each record with the wrong number of fields."""
     delimiter = _delimiter(path)
     read = pcsv.ReadOptions(use_threads=False, block_size=BLOCK)
-    with _open(path, spec) as first:  # the header alone, to read every column as bytes
-        quiet = pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=lambda row: "skip")
-        names = pcsv.open_csv(first, read_options=read, parse_options=quiet).schema.names
+    skip = _handler(lambda row: "skip")
+    quiet = pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=skip)
+    # the header alone, to read every column as bytes
+    names = pcsv.open_csv(_arrow_stream(path, spec), read_options=read, parse_options=quiet).schema.names
     id_at = names.index(spec.id_column) if spec.id_column in names else None
     left_out: list[_LeftOut] = []
 
@@ -219,10 +246,10 @@ def _reader(
         value = record.id.encode() if record.id is not None else None
         return pa.table({n: pa.array([value if n == spec.id_column else None], pa.binary()) for n in names})
 
-    parse = pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=invalid)
+    parse = pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=_handler(invalid))
     # Bytes, not text: one field that is not UTF-8 must cost its row, not the shard (see _decode).
     raw = pcsv.ConvertOptions(column_types={name: pa.binary() for name in names}, strings_can_be_null=False)
-    batches = pcsv.open_csv(stream, read_options=read, parse_options=parse, convert_options=raw)
+    batches = pcsv.open_csv(_arrow_stream(path, spec), read_options=read, parse_options=parse, convert_options=raw)
     return names, _records(batches, left_out, stand_in)
 
 
@@ -305,10 +332,12 @@ def _no_header(path: str, spec: ReadSpec) -> bool:
     return True
 
 
-def _lone_header(stream: IO[bytes], delimiter: str) -> list[str] | None:
+def _lone_header(path: str, spec: ReadSpec) -> list[str] | None:
     """The column names of a file that is one header line with no line end after it (pyarrow finds no
     columns in it: "Empty CSV file"), read as Python's csv module reads them; None for any other file."""
-    head = stream.read(BLOCK + 1)
+    with _open(path, spec) as stream:
+        head = stream.read(BLOCK + 1)
+    delimiter = _delimiter(path)
     if len(head) > BLOCK or b"\n" in head or b"\r" in head:
         return None
     try:

@@ -301,8 +301,14 @@ def open_binary(path: str, options: dict | None = None) -> IO[bytes]:
     """A file's bytes, read sequentially and buffered (readline works), local or remote."""
     if not is_uri(path):
         return open(local_path(path), "rb")
+    return io.BufferedReader(open_stream(path, options), buffer_size=1 << 20)
+
+
+def open_stream(path: str, options: dict | None = None) -> pa.NativeFile:
+    """A file's bytes, read sequentially, local or remote, as a pyarrow stream: a pyarrow reader that reads
+    ahead on its own threads reads it without calling back into Python (see sources/csv.py)."""
     fs, inner = input_filesystem(path, options)
-    return io.BufferedReader(fs.open_input_stream(inner, compression=None), buffer_size=1 << 20)
+    return fs.open_input_stream(inner, compression=None)
 
 
 def modified(path: str, options: dict | None = None) -> float | None:
