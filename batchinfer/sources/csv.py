@@ -141,7 +141,8 @@ def _handler(handle):
 
 @atexit.register
 def _let_go(timeout: float = 2.0) -> None:
-    gc.collect()  # a handler still in a cycle of dead objects
+    if _HANDLERS:
+        gc.collect()  # a handler still in a cycle of dead objects (a whole collection: 0.2 s beside torch)
     deadline = time.monotonic() + timeout
     while _HANDLERS and time.monotonic() < deadline:
         time.sleep(0.005)  # the GIL to pyarrow's thread
