@@ -37,7 +37,7 @@ import pyarrow.csv as pcsv
 from ..errors import InputError
 from ..reasons import Problem, Reason
 from ..storage import open_binary, open_stream
-from ..storage.lines import decompressed
+from ..storage.lines import decompressed, gzipped
 from .column_types import cast_columns
 from .file_identity import Tap, next_row
 from .shards import ReadSpec, RowBlock, Shard, ShardInfo
@@ -202,7 +202,7 @@ def _arrow_stream(path: str, spec: ReadSpec) -> pa.NativeFile:
     Python file there would take the GIL for every block, race a read of ours after a refused record, and be
     released on that thread, as a handler is (see _HANDLERS)."""
     raw = open_stream(path, spec.options)
-    return pa.CompressedInputStream(raw, "gzip") if path.lower().endswith(".gz") else raw
+    return pa.CompressedInputStream(raw, "gzip") if gzipped(path) else raw
 
 
 def _delimiter(path: str) -> str:

@@ -50,9 +50,14 @@ def open_lines(path: str, options: dict | None = None) -> IO[bytes]:
     return decompressed(open_binary(path, options), path)
 
 
+def gzipped(path: str) -> bool:
+    """Whether a shard's bytes are gzip's: every reader of them (Python's or pyarrow's) decides by this."""
+    return path.lower().endswith(".gz")
+
+
 def decompressed(raw: IO[bytes], path: str) -> IO[bytes]:
     """`raw`, read through gzip when `path` ends in .gz; closing it closes `raw`."""
-    return _Gunzip(raw) if path.lower().endswith(".gz") else raw
+    return _Gunzip(raw) if gzipped(path) else raw
 
 
 class _Gunzip(gzip.GzipFile):
