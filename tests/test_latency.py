@@ -202,15 +202,16 @@ def test_the_margin_is_what_the_predictions_missed_by_and_a_slow_burst_raises_it
     for _ in range(TAIL):  # misses of seconds: never less than FLOOR of the target
         admission.answered(5.0, 0.1)
     assert admission.allowed == FLOOR * target and admission.p99 == 5.0
-    # Admitted at the very edge of what is allowed, a request is late where its miss is past the margin: in
-    # 100 - MISSED of 100 (fewer overall, where requests are admitted inside the edge)
+    # Admitted at the very edge of what is allowed (past saturation nearly every request is), a request is late
+    # where its miss is past the margin, estimated from the last TAIL misses: under 1 in 100, or the p99 of such
+    # requests is past the target (at the 98th percentile of 200 misses, 2.5 in 100 were late)
     rng, late, fresh = np.random.default_rng(0), 0, Admission(target)
     for _ in range(20_000):
         predicted = fresh.allowed
         seconds = predicted + rng.normal(0.005, 0.01)
         late += seconds > target
         fresh.answered(seconds, predicted)
-    assert late / 20_000 == pytest.approx(1 - MISSED / 100, rel=0.25)
+    assert 1 - MISSED / 100 < late / 20_000 < 0.01
 
 
 def test_the_wait_is_what_the_target_leaves_after_two_batches_of_the_queue_at_most_max_wait():
@@ -279,6 +280,8 @@ def _replay(window, rate: float, requests: int = 1500, seed: int = 0) -> dict:
     batches taking what the trace says (with 10% noise), in simulated time: the admission, the windows and every
     measurement as serve/batcher.py makes them. Latency: from arrival to the batch's end, plus OUTSIDE."""
     arrivals, noise = random.Random(seed), random.Random(seed + 1)
+    if isinstance(window, LatencyTarget):  # serve's warm-up batch (4 rows), the first the cost line is fitted on
+        window.cost.add(80, _seconds(80))
     events, t = [], 0.0  # (time, order, kind, what)
     for k in range(requests):
         t += arrivals.expovariate(rate)
