@@ -29,6 +29,7 @@ from batchinfer.serve.latency import (
     FixedWindow,
     LatencyTarget,
 )
+from batchinfer.serve.services import WARM_UP_ROWS
 
 TRACE = json.loads((Path(__file__).parent / "data" / "minilm_batch_latency.json").read_text())["batches"]
 
@@ -280,8 +281,8 @@ def _replay(window, rate: float, requests: int = 1500, seed: int = 0) -> dict:
     batches taking what the trace says (with 10% noise), in simulated time: the admission, the windows and every
     measurement as serve/batcher.py makes them. Latency: from arrival to the batch's end, plus OUTSIDE."""
     arrivals, noise = random.Random(seed), random.Random(seed + 1)
-    if isinstance(window, LatencyTarget):  # serve's warm-up batch (4 rows), the first the cost line is fitted on
-        window.cost.add(80, _seconds(80))
+    if isinstance(window, LatencyTarget):  # serve's warm-up batch, the first the cost line is fitted on
+        window.cost.add(WARM_UP_ROWS * 20, _seconds(WARM_UP_ROWS * 20))
     events, t = [], 0.0  # (time, order, kind, what)
     for k in range(requests):
         t += arrivals.expovariate(rate)
