@@ -80,6 +80,13 @@ def batch_size(base: str) -> float:
 def serving(settings: list[str]):
     """A server of MiniLM embeddings on a free loopback port, with `settings` (--set key=value each), up and
     answering /health: yields its base URL; stopped on the way out."""
+    with server_process(settings) as (base, _):
+        yield base
+
+
+@contextlib.contextmanager
+def server_process(settings: list[str]):
+    """serving(), yielding its base URL and the server's process (subprocess.Popen)."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     sets = [arg for setting in settings for arg in ("--set", setting)]
@@ -93,7 +100,7 @@ def serving(settings: list[str]):
                     break
             except httpx.HTTPError:
                 time.sleep(0.3)
-        yield base
+        yield base, server
     finally:
         server.terminate()
         server.wait(timeout=60)

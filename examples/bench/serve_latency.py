@@ -21,7 +21,7 @@ uses), each one's tokens, rows and seconds, in the order run.
 
     python examples/bench/serve_latency.py --cost
 
-prints what a request costs the server, in its CPU milliseconds (/proc/PID/stat around 1,500 requests, 8 in
+prints what a request costs the server, in its CPU milliseconds (its process's, around 1,500 requests, 8 in
 flight, after 200 not counted): a /health, a served embedding (no target) and one refused by a target too small
 to meet (serve.p99_ms=0.01: nearly all shed; the few served are counted as served ones cost).
 """
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import sys
 import time
@@ -39,10 +38,11 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from serve import MODEL, serving, texts  # noqa: E402
+from serve import MODEL, server_process, serving, texts  # noqa: E402
 
 
 async def lone(base: str, rows: list[str]) -> float:
@@ -184,17 +184,10 @@ def record(path: Path, rows: list[str]) -> None:
     path.write_text(json.dumps({"model": MODEL, "batches": trace}) + "\n")
 
 
-def server_cpu(port: int) -> float:
-    """The CPU seconds so far of the server listening on `port` (user and system, /proc/PID/stat)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if b"serve" in command and str(port).encode() in command:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except OSError:  # a process that ended meanwhile
-            continue
-    raise SystemExit(f"no server process on port {port}")
+def cpu_seconds(process) -> float:
+    """The CPU seconds so far of `process` (a subprocess.Popen), every thread, user and system."""
+    times = psutil.Process(process.pid).cpu_times()
+    return times.user + times.system
 
 
 async def closed_loop(base: str, path: str, body: dict | None, count: int, in_flight: int = 8) -> dict[int, int]:
@@ -220,12 +213,11 @@ def cost(rows: list[str], count: int = 1500) -> None:
         ("embedding, served", [], "/v1/embeddings", body),
         ("embedding, serve.p99_ms=0.01", ["serve.p99_ms=0.01"], "/v1/embeddings", body),
     ]:
-        with serving(settings) as base:
-            port = int(base.rsplit(":", 1)[1])
+        with server_process(settings) as (base, server):
             asyncio.run(closed_loop(base, path, sent, 200))  # warm-up, not counted
-            before = server_cpu(port)
+            before = cpu_seconds(server)
             statuses = asyncio.run(closed_loop(base, path, sent, count))
-            spent = server_cpu(port) - before
+            spent = cpu_seconds(server) - before
             answers = ", ".join(f"{n} x {status}" for status, n in sorted(statuses.items()))
             print(f"| {name} | {answers} | {spent * 1000 / count:.2f} |", flush=True)
 
