@@ -242,6 +242,12 @@ def estimate_lines(summary: dict) -> list[str]:
                 if e.get("run_batch_tokens")
                 else ""
             )
+            + (
+                f", {e['per_core']['tokens_per_cpu_s']:,.0f} tokens a CPU second on one thread, times the "
+                f"{e['per_core']['cores']:.2f} cores its threads held beside the other processes"
+                if e.get("per_core")
+                else ""
+            )
             + "; reading and tokenizing at "
             f"{e['read_tokens_per_s']:,.0f} tokens/s)"
         )
