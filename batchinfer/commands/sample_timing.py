@@ -394,30 +394,26 @@ def batch_line(run, rows: np.ndarray, lengths: np.ndarray, strategy: str, run_ba
     return float(run_batch / (fixed + per_token * run_batch))
 
 
-def per_core_rate(run, rows: np.ndarray, lengths: np.ndarray, strategy: str) -> dict:
-    """The model's rate on a CPU that other processes share (torch computing), from `rows` (positions into
-    `lengths`) run as two batches: every fourth of them by length on the run's threads, for the cores those threads
-    hold, and the rest on one thread, for the tokens a core computes in a CPU second; their product is the rate.
+def per_core_rate(run, rows: np.ndarray, lengths: np.ndarray, strategy: str, one_thread) -> dict:
+    """The model's rate on a CPU that other processes share, from `rows` (positions into `lengths`) run as two
+    batches: every fourth of them by length on the run's threads, for the cores those threads hold, and the rest on
+    one thread (in the backend's `one_thread` context), for the tokens a core computes in a CPU second; their
+    product is the rate.
     One thread's rate a CPU second holds at every batch size and load, where on several threads a small batch's
     CPU goes on waiting for the others (SmolLM2's forward beside two busy processes, 2-core Intel Xeon: two threads
     computed 167 to 261 tokens a CPU second on batches of 208 tokens and 298 on 7,800, one thread 320 to 387 at
     every size; two threads held 0.85 to 0.89 cores on 8 rows, 0.95 to 0.97 on 300). A line through two batches'
     wall seconds (batch_line) drew from noise there: plans 45% short to 28% long of the run."""
-    import torch
-
     ordered = rows[np.argsort(lengths[rows], kind="stable")]
     shared, alone = ordered[::4], np.delete(ordered, np.s_[::4])
-    threads, c0 = torch.get_num_threads(), time.process_time()
+    c0 = time.process_time()
     wall = run([shared], strategy)
     cores = (time.process_time() - c0) / max(wall, 1e-9)
-    torch.set_num_threads(1)
-    try:
+    with one_thread:
         c0 = time.process_time()
         run([alone], strategy)
         per_core = float(lengths[alone].sum()) / max(time.process_time() - c0, 1e-9)
-    finally:
-        torch.set_num_threads(threads)
-    return {"tokens_per_cpu_s": per_core, "cores": min(cores, threads)}
+    return {"tokens_per_cpu_s": per_core, "cores": cores}
 
 
 def warm_up(runner: BatchRunner, ids: list, lengths: np.ndarray, budget, probing: bool) -> float:
@@ -474,8 +470,9 @@ def time_sample(
     run_batch = min(key[0], first_chunk, rows * float(lengths.mean()))  # the tokens of a run's batch
     together, per_core = np.concatenate(timed), None
     if len(together) >= 8 and run_batch > SMALLER * counted and runner.device.type == "cpu" and busy():
-        if runner.backend == "torch":  # its threads set here; a compiled OpenVINO model keeps its own
-            per_core = per_core_rate(run, together, lengths, key[1])
+        alone = runner.one_thread()
+        if alone is not None:
+            per_core = per_core_rate(run, together, lengths, key[1], alone)
             rate, run_batch = per_core["tokens_per_cpu_s"] * per_core["cores"], None
         else:
             rate = batch_line(run, together, lengths, key[1], run_batch)
