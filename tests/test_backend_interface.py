@@ -45,9 +45,6 @@ class FakeBackend:
     def best_rates(self):
         return {}
 
-    def one_thread(self):
-        return None  # its threads are its own
-
     def forward(self, batch: Batch) -> np.ndarray:
         self.batches.append(batch)
         total = (batch.ids * batch.mask).sum(axis=1)  # the pad id's tokens count for nothing

@@ -782,8 +782,7 @@ def test_a_slow_models_plan_rates_it_at_a_runs_batch_through_two_batches_of_its_
     """A slow model is timed on a few rows, a batch far smaller than the run's: where each batch pays a fixed
     cost (on a CPU other processes share, each layer's call waiting for its threads) their own rate makes the
     model look several times slower than the run's large batches run it. On a busy machine plan times them as
-    two batches and rates the model at a run's batch through the line they give (OpenVINO, whose compiled model
-    keeps its threads; torch's: the next test)."""
+    two batches and rates the model at a run's batch through the line they give."""
     from batchinfer.commands import sample_timing
     from batchinfer.commands.dryrun import estimate_job
     from batchinfer.runners.base import EncoderRunner
@@ -800,9 +799,7 @@ def test_a_slow_models_plan_rates_it_at_a_runs_batch_through_two_batches_of_its_
 
     monkeypatch.setattr(EncoderRunner, "run", run_paying_a_fixed_cost)
     monkeypatch.setattr(sample_timing, "TIMED_TOKENS", 600)
-    job = make_job(  # 600 rows, 100 a chunk
-        sms_parquet, tiny_embed, tmp_path / "out", batching__max_tokens=16384, model__backend="openvino"
-    )
+    job = make_job(sms_parquet, tiny_embed, tmp_path / "out", batching__max_tokens=16384)  # 600 rows, 100 a chunk
     monkeypatch.setattr(sample_timing, "busy", lambda: False)  # a quiet machine: the timed batches' own rate
     assert estimate_job(job, sample=400)["estimate"]["run_batch_tokens"] is None
     monkeypatch.setattr(sample_timing, "busy", lambda: True)
@@ -813,51 +810,6 @@ def test_a_slow_models_plan_rates_it_at_a_runs_batch_through_two_batches_of_its_
     per_token = (s2 - s1) / (large - small)
     at_a_run = e["run_batch_tokens"] / (s1 - per_token * small + per_token * e["run_batch_tokens"])
     assert e["tokens_per_s"] == pytest.approx(at_a_run, rel=0.1) and e["tokens_per_s"] > 2 * own
-
-
-def test_a_slow_torch_models_plan_on_a_busy_cpu_rates_a_core_on_one_thread_times_the_cores_its_threads_hold(
-    tmp_path, sms_parquet, tiny_embed, monkeypatch
-):
-    """On a CPU other processes share, torch's threads spend a small batch's CPU waiting for each other: neither
-    its wall seconds nor its CPU seconds give a run's large batches' rate. One thread's CPU seconds do, at the
-    cores the run's threads hold. The emulated model computes 1,000 tokens a CPU second on one thread; on the
-    run's threads each batch waits as long again for a core."""
-    import torch
-
-    from batchinfer.commands import sample_timing
-    from batchinfer.commands.dryrun import estimate_job
-    from batchinfer.commands.show import estimate_lines
-    from batchinfer.runners.base import EncoderRunner
-
-    threads, run, before = [], EncoderRunner.run, torch.get_num_threads()
-
-    def run_sharing_the_cpu(self, ids):
-        threads.append(torch.get_num_threads())
-        compute = sum(len(row) for row in ids) / 1000
-        end = time.process_time() + compute
-        while time.process_time() < end:  # the work, in this process's CPU
-            pass
-        if torch.get_num_threads() > 1:
-            time.sleep(compute)  # the threads waiting for a core another process holds
-        return run(self, ids)
-
-    monkeypatch.setattr(EncoderRunner, "run", run_sharing_the_cpu)
-    monkeypatch.setattr(sample_timing, "TIMED_TOKENS", 600)
-    monkeypatch.setattr(sample_timing, "busy", lambda: True)
-    job = make_job(sms_parquet, tiny_embed, tmp_path / "out", batching__max_tokens=16384)  # torch, 600 rows
-    torch.set_num_threads(2)  # a run's threads (a worker of the suite holds one)
-    try:
-        summary = estimate_job(job, sample=400)
-        held = torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
-    e = summary["estimate"]
-    assert threads[-2:] == [2, 1] and held == 2  # the run's threads, then one, then the run's again
-    core = e["per_core"]
-    assert 700 < core["tokens_per_cpu_s"] <= 1000 and 0.3 < core["cores"] < 0.65  # the tiny model's own CPU too
-    assert e["tokens_per_s"] == pytest.approx(core["tokens_per_cpu_s"] * core["cores"]) and not e["run_batch_tokens"]
-    shown = "\n".join(estimate_lines(summary))
-    assert f"{core['tokens_per_cpu_s']:,.0f} tokens a CPU second on one thread, times the {core['cores']:.2f}" in shown
 
 
 def test_plan_says_when_the_machine_was_busy_and_counts_the_probe(monkeypatch, tmp_path, sms_parquet, tiny_embed):

@@ -11,7 +11,6 @@ Nothing here imports torch: a runner whose head reads numpy runs on a numpy back
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -107,9 +106,6 @@ class Backend(Protocol):
     # for later jobs; and the best tokens/s each backend ran this model at on this CPU before (empty: none kept)
     def remember(self, rates: dict[str, float], load: dict | None) -> None: ...
     def best_rates(self) -> dict[str, float]: ...
-    # a context in which its forwards compute on one thread (plan times a core's rate so on a busy CPU,
-    # commands/sample_timing.py), or None where its threads are fixed when the model is compiled
-    def one_thread(self) -> AbstractContextManager | None: ...
 
 
 @dataclass

@@ -162,9 +162,6 @@ class OpenVINOBackend:
     def f32(self) -> bool:
         return "f32" in self.compiled
 
-    def one_thread(self) -> None:
-        return None  # a compiled model's threads are set when it is compiled (INFERENCE_NUM_THREADS)
-
     def forward(self, batch: Batch) -> np.ndarray:
         """The converted output for a padded batch: [b, ...]."""
         if batch.packed:

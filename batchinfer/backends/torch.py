@@ -4,7 +4,6 @@ GPU, re-padded attention elsewhere), their output padded back to [b, L, ...] bef
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Callable
 
 import numpy as np
@@ -60,16 +59,6 @@ class TorchBackend:
 
     def best_rates(self) -> dict[str, float]:
         return {}  # OpenVINO's conversion keeps them, where it is loaded beside
-
-    @contextmanager
-    def one_thread(self):
-        """torch's threads are the process's, set between forwards: one, then the ones it had."""
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(threads)
 
     def scorer(self) -> TorchScorer:
         """The model as label scoring runs it: a causal LM's log-probabilities of chosen tokens (ScoringBackend)."""

@@ -42,7 +42,7 @@ TIMED_TOKENS = 24576
 TIMED_SECONDS = 8.0
 # ... but never fewer rows than this: a batch's fixed cost (a call per layer, and on a busy CPU each call's wait for
 # its threads) is spread over a run's hundreds of rows a batch. A causal LM scoring labels timed on 3 rows ran at a
-# third of its rate on 16 or more (SmolLM2, 2-core AVX2 EPYC under load); 32, for two batches of 8 and 24 rows.
+# third of its rate on 16 or more (SmolLM2, 2-core AVX2 EPYC under load); 32, for batch_line's batches of 8 and 24.
 MIN_TIMED_ROWS = 32
 # A sample timed as batches this many times smaller than a run's batch, on a busy machine, is timed as two
 # (batch_line): on a CPU that other processes share, a batch's fixed cost (each layer's call waiting for its
@@ -51,8 +51,7 @@ MIN_TIMED_ROWS = 32
 # for runs of 1 min 49 s to 2 min 24 s; a line through batches of 8 and 24 rows put a 256-row batch within 18% of
 # its time (four tries), where the rate of 16 rows was 34% to 2.7x slow. On a quiet machine the two rates agree
 # (310 and 350 tokens/s), and a line through two batches of a second or less drew as much from noise (plans -16% to
-# +54% of the run, against +1 to +9% at the timed rows' own rate). torch, whose threads plan sets, is timed a
-# core at a time instead (per_core_rate).
+# +54% of the run, against +1 to +9% at the timed rows' own rate).
 SMALLER = 2
 # A generation job's rows timed, in three passes over rows spread across the sample: the first on an engine that
 # has run nothing yet (a run's first chunk pays its set-up), then two of different sizes, warm, through which a line
@@ -255,7 +254,6 @@ def estimate_time(
         "tokens_per_s": model_rate,
         "timed_tokens": measured["timed_tokens"],
         "run_batch_tokens": measured["run_batch_tokens"],
-        "per_core": measured["per_core"],
         "warmup_tokens": measured["warmup_tokens"],
         "read_tokens_per_s": read_rate,
         **started,
@@ -394,28 +392,6 @@ def batch_line(run, rows: np.ndarray, lengths: np.ndarray, strategy: str, run_ba
     return float(run_batch / (fixed + per_token * run_batch))
 
 
-def per_core_rate(run, rows: np.ndarray, lengths: np.ndarray, strategy: str, one_thread) -> dict:
-    """The model's rate on a CPU that other processes share, from `rows` (positions into `lengths`) run as two
-    batches: every fourth of them by length on the run's threads, for the cores those threads hold, and the rest on
-    one thread (in the backend's `one_thread` context), for the tokens a core computes in a CPU second; their
-    product is the rate.
-    One thread's rate a CPU second holds at every batch size and load, where on several threads a small batch's
-    CPU goes on waiting for the others (SmolLM2's forward beside two busy processes, 2-core Intel Xeon: two threads
-    computed 167 to 261 tokens a CPU second on batches of 208 tokens and 298 on 7,800, one thread 320 to 387 at
-    every size; two threads held 0.85 to 0.89 cores on 8 rows, 0.95 to 0.97 on 300). A line through two batches'
-    wall seconds (batch_line) drew from noise there: plans 45% short to 28% long of the run."""
-    ordered = rows[np.argsort(lengths[rows], kind="stable")]
-    shared, alone = ordered[::4], np.delete(ordered, np.s_[::4])
-    c0 = time.process_time()
-    wall = run([shared], strategy)
-    cores = (time.process_time() - c0) / max(wall, 1e-9)
-    with one_thread:
-        c0 = time.process_time()
-        run([alone], strategy)
-        per_core = float(lengths[alone].sum()) / max(time.process_time() - c0, 1e-9)
-    return {"tokens_per_cpu_s": per_core, "cores": cores}
-
-
 def warm_up(runner: BatchRunner, ids: list, lengths: np.ndarray, budget, probing: bool) -> float:
     """Each backend's precision settled as a run settles it, the backend a run would take where no probe chooses,
     and a first batch of up to 8 of the sample's items run (first-call allocations, kernel choice): its tokens/s."""
@@ -468,14 +444,9 @@ def time_sample(
         timed = batches[1:]
     counted = int(sum(lengths[b].sum() for b in timed))
     run_batch = min(key[0], first_chunk, rows * float(lengths.mean()))  # the tokens of a run's batch
-    together, per_core = np.concatenate(timed), None
+    together = np.concatenate(timed)
     if len(together) >= 8 and run_batch > SMALLER * counted and runner.device.type == "cpu" and busy():
-        alone = runner.one_thread()
-        if alone is not None:
-            per_core = per_core_rate(run, together, lengths, key[1], alone)
-            rate, run_batch = per_core["tokens_per_cpu_s"] * per_core["cores"], None
-        else:
-            rate = batch_line(run, together, lengths, key[1], run_batch)
+        rate = batch_line(run, together, lengths, key[1], run_batch)
     else:
         rate, run_batch = float(counted / max(run(timed, key[1]), 1e-9)), None
     probe_s = 0.0
@@ -485,7 +456,6 @@ def time_sample(
     return {
         "tokens_per_s": rate,
         "run_batch_tokens": run_batch,  # the batch the rate is at, where the timed rows ran as two (batch_line)
-        "per_core": per_core,  # torch on a busy CPU: a core's rate and the cores its threads held (per_core_rate)
         "timed_tokens": counted,
         "warmup_tokens": int(lengths[batches[0]].sum()) if len(batches) > 1 else 0,
         "probe_s": probe_s,

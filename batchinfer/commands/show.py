@@ -213,22 +213,9 @@ def estimate_lines(summary: dict) -> list[str]:
     ]
     if e["probe_s"] is not None:
         parts.append(f"{_duration(e['probe_s'])} for the batching probe")
-    parts.append(_work(e))
-    lines = [f"time     about {_duration(e['seconds'])} for {what}: " + ", ".join(parts)]
-    for label, load in (("this estimate", e["load"]), ("the folder's rate", e.get("folder_load"))):
-        if load is not None and load.busy() and (label == "this estimate" or e["rate_from"] == "folder"):
-            lines.append(
-                f"note     the machine was busy while {label} was measured: {load.describe()}; on a quiet "
-                f"machine the work may run up to {load.slowdown():.1f}x faster"
-            )
-    return lines
-
-
-def _work(e: dict) -> str:
-    """The estimate's work: what it was timed on, and at what rate."""
     if e["rate_from"] == "completions":
         per_row = e["generated_tokens_per_row"]
-        return (
+        parts.append(
             f"{_duration(e['work_s'])} at {e['rows_per_s']:,.2f} rows/s on {e['device']} (the completions of "
             f"{e['timed_rows']} rows of the sample, run as a run's chunks run them"
             + (
@@ -239,30 +226,33 @@ def _work(e: dict) -> str:
             + (f", {per_row:,.0f} new tokens a row" if per_row is not None else "")
             + f"; their mean length, and so the work, known to ±{e['uncertainty']:.0%})"
         )
-    if e["rate_from"] == "folder":
+    elif e["rate_from"] == "folder":
         finished = datetime.fromtimestamp(e["folder_finished"]).isoformat(timespec="minutes")
-        return (
+        parts.append(
             f"{_duration(e['work_s'])} at {e['rows_per_s']:,.1f} rows/s, the compute rate the folder's last run "
             f"measured (up to {finished})"
         )
-    return (
-        f"{_duration(e['work_s'])} of work at {e['tokens_per_s']:,.0f} tokens/s on {e['device']} "
-        f"(the model on {e['timed_tokens']:,} tokens of the sample after a warm-up batch"
-        + (f" of {e['warmup_tokens']:,}" if e["warmup_tokens"] else "")
-        + (
-            f", as two batches that give its rate at a run's batch of {e['run_batch_tokens']:,.0f} tokens"
-            if e.get("run_batch_tokens")
-            else ""
+    else:
+        parts.append(
+            f"{_duration(e['work_s'])} of work at {e['tokens_per_s']:,.0f} tokens/s on {e['device']} "
+            f"(the model on {e['timed_tokens']:,} tokens of the sample after a warm-up batch"
+            + (f" of {e['warmup_tokens']:,}" if e["warmup_tokens"] else "")
+            + (
+                f", as two batches that give its rate at a run's batch of {e['run_batch_tokens']:,.0f} tokens"
+                if e.get("run_batch_tokens")
+                else ""
+            )
+            + "; reading and tokenizing at "
+            f"{e['read_tokens_per_s']:,.0f} tokens/s)"
         )
-        + (
-            f", {e['per_core']['tokens_per_cpu_s']:,.0f} tokens a CPU second on one thread, times the "
-            f"{e['per_core']['cores']:.2f} cores its threads held beside the other processes"
-            if e.get("per_core")
-            else ""
-        )
-        + "; reading and tokenizing at "
-        f"{e['read_tokens_per_s']:,.0f} tokens/s)"
-    )
+    lines = [f"time     about {_duration(e['seconds'])} for {what}: " + ", ".join(parts)]
+    for label, load in (("this estimate", e["load"]), ("the folder's rate", e.get("folder_load"))):
+        if load is not None and load.busy() and (label == "this estimate" or e["rate_from"] == "folder"):
+            lines.append(
+                f"note     the machine was busy while {label} was measured: {load.describe()}; on a quiet "
+                f"machine the work may run up to {load.slowdown():.1f}x faster"
+            )
+    return lines
 
 
 def _duration(seconds: float) -> str:

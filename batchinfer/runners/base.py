@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import time
-from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -121,10 +120,6 @@ class EncoderRunner:
     def default_budget(self) -> int:
         """The running backend's max_tokens where the probe cannot measure."""
         return self._running.default_budget
-
-    def one_thread(self) -> AbstractContextManager | None:
-        """The running backend's context of one thread, or None (Backend.one_thread)."""
-        return self._running.one_thread()
 
     def use(self, backend: str, precision: str | None = None) -> None:
         """Run the next batches on `backend` (one of those loaded), in `precision` (default: its first)."""

@@ -8,7 +8,6 @@ whether packing applies, the figures a record carries) is the runner's to say.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Collection, Protocol
 
@@ -165,9 +164,6 @@ class BatchRunner(Runner, Protocol):
 
     def candidates(self) -> tuple[Candidate, ...]:
         """The loaded backends as the probe weighs them, the default first."""
-
-    def one_thread(self) -> AbstractContextManager | None:
-        """A context in which the running backend computes on one thread, or None (Backend.one_thread)."""
 
     def use(self, backend: str, precision: str | None = None) -> None:
         """Run the next batches on `backend` (one of those loaded), in `precision` (default: its first)."""
